@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install what the tests and the demo need on a fresh Debian 12 machine (as root),
+# then create .venv and install the project with its test extras.
+# Idempotent: packages already present are not reinstalled; the venv is reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  python3 python3-venv python3-dev
+  qemu-system-x86 qemu-utils fio vmtouch util-linux stress-ng
+  python3-libnbd libnbd-bin
+  systemd
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-deps: missing Debian packages (${missing[*]}); run as root or install them" >&2
+    exit 1
+  fi
+  echo "install-deps: apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Debian's python3 (not a pyenv shim): python3-libnbd is built for it.
+PY=/usr/bin/python3
+stamp=.venv/.installed
+if [[ ! -x .venv/bin/python ]]; then
+  "$PY" -m venv --system-site-packages .venv
+fi
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test]'
+  touch "$stamp"
+fi

@@ -1,0 +1,3 @@
+from vmdisktouch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Thin ctypes bindings for the memory and page-cache system calls.
+
+This is the only module that calls libc for mmap, munmap, mincore, mlock,
+mlock2, munlock, madvise and cachestat(2). Each wrapper returns raw data and
+turns a failure into a project exception exactly once (see ``errors``).
+Policy (what to map, when to lock) lives above this layer.
+
+References: mmap(2), mincore(2), mlock(2), madvise(2), and cachestat(2)
+(Linux >= 6.5, syscall 451 on x86_64 and arm64).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap as _mmap
+import os
+import platform
+
+import numpy as np
+
+from vmdisktouch.errors import syscall_error
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+PROT_READ = _mmap.PROT_READ
+MAP_SHARED = _mmap.MAP_SHARED
+MADV_DONTNEED = 4
+MADV_SEQUENTIAL = 2
+MLOCK_ONFAULT = 1
+
+# cachestat(2) syscall numbers. The generic table (arm64, riscv) uses 451 too.
+_CACHESTAT_NR = {"x86_64": 451, "aarch64": 451, "riscv64": 451}
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+_mmap_fn = _libc.mmap
+_mmap_fn.restype = ctypes.c_void_p
+_mmap_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                     ctypes.c_int, ctypes.c_long]
+_munmap_fn = _libc.munmap
+_munmap_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_mincore_fn = _libc.mincore
+_mincore_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_mlock_fn = _libc.mlock
+_mlock_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_munlock_fn = _libc.munlock
+_munlock_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_madvise_fn = _libc.madvise
+_madvise_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_mlock2_fn = getattr(_libc, "mlock2", None)
+if _mlock2_fn is not None:
+    _mlock2_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+_syscall_fn = _libc.syscall
+_syscall_fn.restype = ctypes.c_long
+
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _fail(call: str, detail: str = ""):
+    raise syscall_error(call, ctypes.get_errno(), detail)
+
+
+def mmap_file(fd: int, offset: int, length: int, prot: int = PROT_READ,
+              flags: int = MAP_SHARED) -> int:
+    """Map ``length`` bytes of ``fd`` at page-aligned ``offset``; return the address."""
+    addr = _mmap_fn(None, length, prot, flags, fd, offset)
+    if addr == MAP_FAILED or addr is None:
+        _fail("mmap", f"offset {offset}, length {length}")
+    return addr
+
+
+def munmap(addr: int, length: int) -> None:
+    if _munmap_fn(addr, length) != 0:
+        _fail("munmap")
+
+
+def mincore(addr: int, length: int, vec: np.ndarray) -> np.ndarray:
+    """Fill ``vec`` (uint8, at least one byte per page) with mincore(2) output.
+
+    Returns the view of ``vec`` covering the pages of ``length``; bit 0 of each
+    byte is set when the page is resident.
+    """
+    pages = (length + PAGE_SIZE - 1) // PAGE_SIZE
+    if vec.dtype != np.uint8 or vec.size < pages or not vec.flags.c_contiguous:
+        raise ValueError("mincore vector too small or not contiguous uint8")
+    if _mincore_fn(addr, length, vec.ctypes.data) != 0:
+        _fail("mincore")
+    return vec[:pages]
+
+
+def mlock(addr: int, length: int) -> None:
+    if _mlock_fn(addr, length) != 0:
+        _fail("mlock", f"{length} bytes")
+
+
+def mlock_onfault(addr: int, length: int) -> None:
+    """mlock2(MLOCK_ONFAULT): lock pages as they become resident, fault nothing in."""
+    if _mlock2_fn is None:
+        raise syscall_error("mlock2", 38)  # ENOSYS
+    if _mlock2_fn(addr, length, MLOCK_ONFAULT) != 0:
+        _fail("mlock2", f"{length} bytes")
+
+
+def munlock(addr: int, length: int) -> None:
+    if _munlock_fn(addr, length) != 0:
+        _fail("munlock")
+
+
+def madvise(addr: int, length: int, advice: int) -> None:
+    if _madvise_fn(addr, length, advice) != 0:
+        _fail("madvise")
+
+
+class CacheStatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class CacheStat(ctypes.Structure):
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
+
+
+class CacheStatCaller:
+    """Calls cachestat(2) on one fd with preallocated argument structures.
+
+    The scanner issues tens of thousands of calls per scan, so the structures
+    are built once. ``available`` is False when the kernel lacks the syscall
+    (ENOSYS) or refuses it for this file (EPERM: the caller may not write it).
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._range = CacheStatRange()
+        self._stat = CacheStat()
+        self._range_ref = ctypes.byref(self._range)
+        self._stat_ref = ctypes.byref(self._stat)
+        self._nr = _CACHESTAT_NR.get(platform.machine())
+        self.available = self._nr is not None
+        if self.available:
+            try:
+                self.nr_cache(0, PAGE_SIZE)
+            except OSError:
+                self.available = False
+
+    def nr_cache(self, offset: int, length: int) -> int:
+        """Number of pages of [offset, offset+length) present in the page cache."""
+        rng = self._range
+        rng.off = offset
+        rng.len = length
+        if _syscall_fn(self._nr, self.fd, self._range_ref, self._stat_ref, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return self._stat.nr_cache
+
+    def stat(self, offset: int, length: int) -> CacheStat:
+        """The full cachestat record (cached, dirty, writeback, evicted...)."""
+        self.nr_cache(offset, length)
+        out = CacheStat()
+        ctypes.pointer(out)[0] = self._stat
+        return out
