@@ -1,0 +1,79 @@
+"""Test helpers for the real page cache: make images, evict, warm, cross-check.
+
+Eviction uses fsync + POSIX_FADV_DONTNEED (drop_caches is not writable on
+these machines; see FIELD-NOTES). Dirty pages are not dropped until written
+back, hence the fsync first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; fails (never skips) when it is missing."""
+    path = shutil.which(name)
+    assert path, f"{name} is not installed: run `make test`, which installs it"
+    return path
+
+
+def make_image(path, size: int, *, sparse: bool = True, fill_mib: int = 0) -> str:
+    """Create an image of ``size`` bytes; non-sparse images get random data."""
+    path = str(path)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        if not sparse:
+            chunk = os.urandom(1 << 20)
+            for off in range(0, size, len(chunk)):
+                f.write(chunk[: min(len(chunk), size - off)])
+    return path
+
+
+def evict(path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def read_range(path, offset: int, length: int, *, direct_readahead: bool = False) -> None:
+    """Bring [offset, offset+length) into the page cache by buffered reads.
+
+    Readahead is disabled with POSIX_FADV_RANDOM so exactly these pages are
+    cached (FIELD-NOTES: a cold read otherwise pulls in up to read_ahead_kb).
+    """
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        if not direct_readahead:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        end = offset + length
+        while offset < end:
+            n = min(1 << 20, end - offset)
+            os.pread(fd, n, offset)
+            offset += n
+    finally:
+        os.close(fd)
+
+
+def fincore_pages(path) -> int:
+    out = subprocess.run([require_tool("fincore"), "-n", "-b", "-o", "PAGES", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+def vmtouch_pages(path) -> int:
+    out = subprocess.run([require_tool("vmtouch"), str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    m = re.search(r"Resident Pages:\s+(\d+)/(\d+)", out)
+    assert m, out
+    return int(m.group(1))
