@@ -1,0 +1,209 @@
+"""The daemon's cycle for one disk image: sample, heat, plan, hold, show.
+
+This module wires the pure core (``heat``, ``regions``) to the OS layer
+(``residency``, ``holder``, ``checksums``, ``meminfo``) and the emitters
+(``render``, ``atomic``). It holds no policy of its own beyond the order of
+the steps; every part comes in through the constructor, so tests can pass
+fakes at these seams, and the clock is passed in.
+
+One cycle (``DiskWatcher.tick``):
+
+1. Check the image is still the same file; re-read its size and, when it
+   changed, resize every per-block map and drop holds beyond the new end.
+2. Scan residency (cachestat/mincore) into a per-block resident fraction.
+3. Checksum the held blocks (``pread``, never the mapping): changed blocks
+   were rewritten by the guest.
+4. Step the heat map: held blocks are zeroed (feedback suppression),
+   residency and rewrites are smoothed and folded into the decaying map.
+5. Select target runs under the budget and hand them to the holder, which
+   releases first, then loads, never above the budget or below the floor.
+6. Write the status JSON and the PNGs atomically; log one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from vmdisktouch import atomic, checksums, heat, holder, meminfo, regions, residency
+from vmdisktouch.image import Image
+from vmdisktouch.sizes import format_size
+
+log = logging.getLogger("vmdisktouch")
+
+
+def runs_to_mask(runs, nblocks: int) -> np.ndarray:
+    mask = np.zeros(nblocks, dtype=bool)
+    for start, stop in runs:
+        mask[start:min(stop, nblocks)] = True
+    return mask
+
+
+def mask_to_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(np.diff(mask.astype(np.int8), prepend=0, append=0))
+    return [(int(s), int(e)) for s, e in zip(edges[0::2], edges[1::2])]
+
+
+@dataclass
+class CycleReport:
+    cycle: int
+    cycle_seconds: float
+    held_bytes: int
+    resident_bytes: int
+    regions: list[tuple[int, int]]          # byte ranges held
+    rewritten_blocks: int
+    rewritten_ranges: list[tuple[int, int]]  # byte ranges shown red
+    mem_available_bytes: int
+    loaded_bytes: int
+    released_bytes: int
+    skipped_bytes: int
+    size_bytes: int
+
+
+class DiskWatcher:
+    """Runs the vmdisktouch cycle on one open image."""
+
+    def __init__(self, image: Image, config, *, clock: Callable[[], float] = time.monotonic,
+                 mem_available: Callable[[], int] = meminfo.mem_available,
+                 sleep: Callable[[float], object] = time.sleep):
+        self.image = image
+        self.config = config
+        self.clock = clock
+        self.mem_available = mem_available
+        self.block_size = config.block_size
+        residency.validate_block_size(self.block_size)
+        self.params = heat.HeatParams(
+            amp_resident=config.amp_resident, sigma_resident=config.sigma_resident,
+            amp_rewritten=config.amp_rewritten, sigma_rewritten=config.sigma_rewritten,
+            decay=config.decay, threshold=config.threshold)
+        self.size = image.current_size()
+        self.nblocks = self._nblocks(self.size)
+        self.state = heat.new_state(self.nblocks)
+        self.rewritten_at = np.full(self.nblocks, -np.inf)
+        self.holder = holder.Holder(
+            image.fd, self.size, self.block_size, config.max_hold, config.min_free,
+            mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
+        self.sums = checksums.BlockChecksums(image.fd, self.block_size)
+        self.cycle = 0
+        self.last_time: float | None = None
+        self.last_report: CycleReport | None = None
+
+    def _nblocks(self, size: int) -> int:
+        return -(-size // self.block_size)
+
+    # -- the cycle --------------------------------------------------------
+
+    def _follow_size(self) -> None:
+        size = self.image.current_size()
+        if size == self.size:
+            return
+        log.warning("%s: size changed from %s to %s; adapting", self.image.path,
+                    format_size(self.size), format_size(size))
+        self.holder.resize(size)
+        self.size = size
+        n = self._nblocks(size)
+        self.state = heat.resize_state(self.state, n)
+        old = self.rewritten_at
+        self.rewritten_at = np.full(n, -np.inf)
+        self.rewritten_at[:min(n, old.size)] = old[:n]
+        self.sums.resize(n)
+        self.nblocks = n
+
+    def tick(self) -> CycleReport:
+        t0 = self.clock()
+        self.image.check_identity()
+        self._follow_size()
+        n = self.nblocks
+
+        res = residency.scan(self.image.fd, self.size, self.block_size)
+        fraction = res.fraction()
+        held_mask = runs_to_mask(self.holder.held_runs(), n)
+
+        held_blocks = np.flatnonzero(held_mask)
+        changed = self.sums.update(held_blocks, self.size)
+        rewritten = np.zeros(n, dtype=bool)
+        rewritten[held_blocks[changed]] = True
+        self.rewritten_at[rewritten] = t0
+
+        dt = self.config.interval if self.last_time is None else max(t0 - self.last_time, 1e-3)
+        self.last_time = t0
+        self.state = heat.step(self.state, fraction, held_mask, rewritten, dt, self.params)
+
+        budget_blocks = self.config.max_hold // self.block_size
+        targets = regions.select(self.state.total, self.state.heat_rewritten,
+                                 self.params.threshold, budget_blocks, held_mask)
+        result = self.holder.apply(targets)
+        self.cycle += 1
+
+        bs = self.block_size
+        red = (t0 - self.rewritten_at) < self.config.rewritten_seconds
+        report = CycleReport(
+            cycle=self.cycle,
+            cycle_seconds=self.clock() - t0,
+            held_bytes=self.holder.held_bytes(),
+            resident_bytes=res.resident_pages * res.page_size,
+            regions=[(s * bs, min(e * bs, self.size) - s * bs) for s, e in self.holder.held_runs()],
+            rewritten_blocks=int(rewritten.sum()),
+            rewritten_ranges=[(s * bs, min(e * bs, self.size) - s * bs)
+                              for s, e in mask_to_runs(red)],
+            mem_available_bytes=self.mem_available(),
+            loaded_bytes=result.loaded_bytes,
+            released_bytes=result.released_bytes,
+            skipped_bytes=result.skipped_bytes,
+            size_bytes=self.size,
+        )
+        self.last_report = report
+        self._emit(report, fraction, red)
+        return report
+
+    # -- output -----------------------------------------------------------
+
+    def status_obj(self, r: CycleReport) -> dict:
+        c = self.config
+        return {
+            "path": self.image.path,
+            "cycle": r.cycle,
+            "cycle_seconds": round(r.cycle_seconds, 4),
+            "size_bytes": r.size_bytes,
+            "block_size": self.block_size,
+            "budget_bytes": c.max_hold,
+            "held_bytes": r.held_bytes,
+            "resident_bytes": r.resident_bytes,
+            "regions": [list(x) for x in r.regions],
+            "rewritten_blocks": r.rewritten_blocks,
+            "rewritten_ranges": [list(x) for x in r.rewritten_ranges],
+            "mem_available_bytes": r.mem_available_bytes,
+            "min_free_bytes": c.min_free,
+            "loaded_bytes": r.loaded_bytes,
+            "released_bytes": r.released_bytes,
+            "skipped_for_memory_bytes": r.skipped_bytes,
+            "time": time.time(),
+        }
+
+    def _emit(self, r: CycleReport, fraction: np.ndarray, red: np.ndarray) -> None:
+        c = self.config
+        if c.status:
+            atomic.write_json(c.status, self.status_obj(r))
+        if c.heat_png or c.map_png:
+            from vmdisktouch import render  # PIL only when PNGs are asked for
+            layout = render.Layout.fit(self.nblocks, blocks_per_pixel=c.blocks_per_pixel,
+                                       width=c.width, aspect=c.aspect, scale=c.scale)
+            if c.map_png:
+                held = runs_to_mask(self.holder.held_runs(), self.nblocks)
+                atomic.write_png(c.map_png, render.block_map_image(fraction, held, red, layout))
+            if c.heat_png:
+                atomic.write_png(c.heat_png, render.heat_image(self.state.total, layout))
+        log.info("cycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
+                 "loaded %s, released %s, MemAvailable %s, %.3fs",
+                 r.cycle, format_size(r.held_bytes), format_size(c.max_hold), len(r.regions),
+                 format_size(r.resident_bytes), r.rewritten_blocks, format_size(r.loaded_bytes),
+                 format_size(r.released_bytes), format_size(r.mem_available_bytes),
+                 r.cycle_seconds)
+
+    def close(self) -> None:
+        self.holder.release_all()
+        self.holder.close()
