@@ -120,7 +120,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sigma_rewritten", _float(0), 2.0, "number", "blocks",
             "Width sigma_w of the Gaussian filter applied to the rewritten-blocks map.",
             group="heat"),
-    Setting("decay", _float(0), 0.01, "number", "1/s",
+    Setting("decay", _float(0, lo_open=True), 0.01, "number", "1/s",
             "Decay coefficient: heat relaxes toward the current input with time constant "
             "1/decay seconds.", group="heat"),
     Setting("threshold", _float(0, lo_open=True), 0.2, "number", "heat",
