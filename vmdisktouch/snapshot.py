@@ -1,0 +1,222 @@
+"""``vmdisktouch snapshot``: a one-shot page-cache residency report.
+
+For each PATH (a raw or qcow2 image file, a sparse file, or a block device
+such as an LVM volume or a loop device) the image is opened read-only
+(``image.open_image``), scanned once (``residency.scan``) and reported:
+
+* by default as a vmtouch-like summary (resident pages / total pages, bytes,
+  percent, scan time);
+* with ``--json`` as a JSON array, one object per image that could be read;
+* with ``--png FILE`` also as a block map (``render.residency_image``),
+  written atomically.
+
+The formatting functions (``build_record``, ``format_summary``,
+``format_json``) are pure: they take values and return dicts and strings.
+``main`` is the only function here that opens files, reads the clock or
+prints. A bad PATH gives one ``vmdisktouch: <message>`` line on stderr; the
+other PATHs are still reported, and the exit status is 1.
+
+Nothing is ever written to an image: it is opened ``O_RDONLY`` (plus
+``O_NOATIME``), mapped ``PROT_READ`` only for ``mincore``, and never read
+through the mapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from vmdisktouch import residency
+from vmdisktouch.errors import ConfigError, VmdtError
+from vmdisktouch.image import open_image
+from vmdisktouch.sizes import format_size, parse_size
+
+QCOW2_NOTE = ("qcow2 image: offsets are host-file offsets, not guest offsets "
+              "(the qcow2 layer maps guest blocks to clusters of the file)")
+PARTIAL_NOTE = ("no write access to the image: mincore/cachestat report only this "
+                "process's own mappings, so counts may be too low (run as root)")
+LABEL_WIDTH = 16
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+# ---------------------------------------------------------------------------
+# Argument parsing
+
+
+def _block_size(text: str) -> int:
+    try:
+        size = parse_size(text)
+        residency.validate_block_size(size)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return size
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def set_argparser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="disk image: raw or qcow2 file, sparse file, or block device")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON array with one object per image that could be read "
+                             "(keys: path, size_bytes, page_size, total_pages, resident_pages, "
+                             "block_size, scan_seconds, resident_ranges, kind, format, "
+                             "used_cachestat, partial_view, note)")
+    parser.add_argument("--png", metavar="FILE",
+                        help="also write the block map of the image as a PNG, replaced "
+                             "atomically (green brightness = fraction of the pixel's pages "
+                             "cached, black = none, dark grey = padding). Needs exactly one "
+                             "PATH: one map per file, no naming rule to guess")
+    layout = parser.add_mutually_exclusive_group()
+    layout.add_argument("--blocks-per-pixel", type=_positive_int, metavar="N",
+                        help="blocks covered by each pixel of the PNG")
+    layout.add_argument("--width", type=_positive_int, metavar="W",
+                        help="width of the PNG in pixels; blocks per pixel chosen to fit")
+    parser.add_argument("--block-size", type=_block_size, default=residency.DEFAULT_BLOCK_SIZE,
+                        metavar="SIZE",
+                        help="bytes per block of the map, a multiple of the page size "
+                             "(default 1M; see residency.py for why)")
+
+
+# ---------------------------------------------------------------------------
+# Pure formatting
+
+
+def build_record(*, path: str, kind: str, fmt: str, res: residency.Residency,
+                 scan_seconds: float) -> dict:
+    """The JSON object describing one image's residency."""
+    notes = []
+    if fmt == "qcow2":
+        notes.append(QCOW2_NOTE)
+    if res.partial_view:
+        notes.append(PARTIAL_NOTE)
+    return {
+        "path": path,
+        "size_bytes": res.size_bytes,
+        "page_size": res.page_size,
+        "total_pages": res.total_pages,
+        "resident_pages": res.resident_pages,
+        "block_size": res.block_size,
+        "scan_seconds": round(scan_seconds, 6),
+        "resident_ranges": [[int(o), int(n)] for o, n in (res.ranges or [])],
+        "kind": kind,
+        "format": fmt,
+        "used_cachestat": res.used_cachestat,
+        "partial_view": res.partial_view,
+        "note": "; ".join(notes) or None,
+    }
+
+
+def _percent(part: int, whole: int) -> str:
+    if whole == 0:
+        return "0%"
+    pct = 100.0 * part / whole
+    return f"{pct:.3g}%"
+
+
+def format_summary(record: dict) -> str:
+    """vmtouch-like lines for one image (no trailing newline)."""
+    def line(label: str, value: str) -> str:
+        return f"{label + ':':>{LABEL_WIDTH}} {value}"
+
+    res_pages, total_pages = record["resident_pages"], record["total_pages"]
+    res_bytes = min(res_pages * record["page_size"], record["size_bytes"])
+    kind = "block device" if record["kind"] == "block" else "file"
+    lines = [
+        line("Image", record["path"]),
+        line("Type", f"{kind}, {record['format']}"),
+        line("Resident Pages",
+             f"{res_pages}/{total_pages}  {format_size(res_bytes)}/"
+             f"{format_size(record['size_bytes'])}  {_percent(res_pages, total_pages)}"),
+        line("Elapsed", f"{record['scan_seconds']:.6f} seconds"),
+    ]
+    if record.get("note"):
+        lines.extend(line("Note", n) for n in record["note"].split("; "))
+    return "\n".join(lines)
+
+
+def format_json(records: list[dict]) -> str:
+    """A JSON array, indented, with one ``[offset, length]`` range per line."""
+    objs = []
+    for rec in records:
+        head = dict(rec)
+        ranges = head.pop("resident_ranges")
+        body = json.dumps(head, indent=2).split("\n")          # "{", '  "k": v', ..., "}"
+        if ranges:
+            rtext = ("[\n" + ",\n".join(f"    [{o}, {n}]" for o, n in ranges) + "\n  ]")
+        else:
+            rtext = "[]"
+        body[-2] += ","
+        body[-1:] = [f'  "resident_ranges": {rtext}', "}"]
+        objs.append("\n".join("  " + ln for ln in "\n".join(body).split("\n")))
+    if not objs:
+        return "[]\n"
+    return "[\n" + ",\n".join(objs) + "\n]\n"
+
+
+def format_png_line(path: str, width: int, height: int, blocks_per_pixel: int) -> str:
+    return (f"{'Map:':>{LABEL_WIDTH}} {path} ({width}x{height} pixels, "
+            f"{blocks_per_pixel} block{'s' if blocks_per_pixel != 1 else ''} per pixel)")
+
+
+# ---------------------------------------------------------------------------
+# Wiring
+
+
+def _scan_one(path: str, block_size: int, want_ranges: bool):
+    with open_image(path) as img:
+        t0 = time.perf_counter()
+        res = residency.scan(img.fd, img.size, block_size, want_ranges=want_ranges)
+        seconds = time.perf_counter() - t0
+        return build_record(path=path, kind=img.kind, fmt=img.format, res=res,
+                            scan_seconds=seconds), res
+
+
+def _write_png(path: str, res: residency.Residency, args) -> str:
+    from vmdisktouch import render  # PIL is only needed here
+    from vmdisktouch.atomic import write_png
+
+    layout = render.Layout.fit(res.nblocks, blocks_per_pixel=args.blocks_per_pixel,
+                               width=args.width)
+    image = render.residency_image(res.fraction(), layout)
+    try:
+        write_png(path, image)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write PNG: {exc.strerror or exc}") from None
+    return format_png_line(path, image.width, image.height, layout.blocks_per_pixel)
+
+
+def main(args) -> int:
+    if args.png is not None and len(args.paths) != 1:
+        raise ConfigError(f"--png needs exactly one PATH (got {len(args.paths)})")
+    records: list[dict] = []
+    failed = False
+    for path in args.paths:
+        try:
+            record, res = _scan_one(path, args.block_size, want_ranges=args.json)
+            png_line = _write_png(args.png, res, args) if args.png is not None else None
+        except VmdtError as exc:
+            print(f"vmdisktouch: {exc}", file=sys.stderr, flush=True)
+            failed = True
+            continue
+        records.append(record)
+        if not args.json:
+            text = format_summary(record) + (f"\n{png_line}" if png_line else "")
+            sep = "\n" if len(records) > 1 else ""
+            sys.stdout.write(sep + text + "\n")
+            sys.stdout.flush()
+    if args.json:
+        sys.stdout.write(format_json(records))
+    return EXIT_FAILED if failed else EXIT_OK
