@@ -1,0 +1,121 @@
+"""BlockChecksums on real files written with os.pwrite (the path QEMU's writes take)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from vmdisktouch.checksums import BlockChecksums
+
+MiB = 1 << 20
+BS = MiB
+
+
+@pytest.fixture
+def image(tmp_path):
+    """A 32 MiB file of distinct random blocks; yields (path, read fd, write fd)."""
+    path = tmp_path / "disk.raw"
+    with open(path, "wb") as f:
+        for _ in range(32):
+            f.write(os.urandom(MiB))
+    rfd = os.open(path, os.O_RDONLY)
+    wfd = os.open(path, os.O_WRONLY)
+    yield str(path), rfd, wfd
+    os.close(rfd)
+    os.close(wfd)
+
+
+def changed_set(sums, blocks, size):
+    blocks = np.asarray(blocks)
+    return set(blocks[sums.update(blocks, size)].tolist())
+
+
+@pytest.mark.parametrize("read_bytes", [8 * MiB, 3 * MiB, 1])
+def test_changes_detected_exactly_for_the_blocks_written(image, read_bytes):
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS, read_bytes=read_bytes)
+    every = np.arange(32)
+    assert changed_set(sums, every, size) == set()          # first sight is not a change
+    assert changed_set(sums, every, size) == set()          # nothing written
+
+    os.pwrite(wfd, b"\xab" * 4096, 3 * BS + 8192)           # inside block 3
+    os.pwrite(wfd, b"\xcd", 7 * BS)                         # one byte at the start of block 7
+    os.pwrite(wfd, b"\xef" * 8192, 11 * BS - 4096)          # straddles blocks 10 and 11
+    os.pwrite(wfd, b"\x01", 32 * BS - 1)                    # the last byte of the file
+    assert changed_set(sums, every, size) == {3, 7, 10, 11, 31}
+    assert changed_set(sums, every, size) == set()
+
+
+def test_result_is_aligned_with_the_given_order(image):
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS)
+    blocks = np.array([9, 2, 5, 2, 40, -1])                 # unsorted, duplicate, beyond, negative
+    assert not sums.update(blocks, size).any()
+    os.pwrite(wfd, b"x", 2 * BS + 100)
+    assert sums.update(blocks, size).tolist() == [False, True, False, True, False, False]
+
+
+def test_a_block_not_seen_last_cycle_starts_fresh(image):
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS)
+    sums.update(np.arange(0, 5), size)
+    os.pwrite(wfd, b"new", 6 * BS)      # block 6 is seen for the first time below
+    os.pwrite(wfd, b"new", 2 * BS)      # block 2 was seen last cycle
+    assert changed_set(sums, np.arange(0, 9), size) == {2}
+
+    # Block 0 is left out for one cycle (released), written, then seen again.
+    sums.update(np.arange(1, 9), size)
+    os.pwrite(wfd, b"again", 0)
+    assert changed_set(sums, np.arange(0, 9), size) == set()
+    assert set(sums.known().tolist()) == set(range(9))
+
+    sums.forget([4])
+    os.pwrite(wfd, b"forgotten", 4 * BS)
+    assert changed_set(sums, np.arange(0, 9), size) == set()
+
+
+def test_truncation_between_size_check_and_read(image):
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS)
+    every = np.arange(32)
+    sums.update(every, size)
+
+    new_size = 20 * BS + 12345
+    os.truncate(path, new_size)
+    # The caller still believes the old size: reads come back short, nothing crashes.
+    changed = sums.update(every, size)
+    assert not changed[:20].any() and not changed[21:].any()
+    known = sums.known()
+    assert known.max() <= 20 and set(range(20)) <= set(known.tolist())
+
+    # With the new size the partial block 20 starts fresh, then behaves normally.
+    assert changed_set(sums, every, new_size) == set()
+    os.pwrite(wfd, b"tail", 20 * BS + 100)
+    os.pwrite(wfd, b"head", 5 * BS)
+    assert changed_set(sums, every, new_size) == {5, 20}
+    assert sums.known().max() == 20
+
+    # Truncated to nothing at all.
+    os.truncate(path, 0)
+    assert not sums.update(every, new_size).any()
+    assert not sums.update(every, 0).any()
+    assert sums.known().size == 0
+
+
+def test_growth_and_resize(image):
+    path, rfd, wfd = image
+    sums = BlockChecksums(rfd, BS)
+    os.truncate(path, 10 * BS + 5)
+    sums.update(np.arange(11), 10 * BS + 5)
+    os.truncate(path, 12 * BS)                    # block 10 grows to full: not a rewrite
+    assert changed_set(sums, np.arange(12), 12 * BS) == set()
+    sums.resize(4)
+    assert sums.known().tolist() == [0, 1, 2, 3]
+    sums.resize(12)
+    assert changed_set(sums, np.arange(12), 12 * BS) == set()
+    os.pwrite(wfd, b"z", 11 * BS)
+    assert changed_set(sums, np.arange(12), 12 * BS) == {11}
