@@ -8,8 +8,13 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   python3 python3-venv python3-dev
   qemu-system-x86 qemu-utils fio vmtouch util-linux stress-ng
+  time  # /usr/bin/time -v: peak RSS in benchmarks/bench_scan.py
   python3-libnbd libnbd-bin
   systemd
+  # libvirt: the daemons (the tests start libvirtd and virtlogd themselves, see
+  # tests/libvirt_env.py; no default network, so no dnsmasq), and what
+  # `pip install libvirt-python` needs to build (it ships no wheels).
+  libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
 )
 
 missing=()

@@ -1,0 +1,300 @@
+"""The disks of libvirt domains, and whether holding them in the page cache helps.
+
+Two layers:
+
+* **Pure** (no libvirt needed): ``parse_domain_xml`` turns a domain XML
+  document into ``Disk`` records, and ``assess`` decides whether each disk is
+  *eligible*, with the reason.
+* **libvirt** (``libvirt-python``, imported lazily): ``connect``,
+  ``list_disks`` (every domain, active and inactive, with its state) and
+  ``find_disk_owner`` (which domain uses a given image path).
+
+Eligibility. vmdisktouch keeps pages of the image in the *host* page cache,
+so it only helps a disk that QEMU reads and writes through that cache:
+
+* ``cache='none'`` and ``cache='directsync'`` open the image with O_DIRECT:
+  the guest bypasses the host page cache, so holding pages helps nothing and
+  can collide with direct writes. Ineligible.
+* ``io='native'`` (Linux AIO) needs O_DIRECT too (QEMU refuses it without).
+  Ineligible.
+* ``writethrough``, ``writeback`` and ``unsafe`` are buffered. Eligible.
+  When the ``cache`` attribute is absent (or ``default``) libvirt passes no
+  cache option and QEMU's default applies, which is ``writeback``; it is
+  reported as ``writeback`` with ``cache_default`` true. Likewise an absent
+  ``io`` is QEMU's default, ``threads``.
+* ``qcow2`` (and any other non-raw format) is eligible, with the caveat that
+  the offsets vmdisktouch sees are host-file offsets, not guest offsets.
+* Only local files and block devices can be held: ``network``, ``volume``
+  (storage-pool reference), ``nvme``, ``vhostuser`` and ``dir`` disks are
+  ineligible, as are empty drives and ``device='lun'`` (SCSI passthrough:
+  the guest's commands go to the device with SG_IO, not through the cache).
+* Read-only disks and CD-ROM/floppy images with media are eligible: the guest
+  reads them through the page cache, and read-only means no write can collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+
+from vmdisktouch.errors import VmdtError
+
+log = logging.getLogger("vmdisktouch")
+
+DEFAULT_URI = "qemu:///system"
+
+QEMU_DEFAULT_CACHE = "writeback"   # what QEMU does when libvirt passes no cache= option
+QEMU_DEFAULT_IO = "threads"        # QEMU's default aio= mode
+
+DIRECT_CACHE_MODES = ("none", "directsync")
+O_DIRECT_CONSEQUENCE = ("the guest bypasses the host page cache, so holding pages helps "
+                        "nothing and can collide with direct writes")
+HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
+
+# virDomainState -> name (virsh spells some of these with spaces; keep them one word)
+STATE_NAMES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown",
+               5: "shutoff", 6: "crashed", 7: "pmsuspended"}
+
+
+class LibvirtError(VmdtError):
+    """libvirt-python is missing, the daemon is unreachable, or a call failed."""
+
+
+@dataclass
+class Disk:
+    domain: str
+    state: str                 # STATE_NAMES value, or "unknown" when parsed without libvirt
+    active: bool | None        # the domain has a QEMU process (running, paused...)
+    target: str                # guest device name: vda, sdb...
+    device: str                # disk, cdrom, floppy, lun
+    source: str | None         # file= or dev= path; None for network/empty drives
+    type: str                  # file, block, network, volume, ...
+    format: str                # raw, qcow2, ...
+    cache: str                 # effective cache mode (QEMU default filled in)
+    cache_default: bool        # True when the XML names no cache mode
+    io: str                    # effective io mode (QEMU default filled in)
+    io_default: bool
+    readonly: bool
+    backing: list[str] = field(default_factory=list)   # backing-chain file/device paths
+    eligible: bool = False
+    reason: str = ""
+    unit: str | None = None    # the systemd unit to enable, for a local source
+    uuid: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------
+# pure part
+
+
+def unit_name(path: str) -> str | None:
+    """The ``vmdisktouch@….service`` unit for ``path``, or None if systemd cannot name it."""
+    from vmdisktouch.unitname import unit_name as _unit_name
+    try:
+        return _unit_name(path)
+    except VmdtError:
+        return None   # e.g. longer than systemd's 255-character limit, or a '..' component
+
+
+def assess(disk: Disk) -> tuple[bool, str]:
+    """(eligible, reason) for one disk; see the module docstring for the rules."""
+    if disk.type not in ("file", "block"):
+        return False, f"not a local file or block device (type={disk.type})"
+    if not disk.source:
+        return False, "no source (empty drive)"
+    if disk.device == "lun":
+        return False, ("device=lun passes SCSI commands through to the device (SG_IO), "
+                       "bypassing the host page cache")
+    direct = []
+    if disk.cache in DIRECT_CACHE_MODES:
+        direct.append(f"cache={disk.cache}")
+    if disk.io == "native":
+        direct.append("io=native")
+    if direct:
+        return False, f"{' and '.join(direct)} use O_DIRECT: {O_DIRECT_CONSEQUENCE}"
+    cache = f"cache={disk.cache}" + (" (QEMU default)" if disk.cache_default else "")
+    notes = [f"buffered I/O through the host page cache ({cache}, io={disk.io})"]
+    if disk.readonly:
+        notes.append("read-only")
+    if disk.format != "raw":
+        notes.append(f"{disk.format}: {HOST_OFFSETS_CAVEAT}")
+    if disk.backing:
+        notes.append(f"backing files are separate images: {', '.join(disk.backing)}")
+    return True, "; ".join(notes)
+
+
+def _source_path(elem: ET.Element | None, dtype: str) -> str | None:
+    if elem is None:
+        return None
+    if dtype == "file":
+        return elem.get("file") or None
+    if dtype == "block":
+        return elem.get("dev") or None
+    if dtype == "dir":
+        return elem.get("dir") or None
+    return None
+
+
+def _backing_chain(disk_el: ET.Element) -> list[str]:
+    out = []
+    node = disk_el.find("backingStore")
+    while node is not None and node.get("type") in ("file", "block"):
+        path = _source_path(node.find("source"), node.get("type"))
+        if path:
+            out.append(path)
+        node = node.find("backingStore")
+    return out
+
+
+def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = None,
+                     with_units: bool = True) -> list[Disk]:
+    """The disks of one domain XML document (``virsh dumpxml``), assessed.
+
+    Raises ``LibvirtError`` if the text is not a domain XML document.
+    """
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as exc:
+        raise LibvirtError(f"cannot parse domain XML: {exc}") from None
+    if root.tag != "domain":
+        raise LibvirtError(f"not a domain XML document (root element <{root.tag}>)")
+    name = root.findtext("name") or "?"
+    uuid = root.findtext("uuid") or ""
+    disks = []
+    for el in root.findall("./devices/disk"):
+        dtype = el.get("type", "file")
+        driver = el.find("driver")
+        drv = driver.attrib if driver is not None else {}
+        cache_attr = drv.get("cache")
+        io_attr = drv.get("io")
+        cache_default = cache_attr in (None, "", "default")
+        io_default = io_attr in (None, "", "default")
+        target_el = el.find("target")
+        source = _source_path(el.find("source"), dtype)
+        disk = Disk(
+            domain=name, uuid=uuid, state=state, active=active,
+            target=target_el.get("dev", "?") if target_el is not None else "?",
+            device=el.get("device", "disk"),
+            source=source, type=dtype,
+            format=drv.get("type") or "raw",
+            cache=QEMU_DEFAULT_CACHE if cache_default else cache_attr,
+            cache_default=cache_default,
+            io=QEMU_DEFAULT_IO if io_default else io_attr,
+            io_default=io_default,
+            readonly=el.find("readonly") is not None,
+            backing=_backing_chain(el),
+        )
+        disk.eligible, disk.reason = assess(disk)
+        if with_units and source and dtype in ("file", "block"):
+            disk.unit = unit_name(source)
+        disks.append(disk)
+    return disks
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name the same image: same realpath, same inode, or same device."""
+    if a == b or os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    if stat.S_ISBLK(sa.st_mode) and stat.S_ISBLK(sb.st_mode):
+        return sa.st_rdev == sb.st_rdev
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+# ---------------------------------------------------------------------------
+# libvirt part
+
+
+def import_libvirt():
+    """The ``libvirt`` module, with its default stderr error printer silenced."""
+    try:
+        import libvirt
+    except ImportError:
+        raise LibvirtError("libvirt-python is not installed (pip install "
+                           "'vmdisktouch[libvirt]', or Debian's python3-libvirt)") from None
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    return libvirt
+
+
+def libvirt_message(exc: Exception) -> str:
+    """The first line of a libvirtError's message."""
+    get = getattr(exc, "get_error_message", None)
+    msg = ((get() if get else None) or str(exc) or type(exc).__name__).strip()
+    return msg.splitlines()[0] if msg else type(exc).__name__
+
+
+def connect(uri: str = DEFAULT_URI, *, readonly: bool = True):
+    """Open a libvirt connection; ``LibvirtError`` with a one-line reason otherwise."""
+    libvirt = import_libvirt()
+    try:
+        return libvirt.openReadOnly(uri) if readonly else libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"cannot connect to {uri}: {libvirt_message(exc)}") from None
+
+
+def domain_state(dom) -> tuple[str, bool]:
+    """(state name, active) of a virDomain."""
+    st = dom.state()[0]
+    return STATE_NAMES.get(st, f"state{st}"), bool(dom.isActive())
+
+
+def domain_disks(dom, *, with_units: bool = True) -> list[Disk]:
+    """The assessed disks of one virDomain (its live XML when running)."""
+    state, active = domain_state(dom)
+    return parse_domain_xml(dom.XMLDesc(0), state=state, active=active, with_units=with_units)
+
+
+def list_disks(conn, *, with_units: bool = True) -> list[Disk]:
+    """Every disk of every domain (active and inactive), sorted by domain and target."""
+    libvirt = import_libvirt()
+    try:
+        domains = conn.listAllDomains(0)
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"cannot list domains: {libvirt_message(exc)}") from None
+    out = []
+    for dom in domains:
+        try:
+            out.extend(domain_disks(dom, with_units=with_units))
+        except libvirt.libvirtError as exc:
+            # the domain vanished between listing and reading it: skip it
+            log.debug("skipping a domain: %s", libvirt_message(exc))
+    out.sort(key=lambda d: (d.domain, d.target))
+    return out
+
+
+def find_disk_owners(conn, path: str) -> list[tuple[object, Disk]]:
+    """Every (virDomain, Disk) whose disk source is ``path``; active domains first.
+
+    Matches by realpath, and by inode (files) or device number (block devices),
+    so a symlink or a /dev/disk/by-* alias finds the owner too.
+    """
+    libvirt = import_libvirt()
+    try:
+        domains = conn.listAllDomains(0)
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"cannot list domains: {libvirt_message(exc)}") from None
+    found = []
+    for dom in domains:
+        try:
+            disks = domain_disks(dom, with_units=False)
+        except libvirt.libvirtError:
+            continue
+        for disk in disks:
+            if disk.source and disk.type in ("file", "block") and same_file(disk.source, path):
+                found.append((dom, disk))
+    found.sort(key=lambda dd: (not dd[1].active, dd[1].domain))
+    return found
+
+
+def find_disk_owner(conn, path: str):
+    """(virDomain, Disk) using ``path`` (an active domain if any), or None."""
+    owners = find_disk_owners(conn, path)
+    return owners[0] if owners else None
