@@ -1,0 +1,318 @@
+"""The TOML config file of ``vmdisktouch run``.
+
+The keys are exactly the setting keys of ``vmdisktouch.settings.SETTINGS``
+(snake_case, as listed in docs/configuration.md), at the top level of the
+file::
+
+    max_hold = "4G"
+    interval = "2s"
+    threshold = 0.3
+
+Values are TOML strings or numbers: sizes as ``"512M"`` or a byte count,
+durations as seconds or ``"500ms"``. The command line overrides the file,
+which overrides the defaults (``settings.resolve``).
+
+* An unknown key is a warning (naming the file and the key, and the closest
+  known key), so a typo does not stop a daemon, but is seen in the journal.
+* A TOML syntax error, an unreadable file or a bad value is a
+  ``ConfigError`` naming the file (and the line, or the key, and what was
+  expected): the daemon does not start.
+
+Under systemd the unit sets ``VMDISKTOUCH_INSTANCE=%i`` (the escaped disk
+path, see ``vmdisktouch.unitname``); the config is then
+``/etc/vmdisktouch/<instance>.toml`` if it exists, else
+``/etc/vmdisktouch/default.toml``, else none (``find_config``). ``--config
+FILE`` names a file explicitly and must exist.
+
+``python -m vmdisktouch.configfile --example`` prints the example config
+(examples/vmdisktouch.toml, generated from SETTINGS; a test checks it is
+current); ``--check FILE`` loads a file and prints its warnings or error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import os
+import re
+import sys
+import textwrap
+import tomllib
+from typing import Any, Mapping
+
+from vmdisktouch import settings
+from vmdisktouch.errors import ConfigError
+from vmdisktouch.settings import BY_KEY, SETTINGS, Config, Setting
+from vmdisktouch.sizes import format_size
+from vmdisktouch.unitname import escape_path
+
+ETC_DIR = "/etc/vmdisktouch"
+DEFAULT_NAME = "default"
+INSTANCE_ENV = "VMDISKTOUCH_INSTANCE"
+
+_LINE_RE = re.compile(r"^(.*?)\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+def load(path: str) -> tuple[dict[str, Any], list[str]]:
+    """Read and check a config file: ``(values, warnings)``.
+
+    ``values`` holds the known keys with their raw TOML values (parsed again
+    by ``settings.resolve``); every one has been checked with the setting's
+    parser, so a bad value fails here even if the command line overrides it.
+    ``warnings`` has one message per unknown key.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        m = _LINE_RE.match(str(exc))
+        if m:
+            raise ConfigError(f"{path}:{m.group(2)}:{m.group(3)}: TOML syntax error: "
+                              f"{m.group(1)}") from None
+        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: "
+                          f"{exc.strerror or exc}") from None
+
+    values: dict[str, Any] = {}
+    warnings: list[str] = []
+    for key, value in data.items():
+        setting = BY_KEY.get(key)
+        if setting is None:
+            warnings.append(_unknown_key_message(path, key))
+            continue
+        settings.parse_value(setting, value, _where(path, key))
+        values[key] = value
+    return values, warnings
+
+
+def _where(path: str, key: str) -> str:
+    return f"{path}: key {key}"
+
+
+def _unknown_key_message(path: str, key: str) -> str:
+    hint = ""
+    normal = key.strip().lower().replace("-", "_")
+    if normal in BY_KEY:
+        match = normal
+    else:
+        close = difflib.get_close_matches(normal, list(BY_KEY), n=1, cutoff=0.6)
+        match = close[0] if close else None
+    if match:
+        hint = f" (did you mean {match!r}?)"
+    else:
+        hint = f" (known keys: {', '.join(BY_KEY)})"
+    return f"{path}: unknown key {key!r}{hint}; ignored"
+
+
+def config_candidates(instance_or_path: str, etc_dir: str = ETC_DIR) -> list[str]:
+    """The files ``find_config`` tries, in order.
+
+    ``instance_or_path`` is either an escaped instance string (``%i``; it
+    never contains ``/``) or a disk path (it contains ``/``), which is escaped
+    with ``unitname.escape_path`` first.
+    """
+    instance = escape_path(instance_or_path) if "/" in instance_or_path else instance_or_path
+    return [os.path.join(etc_dir, instance + ".toml"),
+            os.path.join(etc_dir, DEFAULT_NAME + ".toml")]
+
+
+def find_config(instance_or_path: str, etc_dir: str = ETC_DIR) -> str | None:
+    """``<etc_dir>/<instance>.toml``, else ``<etc_dir>/default.toml``, else None."""
+    for candidate in config_candidates(instance_or_path, etc_dir):
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def resolve_run_config(cli_values: Mapping[str, Any], config_path: str | None,
+                       *, searched: list[str] | tuple[str, ...] = ()
+                       ) -> tuple[Config, list[str]]:
+    """Defaults < config file < command line: ``(Config, warnings)``.
+
+    ``cli_values`` is ``vars(args)`` (a flag not given is None). A bad value
+    in the file names the file and the key; a missing required setting names
+    the file that should have set it (or the files that were ``searched``).
+    """
+    values, warnings = load(config_path) if config_path else ({}, [])
+    for s in SETTINGS:
+        if s.required and cli_values.get(s.key) is None and s.key not in values:
+            if config_path:
+                where = f"set {s.key} in {config_path}"
+            elif searched:
+                where = f"create {' or '.join(searched)} with {s.key} = ..."
+            else:
+                where = f"set {s.key} in the config file (--config FILE)"
+            raise ConfigError(f"{s.key} is not set: pass {s.flag} or {where}")
+    return settings.resolve(dict(cli_values), values, config_path or ""), warnings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--config FILE`` flag of ``vmdisktouch run``."""
+    parser.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="read settings from this TOML file (keys as in docs/configuration.md; flags "
+             f"override it). Default: when {INSTANCE_ENV} is set (by the systemd unit), "
+             f"{ETC_DIR}/<instance>.toml, else {ETC_DIR}/{DEFAULT_NAME}.toml, if present; "
+             "otherwise no file.")
+
+
+def load_for_run(cli_values: Mapping[str, Any], config_arg: str | None = None,
+                 environ: Mapping[str, str] | None = None, etc_dir: str = ETC_DIR
+                 ) -> tuple[Config, list[str], str | None]:
+    """The whole policy of ``run``: ``(Config, warnings, config_path_used)``.
+
+    ``--config FILE`` wins (and must be readable); else, under the unit
+    (``VMDISKTOUCH_INSTANCE`` set), ``find_config(instance)``; else no file
+    (a hand-started ``run`` never picks up /etc/vmdisktouch by surprise).
+    Call it again on SIGHUP to reload.
+    """
+    env = os.environ if environ is None else environ
+    searched: list[str] = []
+    if config_arg:
+        path: str | None = config_arg
+    elif env.get(INSTANCE_ENV):
+        searched = config_candidates(env[INSTANCE_ENV], etc_dir)
+        path = find_config(env[INSTANCE_ENV], etc_dir)
+    else:
+        path = None
+    config, warnings = resolve_run_config(cli_values, path, searched=searched)
+    return config, warnings, path
+
+
+# ---------------------------------------------------------------------------
+# The example config, generated from SETTINGS
+
+# Sample values for settings without a default (so the example shows one).
+_SAMPLES = {
+    "max_hold": "4G",
+    "status": "/run/vmdisktouch/vm1.json",
+    "heat_png": "/run/vmdisktouch/vm1.heat.png",
+    "map_png": "/run/vmdisktouch/vm1.map.png",
+    "blocks_per_pixel": 16,
+    "width": 1024,
+}
+_KIND_SAMPLES = {"size": "1G", "duration": "5s", "number": 1.0, "integer": 1,
+                 "path": "/run/vmdisktouch/file", "boolean": True}
+_KIND_NOTES = {
+    "size": 'a byte count or a string with a binary suffix: "512M", "4G", "1.5GiB"',
+    "duration": 'seconds, or a string: "500ms", "30s", "2m", "1h"',
+    "number": "a number",
+    "integer": "a whole number",
+    "path": "a file path (string)",
+    "boolean": "true or false",
+}
+# Set on the unit's command line (per-instance names); a file value is overridden there.
+UNIT_CLI_KEYS = ("status", "heat_png", "map_png")
+
+
+def toml_value(value: Any) -> str:
+    """A TOML literal for a str, bool, int or float."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"no TOML literal for {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a valid TOML basic string
+    raise TypeError(f"no TOML literal for {type(value).__name__}")
+
+
+def sample_value(s: Setting) -> Any:
+    """The value the example shows for ``s``: its default, else a sample."""
+    if s.default is not None and not s.required:
+        return format_size(s.default) if s.kind == "size" else s.default
+    if s.key in _SAMPLES:
+        return _SAMPLES[s.key]
+    if s.kind in _KIND_SAMPLES:
+        return _KIND_SAMPLES[s.kind]
+    raise ValueError(f"no sample value for setting {s.key} of kind {s.kind}: "
+                     "add one to configfile._SAMPLES")
+
+
+def _comment(text: str) -> list[str]:
+    return textwrap.wrap(text, width=77, initial_indent="# ", subsequent_indent="# ",
+                         break_on_hyphens=False) or ["#"]
+
+
+def example_config() -> str:
+    """The text of examples/vmdisktouch.toml: every key, commented, with its default."""
+    out = _comment(
+        "vmdisktouch configuration (TOML). Generated by `python -m vmdisktouch.configfile "
+        "--example` from vmdisktouch/settings.py; do not edit the copy in examples/, "
+        "regenerate it.")
+    out += ["#"]
+    out += _comment(
+        f"Under systemd, vmdisktouch@INSTANCE.service reads {ETC_DIR}/INSTANCE.toml, or "
+        f"{ETC_DIR}/{DEFAULT_NAME}.toml when that does not exist. INSTANCE is the escaped "
+        "disk path: `vmdisktouch unit-name --instance /path/to/disk.img`. By hand: "
+        "`vmdisktouch run PATH --config FILE`.")
+    out += ["#"]
+    out += _comment(
+        "Every key is optional except max_hold, and every key is commented out below with "
+        "its default (or, if it has none, a sample value): uncomment and edit what you "
+        "need. A command-line flag (--max-hold for max_hold, ...) overrides the file. An "
+        "unknown key is a warning in the journal; a bad value stops the daemon at start-up "
+        "with a message naming this file and the key. After an edit, `systemctl reload "
+        "vmdisktouch@INSTANCE.service` applies it without dropping the current holds.")
+    for s in SETTINGS:
+        out.append("")
+        head = f"{s.key}: {s.kind}"
+        if s.unit:
+            head += f" [{s.unit}]"
+        head += f"; flag {s.flag}; default: {s.default_text()}."
+        out += _comment(head)
+        out += _comment(s.help)
+        note = _KIND_NOTES.get(s.kind)
+        if note:
+            out += _comment(f"Value: {note}.")
+        if s.required:
+            out += _comment("Required: the daemon does not start without it.")
+        if s.key in UNIT_CLI_KEYS:
+            out += _comment("The systemd unit sets it on the command line to "
+                            "/run/vmdisktouch/INSTANCE.*, which overrides this file; change "
+                            "it there with a drop-in (systemctl edit).")
+        out.append(f"#{s.key} = {toml_value(sample_value(s))}")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# python -m vmdisktouch.configfile --example | --check FILE
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vmdisktouch.configfile",
+                                     description="The config file of `vmdisktouch run`.")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--example", action="store_true",
+                       help="print the example config (every key, commented)")
+    group.add_argument("--check", metavar="FILE",
+                       help="load FILE; print its warnings, or its error and exit 1")
+    args = parser.parse_args(argv)
+    if args.example:
+        sys.stdout.write(example_config())
+        return 0
+    try:
+        _values, warnings = load(args.check)
+    except ConfigError as exc:
+        print(f"vmdisktouch: {exc}", file=sys.stderr)
+        return 1
+    for w in warnings:
+        print(f"vmdisktouch: warning: {w}", file=sys.stderr)
+    print(f"{args.check}: ok" + (f" ({len(warnings)} warnings)" if warnings else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
