@@ -76,10 +76,7 @@ class DiskWatcher:
         self.mem_available = mem_available
         self.block_size = config.block_size
         residency.validate_block_size(self.block_size)
-        self.params = heat.HeatParams(
-            amp_resident=config.amp_resident, sigma_resident=config.sigma_resident,
-            amp_rewritten=config.amp_rewritten, sigma_rewritten=config.sigma_rewritten,
-            decay=config.decay, threshold=config.threshold)
+        self.params = self._heat_params(config)
         self.size = image.current_size()
         self.nblocks = self._nblocks(self.size)
         self.state = heat.new_state(self.nblocks)
@@ -91,6 +88,35 @@ class DiskWatcher:
         self.cycle = 0
         self.last_time: float | None = None
         self.last_report: CycleReport | None = None
+        # False while the owning libvirt domain is shut off: hold nothing, keep scanning.
+        self.hold_enabled = True
+        self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
+        self._released_between = 0               # by a reload or a size change
+
+    @staticmethod
+    def _heat_params(config) -> heat.HeatParams:
+        return heat.HeatParams(
+            amp_resident=config.amp_resident, sigma_resident=config.sigma_resident,
+            amp_rewritten=config.amp_rewritten, sigma_rewritten=config.sigma_rewritten,
+            decay=config.decay, threshold=config.threshold)
+
+    def reconfigure(self, config) -> int:
+        """Take new settings (SIGHUP) keeping the holds; returns the bytes released.
+
+        A smaller budget or a higher floor releases the lowest-priority regions
+        at once. The block size is the unit of every map: it cannot change
+        without a restart, so a new one is ignored with a warning.
+        """
+        if config.block_size != self.block_size:
+            log.warning("block_size cannot change on reload (%s stays; restart to change it)",
+                        format_size(self.block_size))
+            config = type(config)(config, block_size=self.block_size)
+        self.params = self._heat_params(config)
+        self.config = config
+        self.holder.load_rate = config.load_rate
+        released = self.holder.set_budget(config.max_hold, config.min_free)
+        self._released_between += released
+        return released
 
     def _nblocks(self, size: int) -> int:
         return -(-size // self.block_size)
@@ -101,9 +127,11 @@ class DiskWatcher:
         size = self.image.current_size()
         if size == self.size:
             return
-        log.warning("%s: size changed from %s to %s; adapting", self.image.path,
-                    format_size(self.size), format_size(size))
-        self.holder.resize(size)
+        old, new = format_size(self.size), format_size(size)
+        if old == new:
+            old, new = f"{self.size} bytes", f"{size} bytes"
+        log.warning("%s: size changed from %s to %s; adapting", self.image.path, old, new)
+        self._released_between += self.holder.resize(size)
         self.size = size
         n = self._nblocks(size)
         self.state = heat.resize_state(self.state, n)
@@ -134,9 +162,11 @@ class DiskWatcher:
         self.state = heat.step(self.state, fraction, held_mask, rewritten, dt, self.params)
 
         budget_blocks = self.config.max_hold // self.block_size
-        targets = regions.select(self.state.total, self.state.heat_rewritten,
-                                 self.params.threshold, budget_blocks, held_mask)
+        targets = (regions.select(self.state.total, self.state.heat_rewritten,
+                                  self.params.threshold, budget_blocks, held_mask)
+                   if self.hold_enabled else [])
         result = self.holder.apply(targets)
+        released_between, self._released_between = self._released_between, 0
         self.cycle += 1
 
         bs = self.block_size
@@ -152,7 +182,7 @@ class DiskWatcher:
                               for s, e in mask_to_runs(red)],
             mem_available_bytes=self.mem_available(),
             loaded_bytes=result.loaded_bytes,
-            released_bytes=result.released_bytes,
+            released_bytes=result.released_bytes + released_between,
             skipped_bytes=result.skipped_bytes,
             size_bytes=self.size,
         )
@@ -180,7 +210,9 @@ class DiskWatcher:
             "min_free_bytes": c.min_free,
             "loaded_bytes": r.loaded_bytes,
             "released_bytes": r.released_bytes,
-            "skipped_for_memory_bytes": r.skipped_bytes,
+            "skipped_bytes": r.skipped_bytes,
+            "domain_active": self.domain_active,
+            "holding": self.hold_enabled,
             "time": time.time(),
         }
 
