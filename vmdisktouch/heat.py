@@ -36,9 +36,12 @@ is their sum (``HeatState.total``). One cycle (``step``):
    resident block gets a peak of ``A * w0`` with
    ``w0 = 1 / sum_x exp(-x^2 / 2 sigma^2) ~= 1 / (sigma * sqrt(2 pi))``
    (0.1995 for sigma = 2), its mass ``A`` spread over its neighbours.
-   With the default threshold 0.2 and A_r = 1, sigma_r = 2, a lone
-   resident block therefore stays just under the threshold, two adjacent
-   ones (0.376 each) are over it: isolated pages are noise, runs are heat.
+   With A_r = 1, sigma_r = 2, a threshold of 0.2 would treat a lone
+   resident block as noise (just under it) and two adjacent ones (0.376
+   each) as heat. The default threshold is lower, 0.05: under memory
+   pressure a guest's hot blocks are only partly resident (about 17 % in
+   the demo's scenario), and at 0.2 nothing reached the threshold, so
+   nothing was held (docs/benchmarks.md, section hotzone).
    ``sigma = 0`` means no smoothing (``s = A * e``). The cost is
    proportional to sigma (17 taps at sigma 2: ~2.5 ms per million blocks).
 
@@ -55,7 +58,7 @@ Held regions: decay, hysteresis and renewal
 -------------------------------------------
 Because a held block's residency input is 0, its resident heat, absent
 other evidence, decays as ``H(t) = H0 * exp(-decay * t)``: a held region
-cools over ~1/decay seconds (100 s at the default 0.01/s). Smoothing may
+cools over ~1/decay seconds (10 s at the default 0.1/s). Smoothing may
 still carry a little heat into a held block's edge from guest-resident
 *unheld* neighbours: that is genuine evidence of use nearby. The things
 that keep a held region held are
@@ -63,22 +66,22 @@ that keep a held region held are
 * rewrites: the checksums of held blocks are the one thing we can observe
   of the guest inside a held region. A rewritten block feeds
   ``heat_rewritten`` (A_w = 4 by default, so one rewrite cycle of a wide
-  region adds ``4 * (1 - k)``, ~0.2 at 5 s cycles; steady rewriting holds
+  region adds ``4 * (1 - k)``, ~1.6 at 5 s cycles; steady rewriting holds
   it near 4);
 * ``held_activity`` when the caller has it;
 * hysteresis in ``regions.select``: a held block stays a candidate down to
   ``threshold * regions.HOLD_FRACTION``.
 
 A held region that is only read, never written, therefore cools from ~A_r
-to threshold/2 (ln(10)/decay = 230 s at the defaults) and is released.
+to threshold/2 (ln(40)/decay = 37 s at the defaults) and is released.
 Release does not evict it: munlock leaves the pages in the page cache, and
 from the next cycle its residency counts again. If the guest still uses it
 (or memory is plentiful) it stays resident, its heat climbs back over the
-threshold within a few cycles (0.1 -> 0.2 takes ~12 s at the defaults) and
-it is held again; relocking cached pages reads nothing from disk. If the
+threshold at once (0.025 -> 0.05 takes 0.3 s at the defaults, so one
+cycle) and it is held again; relocking cached pages reads nothing from disk. If the
 guest no longer uses it, the kernel evicts it under pressure and it stays
-released. So a read-only hold behaves as a lease renewed every few
-minutes by probing the page cache; this trades a short unlocked window per
+released. So a read-only hold behaves as a lease, renewed about every
+40 s by probing the page cache; this trades a short unlocked window per
 lease for never holding dead data for ever, and it is the price of a
 residency signal we cannot read for held pages.
 """

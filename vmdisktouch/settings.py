@@ -120,10 +120,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sigma_rewritten", _float(0), 2.0, "number", "blocks",
             "Width sigma_w of the Gaussian filter applied to the rewritten-blocks map.",
             group="heat"),
-    Setting("decay", _float(0, lo_open=True), 0.01, "number", "1/s",
+    Setting("decay", _float(0, lo_open=True), 0.1, "number", "1/s",
             "Decay coefficient: heat relaxes toward the current input with time constant "
             "1/decay seconds.", group="heat"),
-    Setting("threshold", _float(0, lo_open=True), 0.2, "number", "heat",
+    Setting("threshold", _float(0, lo_open=True), 0.05, "number", "heat",
             "Threshold: blocks with heat at or above it form the candidate regions.",
             group="heat"),
     Setting("rewritten_seconds", _duration_positive, 60.0, "duration", "seconds",
