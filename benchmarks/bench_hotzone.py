@@ -1,0 +1,464 @@
+"""I/O under memory pressure: no daemon vs vmtouch -l (whole image, hot zone) vs vmdisktouch.
+
+The guest-like scenario of issue #3 / #5 (section 3): fio plays a VM disk
+attached with ``cache=writethrough`` (buffered 4 KiB random I/O, 80 % reads,
+20 % ``O_DSYNC`` writes, iodepth 1, 90 % of the accesses in a hot zone of
+10 % of the image), next to a noisy neighbour (random 64 KiB reads of its own
+1 GiB file), both in a cgroup v1 memory group whose limit makes them compete
+for page cache. Four scenarios run one after another on the same image, each
+from a cold cache (the image is evicted between them), each in a fresh group
+with the same limit, each with the same fio random seed:
+
+* ``none``        — no holder;
+* ``whole``       — ``vmtouch -l`` of the whole image (locked before t = 0);
+* ``oracle``      — ``vmtouch -l`` of exactly the hot zone (locked before t = 0);
+* ``vmdisktouch`` — ``vmdisktouch run IMAGE --max-hold 1.25 x hot zone`` with its
+  defaults otherwise, started at t = 0 together with the workload.
+
+The holders run outside the group. It reports IOPS per interval (fio's
+per-second IOPS log), the steady-state median of each scenario (second half
+of the run), the ratios vmdisktouch / oracle and vmdisktouch / none, the time
+vmdisktouch takes to reach 90 % of the oracle's steady IOPS (5 s rolling
+median), the bytes each holder holds (``VmLck``) over time, the holder's
+pages charged to the workload's group (``unevictable``) and OOM kills, and
+draws ``docs/img/hotzone.png``. Results go to the ``hotzone`` section of
+``docs/benchmarks.md``.
+
+    python benchmarks/bench_hotzone.py                 # default, about 12 minutes
+    python benchmarks/bench_hotzone.py --quick         # about 4 minutes, not written to the docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.report import provenance, update_section  # noqa: E402
+
+from vmdisktouch import workload as wl  # noqa: E402
+from vmdisktouch.sizes import parse_size  # noqa: E402
+
+MiB, GiB = wl.MiB, wl.GiB
+SCENARIOS = ("none", "whole", "oracle", "vmdisktouch", "tuned")
+LABELS = {"none": "no daemon", "whole": "vmtouch -l whole image",
+          "oracle": "vmtouch -l hot zone (oracle)", "vmdisktouch": "vmdisktouch (1.25 x hot zone)",
+          "tuned": "vmdisktouch, --tuned-args"}
+COLOURS = {"none": (200, 60, 50), "whole": (140, 140, 140), "oracle": (40, 110, 200),
+           "vmdisktouch": (20, 160, 80), "tuned": (230, 150, 20)}
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+@dataclass
+class Sample:
+    t: float
+    held: int            # VmLck of the holder
+    cg_usage: int
+    cg_unevictable: int
+    hot_cached: int
+    status_held: int = 0
+
+
+@dataclass
+class Result:
+    name: str
+    iops: list[tuple[float, float, float, float]]    # (t, total, read, write) per second
+    samples: list[Sample]
+    lock_seconds: float | None = None
+    counters: dict = field(default_factory=dict)
+    status: dict | None = None
+    error: str | None = None
+    lat_us: tuple[float, float] = (float("nan"), float("nan"))   # mean read, write completion latency
+
+    def series(self) -> list[tuple[float, float]]:
+        return [(t, v) for t, v, _r, _w in self.iops]
+
+    def steady(self, start: float) -> list[float]:
+        return [v for t, v, _r, _w in self.iops if t >= start]
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.size = parse_size(a.image_size) // MiB * MiB
+        self.hot_len = max(MiB, int(self.size * a.hot_fraction) // MiB * MiB)
+        self.hot_off = self.size // 4 // MiB * MiB
+        self.budget = int(self.hot_len * 1.25) // MiB * MiB
+        self.limit = parse_size(a.limit) if a.limit else self.budget + 256 * MiB
+        wl.check_budget_vs_limit(self.budget, self.limit)
+        self.nb_size = parse_size(a.neighbour_size)
+        self.nb_rate = parse_size(a.neighbour_rate)
+        self.tmp = tempfile.mkdtemp(prefix="vmdt-hotzone-", dir=a.tmpdir)
+        self.image = os.path.join(self.tmp, "disk.raw")
+        self.nb_file = os.path.join(self.tmp, "neighbour.raw")
+        self.live: list = []         # things to stop on the way out
+        self.cgroup: wl.MemoryCgroup | None = None
+
+    # -- scenario --
+    def hot_cached(self) -> int:
+        return wl.resident_bytes(self.image, self.hot_off, self.hot_len)
+
+    def run(self, name: str) -> Result:
+        a = self.a
+        wl.evict(self.image)
+        wl.evict(self.nb_file)
+        self.cgroup = cg = wl.MemoryCgroup(f"bench-{name}", self.limit).create()
+        holder = None
+        lock_s = None
+        try:
+            if name in ("whole", "oracle"):
+                holder = wl.VmtouchLock(self.image, *((0, self.size) if name == "whole"
+                                                       else (self.hot_off, self.hot_len)))
+                self.live.append(holder)
+                lock_s = holder.start()
+                say(f"  vmtouch -l locked {holder.length / MiB:.0f} MiB in {lock_s:.1f} s")
+            if name in ("vmdisktouch", "tuned"):
+                extra = (a.daemon_args if name == "vmdisktouch" else a.tuned_args).split()
+                holder = wl.Daemon(self.image, self.budget, interval=a.interval,
+                                   status=os.path.join(self.tmp, "status.json"),
+                                   log_path=os.path.join(self.tmp, "daemon.log"), extra=extra)
+                self.live.append(holder)
+                say(f"  {' '.join(holder.argv[3:])}")
+                holder.start()
+            if self.nb_rate:
+                nb = wl.start_neighbour(cg, self.nb_file, self.nb_rate, size=self.nb_size,
+                                        pattern=a.neighbour_pattern)
+                self.live.append(nb)
+            else:
+                nb = None
+            log_prefix = os.path.join(self.tmp, f"fio-{name}")
+            job = wl.FioJob(self.image, self.size, [(self.hot_off, self.hot_len)],
+                            runtime=a.duration, seed=20241122, iops_log=log_prefix,
+                            name=f"guest-{name}")
+            samples: list[Sample] = []
+
+            def on_interval(iv):
+                if int(iv.t) % 10 == 0 or iv.t < 1.5:
+                    held = samples[-1].held if samples else 0
+                    say(f"  [{name}] t={iv.t:5.0f}s IOPS {iv.iops:7.0f}  held {held / MiB:5.0f} MiB")
+
+            fio = wl.FioRun(job, cg, on_interval=on_interval,
+                            stderr_path=os.path.join(self.tmp, "fio.err"))
+            self.live.append(fio)
+            fio.start()
+            stop = threading.Event()
+
+            def sample():
+                while not stop.wait(1.0):
+                    try:
+                        st = holder.status() if isinstance(holder, wl.Daemon) else None
+                        samples.append(Sample(
+                            t=time.monotonic() - fio.t0,
+                            held=holder.held_bytes() if holder else 0,
+                            cg_usage=cg.usage(), cg_unevictable=cg.unevictable_bytes(),
+                            hot_cached=self.hot_cached(),
+                            status_held=(st or {}).get("held_bytes", 0)))
+                    except (OSError, ValueError):
+                        pass
+
+            th = threading.Thread(target=sample, daemon=True)
+            th.start()
+            error = None
+            while fio.proc.poll() is None:
+                if isinstance(holder, wl.Daemon) and not holder.alive():
+                    error = f"daemon exited ({holder.proc.returncode}): {holder.log_tail(1)}"
+                    break
+                time.sleep(0.5)
+            stop.set()
+            th.join(5)
+            counters = cg.counters()
+            status = holder.status() if isinstance(holder, wl.Daemon) else None
+            fio.stop()
+            if not error and fio.proc.returncode != 0:
+                error = f"fio exited {fio.proc.returncode}"
+            if counters["oom_kills"]:
+                error = (error or "") + f" OOM kills in the workload's group: {counters['oom_kills']}"
+            try:
+                iops = wl.parse_iops_log(log_prefix)
+            except FileNotFoundError:
+                iops = []
+            if len(iops) < 0.8 * len(fio.intervals):    # fall back to the live JSON intervals
+                iops = [(iv.runtime_s, iv.iops, iv.read_iops, iv.write_iops) for iv in fio.intervals]
+            lat = (float("nan"), float("nan"))
+            try:
+                j = fio.final["jobs"][0]
+                lat = (j["read"]["clat_ns"]["mean"] / 1000, j["write"]["clat_ns"]["mean"] / 1000)
+            except (KeyError, IndexError, TypeError):
+                pass
+            return Result(name, iops, samples, lock_s, counters, status, error, lat)
+        finally:
+            for x in reversed(self.live):
+                stop_thing(x)
+            self.live.clear()
+            cg.cleanup()
+            self.cgroup = None
+
+    def cleanup(self) -> None:
+        for x in reversed(self.live):
+            stop_thing(x)
+        self.live.clear()
+        if self.cgroup:
+            self.cgroup.cleanup()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def stop_thing(x) -> None:
+    try:
+        if isinstance(x, (wl.VmtouchLock, wl.Daemon, wl.FioRun)):
+            x.stop()
+        else:
+            wl.stop_process(x)
+    except Exception as exc:  # noqa: BLE001 - keep cleaning up
+        print(f"warning: cleanup: {exc}", file=sys.stderr)
+
+
+# -- analysis ---------------------------------------------------------------
+
+def rolling_median(series: list[tuple[float, float]], k: int = 5) -> list[tuple[float, float]]:
+    out = []
+    for i in range(len(series)):
+        window = [v for _, v in series[max(0, i - k + 1): i + 1]]
+        out.append((series[i][0], statistics.median(window)))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+
+
+# -- chart (Pillow) -----------------------------------------------------------
+
+def draw_chart(results: dict[str, Result], path: str, duration: float, budget: int,
+               hot_len: int, steady_from: float) -> None:
+    from PIL import Image, ImageDraw, ImageFont
+    W, H = 1100, 760
+    img = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(img)
+    try:
+        font = ImageFont.load_default(size=14)
+    except TypeError:
+        font = ImageFont.load_default()
+    L, R = 80, W - 20
+    panels = [(50, 470), (540, 700)]      # (top, bottom) of IOPS and held-bytes panels
+    tmax = duration
+    ymax = max([v for r in results.values() for _, v in rolling_median(r.series())] + [1]) * 1.1
+    hmax = max([s.held for r in results.values() for s in r.samples] + [budget, 1]) * 1.1
+
+    def x(t):
+        return L + (R - L) * min(max(t, 0), tmax) / tmax
+
+    def axes(top, bottom, vmax, unit, fmt):
+        d.rectangle([L, top, R, bottom], outline=(0, 0, 0))
+        for i in range(6):
+            v = vmax * i / 5
+            y = bottom - (bottom - top) * i / 5
+            d.line([L, y, R, y], fill=(225, 225, 225))
+            d.text((L - 8, y), fmt(v), fill=(0, 0, 0), font=font, anchor="rm")
+        step = 10 if tmax <= 120 else 20 if tmax <= 240 else 60
+        for t in range(0, int(tmax) + 1, step):
+            d.line([x(t), bottom, x(t), bottom + 4], fill=(0, 0, 0))
+            d.text((x(t), bottom + 6), f"{t}", fill=(0, 0, 0), font=font, anchor="mt")
+        d.text((L, top - 6), unit, fill=(0, 0, 0), font=font, anchor="lb")
+
+    top, bottom = panels[0]
+    axes(top, bottom, ymax, "IOPS (5 s rolling median of per-second IOPS)", lambda v: f"{v / 1000:.0f}k")
+    sx = x(steady_from)
+    d.line([sx, top, sx, bottom], fill=(180, 180, 180), width=1)
+    d.text((sx + 4, top + 4), "steady window", fill=(120, 120, 120), font=font)
+    for name, r in results.items():
+        pts = [(x(t), bottom - (bottom - top) * v / ymax) for t, v in rolling_median(r.series())]
+        if len(pts) > 1:
+            d.line(pts, fill=COLOURS[name], width=2)
+    top, bottom = panels[1]
+    axes(top, bottom, hmax, "held bytes (VmLck of the holder), MiB", lambda v: f"{v / MiB:.0f}")
+    for level, label in ((budget, "budget"), (hot_len, "hot zone")):
+        y = bottom - (bottom - top) * level / hmax
+        d.line([L, y, R, y], fill=(200, 200, 200), width=1)
+        d.text((R - 4, y + (-2 if label == "budget" else 2)), label, fill=(120, 120, 120),
+               font=font, anchor="rb" if label == "budget" else "rt")
+    for name, r in results.items():
+        pts = [(x(s.t), bottom - (bottom - top) * s.held / hmax) for s in r.samples]
+        if len(pts) > 1:
+            d.line(pts, fill=COLOURS[name], width=2)
+    d.text(((L + R) / 2, H - 30), "seconds since the workload started", fill=(0, 0, 0), font=font,
+           anchor="mm")
+    lx, ly = L + 10, 6
+    for name in results:
+        wtext = 40 + d.textlength(LABELS[name], font=font)
+        if lx + wtext > R:                      # wrap the legend onto a second row
+            lx, ly = L + 10, ly + 18
+        d.rectangle([lx, ly, lx + 14, ly + 14], fill=COLOURS[name])
+        d.text((lx + 20, ly + 7), LABELS[name], fill=(0, 0, 0), font=font, anchor="lm")
+        lx += wtext
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    img.save(path + ".tmp.png")
+    os.replace(path + ".tmp.png", path)
+
+
+# -- report -------------------------------------------------------------------
+
+def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -> tuple[str, dict]:
+    a = b.a
+    steady_from = a.duration / 2
+    med = {n: statistics.median(r.steady(steady_from)) if r.steady(steady_from) else float("nan")
+           for n, r in results.items()}
+    none, oracle = med.get("none"), med.get("oracle")
+    figures = {"median_iops": med}
+    for n in ("vmdisktouch", "tuned"):
+        if n in results and oracle:
+            t90 = wl.first_time_at_or_above(rolling_median(results[n].series()), 0.9 * oracle, hold=1)
+            figures[n] = {"t90": t90, "over_oracle": med[n] / oracle, "over_none": med[n] / none}
+
+    lines = ["## I/O under memory pressure: no daemon, `vmtouch -l`, vmdisktouch", "",
+             provenance(command),
+             f"Scenario: a {b.size / GiB:.1f} GiB non-sparse raw image; fio as the guest "
+             f"(`ioengine=psync`, buffered, `bs=4k`, `rw=randrw`, `rwmixread=80`, `sync=dsync`, "
+             f"iodepth 1, `random_distribution=zoned_abs`: 90 % of accesses in a hot zone of "
+             f"{b.hot_len / MiB:.0f} MiB = {a.hot_fraction:.0%} of the image at "
+             f"{b.hot_off / MiB:.0f} MiB, the rest uniform); a noisy neighbour (fio "
+             f"`{a.neighbour_pattern}` of 64 KiB blocks over its own {b.nb_size / GiB:.1f} GiB "
+             f"non-sparse file at {b.nb_rate / MiB:.0f} MiB/s); both in a cgroup v1 memory group "
+             f"limited to {b.limit / MiB:.0f} MiB. Each scenario runs {a.duration:.0f} s from a "
+             f"cold cache, in a fresh group, with the same fio seed; holders run outside the group. "
+             f"vmdisktouch: `--max-hold {b.budget >> 20}M` (1.25 × the hot zone), "
+             f"`--interval {a.interval:g}`"
+             + (f", `{a.daemon_args}`" if a.daemon_args else "") + ", defaults otherwise, "
+             "started together with the workload; the vmtouch holders lock before t = 0 "
+             "(their lock time is shown).", "",
+             f"Steady state = the second half of each run (t ≥ {steady_from:.0f} s); IOPS are "
+             "fio's per-second IOPS log (reads + writes).", "",
+             "| scenario | steady median IOPS | p10–p90 | ÷ oracle | ÷ no daemon | mean read / write "
+             "latency | held (median, steady) | held pages charged to the group (max) | OOM kills "
+             "| lock time |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, r in results.items():
+        s = r.steady(steady_from)
+        held = statistics.median([x.held for x in r.samples if x.t >= steady_from] or [0])
+        unev = max([x.cg_unevictable for x in r.samples] + [r.counters.get("unevictable", 0)])
+        lines.append(
+            f"| {LABELS[n]} | {med[n]:,.0f} | {pct(s, .1):,.0f}–{pct(s, .9):,.0f} | "
+            f"{med[n] / oracle:.2f} | {med[n] / none:.2f} | "
+            f"{r.lat_us[0]:.0f} / {r.lat_us[1]:.0f} µs | {held / MiB:.0f} MiB | "
+            f"{unev / MiB:.0f} MiB | {r.counters.get('oom_kills', '?')} | "
+            f"{'—' if r.lock_seconds is None else f'{r.lock_seconds:.1f} s'} |"
+            + (f" **error: {r.error}**" if r.error else ""))
+    lines.append("")
+    for n in ("vmdisktouch", "tuned"):
+        if n not in figures:
+            continue
+        f = figures[n]
+        tv, tn, t90 = f["over_oracle"], f["over_none"], f["t90"]
+        lines += [
+            f"Targets (issue #5, section 3) for {LABELS[n]}:", "",
+            f"- ≥ 95 % of the oracle: **{tv:.1%}**, {'met' if tv >= 0.95 else 'missed'};",
+            f"- ≥ 2 × no daemon: **{tn:.2f} ×**, {'met' if tn >= 2 else 'missed'} (the oracle "
+            f"itself reaches {oracle / none:.2f} ×, the whole image locked "
+            f"{med.get('whole', float('nan')) / none:.2f} ×);",
+            "- 90 % of the oracle's steady IOPS within 30 s of start (5 s rolling median): "
+            + (f"**{t90:.0f} s**, {'met' if t90 <= 30 else 'missed'}." if t90 is not None
+               else "**never reached**, missed.")]
+        st = results[n].status or {}
+        if st:
+            lines.append(f"- at the end: {st.get('cycle')} cycles, held "
+                         f"{st.get('held_bytes', 0) / MiB:.0f} MiB in {len(st.get('regions', []))} "
+                         f"regions, last cycle {st.get('cycle_seconds', 0):.3f} s.")
+        lines.append("")
+    lines += [f"![IOPS and held bytes over time]({chart_rel})", ""]
+    # per-interval IOPS, 10 s means
+    lines += ["<details><summary>IOPS per 10 s interval (mean of the per-second IOPS)</summary>", "",
+              "| t (s) | " + " | ".join(LABELS[n] for n in results) + " |",
+              "|---|" + "---|" * len(results)]
+    for t0 in range(0, int(a.duration), 10):
+        row = []
+        for n, r in results.items():
+            v = [x for t, x, _r, _w in r.iops if t0 < t <= t0 + 10]
+            row.append(f"{statistics.mean(v):,.0f}" if v else "—")
+        lines.append(f"| {t0}–{t0 + 10} | " + " | ".join(row) + " |")
+    lines += ["", "</details>", ""]
+    return "\n".join(lines), figures
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=float, default=120.0, help="seconds per scenario (default 120)")
+    p.add_argument("--image-size", default="4G", help="image size (default 4G)")
+    p.add_argument("--hot-fraction", type=float, default=0.10, help="hot zone / image (default 0.10)")
+    p.add_argument("--limit", default=None, help="cgroup limit (default: budget + 256M)")
+    p.add_argument("--neighbour-size", default="1G")
+    p.add_argument("--neighbour-rate", default="200M", help="bytes/s (0 = no neighbour)")
+    p.add_argument("--neighbour-pattern", default="randread", choices=("randread", "read"))
+    p.add_argument("--interval", type=float, default=5.0, help="daemon --interval (default 5, its default)")
+    p.add_argument("--daemon-args", default="", help="extra arguments for vmdisktouch run")
+    p.add_argument("--tuned-args", default="", help="arguments of a fifth scenario 'tuned': "
+                   "vmdisktouch with these extra options (e.g. '--decay 0.1 --threshold 0.05')")
+    p.add_argument("--scenarios", default=None, help="comma-separated subset of "
+                   + ",".join(SCENARIOS) + " (default: all; 'tuned' only with --tuned-args)")
+    p.add_argument("--quick", action="store_true", help="2G image, 45 s per scenario; not written to the docs")
+    p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    p.add_argument("--chart", default=os.path.join(ROOT, "docs", "img", "hotzone.png"))
+    p.add_argument("--tmpdir", default="/var/tmp", help="where the image goes (a real disk)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.duration, a.image_size = min(a.duration, 45.0), "2G"
+        a.no_doc = True
+        if a.chart == p.get_default("chart"):
+            a.chart = os.path.join(tempfile.gettempdir(), "hotzone-quick.png")
+    if a.scenarios is None:
+        a.scenarios = ",".join(n for n in SCENARIOS if n != "tuned" or a.tuned_args)
+    names = [n for n in a.scenarios.split(",") if n]
+    LABELS["tuned"] = f"vmdisktouch {a.tuned_args}"
+    for n in names:
+        if n not in SCENARIOS:
+            p.error(f"unknown scenario {n!r}")
+    command = "python benchmarks/bench_hotzone.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    b = Bench(a)
+    try:
+        say(f"image {b.size / GiB:.1f} GiB, hot zone {b.hot_len / MiB:.0f} MiB at {b.hot_off / MiB:.0f} MiB, "
+            f"budget {b.budget / MiB:.0f} MiB, cgroup limit {b.limit / MiB:.0f} MiB, "
+            f"{a.duration:.0f} s per scenario")
+        wl.make_image(b.image, b.size)
+        wl.make_image(b.nb_file, b.nb_size)
+        results: dict[str, Result] = {}
+        for n in names:
+            say(f"\n== {LABELS[n]}")
+            r = b.run(n)
+            results[n] = r
+            s = r.steady(a.duration / 2)
+            say(f"  steady median {statistics.median(s) if s else float('nan'):,.0f} IOPS; "
+                f"cgroup {json.dumps(r.counters)}" + (f"; ERROR {r.error}" if r.error else ""))
+        if not {"none", "oracle"} <= set(results):
+            return 0
+        chart_rel = os.path.relpath(a.chart, os.path.join(ROOT, "docs"))
+        draw_chart(results, a.chart, a.duration, b.budget, b.hot_len, a.duration / 2)
+        md, fig = report(b, results, command.strip(), chart_rel)
+        say("\n" + md)
+        if not a.no_doc:
+            update_section("hotzone", md)
+            say(f"wrote the hotzone section of docs/benchmarks.md and {a.chart}")
+        return 0 if not any(r.error for r in results.values()) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        b.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
