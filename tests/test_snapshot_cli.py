@@ -133,11 +133,6 @@ def test_block_size_option(det_images):
     assert rec["resident_ranges"] == merged(DET_READS, DET_SIZE)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open_image reads the qcow2 magic with a buffered pread before the scan: page 0 "
-    "plus readahead (4 pages here) enter the cache and are counted. Fix in image.py "
-    "(FADV_RANDOM for the header read, then FADV_DONTNEED of page 0 if it was not "
-    "cached); then remove this mark"))
 def test_snapshot_does_not_change_what_it_measures(tmp_path):
     img = make_image(tmp_path / "cold.raw", 16 * MiB, sparse=False)
     evict(img)

@@ -23,7 +23,7 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from vmdisktouch.errors import ImageError, ImageGoneError
+from vmdisktouch.errors import ImageError, ImageGoneError, VmdtError
 
 BLKGETSIZE64 = 0x80081272
 QCOW2_MAGIC = b"QFI\xfb"
@@ -112,6 +112,42 @@ def _open_readonly(path: str) -> int:
         return os.open(path, flags)
 
 
+def _first_page_cached(fd: int, size: int) -> bool:
+    """Whether page 0 of ``fd`` is in the page cache (mincore on a one-page mapping)."""
+    import numpy as np
+
+    from vmdisktouch import libc
+    length = min(size, libc.PAGE_SIZE)
+    addr = libc.mmap_file(fd, 0, length)
+    try:
+        return bool(libc.mincore(addr, length, np.zeros(1, np.uint8))[0] & 1)
+    finally:
+        libc.munmap(addr, length)
+
+
+def read_magic(fd: int, size: int) -> bytes:
+    """The first 4 bytes, read without changing what the page cache holds.
+
+    A plain read would cache page 0 and start readahead, and a snapshot would
+    then count pages it brought in itself. So: no readahead on this open file
+    (FADV_RANDOM applies to this file description only), and when page 0 was
+    not cached before, it is dropped again after the read.
+    """
+    try:
+        was_cached = _first_page_cached(fd, size)
+    except (OSError, VmdtError):
+        was_cached = True              # cannot tell: leave the cache alone
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    try:
+        head = os.pread(fd, 4, 0)
+        if not was_cached:
+            # The whole page: the kernel keeps a partially covered last page.
+            os.posix_fadvise(fd, 0, os.sysconf("SC_PAGE_SIZE"), os.POSIX_FADV_DONTNEED)
+    finally:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+    return head
+
+
 def open_image(path: str) -> Image:
     """Open ``path`` as a disk image, or raise ImageError saying what is wrong."""
     try:
@@ -156,7 +192,7 @@ def open_image(path: str) -> Image:
         if size == 0:
             raise ImageError(f"{path}: is empty (size 0)")
         try:
-            head = os.pread(fd, 4, 0)
+            head = read_magic(fd, size)
         except OSError as exc:
             raise ImageError(f"{path}: cannot read: {exc.strerror}") from None
         fmt = "qcow2" if head == QCOW2_MAGIC else "raw"
