@@ -96,57 +96,10 @@ CHUNK_BYTES = 32 * MiB       # mlock granularity of a load (whole blocks, at lea
 MAX_SEGMENTS = 4096          # at most this many mappings (vm.max_map_count is 65530 by default)
 MAX_PIECES_PER_RUN = 4       # merge a target run's adjacent mappings beyond this many
 
-Run = tuple[int, int]
+from vmdisktouch.runs import Run, clip_runs, intersect, merge_runs, subtract  # noqa: F401
 
 
 # -- pure run arithmetic ----------------------------------------------------
-
-def clip_runs(runs: Iterable[Run], nblocks: int) -> list[Run]:
-    """Runs clipped to ``[0, nblocks)``, empty ones dropped, order kept."""
-    out = []
-    for start, stop in runs:
-        start, stop = max(int(start), 0), min(int(stop), nblocks)
-        if stop > start:
-            out.append((start, stop))
-    return out
-
-
-def merge_runs(runs: Iterable[Run]) -> list[Run]:
-    """Sorted union of runs; touching runs are joined."""
-    out: list[list[int]] = []
-    for start, stop in sorted((int(s), int(e)) for s, e in runs if e > s):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], stop)
-        else:
-            out.append([start, stop])
-    return [(s, e) for s, e in out]
-
-
-def intersect(run: Run, runs: list[Run]) -> list[Run]:
-    """Parts of the sorted, disjoint ``runs`` inside ``run`` (bisection, no full scan)."""
-    a, b = run
-    i = max(bisect.bisect_right(runs, (a, a)) - 1, 0)
-    out = []
-    while i < len(runs) and runs[i][0] < b:
-        s, e = runs[i]
-        if min(b, e) > max(a, s):
-            out.append((max(a, s), min(b, e)))
-        i += 1
-    return out
-
-
-def subtract(run: Run, runs: list[Run]) -> list[Run]:
-    """``run`` minus the sorted, disjoint ``runs``."""
-    a, b = run
-    pieces, pos = [], a
-    for s, e in intersect(run, runs):
-        if s > pos:
-            pieces.append((pos, s))
-        pos = e
-    if pos < b:
-        pieces.append((pos, b))
-    return pieces
-
 
 def priority_pieces(target_runs: Iterable[Run], nblocks: int) -> list[Run]:
     """Disjoint pieces of the targets in priority order.

@@ -61,15 +61,14 @@ into block runs to release and to load.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 
 import numpy as np
 
+from vmdisktouch.runs import Run, merge_runs, subtract
+
 HOLD_FRACTION = 0.5        # held blocks stay candidates while heat >= threshold * this
 REWRITTEN_FRACTION = 0.5   # a region ranks as rewritten when its rewritten sum >= threshold * this
-
-Run = tuple[int, int]
 
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
@@ -170,17 +169,17 @@ def plan(current_runs, target_runs) -> tuple[list[Run], list[Run]]:
     in the order of ``target_runs`` (priority order). Inputs may overlap or
     touch; empty runs are ignored.
     """
-    current = _normalise(current_runs)
-    target = _normalise(target_runs)
-    to_release = [piece for run in current for piece in _subtract(run, target)]
+    current = merge_runs(current_runs)
+    target = merge_runs(target_runs)
+    to_release = [piece for run in current for piece in subtract(run, target)]
     to_load: list[Run] = []
     covered = current
     for start, stop in target_runs:
         if stop > start:
-            pieces = _subtract((int(start), int(stop)), covered)
+            pieces = subtract((int(start), int(stop)), covered)
             if pieces:
                 to_load.extend(pieces)
-                covered = _normalise(covered + pieces)   # overlapping targets load once
+                covered = merge_runs(covered + pieces)   # overlapping targets load once
     return to_release, to_load
 
 
@@ -215,30 +214,3 @@ def _hottest_window(heat: np.ndarray, start: int, stop: int, length: int) -> int
     return start + int(np.argmax(sums))
 
 
-def _normalise(runs) -> list[Run]:
-    """Sorted, merged, non-empty runs."""
-    out: list[list[int]] = []
-    for start, stop in sorted((int(s), int(e)) for s, e in runs if e > s):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], stop)
-        else:
-            out.append([start, stop])
-    return [(s, e) for s, e in out]
-
-
-def _subtract(run: Run, others: list[Run]) -> list[Run]:
-    """``run`` minus the union of ``others`` (sorted, merged)."""
-    start, stop = run
-    pieces = []
-    i = max(bisect.bisect_right(others, (start, stop)) - 1, 0)
-    pos = start
-    while i < len(others) and others[i][0] < stop:
-        s, e = others[i]
-        if e > pos:
-            if s > pos:
-                pieces.append((pos, s))
-            pos = max(pos, e)
-        i += 1
-    if pos < stop:
-        pieces.append((pos, stop))
-    return pieces

@@ -1,0 +1,60 @@
+"""Arithmetic on block runs ``(start, stop)``, half-open: pure, shared by the
+core (``regions``) and the holder.
+
+Lists of runs are kept sorted and disjoint where a function says so;
+``intersect`` and ``subtract`` bisect into them instead of scanning.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Iterable
+
+Run = tuple[int, int]
+
+
+def clip_runs(runs: Iterable[Run], nblocks: int) -> list[Run]:
+    """Runs clipped to ``[0, nblocks)``, empty ones dropped, order kept."""
+    out = []
+    for start, stop in runs:
+        start, stop = max(int(start), 0), min(int(stop), nblocks)
+        if stop > start:
+            out.append((start, stop))
+    return out
+
+
+def merge_runs(runs: Iterable[Run]) -> list[Run]:
+    """Sorted union of runs; touching runs are joined."""
+    out: list[list[int]] = []
+    for start, stop in sorted((int(s), int(e)) for s, e in runs if e > s):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], stop)
+        else:
+            out.append([start, stop])
+    return [(s, e) for s, e in out]
+
+
+def intersect(run: Run, runs: list[Run]) -> list[Run]:
+    """Parts of the sorted, disjoint ``runs`` inside ``run`` (bisection, no full scan)."""
+    a, b = run
+    i = max(bisect.bisect_right(runs, (a, a)) - 1, 0)
+    out = []
+    while i < len(runs) and runs[i][0] < b:
+        s, e = runs[i]
+        if min(b, e) > max(a, s):
+            out.append((max(a, s), min(b, e)))
+        i += 1
+    return out
+
+
+def subtract(run: Run, runs: list[Run]) -> list[Run]:
+    """``run`` minus the sorted, disjoint ``runs``."""
+    a, b = run
+    pieces, pos = [], a
+    for s, e in intersect(run, runs):
+        if s > pos:
+            pieces.append((pos, s))
+        pos = e
+    if pos < b:
+        pieces.append((pos, b))
+    return pieces
