@@ -11,6 +11,7 @@ APT_PACKAGES=(
   time  # /usr/bin/time -v: peak RSS in benchmarks/bench_scan.py
   python3-libnbd libnbd-bin
   systemd
+  libxml2-utils  # xmllint, which virt-xml-validate runs (tests/test_unit.py)
   # libvirt: the daemons (the tests start libvirtd and virtlogd themselves, see
   # tests/libvirt_env.py; no default network, so no dnsmasq), and what
   # `pip install libvirt-python` needs to build (it ships no wheels).
