@@ -119,3 +119,20 @@ def test_growth_and_resize(image):
     assert changed_set(sums, np.arange(12), 12 * BS) == set()
     os.pwrite(wfd, b"z", 11 * BS)
     assert changed_set(sums, np.arange(12), 12 * BS) == {11}
+
+
+def test_baseline_makes_a_write_right_after_the_load_a_change(image):
+    """Blocks 4-5 are taken into hold after this cycle's update; the guest writes at once."""
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS)
+    assert changed_set(sums, [1, 2], size) == set()
+    sums.baseline([4, 5], size)                           # the load of this cycle
+    os.pwrite(wfd, b"\x77" * 4096, 5 * BS + 4096)         # written before the next cycle
+    os.pwrite(wfd, b"\x77", 2 * BS)                       # and one of the older holds
+    assert changed_set(sums, [1, 2, 4, 5], size) == {2, 5}
+    # Without the baseline the same write would be the block's first hash, not a change.
+    fresh = BlockChecksums(rfd, BS)
+    assert changed_set(fresh, [1, 2], size) == set()
+    os.pwrite(wfd, b"\x78" * 4096, 5 * BS + 4096)
+    assert changed_set(fresh, [1, 2, 4, 5], size) == set()

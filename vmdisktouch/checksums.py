@@ -13,7 +13,8 @@ stored for the same block in the previous ``update``.
   memoryview: no system call per block.
 - A block seen for the first time, or not passed to the previous
   ``update``, is not "changed": its stored hash is from before a gap, or
-  there is none. ``update`` forgets every block it was not given, so a block
+  there is none. ``baseline`` hashes blocks the moment they are taken into
+  hold, so that a write between the load and the next cycle is a change. ``update`` forgets every block it was not given, so a block
   released and held again starts fresh (``forget`` does it explicitly).
 - Blocks at or beyond ``size`` are forgotten. When the size changes, the
   block holding the old end and the block holding the new end start fresh
@@ -115,6 +116,23 @@ class BlockChecksums:
         inside = (idx >= 0) & (idx < changed_block.size)
         out[inside] = changed_block[idx[inside]]
         return out
+
+    def baseline(self, block_indices, size: int) -> None:
+        """Hash blocks that were just taken into hold, as the reference for the next ``update``.
+
+        Without it a newly held block's first hash would be taken one cycle
+        later, and a guest write landing in between would be that block's
+        reference instead of a change. Other blocks' hashes are kept.
+        """
+        size = int(size)
+        nblocks = -(-size // self.block_size)
+        if nblocks > self._sums.size:
+            self.resize(nblocks)
+        idx = np.asarray(block_indices, dtype=np.int64).ravel()
+        blocks = np.unique(idx[(idx >= 0) & (idx < nblocks)])
+        self._valid[blocks] = False
+        for start, stop in _runs(blocks):
+            self._hash_run(start, stop, size, self._sums, self._valid)
 
     def _hash_run(self, start: int, stop: int, size: int, sums: np.ndarray,
                   valid: np.ndarray) -> None:

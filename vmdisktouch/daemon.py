@@ -12,7 +12,8 @@ One cycle (``DiskWatcher.tick``):
    changed, resize every per-block map and drop holds beyond the new end.
 2. Scan residency (cachestat/mincore) into a per-block resident fraction.
 3. Checksum the held blocks (``pread``, never the mapping): changed blocks
-   were rewritten by the guest.
+   were rewritten by the guest. Blocks newly taken into hold in step 5 are
+   hashed right after their load, so a write before the next cycle counts.
 4. Step the heat map: held blocks are zeroed (feedback suppression),
    residency and rewrites are smoothed and folded into the decaying map.
 5. Select target runs under the budget and hand them to the holder, which
@@ -166,6 +167,9 @@ class DiskWatcher:
                                   self.params.threshold, budget_blocks, held_mask)
                    if self.hold_enabled else [])
         result = self.holder.apply(targets)
+        held_now = runs_to_mask(self.holder.held_runs(), n)
+        if result.loaded_bytes:
+            self.sums.baseline(np.flatnonzero(held_now & ~held_mask), self.size)
         released_between, self._released_between = self._released_between, 0
         self.cycle += 1
 
@@ -187,7 +191,7 @@ class DiskWatcher:
             size_bytes=self.size,
         )
         self.last_report = report
-        self._emit(report, fraction, red)
+        self._emit(report, fraction, held_now, red)
         return report
 
     # -- output -----------------------------------------------------------
@@ -216,7 +220,8 @@ class DiskWatcher:
             "time": time.time(),
         }
 
-    def _emit(self, r: CycleReport, fraction: np.ndarray, red: np.ndarray) -> None:
+    def _emit(self, r: CycleReport, fraction: np.ndarray, held: np.ndarray,
+              red: np.ndarray) -> None:
         c = self.config
         if c.status:
             atomic.write_json(c.status, self.status_obj(r))
@@ -225,7 +230,6 @@ class DiskWatcher:
             layout = render.Layout.fit(self.nblocks, blocks_per_pixel=c.blocks_per_pixel,
                                        width=c.width, aspect=c.aspect, scale=c.scale)
             if c.map_png:
-                held = runs_to_mask(self.holder.held_runs(), self.nblocks)
                 atomic.write_png(c.map_png, render.block_map_image(fraction, held, red, layout))
             if c.heat_png:
                 atomic.write_png(c.heat_png, render.heat_image(self.state.total, layout))
