@@ -244,3 +244,58 @@ def test_a_million_block_selection_runs():
     assert 0 < total_len(out) <= 40000
     rel, load = plan([(1000, 30000)], out)
     assert 29000 - total_len(rel) + total_len(load) == total_len(out)
+
+
+# -- select: incumbency ---------------------------------------------------
+
+def test_a_held_region_keeps_its_place_against_an_equal_unheld_one():
+    # Feedback suppression has cooled the held region to a third of an equal unheld one.
+    h = heatmap(100, (10, 20, 0.3), (50, 60, 0.9))
+    held = np.zeros(100, bool)
+    assert select(h, None, THR, 10, held) == [(50, 60)]      # nothing held: the hotter wins
+    held[10:20] = True
+    assert select(h, None, THR, 10, held) == [(10, 20)]      # held: it keeps the budget
+
+
+def test_a_much_hotter_challenger_displaces_a_held_region():
+    held = np.zeros(100, bool)
+    held[10:20] = True
+    weak = regions.INCUMBENT_WEIGHT * 0.3
+    assert select(heatmap(100, (10, 20, 0.3), (50, 60, weak * 0.9)), None, THR, 10,
+                  held) == [(10, 20)]
+    assert select(heatmap(100, (10, 20, 0.3), (50, 60, weak * 1.1)), None, THR, 10,
+                  held) == [(50, 60)]
+
+
+def test_a_window_cut_to_the_budget_stays_on_the_held_blocks():
+    h = heatmap(100, (10, 40, 0.5))
+    held = np.zeros(100, bool)
+    held[25:35] = True
+    assert select(h, None, THR, 10, held) == [(25, 35)]
+    assert select(h, None, THR, 10, None) == [(10, 20)]      # unheld: the first on ties
+
+
+def test_equal_candidates_larger_than_the_budget_do_not_thrash():
+    """Twenty equally used extents, a budget of five: the holds last their lease, not a cycle."""
+    from vmdisktouch import heat
+    p = heat.HeatParams(amp_resident=1.0, sigma_resident=2.0, amp_rewritten=4.0,
+                        sigma_rewritten=2.0, decay=0.1, threshold=0.05)
+    n = 1000
+    resident = np.zeros(n, np.float32)
+    resident[np.arange(20) * 50 + 25] = 1.0          # isolated cached blocks, always resident
+    state = heat.new_state(n)
+    held = np.zeros(n, bool)
+    changes = 0
+    for cycle in range(24):                          # two minutes of 5 s cycles
+        state = heat.step(state, resident, held, np.zeros(n, bool), 5.0, p)
+        targets = select(state.total, state.heat_rewritten, p.threshold, 25, held)
+        new = np.zeros(n, bool)
+        for a, b in targets:
+            new[a:b] = True
+        if cycle > 2 and (new & ~held).any():
+            changes += 1
+        held = new
+    assert held.sum() == 25
+    # A lone cached block's region cools below the hold level in ~20 s (4 cycles): a lease.
+    # Without incumbency and the whole-run hold level the holds moved in 20 of 21 cycles.
+    assert changes <= 6, f"the holds moved in {changes} of 21 cycles"
