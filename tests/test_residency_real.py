@@ -198,10 +198,12 @@ def test_loop_block_device_partly_read(loop_device):
 def test_cachestat_and_mincore_paths_agree(image64, block_size):
     with held(image64, SCATTERED + [(os.path.getsize(image64) - 2 * PAGE, 2 * PAGE)]):
         fast = scan_path(image64, block_size=block_size)
+        counts_only = scan_path(image64, block_size=block_size, want_ranges=False)
         slow = scan_path(image64, block_size=block_size, use_cachestat=False)
         fin = fincore_pages(image64)
     assert fast.used_cachestat and not slow.used_cachestat
     np.testing.assert_array_equal(fast.counts, slow.counts)
+    np.testing.assert_array_equal(counts_only.counts, slow.counts)
     assert fast.ranges == slow.ranges
     assert fast.resident_pages == fin
 

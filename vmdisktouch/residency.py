@@ -53,6 +53,9 @@ LEAF_BYTES = 1 << 20          # mincore instead of descending below this (one de
                               # an aligned cached MiB costs a cachestat, not a 4 MiB mincore)
 CHUNK_BYTES = 1 << 30         # mincore window when cachestat is unavailable
 TOP_BYTES = 16 << 30          # first level of the cachestat descent
+DENSE_CALLS_PER_PAGE = 1 / 16 # a range with a cached page per 16 of its blocks is counted
+                              # block by block: a call costs ~0.7 us from Python, walking a
+                              # cached page ~0.03 us, and a descent walks each page per level
 
 
 @dataclass
@@ -211,9 +214,35 @@ def _scan_cachestat(fd: int, size: int, block_size: int, cs: libc.CacheStatCalle
         if n >= -(-length // page):
             col.fill(off, length)
         elif length <= leaf:
-            col.add_bits(off, win.bits(off, length))
+            if col.ranges is None and length <= block_size:
+                col.counts[off // block_size] = n      # the count is the answer
+            else:
+                col.add_bits(off, win.bits(off, length))
+        elif length <= block_size * DENSE_CALLS_PER_PAGE * n:
+            # Dense: one cachestat per block walks these pages once more, where
+            # descending would walk them once per level left.
+            _blocks_cachestat(off, length, block_size, nr_cache, win, col)
         else:
             step = -(-length // FANOUT)
             step = -(-step // block_size) * block_size
             parts = [(o, min(step, off + length - o)) for o in range(off, off + length, step)]
             stack.extend(reversed(parts))
+
+
+def _blocks_cachestat(off: int, length: int, block_size: int, nr_cache, win: _MincoreWindow,
+                      col: _Collector) -> None:
+    """Count the blocks of a dense range one cachestat each; mincore only where ranges are
+    wanted and a block is partly cached."""
+    page = col.page_size
+    b0 = off // block_size
+    for k, boff in enumerate(range(off, off + length, block_size)):
+        blen = min(block_size, off + length - boff)
+        n = nr_cache(boff, blen)
+        if n == 0:
+            continue
+        if n >= -(-blen // page):
+            col.fill(boff, blen)
+        elif col.ranges is None:
+            col.counts[b0 + k] = n
+        else:
+            col.add_bits(boff, win.bits(boff, blen))
