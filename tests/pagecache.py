@@ -7,10 +7,13 @@ back, hence the fsync first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+
+from vmdisktouch import libc
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -77,3 +80,26 @@ def vmtouch_pages(path) -> int:
     m = re.search(r"Resident Pages:\s+(\d+)/(\d+)", out)
     assert m, out
     return int(m.group(1))
+
+
+MADV_RANDOM = 1
+
+
+@contextlib.contextmanager
+def held(path, reads):
+    """Cache exactly the pages of ``reads`` and mlock them until the block ends."""
+    fd = os.open(str(path), os.O_RDONLY)
+    maps = []
+    try:
+        for off, n in reads:
+            read_range(path, off, n)
+            start, end = off - off % PAGE, -(-(off + n) // PAGE) * PAGE
+            addr = libc.mmap_file(fd, start, end - start)
+            maps.append((addr, end - start))
+            libc.madvise(addr, end - start, MADV_RANDOM)
+            libc.mlock(addr, end - start)
+        yield
+    finally:
+        for addr, length in maps:
+            libc.munmap(addr, length)
+        os.close(fd)

@@ -136,3 +136,55 @@ def test_baseline_makes_a_write_right_after_the_load_a_change(image):
     assert changed_set(fresh, [1, 2], size) == set()
     os.pwrite(wfd, b"\x78" * 4096, 5 * BS + 4096)
     assert changed_set(fresh, [1, 2, 4, 5], size) == set()
+
+
+def test_a_pass_is_skipped_only_while_the_file_is_provably_unwritten(image):
+    import time
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS)
+    every = np.arange(32)
+    sums.update(every, size, skip_unwritten=True)
+    assert not sums.skipped                                # nothing to compare with yet
+    sums.update(every, size, skip_unwritten=True)
+    assert not sums.skipped                                # the file was written < 1 s ago
+    time.sleep(1.2)
+    sums.update(every, size, skip_unwritten=True)          # stamp taken > 1 s after the write
+    assert not sums.skipped
+    assert not sums.update(every, size, skip_unwritten=True).any()
+    assert sums.skipped                                    # unchanged and settled: skipped
+    os.pwrite(wfd, b"\x99", 9 * BS + 5)
+    changed = sums.update(every, size, skip_unwritten=True)
+    assert not sums.skipped and set(every[changed].tolist()) == {9}
+    assert not sums.update(every, size, skip_unwritten=True).any()
+    assert not sums.skipped                                # the write is recent: not settled
+
+
+def test_a_skip_keeps_the_hashes_so_a_later_write_is_still_a_change(image):
+    import time
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS)
+    time.sleep(1.2)
+    sums.update([3, 4], size, skip_unwritten=True)
+    sums.update([3, 4], size, skip_unwritten=True)
+    assert sums.skipped
+    os.pwrite(wfd, b"\x42" * 10, 4 * BS)
+    assert sums.update([3, 4], size, skip_unwritten=True).tolist() == [False, True]
+
+
+def test_hashing_caches_nothing_beyond_the_blocks_hashed(image):
+    """Readahead of the checksum reads would look like the guest's use next cycle."""
+    from tests.pagecache import evict
+    from vmdisktouch import residency
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    evict(path)
+    sums = BlockChecksums(rfd, BS)
+    sums.update([5, 6], size)
+    sums.baseline([20], size)
+    counts = residency.scan(rfd, size, BS).counts
+    assert counts[[5, 6, 20]].tolist() == [256] * 3
+    assert int(counts.sum()) == 3 * 256, np.flatnonzero(counts).tolist()
+    sums.close()
+    sums.close()

@@ -168,6 +168,19 @@ def test_load_is_resident_locked_exactly_and_read_once(img, holders):
     assert h.held_runs() == [] and locked() == holders.base
 
 
+def test_small_regions_load_nothing_beyond_their_ends(img, holders):
+    """Readahead past a region's end would look like guest use next cycle, and the holds
+    would creep outwards lease after lease: loading must cache exactly the targets."""
+    path, fd = img
+    h = holders(fd, 64 * MiB)
+    targets = [(5, 8), (20, 21), (40, 42), (44, 56)]      # 12 MiB: over one WILLNEED cap
+    h.apply(targets)
+    for a, b in targets:
+        assert resident_pages(fd, a * MiB, (b - a) * MiB) == (b - a) * MiB // PAGE
+    outside = resident_pages(fd, 0, 64 * MiB) - sum(b - a for a, b in targets) * MiB // PAGE
+    assert outside == 0, f"{outside} pages cached outside the targets"
+
+
 def test_held_pages_survive_dontneed_and_unheld_are_evicted(img, holders):
     path, fd = img
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)

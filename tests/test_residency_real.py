@@ -17,15 +17,14 @@ brings nothing into the cache. Files live under pytest's ``tmp_path``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 
 import numpy as np
 import pytest
 
-from tests.pagecache import (PAGE, evict, fincore_pages, make_image, read_range, require_tool,
-                             vmtouch_pages)
+from tests.pagecache import (PAGE, evict, fincore_pages, held, make_image, read_range,
+                             require_tool, vmtouch_pages)
 from vmdisktouch import libc, residency
 from vmdisktouch.image import size_of_fd
 
@@ -56,29 +55,6 @@ def scan_path(path, *, use_cachestat=True, want_ranges=True, kind="file", block_
         return residency.scan(fd, size_of_fd(fd, kind), block_size,
                               want_ranges=want_ranges, use_cachestat=use_cachestat)
     finally:
-        os.close(fd)
-
-
-MADV_RANDOM = 1
-
-
-@contextlib.contextmanager
-def held(path, reads):
-    """Cache exactly the pages of ``reads`` and mlock them until the block ends."""
-    fd = os.open(str(path), os.O_RDONLY)
-    maps = []
-    try:
-        for off, n in reads:
-            read_range(path, off, n)
-            start, end = off - off % PAGE, -(-(off + n) // PAGE) * PAGE
-            addr = libc.mmap_file(fd, start, end - start)
-            maps.append((addr, end - start))
-            libc.madvise(addr, end - start, MADV_RANDOM)
-            libc.mlock(addr, end - start)
-        yield
-    finally:
-        for addr, length in maps:
-            libc.munmap(addr, length)
         os.close(fd)
 
 

@@ -10,11 +10,14 @@ One cycle (``DiskWatcher.tick``):
 
 1. Check the image is still the same file; re-read its size and, when it
    changed, resize every per-block map and drop holds beyond the new end.
-2. Scan residency (cachestat/mincore) into a per-block resident fraction.
+2. Scan residency (cachestat/mincore) into a per-block resident fraction,
+   re-reading only the ranges whose cachestat record changed
+   (``residency_tracker``).
 3. Checksum the held blocks (``pread``, never the mapping): changed blocks
    were rewritten by the guest. Blocks newly taken into hold in step 5 are
    hashed right after their load, so a write before the next cycle counts.
-4. Step the heat map: held blocks are zeroed (feedback suppression),
+4. Step the heat map: held blocks, and blocks cached only because the
+   daemon loaded them (``heat.self_loaded``), are zeroed (feedback suppression),
    residency and rewrites are smoothed and folded into the decaying map.
 5. Select target runs under the budget and hand them to the holder, which
    releases first, then loads, never above the budget or below the floor.
@@ -32,6 +35,7 @@ import numpy as np
 
 from vmdisktouch import atomic, checksums, heat, holder, meminfo, regions, residency
 from vmdisktouch.image import Image
+from vmdisktouch.residency_tracker import ResidencyTracker
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
@@ -82,10 +86,12 @@ class DiskWatcher:
         self.nblocks = self._nblocks(self.size)
         self.state = heat.new_state(self.nblocks)
         self.rewritten_at = np.full(self.nblocks, -np.inf)
+        self.self_loaded = np.zeros(self.nblocks, dtype=bool)   # see heat.self_loaded
         self.holder = holder.Holder(
             image.fd, self.size, self.block_size, config.max_hold, config.min_free,
             mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
         self.sums = checksums.BlockChecksums(image.fd, self.block_size)
+        self.tracker = ResidencyTracker(image.fd, self.block_size)
         self.cycle = 0
         self.last_time: float | None = None
         self.last_report: CycleReport | None = None
@@ -140,6 +146,9 @@ class DiskWatcher:
         self.rewritten_at = np.full(n, -np.inf)
         self.rewritten_at[:min(n, old.size)] = old[:n]
         self.sums.resize(n)
+        loaded = self.self_loaded
+        self.self_loaded = np.zeros(n, dtype=bool)
+        self.self_loaded[:min(n, loaded.size)] = loaded[:n]
         self.nblocks = n
 
     def tick(self) -> CycleReport:
@@ -148,19 +157,20 @@ class DiskWatcher:
         self._follow_size()
         n = self.nblocks
 
-        res = residency.scan(self.image.fd, self.size, self.block_size)
+        res = self.tracker.scan(self.size)
         fraction = res.fraction()
         held_mask = runs_to_mask(self.holder.held_runs(), n)
 
         held_blocks = np.flatnonzero(held_mask)
-        changed = self.sums.update(held_blocks, self.size)
+        changed = self.sums.update(held_blocks, self.size, skip_unwritten=True)
         rewritten = np.zeros(n, dtype=bool)
         rewritten[held_blocks[changed]] = True
         self.rewritten_at[rewritten] = t0
 
         dt = self.config.interval if self.last_time is None else max(t0 - self.last_time, 1e-3)
         self.last_time = t0
-        self.state = heat.step(self.state, fraction, held_mask, rewritten, dt, self.params)
+        self.state = heat.step(self.state, fraction, held_mask | self.self_loaded, rewritten,
+                               dt, self.params)
 
         budget_blocks = self.config.max_hold // self.block_size
         targets = (regions.select(self.state.total, self.state.heat_rewritten,
@@ -168,6 +178,7 @@ class DiskWatcher:
                    if self.hold_enabled else [])
         result = self.holder.apply(targets)
         held_now = runs_to_mask(self.holder.held_runs(), n)
+        self.self_loaded = heat.self_loaded(self.self_loaded, fraction, held_mask, held_now)
         if result.loaded_bytes:
             self.sums.baseline(np.flatnonzero(held_now & ~held_mask), self.size)
         released_between, self._released_between = self._released_between, 0
@@ -243,3 +254,4 @@ class DiskWatcher:
     def close(self) -> None:
         self.holder.release_all()
         self.holder.close()
+        self.sums.close()

@@ -26,6 +26,7 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PROT_READ = _mmap.PROT_READ
 MAP_SHARED = _mmap.MAP_SHARED
 MADV_DONTNEED = 4
+MADV_RANDOM = 1
 MADV_SEQUENTIAL = 2
 MLOCK_ONFAULT = 1
 
@@ -157,6 +158,13 @@ class CacheStatCaller:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         return self._stat.nr_cache
+
+    def record(self, offset: int, length: int) -> tuple[int, int, int, int, int]:
+        """(cached, dirty, writeback, evicted, recently evicted) pages of the range."""
+        self.nr_cache(offset, length)
+        st = self._stat
+        return (st.nr_cache, st.nr_dirty, st.nr_writeback, st.nr_evicted,
+                st.nr_recently_evicted)
 
     def stat(self, offset: int, length: int) -> CacheStat:
         """The full cachestat record (cached, dirty, writeback, evicted...)."""

@@ -106,15 +106,17 @@ def validate_block_size(block_size: int, page_size: int = libc.PAGE_SIZE) -> Non
         raise ValueError(f"block size must be a multiple of the page size ({page_size})")
 
 
-class _Collector:
+class Collector:
     """Accumulates per-block counts and merged resident byte ranges."""
 
-    def __init__(self, size: int, block_size: int, page_size: int, want_ranges: bool):
+    def __init__(self, size: int, block_size: int, page_size: int, want_ranges: bool,
+                 counts: np.ndarray | None = None):
         self.size = size
         self.block_size = block_size
         self.page_size = page_size
         self.ppb = block_size // page_size
-        self.counts = np.zeros(-(-size // block_size), dtype=np.uint32)
+        self.counts = np.zeros(-(-size // block_size), dtype=np.uint32) if counts is None \
+            else counts
         self.totals = block_page_totals(size, block_size, page_size)
         self.ranges: list[list[int]] | None = [] if want_ranges else None
 
@@ -171,13 +173,18 @@ class _MincoreWindow:
         return vec & 1
 
 
+def is_partial_view(fd: int) -> bool:
+    """mincore/cachestat see only our own mappings of a file we may not write (Linux >= 5.2)."""
+    return not os.access(f"/proc/self/fd/{fd}", os.W_OK) and os.geteuid() != 0
+
+
 def scan(fd: int, size: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
          want_ranges: bool = False, use_cachestat: bool = True) -> Residency:
     """Scan residency of the first ``size`` bytes of ``fd``."""
     page = libc.PAGE_SIZE
     validate_block_size(block_size, page)
-    col = _Collector(size, block_size, page, want_ranges)
-    partial_view = not os.access(f"/proc/self/fd/{fd}", os.W_OK) and os.geteuid() != 0
+    col = Collector(size, block_size, page, want_ranges)
+    partial_view = is_partial_view(fd)
     if size <= 0:
         return col.result(partial_view=partial_view)
 
@@ -189,7 +196,7 @@ def scan(fd: int, size: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
     return col.result(partial_view=partial_view)
 
 
-def _scan_mincore(fd: int, size: int, col: _Collector) -> None:
+def _scan_mincore(fd: int, size: int, col: Collector) -> None:
     window = max(CHUNK_BYTES - CHUNK_BYTES % col.block_size, col.block_size)
     win = _MincoreWindow(fd, window, col.page_size)
     for off in range(0, size, window):
@@ -197,15 +204,21 @@ def _scan_mincore(fd: int, size: int, col: _Collector) -> None:
 
 
 def _scan_cachestat(fd: int, size: int, block_size: int, cs: libc.CacheStatCaller,
-                    col: _Collector) -> None:
+                    col: Collector) -> None:
+    top = max(TOP_BYTES - TOP_BYTES % block_size, block_size)
+    scan_ranges(fd, [(off, min(top, size - off)) for off in range(0, size, top)],
+                block_size, cs, col)
+
+
+def scan_ranges(fd: int, ranges: list[tuple[int, int]], block_size: int,
+                cs: libc.CacheStatCaller, col: Collector) -> None:
+    """Descend the block-aligned byte ranges ``(offset, length)`` (ascending) into ``col``."""
     page = col.page_size
     leaf = max(LEAF_BYTES - LEAF_BYTES % block_size, block_size)
     win = _MincoreWindow(fd, leaf, page)
-    top = max(TOP_BYTES - TOP_BYTES % block_size, block_size)
     nr_cache = cs.nr_cache
     # Depth-first, ascending offsets: the stack holds ranges in reverse order.
-    stack = [(off, min(top, size - off)) for off in range(0, size, top)]
-    stack.reverse()
+    stack = list(reversed(ranges))
     while stack:
         off, length = stack.pop()
         n = nr_cache(off, length)
@@ -230,7 +243,7 @@ def _scan_cachestat(fd: int, size: int, block_size: int, cs: libc.CacheStatCalle
 
 
 def _blocks_cachestat(off: int, length: int, block_size: int, nr_cache, win: _MincoreWindow,
-                      col: _Collector) -> None:
+                      col: Collector) -> None:
     """Count the blocks of a dense range one cachestat each; mincore only where ranges are
     wanted and a block is partly cached."""
     page = col.page_size
