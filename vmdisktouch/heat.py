@@ -81,18 +81,22 @@ that keep a held region held are
   region adds ``4 * (1 - k)``, ~1.6 at 5 s cycles; steady rewriting holds
   it near 4);
 * ``held_activity`` when the caller has it;
-* hysteresis in ``regions.select``: a held block stays a candidate down to
-  ``threshold * regions.HOLD_FRACTION``.
+* hysteresis in ``regions.select``: a held run stays a candidate while its
+  mean heat is at least ``threshold * regions.HOLD_FRACTION``;
+* incumbency in ``regions.select``: held blocks weigh 16 times in the
+  ranking, so equal unheld candidates do not displace a hold every cycle.
 
 A held region that is only read, never written, therefore cools from ~A_r
-to threshold/2 (ln(40)/decay = 37 s at the defaults) and is released.
-Release does not evict it: munlock leaves the pages in the page cache, and
-from the next cycle its residency counts again. If the guest still uses it
-(or memory is plentiful) it stays resident, its heat climbs back over the
-threshold at once (0.025 -> 0.05 takes 0.3 s at the defaults, so one
-cycle) and it is held again; relocking cached pages reads nothing from disk. If the
-guest no longer uses it, the kernel evicts it under pressure and it stays
-released. So a read-only hold behaves as a lease, renewed about every
+to threshold/2 (ln(40)/decay = 37 s at the defaults; ~17 s for the ~0.14
+mean of a lone cached block's region) and is released. Release does not
+evict it: munlock leaves the pages in the page cache, and from the next
+cycle the residency of its guest-cached blocks counts again (its
+self-loaded shoulders stay suppressed). If the guest still uses it (or
+memory is plentiful) it stays resident, its heat climbs back over the
+threshold within a cycle and it is held again, unless hotter candidates
+fill the budget first; relocking cached pages reads nothing from disk. If
+the guest no longer uses it, the kernel evicts it under pressure and it
+stays released. So a read-only hold behaves as a lease, renewed about every
 40 s by probing the page cache; this trades a short unlocked window per
 lease for never holding dead data for ever, and it is the price of a
 residency signal we cannot read for held pages.
