@@ -205,8 +205,12 @@ def full_case(directory: str, size: int, reps: int) -> str:
             result = bench_case(path, size // PAGE, reps)
     finally:
         os.unlink(path)
+    note = ("" if size >= 64 * GiB else
+            "Issue #5 asks for 64 GiB fully cached; 64 GiB of page cache does not fit in "
+            "this machine's 24 GiB of memory, so this is the largest fully cached image "
+            "measured here.\n\n")
     return (f"### {format_size(size)} non-sparse (fallocated) image, fully cached\n\n"
-            f"{table(result)}\n"), result
+            f"{note}{table(result)}\n"), result
 
 
 def _mem_available() -> int:

@@ -53,6 +53,14 @@ def mask_to_runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(s), int(e)) for s, e in zip(edges[0::2], edges[1::2])]
 
 
+def _resized(a: np.ndarray, n: int, fill) -> np.ndarray:
+    """``a`` cut or extended with ``fill`` to length ``n``."""
+    out = np.full(n, fill, dtype=a.dtype)
+    k = min(n, a.size)
+    out[:k] = a[:k]
+    return out
+
+
 @dataclass
 class CycleReport:
     cycle: int
@@ -142,13 +150,9 @@ class DiskWatcher:
         self.size = size
         n = self._nblocks(size)
         self.state = heat.resize_state(self.state, n)
-        old = self.rewritten_at
-        self.rewritten_at = np.full(n, -np.inf)
-        self.rewritten_at[:min(n, old.size)] = old[:n]
+        self.rewritten_at = _resized(self.rewritten_at, n, -np.inf)
+        self.self_loaded = _resized(self.self_loaded, n, False)
         self.sums.resize(n)
-        loaded = self.self_loaded
-        self.self_loaded = np.zeros(n, dtype=bool)
-        self.self_loaded[:min(n, loaded.size)] = loaded[:n]
         self.nblocks = n
 
     def tick(self) -> CycleReport:
