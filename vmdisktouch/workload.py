@@ -337,30 +337,37 @@ class FioJob:
     name: str = "guest"
     seed: int | None = None          # randseed: same sequence in every scenario
     extra: list[str] = field(default_factory=list)
+    zone_shares: list[float] | None = None   # percent per hot zone (same order); None: equal
 
     def zones(self) -> list[tuple[int, int]]:
         """[(percent, bytes)] consecutive zones covering the file, integer percents summing to 100."""
+        if self.zone_shares is not None and len(self.zone_shares) != len(self.hot_zones):
+            raise WorkloadError("zone_shares needs one share per hot zone")
+        shares = dict(zip(self.hot_zones, self.zone_shares or [None] * len(self.hot_zones)))
         zones = sorted(self.hot_zones)
         cuts, prev = [], 0
         for off, length in zones:
             if off < prev or off + length > self.size or length <= 0:
                 raise WorkloadError(f"bad hot zone {off}+{length} in a {self.size}-byte file")
             if off > prev:
-                cuts.append(("cold", off - prev))
-            cuts.append(("hot", length))
+                cuts.append(("cold", off - prev, None))
+            cuts.append(("hot", length, shares[(off, length)]))
             prev = off + length
         if prev < self.size:
-            cuts.append(("cold", self.size - prev))
-        cold_total = sum(n for k, n in cuts if k == "cold")
+            cuts.append(("cold", self.size - prev, None))
+        cold_total = sum(n for k, n, _ in cuts if k == "cold")
         hot_share = self.hot_share if cold_total else 100
+        if self.zone_shares is not None:
+            hot_share = sum(self.zone_shares) if cold_total else 100
+            scale = hot_share / sum(self.zone_shares)
         nhot = len(zones)
         # integer percents, largest remainder so they sum to exactly 100
-        raw = [(hot_share / nhot) if k == "hot" else (100 - hot_share) * n / cold_total
-               for k, n in cuts]
+        raw = [((share * scale if share is not None else hot_share / nhot) if k == "hot"
+                else (100 - hot_share) * n / cold_total) for k, n, share in cuts]
         pct = [int(x) for x in raw]
         for i in sorted(range(len(raw)), key=lambda i: raw[i] - pct[i], reverse=True)[:100 - sum(pct)]:
             pct[i] += 1
-        return [(p, n) for p, (_, n) in zip(pct, cuts)]
+        return [(p, n) for p, (_, n, _s) in zip(pct, cuts)]
 
     def argv(self, fio: str = "fio") -> list[str]:
         dist = "zoned_abs:" + ":".join(f"{p}/{n}" for p, n in self.zones())
