@@ -24,7 +24,22 @@ pages charged to the workload's group (``unevictable``) and OOM kills, and
 draws ``docs/img/hotzone.png``. Results go to the ``hotzone`` section of
 ``docs/benchmarks.md``.
 
+Variants (``--variant``; each runs none, oracle and vmdisktouch, and writes its
+own section ``hotzone-VARIANT`` and chart ``docs/img/hotzone-VARIANT.png``):
+
+* ``move``    — two hot zones of half the length each, moved elsewhere at half
+  time (fio runs the two phases back to back; the oracle re-locks at the
+  move); reports how long vmdisktouch takes to follow;
+* ``write50`` — ``rwmixread=50``;
+* ``bigset``  — a hot set twice the budget (a hot zone with 60 % of the
+  accesses, a 1.5x longer warm zone with 30 %); reports what the daemon
+  loads in the steady window, which would be large if it thrashed.
+
+Every variant also reports the workload's IOPS while the daemon loads, next
+to no daemon in the same seconds.
+
     python benchmarks/bench_hotzone.py                 # default, about 12 minutes
+    python benchmarks/bench_hotzone.py --variant move  # about 7 minutes each variant
     python benchmarks/bench_hotzone.py --quick         # about 4 minutes, not written to the docs
 """
 
@@ -71,6 +86,8 @@ class Sample:
     cg_unevictable: int
     hot_cached: int
     status_held: int = 0
+    cycle: int = 0           # the daemon's status: its cycle number
+    loaded: int = 0          # ... and the bytes that cycle loaded
 
 
 @dataclass
@@ -98,6 +115,29 @@ class Bench:
         self.hot_len = max(MiB, int(self.size * a.hot_fraction) // MiB * MiB)
         self.hot_off = self.size // 4 // MiB * MiB
         self.budget = int(self.hot_len * 1.25) // MiB * MiB
+        self.variant = a.variant
+        self.read_mix = 50 if a.variant == "write50" else 80
+        self.shares = None
+        mib = lambda x: int(x) // MiB * MiB  # noqa: E731
+        if a.variant == "move":
+            # Two hot zones of half the hot length each, moved elsewhere halfway through.
+            half = mib(self.hot_len / 2)
+            first = [(mib(self.size * 0.15), half), (mib(self.size * 0.55), half)]
+            second = [(mib(self.size * 0.35), half), (mib(self.size * 0.80), half)]
+            self.phases = [first, second]
+        elif a.variant == "bigset":
+            # A hot set twice the budget: the hottest part (the hot zone, 60 % of the
+            # accesses) fits in it, a 1.5x wider warm zone (30 %) does not.
+            warm = (mib(self.hot_off + self.hot_len + self.size / 16), mib(self.hot_len * 1.5))
+            self.phases = [[(self.hot_off, self.hot_len), warm]]
+            self.shares = [60, 30]
+        else:
+            self.phases = [[(self.hot_off, self.hot_len)]]
+        # The oracle locks, per phase, the hottest bytes that fit in the budget
+        # (all of the hot zones, except in 'bigset' where the warm zone only fills the rest).
+        self.oracle = [zones if a.variant != "bigset"
+                       else [zones[0], (zones[1][0], self.budget - zones[0][1])]
+                       for zones in self.phases]
         self.limit = parse_size(a.limit) if a.limit else self.budget + 256 * MiB
         wl.check_budget_vs_limit(self.budget, self.limit)
         self.nb_size = parse_size(a.neighbour_size)
@@ -112,93 +152,127 @@ class Bench:
     def hot_cached(self) -> int:
         return wl.resident_bytes(self.image, self.hot_off, self.hot_len)
 
+    def lock_oracle(self, phase: int) -> list:
+        locks = []
+        for off, length in self.oracle[phase]:
+            lock = wl.VmtouchLock(self.image, off, length)
+            self.live.append(lock)
+            lock.start()
+            locks.append(lock)
+        return locks
+
     def run(self, name: str) -> Result:
         a = self.a
         wl.evict(self.image)
         wl.evict(self.nb_file)
         self.cgroup = cg = wl.MemoryCgroup(f"bench-{name}", self.limit).create()
-        holder = None
+        holders: list = []
         lock_s = None
         try:
-            if name in ("whole", "oracle"):
-                holder = wl.VmtouchLock(self.image, *((0, self.size) if name == "whole"
-                                                       else (self.hot_off, self.hot_len)))
-                self.live.append(holder)
-                lock_s = holder.start()
-                say(f"  vmtouch -l locked {holder.length / MiB:.0f} MiB in {lock_s:.1f} s")
+            if name == "whole":
+                holders = [wl.VmtouchLock(self.image, 0, self.size)]
+                self.live.append(holders[0])
+                lock_s = holders[0].start()
+            elif name == "oracle":
+                t = time.monotonic()
+                holders = self.lock_oracle(0)
+                lock_s = time.monotonic() - t
+            if lock_s is not None:
+                say(f"  vmtouch -l locked {sum(h.length for h in holders) / MiB:.0f} MiB "
+                    f"in {lock_s:.1f} s")
+            daemon = None
             if name in ("vmdisktouch", "tuned"):
                 extra = (a.daemon_args if name == "vmdisktouch" else a.tuned_args).split()
-                holder = wl.Daemon(self.image, self.budget, interval=a.interval,
+                daemon = wl.Daemon(self.image, self.budget, interval=a.interval,
                                    status=os.path.join(self.tmp, "status.json"),
                                    log_path=os.path.join(self.tmp, "daemon.log"), extra=extra)
-                self.live.append(holder)
-                say(f"  {' '.join(holder.argv[3:])}")
-                holder.start()
+                self.live.append(daemon)
+                holders = [daemon]
+                say(f"  {' '.join(daemon.argv[3:])}")
+                daemon.start()
             if self.nb_rate:
                 nb = wl.start_neighbour(cg, self.nb_file, self.nb_rate, size=self.nb_size,
                                         pattern=a.neighbour_pattern)
                 self.live.append(nb)
-            else:
-                nb = None
-            log_prefix = os.path.join(self.tmp, f"fio-{name}")
-            job = wl.FioJob(self.image, self.size, [(self.hot_off, self.hot_len)],
-                            runtime=a.duration, seed=20241122, iops_log=log_prefix,
-                            name=f"guest-{name}")
             samples: list[Sample] = []
-
-            def on_interval(iv):
-                if int(iv.t) % 10 == 0 or iv.t < 1.5:
-                    held = samples[-1].held if samples else 0
-                    say(f"  [{name}] t={iv.t:5.0f}s IOPS {iv.iops:7.0f}  held {held / MiB:5.0f} MiB")
-
-            fio = wl.FioRun(job, cg, on_interval=on_interval,
-                            stderr_path=os.path.join(self.tmp, "fio.err"))
-            self.live.append(fio)
-            fio.start()
+            t0 = time.monotonic()
             stop = threading.Event()
 
             def sample():
                 while not stop.wait(1.0):
                     try:
-                        st = holder.status() if isinstance(holder, wl.Daemon) else None
+                        st = daemon.status() if daemon else None
                         samples.append(Sample(
-                            t=time.monotonic() - fio.t0,
-                            held=holder.held_bytes() if holder else 0,
+                            t=time.monotonic() - t0,
+                            held=sum(h.held_bytes() for h in holders),
                             cg_usage=cg.usage(), cg_unevictable=cg.unevictable_bytes(),
                             hot_cached=self.hot_cached(),
-                            status_held=(st or {}).get("held_bytes", 0)))
+                            status_held=(st or {}).get("held_bytes", 0),
+                            cycle=(st or {}).get("cycle", 0),
+                            loaded=(st or {}).get("loaded_bytes", 0)))
                     except (OSError, ValueError):
                         pass
 
             th = threading.Thread(target=sample, daemon=True)
             th.start()
             error = None
-            while fio.proc.poll() is None:
-                if isinstance(holder, wl.Daemon) and not holder.alive():
-                    error = f"daemon exited ({holder.proc.returncode}): {holder.log_tail(1)}"
+            iops: list = []
+            lat = (float("nan"), float("nan"))
+            phase_len = a.duration / len(self.phases)
+            for k, zones in enumerate(self.phases):
+                if k and name == "oracle":              # the oracle follows the move at once
+                    for h in holders:
+                        stop_thing(h)
+                        self.live.remove(h)
+                    t = time.monotonic()
+                    holders = self.lock_oracle(k)
+                    say(f"  moved: vmtouch -l locked the new zones in {time.monotonic() - t:.1f} s")
+                log_prefix = os.path.join(self.tmp, f"fio-{name}-{k}")
+                job = wl.FioJob(self.image, self.size, zones, runtime=phase_len,
+                                seed=20241122 + k, iops_log=log_prefix, name=f"guest-{name}",
+                                read_mix=self.read_mix, zone_shares=self.shares)
+                offset = time.monotonic() - t0
+
+                def on_interval(iv, offset=offset):
+                    t = iv.t + offset
+                    if int(t) % 10 == 0 or t < 1.5:
+                        held = samples[-1].held if samples else 0
+                        say(f"  [{name}] t={t:5.0f}s IOPS {iv.iops:7.0f}  held {held / MiB:5.0f} MiB")
+
+                fio = wl.FioRun(job, cg, on_interval=on_interval,
+                                stderr_path=os.path.join(self.tmp, "fio.err"))
+                self.live.append(fio)
+                fio.start()
+                while fio.proc.poll() is None:
+                    if daemon and not daemon.alive():
+                        error = f"daemon exited ({daemon.proc.returncode}): {daemon.log_tail(1)}"
+                        break
+                    time.sleep(0.5)
+                fio.stop()
+                self.live.remove(fio)
+                if not error and fio.proc.returncode != 0:
+                    error = f"fio exited {fio.proc.returncode}"
+                try:
+                    part = wl.parse_iops_log(log_prefix)
+                except FileNotFoundError:
+                    part = []
+                if len(part) < 0.8 * len(fio.intervals):   # fall back to the live JSON intervals
+                    part = [(iv.runtime_s, iv.iops, iv.read_iops, iv.write_iops)
+                            for iv in fio.intervals]
+                iops += [(t + offset, v, r, w) for t, v, r, w in part]
+                try:
+                    j = fio.final["jobs"][0]
+                    lat = (j["read"]["clat_ns"]["mean"] / 1000, j["write"]["clat_ns"]["mean"] / 1000)
+                except (KeyError, IndexError, TypeError):
+                    pass
+                if error:
                     break
-                time.sleep(0.5)
             stop.set()
             th.join(5)
             counters = cg.counters()
-            status = holder.status() if isinstance(holder, wl.Daemon) else None
-            fio.stop()
-            if not error and fio.proc.returncode != 0:
-                error = f"fio exited {fio.proc.returncode}"
+            status = daemon.status() if daemon else None
             if counters["oom_kills"]:
                 error = (error or "") + f" OOM kills in the workload's group: {counters['oom_kills']}"
-            try:
-                iops = wl.parse_iops_log(log_prefix)
-            except FileNotFoundError:
-                iops = []
-            if len(iops) < 0.8 * len(fio.intervals):    # fall back to the live JSON intervals
-                iops = [(iv.runtime_s, iv.iops, iv.read_iops, iv.write_iops) for iv in fio.intervals]
-            lat = (float("nan"), float("nan"))
-            try:
-                j = fio.final["jobs"][0]
-                lat = (j["read"]["clat_ns"]["mean"] / 1000, j["write"]["clat_ns"]["mean"] / 1000)
-            except (KeyError, IndexError, TypeError):
-                pass
             return Result(name, iops, samples, lock_s, counters, status, error, lat)
         finally:
             for x in reversed(self.live):
@@ -314,19 +388,70 @@ def draw_chart(results: dict[str, Result], path: str, duration: float, budget: i
 
 # -- report -------------------------------------------------------------------
 
+VARIANT_TITLES = {
+    "base": "I/O under memory pressure: no daemon, `vmtouch -l`, vmdisktouch",
+    "move": "I/O under memory pressure, variant: two hot zones that move halfway",
+    "write50": "I/O under memory pressure, variant: 50 % writes",
+    "bigset": "I/O under memory pressure, variant: a hot set twice the budget",
+}
+VARIANT_TEXT = {
+    "base": "",
+    "move": ("Variant: the hot set is two zones of half the hot length each (at 15 % and "
+             "55 % of the image), which move at half time to 35 % and 80 %; the oracle "
+             "unlocks the old zones and locks the new ones at the move. Steady state is "
+             "the last quarter of the run."),
+    "write50": "Variant: `rwmixread=50` (half the accesses are O_DSYNC writes).",
+    "bigset": ("Variant: the hot set is twice the budget: the hot zone gets 60 % of the "
+               "accesses and a warm zone 1.5 times as long gets 30 %; the oracle locks the "
+               "hot zone and fills the rest of the budget from the warm zone. The daemon "
+               "should hold the hottest part and keep it, not thrash: the bytes it loads "
+               "in the steady window are reported."),
+}
+
+
+def steady_start(a) -> float:
+    return a.duration * (0.75 if a.variant == "move" else 0.5)
+
+
+def loading_window(r: Result) -> float | None:
+    """Seconds until the daemon first held 90 % of its steady-state median."""
+    held = [x.status_held for x in r.samples if x.t >= r.samples[-1].t / 2] if r.samples else []
+    if not held or not statistics.median(held):
+        return None
+    level = 0.9 * statistics.median(held)
+    return next((x.t for x in r.samples if x.status_held >= level), None)
+
+
+def mean_iops(r: Result, t_from: float, t_to: float) -> float:
+    v = [x for t, x, _r, _w in r.iops if t_from < t <= t_to]
+    return statistics.mean(v) if v else float("nan")
+
+
+def steady_loaded(r: Result, steady_from: float) -> tuple[int, int]:
+    """(bytes the daemon loaded, cycles) over the cycles first seen in the steady window."""
+    per_cycle: dict[int, int] = {}
+    for x in r.samples:
+        if x.t >= steady_from and x.cycle:
+            per_cycle.setdefault(x.cycle, x.loaded)
+    return sum(per_cycle.values()), len(per_cycle)
+
+
 def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -> tuple[str, dict]:
     a = b.a
-    steady_from = a.duration / 2
+    steady_from = steady_start(a)
+    moved_at = a.duration / 2 if a.variant == "move" else 0.0
     med = {n: statistics.median(r.steady(steady_from)) if r.steady(steady_from) else float("nan")
            for n, r in results.items()}
     none, oracle = med.get("none"), med.get("oracle")
     figures = {"median_iops": med}
     for n in ("vmdisktouch", "tuned"):
         if n in results and oracle:
-            t90 = wl.first_time_at_or_above(rolling_median(results[n].series()), 0.9 * oracle, hold=1)
-            figures[n] = {"t90": t90, "over_oracle": med[n] / oracle, "over_none": med[n] / none}
+            after = rolling_median([(t, v) for t, v in results[n].series() if t > moved_at])
+            t90 = wl.first_time_at_or_above(after, 0.9 * oracle, hold=1)
+            figures[n] = {"t90": None if t90 is None else t90 - moved_at,
+                          "over_oracle": med[n] / oracle, "over_none": med[n] / none}
 
-    lines = ["## I/O under memory pressure: no daemon, `vmtouch -l`, vmdisktouch", "",
+    lines = [f"## {VARIANT_TITLES[a.variant]}", "",
              provenance(command),
              f"Scenario: a {b.size / GiB:.1f} GiB non-sparse raw image; fio as the guest "
              f"(`ioengine=psync`, buffered, `bs=4k`, `rw=randrw`, `rwmixread=80`, `sync=dsync`, "
@@ -341,8 +466,9 @@ def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -
              f"`--interval {a.interval:g}`"
              + (f", `{a.daemon_args}`" if a.daemon_args else "") + ", defaults otherwise, "
              "started together with the workload; the vmtouch holders lock before t = 0 "
-             "(their lock time is shown).", "",
-             f"Steady state = the second half of each run (t ≥ {steady_from:.0f} s); IOPS are "
+             "(their lock time is shown)." + (" " + VARIANT_TEXT[a.variant]
+                                               if VARIANT_TEXT[a.variant] else ""), "",
+             f"Steady state = t ≥ {steady_from:.0f} s; IOPS are "
              "fio's per-second IOPS log (reads + writes).", "",
              "| scenario | steady median IOPS | p10–p90 | ÷ oracle | ÷ no daemon | mean read / write "
              "latency | held (median, steady) | held pages charged to the group (max) | OOM kills "
@@ -369,11 +495,25 @@ def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -
             f"Targets (issue #5, section 3) for {LABELS[n]}:", "",
             f"- ≥ 95 % of the oracle: **{tv:.1%}**, {'met' if tv >= 0.95 else 'missed'};",
             f"- ≥ 2 × no daemon: **{tn:.2f} ×**, {'met' if tn >= 2 else 'missed'} (the oracle "
-            f"itself reaches {oracle / none:.2f} ×, the whole image locked "
-            f"{med.get('whole', float('nan')) / none:.2f} ×);",
-            "- 90 % of the oracle's steady IOPS within 30 s of start (5 s rolling median): "
-            + (f"**{t90:.0f} s**, {'met' if t90 <= 30 else 'missed'}." if t90 is not None
-               else "**never reached**, missed.")]
+            f"itself reaches {oracle / none:.2f} ×"
+            + (f", the whole image locked {med['whole'] / none:.2f} ×" if "whole" in med else "")
+            + ");",
+            ("- 90 % of the oracle's steady IOPS within 30 s of start (5 s rolling median): "
+             if a.variant != "move" else
+             "- time to follow the move: from the move until 90 % of the oracle's steady IOPS "
+             "(5 s rolling median): ")
+            + (f"**{t90:.0f} s**, {'met' if t90 <= 30 else 'missed'} (target 30 s)."
+               if t90 is not None else "**never reached**, missed.")]
+        tl = loading_window(results[n])
+        if tl is not None and "none" in results:
+            during, base = mean_iops(results[n], 0, tl), mean_iops(results["none"], 0, tl)
+            lines.append(f"- while it loads (t = 0–{tl:.0f} s, until it first holds 90 % of its "
+                         f"steady bytes): {during:,.0f} IOPS, {during / base:.2f} × no daemon "
+                         f"in the same seconds ({base:,.0f}).")
+        loaded, cycles = steady_loaded(results[n], steady_from)
+        if cycles:
+            lines.append(f"- loaded in the steady window: {loaded / MiB:.0f} MiB over "
+                         f"{cycles} cycles (budget {b.budget / MiB:.0f} MiB).")
         st = results[n].status or {}
         if st:
             lines.append(f"- at the end: {st.get('cycle')} cycles, held "
@@ -414,14 +554,21 @@ def main(argv=None) -> int:
     p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     p.add_argument("--chart", default=os.path.join(ROOT, "docs", "img", "hotzone.png"))
     p.add_argument("--tmpdir", default="/var/tmp", help="where the image goes (a real disk)")
+    p.add_argument("--variant", default="base", choices=tuple(VARIANT_TITLES),
+                   help="base; move (two hot zones that move halfway); write50 (50 %% writes); "
+                        "bigset (a hot set twice the budget). Each writes its own section "
+                        "and chart; variants run none, oracle and vmdisktouch by default")
     a = p.parse_args(argv)
     if a.quick:
         a.duration, a.image_size = min(a.duration, 45.0), "2G"
         a.no_doc = True
         if a.chart == p.get_default("chart"):
             a.chart = os.path.join(tempfile.gettempdir(), "hotzone-quick.png")
+    if a.variant != "base" and a.chart == p.get_default("chart"):
+        a.chart = os.path.join(ROOT, "docs", "img", f"hotzone-{a.variant}.png")
     if a.scenarios is None:
-        a.scenarios = ",".join(n for n in SCENARIOS if n != "tuned" or a.tuned_args)
+        a.scenarios = ",".join(n for n in SCENARIOS if (n != "tuned" or a.tuned_args)
+                               and (n != "whole" or a.variant == "base"))
     names = [n for n in a.scenarios.split(",") if n]
     LABELS["tuned"] = f"vmdisktouch {a.tuned_args}"
     for n in names:
@@ -432,7 +579,9 @@ def main(argv=None) -> int:
     try:
         say(f"image {b.size / GiB:.1f} GiB, hot zone {b.hot_len / MiB:.0f} MiB at {b.hot_off / MiB:.0f} MiB, "
             f"budget {b.budget / MiB:.0f} MiB, cgroup limit {b.limit / MiB:.0f} MiB, "
-            f"{a.duration:.0f} s per scenario")
+            f"{a.duration:.0f} s per scenario; variant {a.variant}: phases "
+            + " then ".join(", ".join(f"{o / MiB:.0f}+{n / MiB:.0f} MiB" for o, n in z)
+                            for z in b.phases))
         wl.make_image(b.image, b.size)
         wl.make_image(b.nb_file, b.nb_size)
         results: dict[str, Result] = {}
@@ -446,12 +595,13 @@ def main(argv=None) -> int:
         if not {"none", "oracle"} <= set(results):
             return 0
         chart_rel = os.path.relpath(a.chart, os.path.join(ROOT, "docs"))
-        draw_chart(results, a.chart, a.duration, b.budget, b.hot_len, a.duration / 2)
+        draw_chart(results, a.chart, a.duration, b.budget, b.hot_len, steady_start(a))
         md, fig = report(b, results, command.strip(), chart_rel)
         say("\n" + md)
         if not a.no_doc:
-            update_section("hotzone", md)
-            say(f"wrote the hotzone section of docs/benchmarks.md and {a.chart}")
+            section = "hotzone" if a.variant == "base" else f"hotzone-{a.variant}"
+            update_section(section, md)
+            say(f"wrote the {section} section of docs/benchmarks.md and {a.chart}")
         return 0 if not any(r.error for r in results.values()) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
