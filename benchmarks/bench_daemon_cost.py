@@ -74,6 +74,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from benchmarks.cached_state import cached as cache_and_pin  # noqa: E402
 from benchmarks.report import provenance, update_section  # noqa: E402
 from vmdisktouch import libc  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
@@ -82,7 +83,6 @@ MiB = 1 << 20
 GiB = 1 << 30
 TiB = 1 << 40
 PAGE = libc.PAGE_SIZE
-MADV_RANDOM = 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PNG = os.path.join(ROOT, "docs", "img", "daemon_cost.png")
 
@@ -121,28 +121,6 @@ def layout(size: int, extents: int, hot_regions: int, hot_size: int,
             offs.add(o)
     runs = [(0, PAGE)] + [(o * MiB, MiB) for o in sorted(offs)]
     return runs, hot
-
-
-@contextlib.contextmanager
-def cached_and_pinned(path: str, runs: list[tuple[int, int]], pin: bool):
-    """Read ``runs`` with buffered reads, no readahead; mlock them until the block ends."""
-    fd = os.open(path, os.O_RDONLY)
-    maps = []
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        for off, n in runs:
-            for o in range(off, off + n, 8 * MiB):
-                os.pread(fd, min(8 * MiB, off + n - o), o)
-            if pin:
-                addr = libc.mmap_file(fd, off, n)
-                maps.append((addr, n))
-                libc.madvise(addr, n, MADV_RANDOM)
-                libc.mlock(addr, n)
-        yield
-    finally:
-        for addr, n in maps:
-            libc.munmap(addr, n)
-        os.close(fd)
 
 
 # -- /proc sampling -----------------------------------------------------------
@@ -311,7 +289,7 @@ def run_case(label: str, size: int, extents: int, hot_regions: int, hot_size: in
         print(f"{label}: {format_size(size)} sparse, {extents} x 1 MiB extents"
               + (f" + {hot_regions} x {format_size(hot_size)} hot regions" if hot_regions else "")
               + f" cached ({format_size(cached)}), sampling {duration:.0f} s", flush=True)
-        with cached_and_pinned(img, runs + hot, pin=not args.no_pin):
+        with cache_and_pin(img, runs + hot, pin=not args.no_pin):
             cmd = [sys.executable, "-m", "vmdisktouch", "run", img,
                    "--max-hold", args.max_hold_text, "--interval", f"{args.interval:g}",
                    "--status", status, *shlex.split(args.daemon_args)]
@@ -599,7 +577,8 @@ def main() -> int:
     print()
     print(md)
     all_ok = all(ok for r in headline for _, ok, _ in verdicts(r))
-    print(f"1 TiB targets: {'all met' if all_ok else 'some MISSED'}")
+    print(f"targets at {format_size(biggest)} (the issue judges them at 1 TiB): "
+          f"{'all met' if all_ok else 'some MISSED'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -27,7 +27,6 @@ Usage: .venv/bin/python benchmarks/bench_scan.py [--reps 5] [--full 8G] [--no-wr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -43,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from benchmarks.cached_state import cached  # noqa: E402
 from benchmarks.report import provenance, update_section  # noqa: E402
 from vmdisktouch import libc  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
@@ -50,7 +50,6 @@ from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 MiB = 1 << 20
 GiB = 1 << 30
 PAGE = libc.PAGE_SIZE
-MADV_RANDOM = 1
 TIME = "/usr/bin/time"
 
 
@@ -89,27 +88,6 @@ def run_measured(cmd: list[str]) -> tuple[float, int, str]:
                              f"{proc.stderr.strip()}")
         out.seek(0)
         return wall, int(rss.read().split()[-1]) * 1024, out.read()
-
-
-@contextlib.contextmanager
-def held(path: str, extents: list[tuple[int, int]]):
-    """Read the extents without readahead and mlock them until the block ends."""
-    fd = os.open(path, os.O_RDONLY)
-    maps = []
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        for off, n in extents:
-            for o in range(off, off + n, 8 * MiB):
-                os.pread(fd, min(8 * MiB, off + n - o), o)
-            addr = libc.mmap_file(fd, off, n)
-            maps.append((addr, n))
-            libc.madvise(addr, n, MADV_RANDOM)
-            libc.mlock(addr, n)
-        yield
-    finally:
-        for addr, n in maps:
-            libc.munmap(addr, n)
-        os.close(fd)
 
 
 def bench_case(path: str, expected_pages: int, reps: int) -> dict[str, dict]:
@@ -180,7 +158,7 @@ def sparse_case(directory: str, extents: int, reps: int, seed: int) -> str:
         os.ftruncate(fd, size)
         os.close(fd)
         print(f"sparse case: {path}, 1 TiB, {extents} x 1 MiB extents held", flush=True)
-        with held(path, runs):
+        with cached(path, runs):
             result = bench_case(path, expected, reps)
     finally:
         os.unlink(path)
@@ -201,7 +179,7 @@ def full_case(directory: str, size: int, reps: int) -> str:
         os.posix_fallocate(fd, 0, size)
         os.close(fd)
         print(f"full case: {path}, {format_size(size)} allocated, all held", flush=True)
-        with held(path, [(o, min(GiB, size - o)) for o in range(0, size, GiB)]):
+        with cached(path, [(o, min(GiB, size - o)) for o in range(0, size, GiB)]):
             result = bench_case(path, size // PAGE, reps)
     finally:
         os.unlink(path)

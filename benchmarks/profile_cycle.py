@@ -32,46 +32,24 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from vmdisktouch import daemon, libc, settings  # noqa: E402
+from benchmarks.cached_state import cached  # noqa: E402
+from vmdisktouch import daemon, settings  # noqa: E402
 from vmdisktouch.image import open_image  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
 MiB = 1 << 20
-MADV_RANDOM = 1
 
 
-def pin_extents(fd: int, size: int, extents: int, seed: int) -> None:
-    """Cache ``extents`` scattered 1 MiB extents exactly and mlock them (until exit)."""
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+def extents(size: int, count: int, seed: int) -> list[tuple[int, int]]:
+    """``count`` scattered 1 MiB extents of an image of ``size`` bytes."""
     rng = np.random.default_rng(seed)
-    for off in np.sort(rng.choice(size // MiB, extents, replace=False)) * MiB:
-        os.pread(fd, MiB, int(off))
-        addr = libc.mmap_file(fd, int(off), MiB)
-        libc.madvise(addr, MiB, MADV_RANDOM)
-        libc.mlock(addr, MiB)
+    return [(int(o) * MiB, MiB) for o in np.sort(rng.choice(size // MiB, count, replace=False))]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", type=parse_size, default=parse_size("1T"))
-    ap.add_argument("--extents", type=int, default=1000)
-    ap.add_argument("--max-hold", default="256M")
-    ap.add_argument("--interval", type=float, default=5.0)
-    ap.add_argument("--cycles", type=int, default=12, help="cycles shown one by one")
-    ap.add_argument("--profile-cycles", type=int, default=12, help="cycles under cProfile")
-    ap.add_argument("--top", type=int, default=18)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--dir", default="/var/tmp")
-    a = ap.parse_args()
-
-    fd_dir = tempfile.mkdtemp(prefix="vmdt-profile-", dir=a.dir)
-    path = os.path.join(fd_dir, "disk.raw")
-    with open(path, "wb") as f:
-        f.truncate(a.size)
+def profile(path: str, a: argparse.Namespace) -> None:
+    """Run the cycles on ``path`` (its extents cached and pinned) and print the profile."""
     watcher = None
     try:
-        fd = os.open(path, os.O_RDONLY)
-        pin_extents(fd, a.size, a.extents, a.seed)
         cfg = settings.resolve({"path": path, "max_hold": a.max_hold, "interval": a.interval})
         watcher = daemon.DiskWatcher(open_image(path), cfg)
         now = [0.0]
@@ -111,6 +89,29 @@ def main() -> int:
     finally:
         if watcher is not None:
             watcher.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", type=parse_size, default=parse_size("1T"))
+    ap.add_argument("--extents", type=int, default=1000)
+    ap.add_argument("--max-hold", default="256M")
+    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--cycles", type=int, default=12, help="cycles shown one by one")
+    ap.add_argument("--profile-cycles", type=int, default=12, help="cycles under cProfile")
+    ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dir", default="/var/tmp")
+    a = ap.parse_args()
+
+    fd_dir = tempfile.mkdtemp(prefix="vmdt-profile-", dir=a.dir)
+    path = os.path.join(fd_dir, "disk.raw")
+    with open(path, "wb") as f:
+        f.truncate(a.size)
+    try:
+        with cached(path, extents(a.size, a.extents, a.seed)):
+            profile(path, a)
+    finally:
         os.unlink(path)
         os.rmdir(fd_dir)
     return 0
