@@ -18,7 +18,7 @@ and util-linux ``fincore``).
   zone held after 2-3 half-second cycles and keeps a read-only hold for
   ~50 s (feedback suppression makes a held region cool down; see
   ``heat``), longer than any test here, so "held" does not flicker under an
-  assertion. ``CHURN`` (decay 0.1/s, threshold 0.05, the coming defaults)
+  assertion. ``CHURN`` (decay 0.1/s, threshold 0.05, the defaults)
   makes holds come and go, which the budget test wants.
 * Every test checks, from a poller sampling every 10 ms, that ``VmLck``
   never exceeded the budget and that every status it read parsed.
