@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.report import provenance, update_section  # noqa: E402
+from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
 
 from vmdisktouch import workload as wl  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
@@ -321,14 +321,11 @@ def pct(values: list[float], q: float) -> float:
 
 def draw_chart(results: dict[str, Result], path: str, duration: float, budget: int,
                hot_len: int, steady_from: float) -> None:
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
     W, H = 1100, 760
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
-    try:
-        font = ImageFont.load_default(size=14)
-    except TypeError:
-        font = ImageFont.load_default()
+    font = chart_font(14)
     L, R = 80, W - 20
     panels = [(50, 470), (540, 700)]      # (top, bottom) of IOPS and held-bytes panels
     tmax = duration

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import bench_hotzone as hz  # noqa: E402
-from benchmarks.report import provenance, update_section  # noqa: E402
+from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
 from vmdisktouch import workload as wl  # noqa: E402
 
 MiB = wl.MiB
@@ -71,15 +71,12 @@ def split_interval(args: str) -> tuple[str, float]:
 
 
 def draw(rows: list[dict], path: str) -> None:
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
     W, row_h, L = 900, 26, 190
     H = 70 + row_h * len(rows)
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
-    try:
-        font = ImageFont.load_default(size=14)
-    except TypeError:
-        font = ImageFont.load_default()
+    font = chart_font(14)
     vmax = max([r["over_oracle"] for r in rows] + [1.2]) * 1.1
     x = lambda v: L + (W - L - 30) * v / vmax  # noqa: E731
     d.text((L, 12), "steady IOPS / oracle IOPS (oracle: vmtouch -l of the hot zone); red line: 0.95", fill=(0, 0, 0), font=font)

@@ -65,3 +65,12 @@ def update_section(name: str, markdown: str, path: str = DOC) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def chart_font(size: int = 14):
+    """Pillow's default font at ``size`` (older Pillow: its fixed-size bitmap font)."""
+    from PIL import ImageFont
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:
+        return ImageFont.load_default()

@@ -231,31 +231,13 @@ def scan_ranges(fd: int, ranges: list[tuple[int, int]], block_size: int,
                 col.counts[off // block_size] = n      # the count is the answer
             else:
                 col.add_bits(off, win.bits(off, length))
-        elif length <= block_size * DENSE_CALLS_PER_PAGE * n:
-            # Dense: one cachestat per block walks these pages once more, where
-            # descending would walk them once per level left.
-            _blocks_cachestat(off, length, block_size, nr_cache, win, col)
         else:
-            step = -(-length // FANOUT)
-            step = -(-step // block_size) * block_size
+            if length <= block_size * DENSE_CALLS_PER_PAGE * n:
+                # Dense: split straight into blocks (leaves), which walks these
+                # pages once more, where descending would walk them once per level.
+                step = block_size
+            else:
+                step = -(-length // FANOUT)
+                step = -(-step // block_size) * block_size
             parts = [(o, min(step, off + length - o)) for o in range(off, off + length, step)]
             stack.extend(reversed(parts))
-
-
-def _blocks_cachestat(off: int, length: int, block_size: int, nr_cache, win: _MincoreWindow,
-                      col: Collector) -> None:
-    """Count the blocks of a dense range one cachestat each; mincore only where ranges are
-    wanted and a block is partly cached."""
-    page = col.page_size
-    b0 = off // block_size
-    for k, boff in enumerate(range(off, off + length, block_size)):
-        blen = min(block_size, off + length - boff)
-        n = nr_cache(boff, blen)
-        if n == 0:
-            continue
-        if n >= -(-blen // page):
-            col.fill(boff, blen)
-        elif col.ranges is None:
-            col.counts[b0 + k] = n
-        else:
-            col.add_bits(boff, win.bits(boff, blen))
