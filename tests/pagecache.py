@@ -37,6 +37,17 @@ def make_image(path, size: int, *, sparse: bool = True, fill_mib: int = 0) -> st
     return path
 
 
+def data_image(path, size: int) -> str:
+    """A non-sparse image of random data, written back and out of the page cache.
+
+    The daemon never holds the holes of a sparse file (they read as zeros
+    without disk I/O), so tests that expect holds use data images.
+    """
+    path = make_image(path, size, sparse=False)
+    evict(path)
+    return path
+
+
 def evict(path) -> None:
     fd = os.open(str(path), os.O_RDONLY)
     try:

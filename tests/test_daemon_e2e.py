@@ -577,6 +577,13 @@ def test_truncate_shrink_and_grow_back_mid_run(image, daemons):
             os.truncate(image, SIZE)
             time.sleep(float(rng.uniform(0, 2 * INTERVAL)))
         settle(SIZE, "the final size noticed")
+        # The truncations left the zone a hole, which is never held (it reads as
+        # zeros without I/O); the guest writes it again, and it is held again.
+        fd = os.open(image, os.O_WRONLY)
+        try:
+            os.pwrite(fd, os.urandom(hot[1]), hot[0])
+        finally:
+            os.close(fd)
         d.wait_held(hot, "the hot zone held again after the truncations")
         w.stop()
     assert d.proc.poll() is None, d.err()[-3000:]

@@ -359,21 +359,31 @@ def test_resize_after_truncate_drops_holds_beyond_the_end(img, holders):
     os.truncate(path, 40 * MiB)
     assert h.resize(40 * MiB) == PAGE
     assert h.held_runs() == [(0, 16), (30, 33)]
+    # The old partial block (it holds data) is held whole; the grown part is a hole.
+    h.apply([(0, 16), (30, 40)])
+    assert h.held_runs() == [(0, 16), (30, 34)]
+    assert locked() - holders.base == h.held_bytes() == 20 * MiB
+    with open(path, "r+b") as f:                  # the guest fills it: held whole
+        f.seek(33 * MiB + 100)
+        f.write(os.urandom(7 * MiB - 100))
     h.apply([(0, 16), (30, 40)])
     assert h.held_runs() == [(0, 16), (30, 40)]
     assert locked() - holders.base == h.held_bytes() == 26 * MiB
 
 
-def test_truncated_before_resize_fails_the_region_not_the_daemon(img, holders):
+@pytest.mark.parametrize("skip_holes", [True, False])
+def test_truncated_before_resize_fails_the_region_not_the_daemon(img, holders, skip_holes):
     path, fd = img
     h = holders(fd, 64 * MiB)
+    h.skip_holes = skip_holes       # False: as for a block device (no SEEK_DATA to ask)
     h.apply([(0, 8)])
     os.truncate(path, 20 * MiB)
-    # The holder still believes 64 MiB: mlock beyond the end fails with ENOMEM,
+    # The holder still believes 64 MiB. Past the end SEEK_DATA finds no data, so
+    # nothing is tried there; without it mlock beyond the end fails with ENOMEM,
     # which must not be taken for the lock limit.
     result = h.apply([(0, 8), (10, 16), (30, 40)])
     assert h.held_runs() == [(0, 8), (10, 16)]
-    assert result.skipped_bytes == 10 * MiB
+    assert result.skipped_bytes == (0 if skip_holes else 10 * MiB)
     assert locked() - holders.base == h.held_bytes() == 14 * MiB
     h.resize(20 * MiB)
     assert h.held_runs() == [(0, 8), (10, 16)]
@@ -469,3 +479,60 @@ def test_closed_holder_refuses_work(img):
     assert h.held_bytes() == 0
     with pytest.raises(RuntimeError):
         h.apply([(0, 2)])
+
+
+# -- holes of sparse files -------------------------------------------------
+
+def test_holes_of_a_sparse_file_are_not_held_and_written_holes_are_held_next(tmp_path, holders):
+    """A hole reads as zeros without disk I/O: locking it would spend the budget on nothing."""
+    path = make_image(tmp_path / "sparse.raw", 64 * MiB)          # all hole
+    data = os.urandom(MiB)
+    with open(path, "r+b") as f:                                   # data in blocks 10 and 12-13
+        for off, n in ((10 * MiB + 5 * PAGE, PAGE), (12 * MiB, 2 * MiB)):
+            f.seek(off)
+            f.write(data[:n] if n <= MiB else data + data)
+        f.flush()
+        os.fsync(f.fileno())
+    evict(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        h = holders(fd, 64 * MiB)
+        r = h.apply([(0, 20), (40, 50)])                           # (40, 50) is all hole
+        assert h.held_runs() == [(10, 11), (12, 14)]
+        assert r.loaded_bytes == h.held_bytes() == 3 * MiB == locked() - holders.base
+        assert resident_pages(fd, 0, 10 * MiB) == 0                # the hole before: not read
+        assert resident_pages(fd, 10 * MiB, MiB) == MiB // PAGE    # a data block is held whole
+        # The guest writes into a hole of the target: held at the next apply.
+        wfd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(wfd, data[:PAGE], 45 * MiB)
+            os.fsync(wfd)
+        finally:
+            os.close(wfd)
+        r = h.apply([(0, 20), (40, 50)])
+        assert h.held_runs() == [(10, 11), (12, 14), (45, 46)]
+        assert r.loaded_bytes == MiB and r.released_bytes == 0
+    finally:
+        os.close(fd)
+
+
+def test_a_block_device_is_held_whole(tmp_path, holders):
+    """Block devices have no holes to skip: a loop device over a sparse file is held as asked."""
+    import shutil
+    backing = make_image(tmp_path / "loop.raw", 16 * MiB)
+    losetup = shutil.which("losetup")
+    assert losetup, "losetup is not installed: run `make test`"
+    dev = subprocess.run([losetup, "--find", "--show", backing], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    try:
+        fd = os.open(dev, os.O_RDONLY)
+        try:
+            h = holders(fd, 16 * MiB)
+            assert not h.skip_holes
+            h.apply([(2, 6)])
+            assert h.held_runs() == [(2, 6)] and h.held_bytes() == 4 * MiB
+            h.release_all()
+        finally:
+            os.close(fd)
+    finally:
+        subprocess.run([losetup, "-d", dev], check=False)

@@ -22,7 +22,7 @@ import pytest
 
 from tests.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
 from tests.daemon_proc import Daemon
-from tests.pagecache import read_range
+from tests.pagecache import data_image, read_range
 
 MiB = 1 << 20
 HOT = (32 * MiB, 16 * MiB)    # the zone the "guest" keeps reading
@@ -31,9 +31,7 @@ FAST = ["--max-hold", "64M", "--interval", "0.5", "--decay", "0.5", "--min-free"
 
 
 def image(path, size=256 * MiB) -> str:
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return str(path)
+    return data_image(path, size)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                qemu_io, restart_libvirtd, started_libvirtd, virsh)
-from tests.pagecache import PAGE, evict, fincore_pages
+from tests.pagecache import PAGE, data_image, evict, fincore_pages
 from vmdisktouch import lifecycle
 from vmdisktouch import libvirt_disks as ld
 
@@ -25,9 +25,7 @@ MiB = 1 << 20
 
 
 def image(path, size=32 * MiB) -> str:
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return str(path)
+    return data_image(path, size)
 
 
 @pytest.fixture

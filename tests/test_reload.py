@@ -8,12 +8,13 @@ to it, and a bad file is rejected with the old settings kept.
 
 from __future__ import annotations
 
+import pathlib
 import signal
 
 import pytest
 
 from tests.daemon_proc import Daemon
-from tests.pagecache import read_range
+from tests.pagecache import data_image, read_range
 
 MiB = 1 << 20
 HOT = (64 * MiB, 32 * MiB)
@@ -34,10 +35,7 @@ def write_config(path, status, *, max_hold: str, decay: float, extra: str = "") 
 
 @pytest.fixture
 def image(tmp_path):
-    path = tmp_path / "disk.img"
-    with open(path, "wb") as f:
-        f.truncate(256 * MiB)
-    return path
+    return pathlib.Path(data_image(tmp_path / "disk.img", 256 * MiB))
 
 
 @pytest.mark.timeout(180)

@@ -20,14 +20,14 @@ import time
 
 import pytest
 
+from tests.pagecache import data_image
+
 MiB = 1 << 20
 
 
 @pytest.mark.timeout(120)
 def test_notify_ready_status_watchdog_stopping_and_journal_logs(tmp_path):
-    img = tmp_path / "disk.img"
-    with open(img, "wb") as f:
-        f.truncate(64 * MiB)
+    img = data_image(tmp_path / "disk.img", 64 * MiB)
     sock_path = str(tmp_path / "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(sock_path)

@@ -79,6 +79,18 @@ loading continues with the next (logged). ``LockLimitError`` from ``mlock``
 region is cleaned up: its message says to raise the limit (systemd:
 ``LimitMEMLOCK=infinity``) or grant ``CAP_IPC_LOCK``.
 
+Holes. A hole of a sparse regular file (or an unwritten extent) reads as
+zeros without any disk I/O, so holding it would spend the budget on
+nothing. ``apply`` cuts every target piece to the blocks that hold data,
+found with ``lseek(SEEK_DATA/SEEK_HOLE)`` (a few calls per region; at most
+``MAX_DATA_RUNS`` data runs per piece, the rest of a more fragmented piece
+is held whole). A block with any data is held whole. A hole the guest
+writes later is data at the next cycle and is loaded then. Measured on a
+1 TiB sparse image with 1000 cached 1 MiB extents: the region shoulders the
+smoothing adds around each extent are holes there, and zero-filling them for
+``mlock`` was most of the daemon's system time (docs/benchmarks.md,
+daemon-cost-profile). Block devices are taken as all data.
+
 The run arithmetic (clipping, priority pieces, the diff of held vs target)
 is plain functions at the top of this module, with no system calls; all of
 it bisects sorted run lists, so thousands of regions cost milliseconds.
@@ -87,6 +99,7 @@ it bisects sorted run lists, so thousands of regions cost milliseconds.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import stat
@@ -104,6 +117,7 @@ CHUNK_BYTES = 32 * MiB       # mlock granularity of a load (whole blocks, at lea
 WILLNEED_BYTES = 128 << 10   # one POSIX_FADV_WILLNEED: never above the kernel's cap on it
 MAX_SEGMENTS = 4096          # at most this many mappings (vm.max_map_count is 65530 by default)
 MAX_PIECES_PER_RUN = 4       # merge a target run's adjacent mappings beyond this many
+MAX_DATA_RUNS = 64           # per target piece: beyond this many data runs, hold the rest whole
 
 from vmdisktouch.runs import Run, clip_runs, intersect, merge_runs, subtract  # noqa: F401
 
@@ -196,6 +210,10 @@ class Holder:
         self._order: list[Run] = []          # target pieces of the last apply, priority order
         self._closed = False
         self._cap_warned = False
+        try:   # holes of a sparse regular file are never held (see "Holes" above)
+            self.skip_holes = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            self.skip_holes = False
 
     # -- queries -----------------------------------------------------------
 
@@ -222,6 +240,8 @@ class Holder:
         if self._closed:
             raise RuntimeError("holder is closed")
         pieces = priority_pieces(target_runs, self.nblocks)
+        if self.skip_holes:
+            pieces = [run for piece in pieces for run in self._data_runs(piece)]
         to_release, to_load = diff_runs(self.held_runs(), pieces)
         released = sum(self._release_range(a, b) for a, b in to_release)
         self._order = pieces
@@ -276,6 +296,33 @@ class Holder:
         """Release everything; the holder cannot be used afterwards. Idempotent."""
         self.release_all()
         self._closed = True
+
+    # -- holes -------------------------------------------------------------
+
+    def _data_runs(self, piece: Run) -> list[Run]:
+        """The blocks of ``piece`` that hold data (``SEEK_DATA``/``SEEK_HOLE``), in order."""
+        bs = self.block_size
+        a, b = piece
+        end = min(b * bs, self.size)
+        out: list[Run] = []
+        pos = a * bs
+        while pos < end:
+            if len(out) >= MAX_DATA_RUNS:
+                out.append((pos // bs, b))            # too fragmented: the rest whole
+                break
+            try:
+                data = os.lseek(self.fd, pos, os.SEEK_DATA)
+                hole = os.lseek(self.fd, data, os.SEEK_HOLE)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:          # no data from pos to the end of the file
+                    break
+                return out + [(pos // bs, b)]         # cannot tell: hold it all
+            if data >= end:
+                break
+            start, stop = data // bs, min(-(-hole // bs), b)
+            out.append((start, stop))
+            pos = stop * bs
+        return out
 
     # -- loading -----------------------------------------------------------
 
