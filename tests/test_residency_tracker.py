@@ -47,8 +47,9 @@ def test_first_scan_matches_a_full_scan_and_fincore(sparse):
 
 def test_only_changed_ranges_are_reread_and_the_result_stays_exact(sparse):
     path, fd = sparse
+    # ranges 5, 7 and 10: none of them is refreshed by turn in these 5 scans (turns 0-3)
     t = ResidencyTracker(fd, MiB, range_bytes=RANGE, full_every=100)
-    with held(path, [(10 * MiB, 2 * MiB), (500 * MiB, MiB)]):
+    with held(path, [(330 * MiB, 2 * MiB), (500 * MiB, MiB)]):
         t.scan(GiB)
         res = t.scan(GiB)                                       # nothing changed
         assert t.last_reread == 0
@@ -87,16 +88,19 @@ def test_pages_moving_within_one_range_are_seen(sparse):
     np.testing.assert_array_equal(res.counts, full_scan(fd, GiB))
 
 
-def test_every_nth_scan_rereads_everything_and_a_size_change_too(sparse):
+def test_each_cached_range_is_reread_in_turn_and_a_size_change_rereads_all(sparse):
     path, fd = sparse
     t = ResidencyTracker(fd, MiB, range_bytes=RANGE, full_every=3)
-    with held(path, [(10 * MiB, MiB), (600 * MiB, MiB)]):
+    # ranges 0 and 1 hold cached pages, range 9 (9 % 3 == 0, like range 0) too
+    with held(path, [(10 * MiB, MiB), (100 * MiB, MiB), (600 * MiB, MiB)]):
         rereads = []
-        for _ in range(6):
+        for _ in range(7):
             t.scan(GiB)
             rereads.append(t.last_reread)
-        assert rereads == [2, 0, 0, 2, 0, 0]                    # the 1st, then every 3rd
+        # the first scan reads all 3; then turns 0, 1, 2, 0, 1, 2 refresh
+        # ranges {0, 9}, {1}, {}, ...: each at least every 3 scans, never all at once
+        assert rereads == [3, 2, 1, 0, 2, 1, 0]
         os.truncate(path, GiB + 5 * MiB)
         res = t.scan(GiB + 5 * MiB)
-        assert t.last_reread == 2 and res.nblocks == 1029
+        assert t.last_reread == 3 and res.nblocks == 1029
         np.testing.assert_array_equal(res.counts, full_scan(fd, GiB + 5 * MiB))
