@@ -13,8 +13,9 @@ One cycle (``DiskWatcher.tick``):
 2. Scan residency (cachestat/mincore) into a per-block resident fraction,
    re-reading only the ranges whose cachestat record changed
    (``residency_tracker``).
-3. Checksum the held blocks (``pread``, never the mapping): changed blocks
-   were rewritten by the guest. Blocks newly taken into hold in step 5 are
+3. Checksum the held blocks (``pread``, never the mapping) in 16 parts
+   each: the fraction of a block's parts that changed is how much of it
+   the guest rewrote. Blocks newly taken into hold in step 5 are
    hashed right after their load, so a write before the next cycle counts.
 4. Step the heat map: held blocks, and blocks cached only because the
    daemon loaded them (``heat.self_loaded``), are zeroed (feedback suppression),
@@ -94,6 +95,7 @@ class DiskWatcher:
         self.nblocks = self._nblocks(self.size)
         self.state = heat.new_state(self.nblocks)
         self.rewritten_at = np.full(self.nblocks, -np.inf)
+        self.last_rewritten = np.zeros(self.nblocks, dtype=np.float32)
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)   # see heat.self_loaded
         self.holder = holder.Holder(
             image.fd, self.size, self.block_size, config.max_hold, config.min_free,
@@ -151,6 +153,7 @@ class DiskWatcher:
         n = self._nblocks(size)
         self.state = heat.resize_state(self.state, n)
         self.rewritten_at = _resized(self.rewritten_at, n, -np.inf)
+        self.last_rewritten = _resized(self.last_rewritten, n, 0)
         self.self_loaded = _resized(self.self_loaded, n, False)
         self.sums.resize(n)
         self.nblocks = n
@@ -166,11 +169,12 @@ class DiskWatcher:
         held_mask = runs_to_mask(self.holder.held_runs(), n)
 
         held_blocks = np.flatnonzero(held_mask)
-        changed = self.sums.update(held_blocks, self.size, skip_unwritten=True)
-        rewritten = np.zeros(n, dtype=bool)
-        rewritten[held_blocks[changed]] = True
-        self.rewritten_at[rewritten] = t0
-
+        rewritten = np.zeros(n, dtype=np.float32)     # fraction of each block rewritten
+        rewritten[held_blocks] = self.sums.update(held_blocks, self.size, skip_unwritten=True)
+        self.rewritten_at[rewritten > 0] = t0
+        # Rewritten in this cycle or the one before: the first class of regions.select.
+        recent = np.maximum(rewritten, self.last_rewritten)
+        self.last_rewritten = rewritten
         dt = self.config.interval if self.last_time is None else max(t0 - self.last_time, 1e-3)
         self.last_time = t0
         self.state = heat.step(self.state, fraction, held_mask | self.self_loaded, rewritten,
@@ -178,7 +182,7 @@ class DiskWatcher:
 
         budget_blocks = self.config.max_hold // self.block_size
         targets = (regions.select(self.state.total, self.state.heat_rewritten,
-                                  self.params.threshold, budget_blocks, held_mask)
+                                  self.params.threshold, budget_blocks, held_mask, recent)
                    if self.hold_enabled else [])
         result = self.holder.apply(targets)
         held_now = runs_to_mask(self.holder.held_runs(), n)
@@ -196,7 +200,7 @@ class DiskWatcher:
             held_bytes=self.holder.held_bytes(),
             resident_bytes=res.resident_pages * res.page_size,
             regions=[(s * bs, min(e * bs, self.size) - s * bs) for s, e in self.holder.held_runs()],
-            rewritten_blocks=int(rewritten.sum()),
+            rewritten_blocks=int(np.count_nonzero(rewritten)),
             rewritten_ranges=[(s * bs, min(e * bs, self.size) - s * bs)
                               for s, e in mask_to_runs(red)],
             mem_available_bytes=self.mem_available(),

@@ -76,15 +76,23 @@ still carry a little heat into a held block's edge from guest-resident
 that keep a held region held are
 
 * rewrites: the checksums of held blocks are the one thing we can observe
-  of the guest inside a held region. A rewritten block feeds
-  ``heat_rewritten`` (A_w = 4 by default, so one rewrite cycle of a wide
-  region adds ``4 * (1 - k)``, ~1.6 at 5 s cycles; steady rewriting holds
-  it near 4);
+  of the guest inside a held region. The fraction of a block rewritten
+  (in sixteenths, see ``checksums``) feeds ``heat_rewritten`` (A_w = 1 by
+  default, so one cycle that rewrites a wide region all over adds
+  ``1 - k``, ~0.39 at 5 s cycles; steady rewriting of f of every block
+  holds it near f). A_w was 4 until the moved hot zones of
+  docs/benchmarks.md (hotzone-move) showed it keeping a zone the guest had
+  left for 48 s after the move, against 25 s at 1;
 * ``held_activity`` when the caller has it;
 * hysteresis in ``regions.select``: a held run stays a candidate while its
   mean heat is at least ``threshold * regions.HOLD_FRACTION``;
-* incumbency in ``regions.select``: held blocks weigh 16 times in the
-  ranking, so equal unheld candidates do not displace a hold every cycle.
+* incumbency in ``regions.select``: the resident heat of held blocks
+  weighs 16 times in the ranking, so equal unheld candidates do not
+  displace a hold every cycle.
+
+Rewrites of a block in this cycle or the one before also put its region in
+the first class of ``regions.select``; once the guest stops writing there,
+the region competes on its (decaying) heat like any other.
 
 A held region that is only read, never written, therefore cools from ~A_r
 to threshold/2 (ln(40)/decay = 37 s at the defaults; ~17 s for the ~0.14

@@ -23,30 +23,37 @@ with no Python loop per block).
 
 Ranking. Regions go into a priority queue (``heapq``), highest first:
 
-1. regions with rewritten heat, i.e. whose summed ``rewritten_heat`` is at
-   least ``threshold * REWRITTEN_FRACTION`` (0.5: one block's worth of half
-   the threshold, so one rewrite of a single block counts for about a
-   minute and a rewritten wide region for several minutes at the defaults),
-   ranked among themselves by that rewritten sum. Data the guest writes
-   through the host cache is data it is working on right now;
+1. regions the guest is rewriting *now*: ``recent_rewrites`` is, per
+   block, the fraction of it rewritten in this cycle or the one before (the
+   daemon's checksums, in sixteenths of a block), and a region is in this
+   class when its mean is at least ``REWRITTEN_DENSITY`` (1/16: as many
+   rewritten sixteenths as blocks). They rank among themselves by their
+   summed ``rewritten_heat``. Data the guest writes through the host cache
+   is data it is working on right now. Recency and density, not the size
+   of the rewritten heat, decide the class: with the class decided on the
+   rewritten sum, two hot zones that moved were not followed in the 60 s
+   after the move, because the old zones' rewritten heat lasted minutes;
+   with "any block rewritten recently", the stray writes that still land
+   on a zone the guest left (a quarter of its blocks per cycle, one
+   sixteenth or less of each) kept it in the class (docs/benchmarks.md,
+   hotzone-move);
 2. all other regions, ranked by summed total heat. A sum, not a peak: a wide
    warm region beats a narrow hot one when it carries more heat in all,
    because it serves more of the guest's I/O per cycle.
 
-Incumbency. In both classes a held block's heat counts ``INCUMBENT_WEIGHT``
-(16) times in the sums that rank regions and place windows (not in the
-cut at the threshold). Feedback suppression makes a held block's heat decay
-while an equally used unheld block keeps its heat, so without a weight a
-full budget would swap its holds for equal candidates every cycle: a
-thrash that reloads the whole budget each cycle (measured: 256 MiB per
-5 s cycle on a 1 TiB image with 1000 equal cached extents) and gains
-nothing. With the weight a hold keeps its place until hysteresis releases
-it (its lease, see ``heat``) or until a challenger carries 16 times its
-current heat. Because the held heat decays, the weight delays following
-a moved hot zone only a little: the new zone displaces the old one when
-``1 - x = 16 x`` in units of their common steady heat, ``x = e^{-decay t}``,
-i.e. after ``ln 17 / decay`` (28 s at 0.1/s) instead of ``ln 2 / decay``,
-and at most until the old zone's lease ends.
+Incumbency. In both classes the *resident* heat of a held block counts
+``INCUMBENT_WEIGHT`` (16) times in the sums that rank regions and place
+windows (not in the cut at the threshold). Feedback suppression makes a
+held block's resident heat decay while an equally used unheld block keeps
+its heat, so without a weight a full budget would swap its holds for equal
+candidates every cycle: a thrash that reloads the whole budget each cycle
+(measured: 256 MiB per 5 s cycle on a 1 TiB image with 1000 equal cached
+extents) and gains nothing. With the weight a hold keeps its place until
+hysteresis releases it (its lease, see ``heat``) or until a challenger
+carries 16 times its current heat. The rewritten heat is not weighted:
+it is not suppressed on held blocks (it is observed *only* there), so it
+needs no compensation, and weighting it would make a zone the guest wrote
+once outrank fresh use for minutes.
 
 Ties go to the region with more total heat, then to the lower block number.
 
@@ -87,8 +94,8 @@ import numpy as np
 from vmdisktouch.runs import Run, merge_runs, subtract
 
 HOLD_FRACTION = 0.5        # held blocks stay candidates while heat >= threshold * this
-INCUMBENT_WEIGHT = 16.0    # a held block's heat counts this many times when ranking
-REWRITTEN_FRACTION = 0.5   # a region ranks as rewritten when its rewritten sum >= threshold * this
+INCUMBENT_WEIGHT = 16.0    # a held block's resident heat counts this many times when ranking
+REWRITTEN_DENSITY = 1 / 16  # first class: mean recent rewritten fraction at least this
 
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
@@ -122,12 +129,14 @@ def candidate_mask(heat: np.ndarray, threshold: float, held_mask=None) -> np.nda
 
 
 def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
-           held_mask=None) -> list[Run]:
+           held_mask=None, recent_rewrites=None) -> list[Run]:
     """Runs to hold, highest priority first; their lengths sum to at most ``budget_blocks``.
 
     ``total_heat``: heat per block (``HeatState.total``). ``rewritten_heat``:
     its rewritten component (``HeatState.heat_rewritten``), or None.
-    ``held_mask``: blocks held now (hysteresis), or None.
+    ``held_mask``: blocks held now (hysteresis, incumbency), or None.
+    ``recent_rewrites``: per block, the fraction rewritten recently (bool or
+    [0, 1]; the first class), or None.
     """
     heat = np.asarray(total_heat)
     if heat.ndim != 1:
@@ -145,32 +154,28 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
         return []
     starts, stops = edges[0::2], edges[1::2]
 
-    if rewritten_heat is None:
-        w = None
-    else:
-        w = np.asarray(rewritten_heat)
-        if w.shape != heat.shape:
-            raise ValueError(f"rewritten_heat has shape {w.shape}, expected {heat.shape}")
-    min_rewritten = threshold * REWRITTEN_FRACTION
-    # Ranking weight: held blocks count INCUMBENT_WEIGHT times (None: no block held).
-    weight = None
+    w = None if rewritten_heat is None else _same_shape(rewritten_heat, heat, "rewritten_heat")
+    recent = (None if recent_rewrites is None
+              else _same_shape(recent_rewrites, heat, "recent_rewrites").astype(np.float32))
+    if recent is not None and not recent.any():
+        recent = None
+    # Ranking heat: the resident part of held blocks counts INCUMBENT_WEIGHT times.
+    rank_heat = heat
     if held_mask is not None and np.any(held_mask):
-        weight = np.where(np.asarray(held_mask, dtype=bool), np.float32(INCUMBENT_WEIGHT),
-                          np.float32(1))
-    rank_heat = heat if weight is None else heat * weight
-    rank_w = w if w is None or weight is None else w * weight
+        resident = heat if w is None else heat - w
+        rank_heat = heat + np.where(np.asarray(held_mask, dtype=bool),
+                                    resident * np.float32(INCUMBENT_WEIGHT - 1), np.float32(0))
 
     # Queue entries: (class, -score, -total, start, stop, region start, region stop);
-    # class -1 = rewritten (scored by rewritten sum), 0 = other (scored by total).
-    # The class is decided on the plain rewritten sum, the scores on the weighted sums.
+    # class -1 = rewritten now (scored by rewritten sum), 0 = other (scored by total).
     totals = _segment_sums(rank_heat, edges)
-    if w is None:
+    if recent is None:
         is_rew = np.zeros(totals.size, dtype=bool)
-        rewritten = np.zeros_like(totals)
+        score = totals
     else:
-        is_rew = _segment_sums(w, edges) >= min_rewritten
-        rewritten = _segment_sums(rank_w, edges)
-    score = np.where(is_rew, rewritten, totals)
+        is_rew = _segment_sums(recent, edges) >= REWRITTEN_DENSITY * (stops - starts)
+        rewritten = np.zeros_like(totals) if w is None else _segment_sums(w, edges)
+        score = np.where(is_rew, rewritten, totals)
     s_list, e_list = starts.tolist(), stops.tolist()
     queue = list(zip((-is_rew.astype(np.int8)).tolist(), (-score).tolist(), (-totals).tolist(),
                      s_list, e_list, s_list, e_list))
@@ -178,8 +183,9 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
 
     def window_entry(start: int, stop: int, rstart: int, rstop: int):
         total = float(rank_heat[start:stop].sum(dtype=np.float64))
-        if w is not None and float(w[start:stop].sum(dtype=np.float64)) >= min_rewritten:
-            rew = float(rank_w[start:stop].sum(dtype=np.float64))
+        if recent is not None and \
+                recent[start:stop].sum(dtype=np.float64) >= REWRITTEN_DENSITY * (stop - start):
+            rew = 0.0 if w is None else float(w[start:stop].sum(dtype=np.float64))
             return (-1, -rew, -total, start, stop, rstart, rstop)
         return (0, -total, -total, start, stop, rstart, rstop)
 
@@ -225,6 +231,13 @@ def runs_length(runs) -> int:
 
 
 # -- helpers ---------------------------------------------------------------
+
+def _same_shape(values, like: np.ndarray, name: str) -> np.ndarray:
+    a = np.asarray(values)
+    if a.shape != like.shape:
+        raise ValueError(f"{name} has shape {a.shape}, expected {like.shape}")
+    return a
+
 
 def _edges(mask: np.ndarray) -> np.ndarray:
     """Interleaved ``[start0, stop0, start1, stop1, ...]`` of the runs of True."""
