@@ -42,7 +42,7 @@ POINTS = [
     ("sigma 0", "--sigma-resident 0 --sigma-rewritten 0"),
     ("sigma 4", "--sigma-resident 4 --sigma-rewritten 4"),
     ("amp_resident 0.5", "--amp-resident 0.5"),
-    ("amp_rewritten 1", "--amp-rewritten 1"),
+    ("amp_rewritten 4", "--amp-rewritten 4"),
     ("decay 0.02", "--decay 0.02"),
     ("decay 0.5", "--decay 0.5"),
     ("threshold 0.02", "--threshold 0.02"),

@@ -114,7 +114,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Amplitude A_r of the Gaussian filter applied to the residency map.", group="heat"),
     Setting("sigma_resident", _float(0), 2.0, "number", "blocks",
             "Width sigma_r of the Gaussian filter applied to the residency map.", group="heat"),
-    Setting("amp_rewritten", _float(0), 4.0, "number", "heat per rewritten block",
+    Setting("amp_rewritten", _float(0), 1.0, "number", "heat per rewritten block",
             "Amplitude A_w of the Gaussian filter applied to the rewritten-blocks map.",
             group="heat"),
     Setting("sigma_rewritten", _float(0), 2.0, "number", "blocks",
