@@ -7,9 +7,9 @@ pages, and at most 0.5 s per cycle; and the growth of cycle time and RSS with
 the image size is shown from 1 GiB to 1 TiB.
 
 For each size in ``--sizes`` (default 1G,16G,128G,1T) a sparse image is
-created in ``--dir`` and a few scattered 1 MiB extents of it are read with
-buffered reads (POSIX_FADV_RANDOM: no readahead; holes read as zeros and are
-cached like data): ``--extents`` (1000) at 1 TiB, scaled down with the square
+created in ``--dir`` and a few scattered 1 MiB extents of it are written with
+random data (as a guest fills a thin image; the daemon never holds holes) and
+read with buffered reads (POSIX_FADV_RANDOM: no readahead): ``--extents`` (1000) at 1 TiB, scaled down with the square
 root of the size for smaller images (31 at 1 GiB). The kernel here pages out
 page cache it judges idle on its own (DAMON), so, as in bench_scan, the
 benchmark keeps those extents mlocked in its own process for the whole case:
@@ -286,10 +286,10 @@ def run_case(label: str, size: int, extents: int, hot_regions: int, hot_size: in
     try:
         with open(img, "wb") as f:
             f.truncate(size)
-        print(f"{label}: {format_size(size)} sparse, {extents} x 1 MiB extents"
+        print(f"{label}: {format_size(size)} sparse, {extents} x 1 MiB data extents"
               + (f" + {hot_regions} x {format_size(hot_size)} hot regions" if hot_regions else "")
               + f" cached ({format_size(cached)}), sampling {duration:.0f} s", flush=True)
-        with cache_and_pin(img, runs + hot, pin=not args.no_pin):
+        with cache_and_pin(img, runs + hot, pin=not args.no_pin, write=True):
             cmd = [sys.executable, "-m", "vmdisktouch", "run", img,
                    "--max-hold", args.max_hold_text, "--interval", f"{args.interval:g}",
                    "--status", status, *shlex.split(args.daemon_args)]
@@ -553,7 +553,9 @@ def main() -> int:
     md = (
         "## Daemon cost: `vmdisktouch run` from 1 GiB to 1 TiB\n\n"
         + provenance(command.strip()) + "\n"
-        + f"Each case is a sparse image with scattered 1 MiB extents cached by buffered reads "
+        + f"Each case is a sparse image with scattered 1 MiB extents of random data (written "
+          f"first, as a guest fills a thin image; the holes around them read as zeros and are "
+          f"never held), cached by buffered reads "
           f"({args.extents} at 1 TiB, scaled by √(size / 1 TiB) below; held with mlock by the "
           f"benchmark so that DAMON cannot evict them and every cycle sees the same state). "
           f"The daemon runs as `python -m vmdisktouch run IMG --max-hold {args.max_hold_text} "

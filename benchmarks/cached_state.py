@@ -17,8 +17,20 @@ MiB = 1 << 20
 
 
 @contextlib.contextmanager
-def cached(path: str, runs: list[tuple[int, int]], *, pin: bool = True):
-    """Cache exactly the byte ``runs`` of ``path``; with ``pin``, mlock them until the block ends."""
+def cached(path: str, runs: list[tuple[int, int]], *, pin: bool = True, write: bool = False):
+    """Cache exactly the byte ``runs`` of ``path``; with ``pin``, mlock them until the block ends.
+
+    ``write``: first write random data over the runs (and fsync), as a guest
+    writes a thin image: the daemon never holds the holes of a sparse file.
+    """
+    if write:
+        wfd = os.open(path, os.O_WRONLY)
+        try:
+            for off, n in runs:
+                os.pwrite(wfd, os.urandom(n), off)
+            os.fsync(wfd)
+        finally:
+            os.close(wfd)
     fd = os.open(path, os.O_RDONLY)
     maps = []
     try:

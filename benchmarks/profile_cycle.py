@@ -1,7 +1,7 @@
 """Profile the daemon's cycle in-process: where one `DiskWatcher.tick` spends its time.
 
 The companion of bench_daemon_cost.py, for its missed targets: the same
-cached state (a sparse image with ``--extents`` scattered 1 MiB extents,
+cached state (a sparse image with ``--extents`` scattered 1 MiB extents of data,
 read with buffered reads without readahead and mlocked by this process so
 that the kernel's own reclaim cannot change them), and a `DiskWatcher` with
 the daemon's defaults and ``--max-hold``. The clock is advanced by
@@ -109,7 +109,7 @@ def main() -> int:
     with open(path, "wb") as f:
         f.truncate(a.size)
     try:
-        with cached(path, extents(a.size, a.extents, a.seed)):
+        with cached(path, extents(a.size, a.extents, a.seed), write=True):
             profile(path, a)
     finally:
         os.unlink(path)
