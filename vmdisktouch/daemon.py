@@ -20,14 +20,17 @@ One cycle (``DiskWatcher.tick``):
 4. Step the heat map: held blocks, and blocks cached only because the
    daemon loaded them (``heat.self_loaded``), are zeroed (feedback suppression),
    residency and rewrites are smoothed and folded into the decaying map.
-5. Select target runs under the budget and hand them to the holder, which
-   releases first, then loads, never above the budget or below the floor.
+5. Select target runs under the budget (blocks known to be holes of a
+   sparse file left out) and hand them to the holder, which releases first,
+   then loads, never above the budget or below the floor.
 6. Write the status JSON and the PNGs atomically; log one line.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -97,6 +100,8 @@ class DiskWatcher:
         self.rewritten_at = np.full(self.nblocks, -np.inf)
         self.last_rewritten = np.zeros(self.nblocks, dtype=np.float32)
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)   # see heat.self_loaded
+        self.holes = np.zeros(self.nblocks, dtype=bool)         # see _without_holes
+        self.allocation: int | None = None
         self.holder = holder.Holder(
             image.fd, self.size, self.block_size, config.max_hold, config.min_free,
             mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
@@ -155,6 +160,7 @@ class DiskWatcher:
         self.rewritten_at = _resized(self.rewritten_at, n, -np.inf)
         self.last_rewritten = _resized(self.last_rewritten, n, 0)
         self.self_loaded = _resized(self.self_loaded, n, False)
+        self.holes = np.zeros(n, dtype=bool)
         self.sums.resize(n)
         self.nblocks = n
 
@@ -181,10 +187,13 @@ class DiskWatcher:
                                dt, self.params)
 
         budget_blocks = self.config.max_hold // self.block_size
-        targets = (regions.select(self.state.total, self.state.heat_rewritten,
-                                  self.params.threshold, budget_blocks, held_mask, recent)
+        total, rewritten_heat = self._without_holes(self.state.total, self.state.heat_rewritten)
+        targets = (regions.select(total, rewritten_heat, self.params.threshold, budget_blocks,
+                                  held_mask, recent)
                    if self.hold_enabled else [])
         result = self.holder.apply(targets)
+        for a, b in self.holder.last_holes:
+            self.holes[a:b] = True
         held_now = runs_to_mask(self.holder.held_runs(), n)
         self.self_loaded = heat.self_loaded(self.self_loaded, fraction, held_mask, held_now)
         if result.loaded_bytes:
@@ -212,6 +221,35 @@ class DiskWatcher:
         self.last_report = report
         self._emit(report, fraction, held_now, red)
         return report
+
+    def _without_holes(self, total: np.ndarray, rewritten_heat: np.ndarray):
+        """The heat maps with the blocks known to be holes cut out (set to 0).
+
+        A hole of a sparse file is never held (``holder``), so a region
+        selected over holes would spend its budget on nothing: measured on a
+        1 TiB thin image with 1000 cached 1 MiB extents and a 256 MiB budget,
+        the selected regions (each extent and its smoothed shoulders) held
+        only about 50 MiB of data. The holder reports the target blocks that
+        were holes; they stay known holes while the file's allocated size
+        (``st_blocks``) is unchanged, and are forgotten as soon as it changes
+        (the guest filled a hole, or anything was punched): every block is
+        then taken at its heat again and the next targets re-learn the holes.
+        """
+        stamp = self._allocation()
+        if stamp != self.allocation:
+            self.holes[:] = False
+            self.allocation = stamp
+        if not self.holes.any():
+            return total, rewritten_heat
+        keep = ~self.holes
+        return total * keep, rewritten_heat * keep
+
+    def _allocation(self) -> int | None:
+        try:
+            st = os.fstat(self.image.fd)
+        except OSError:
+            return None
+        return st.st_blocks if stat.S_ISREG(st.st_mode) else None
 
     # -- output -----------------------------------------------------------
 
