@@ -81,8 +81,8 @@ that keep a held region held are
   default, so one cycle that rewrites a wide region all over adds
   ``1 - k``, ~0.39 at 5 s cycles; steady rewriting of f of every block
   holds it near f). A_w was 4 until the moved hot zones of
-  docs/benchmarks.md (hotzone-move) showed it keeping a zone the guest had
-  left for 48 s after the move, against 25 s at 1;
+  docs/benchmarks.md (hotzone-move), measured side by side in one run,
+  were followed in 40 s at 4 (93 % of the oracle) and 29 s at 1 (101 %);
 * ``held_activity`` when the caller has it;
 * hysteresis in ``regions.select``: a held run stays a candidate while its
   mean heat is at least ``threshold * regions.HOLD_FRACTION``;
