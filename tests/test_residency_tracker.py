@@ -48,7 +48,7 @@ def test_first_scan_matches_a_full_scan_and_fincore(sparse):
 def test_only_changed_ranges_are_reread_and_the_result_stays_exact(sparse):
     path, fd = sparse
     # ranges 5, 7 and 10: none of them is refreshed by turn in these 5 scans (turns 0-3)
-    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, full_every=100)
+    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, refresh_every=100)
     with held(path, [(330 * MiB, 2 * MiB), (500 * MiB, MiB)]):
         t.scan(GiB)
         res = t.scan(GiB)                                       # nothing changed
@@ -67,7 +67,7 @@ def test_only_changed_ranges_are_reread_and_the_result_stays_exact(sparse):
 
 def test_pages_moving_within_one_range_are_seen(sparse):
     path, fd = sparse
-    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, full_every=3)
+    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, refresh_every=3)
     read_range(path, 130 * MiB, 4096)
     t.scan(GiB)
     os.posix_fadvise(fd, 130 * MiB, 4096, os.POSIX_FADV_DONTNEED)
@@ -77,7 +77,7 @@ def test_pages_moving_within_one_range_are_seen(sparse):
     assert res.counts[130] == 0 and res.counts[150] == 2
     # A swap that keeps every count (DONTNEED leaves no shadow entry, so the
     # evicted count does not move either) is the one change a signature misses:
-    # the next full re-read, at most full_every scans later, sees it.
+    # the next refresh of its range, at most refresh_every scans later, sees it.
     os.posix_fadvise(fd, 150 * MiB, 2 * 4096, os.POSIX_FADV_DONTNEED)
     read_range(path, 170 * MiB, 2 * 4096)
     seen = []
@@ -90,7 +90,7 @@ def test_pages_moving_within_one_range_are_seen(sparse):
 
 def test_each_cached_range_is_reread_in_turn_and_a_size_change_rereads_all(sparse):
     path, fd = sparse
-    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, full_every=3)
+    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, refresh_every=3)
     # ranges 0 and 1 hold cached pages, range 9 (9 % 3 == 0, like range 0) too
     with held(path, [(10 * MiB, MiB), (100 * MiB, MiB), (600 * MiB, MiB)]):
         rereads = []

@@ -152,16 +152,14 @@ class BlockChecksums:
         blocks = np.unique(idx[(idx >= 0) & (idx < self._nblocks)])
         sums, got = self._hash_blocks(blocks, size)
         blocks, sums = blocks[got], sums[got]
-        old_sums, known = self._lookup(blocks), self._known_mask(blocks)
+        pos, known = _find(self._blocks, blocks)
         fraction = np.zeros(blocks.size, dtype=np.float32)
         if known.any():
-            fraction[known] = (sums[known] != old_sums[known]).mean(axis=1)
+            fraction[known] = (sums[known] != self._sums[pos[known]]).mean(axis=1)
         self._blocks, self._sums = blocks, sums      # everything not given is forgotten
 
         out = np.zeros(idx.size, dtype=np.float32)
-        pos = np.searchsorted(blocks, idx)
-        hit = pos < blocks.size
-        hit[hit] = blocks[pos[hit]] == idx[hit]
+        pos, hit = _find(blocks, idx)
         out[hit] = fraction[pos[hit]]
         return out
 
@@ -193,32 +191,20 @@ class BlockChecksums:
                     self.forget([end // bs])
         self._size = size
 
-    def _known_mask(self, blocks: np.ndarray) -> np.ndarray:
-        pos = np.searchsorted(self._blocks, blocks)
-        hit = pos < self._blocks.size
-        hit[hit] = self._blocks[pos[hit]] == blocks[hit]
-        return hit
-
-    def _lookup(self, blocks: np.ndarray) -> np.ndarray:
-        """Stored hashes of ``blocks`` (rows of zeros where none are stored)."""
-        out = np.zeros((blocks.size, PARTS), dtype=np.uint64)
-        pos = np.searchsorted(self._blocks, blocks)
-        hit = self._known_mask(blocks)
-        out[hit] = self._sums[pos[hit]]
-        return out
-
     def _hash_blocks(self, blocks: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Part hashes of sorted ``blocks`` and a mask of the blocks read completely."""
+        """Part hashes of sorted ``blocks`` (one row each) and a mask of the blocks read whole."""
         sums = np.zeros((blocks.size, PARTS), dtype=np.uint64)
         got = np.zeros(blocks.size, dtype=bool)
         row = 0
         for start, stop in _runs(blocks):
-            row = self._hash_run(start, stop, size, sums, got, row)
+            end = row + stop - start
+            self._hash_run(start, stop, size, sums[row:end], got[row:end])
+            row = end
         return sums, got
 
-    def _hash_run(self, start: int, stop: int, size: int, sums: np.ndarray, got: np.ndarray,
-                  row: int) -> int:
-        """Hash blocks ``[start, stop)`` into rows from ``row``; returns the next row."""
+    def _hash_run(self, start: int, stop: int, size: int, sums: np.ndarray,
+                  got: np.ndarray) -> None:
+        """Hash blocks ``[start, stop)`` into ``sums``/``got`` (one row per block)."""
         bs, ps = self.block_size, self.part_size
         view = self._view
         digest = xxhash.xxh3_64_intdigest
@@ -228,7 +214,7 @@ class BlockChecksums:
             offset = block * bs
             want = min(n * bs, size - offset)
             if want <= 0:
-                return row + (stop - block)
+                return
             try:
                 read = _preadv_full(self.fd, view[:want], offset)
             except OSError as exc:
@@ -238,16 +224,14 @@ class BlockChecksums:
                 lo = k * bs
                 hi = min(lo + bs, want)
                 if hi > read:                # short read: the file shrank under us
-                    return row + (stop - block)
-                r = sums[row + k]
+                    return
+                row = sums[block - start + k]
                 for j, p in enumerate(range(lo, hi, ps)):
-                    r[j] = digest(view[p:min(p + ps, hi)])
-                got[row + k] = True
-            row += n
+                    row[j] = digest(view[p:min(p + ps, hi)])
+                got[block - start + k] = True
             if read < want:
-                return row + (stop - block - n)
+                return
             block += n
-        return row
 
 
 def _reopen_random(fd: int) -> int:
@@ -272,6 +256,14 @@ def _preadv_full(fd: int, buf: memoryview, offset: int) -> int:
             break
         done += got
     return done
+
+
+def _find(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of ``values`` in ``sorted_values`` and a mask of those present."""
+    pos = np.searchsorted(sorted_values, values)
+    hit = pos < sorted_values.size
+    hit[hit] = sorted_values[pos[hit]] == values[hit]
+    return pos, hit
 
 
 def _runs(sorted_blocks: np.ndarray) -> list[tuple[int, int]]:

@@ -23,7 +23,7 @@ within one range in one cycle: as many pages dropped without a shadow entry
 (``POSIX_FADV_DONTNEED``, truncation, invalidation by a direct write) or
 refaulted over their shadows as arrived elsewhere in the range. The count
 of cached pages is right even then, only their place in the range is
-stale; to bound how long, every scan also re-reads one ``FULL_SCAN_EVERY``-th
+stale; to bound how long, every scan also re-reads one ``REFRESH_EVERY``-th
 (12th) of the ranges that hold cached pages, in turn, so each is re-read at
 least every 12 scans (60 s at 5 s cycles). Spreading the refresh keeps every
 cycle equally cheap: re-reading all ranges at once every 6th cycle (the first
@@ -43,19 +43,19 @@ import numpy as np
 from vmdisktouch import libc, residency
 
 RANGE_BYTES = 1 << 30
-FULL_SCAN_EVERY = 12
+REFRESH_EVERY = 12
 
 
 class ResidencyTracker:
     """Scans one open image each cycle, re-reading only the ranges whose cachestat changed."""
 
     def __init__(self, fd: int, block_size: int, *, range_bytes: int = RANGE_BYTES,
-                 full_every: int = FULL_SCAN_EVERY):
+                 refresh_every: int = REFRESH_EVERY):
         residency.validate_block_size(block_size)
         self.fd = fd
         self.block_size = int(block_size)
         self.range_bytes = max(range_bytes - range_bytes % block_size, block_size)
-        self.full_every = max(1, int(full_every))
+        self.refresh_every = max(1, int(refresh_every))
         self.cs = libc.CacheStatCaller(fd)
         self.partial_view = residency.is_partial_view(fd)
         self._size: int | None = None
@@ -79,7 +79,7 @@ class ResidencyTracker:
             self._turn = 0
         else:
             # Changed ranges, and this scan's share of the refresh (see above).
-            turn, every = self._turn, self.full_every
+            turn, every = self._turn, self.refresh_every
             changed = [r for i, (r, sig, old) in enumerate(zip(ranges, sigs, self._sigs))
                        if sig != old or (sig[0] and i % every == turn)]
             self._turn = (turn + 1) % every
