@@ -197,6 +197,31 @@ def test_a_skip_keeps_the_hashes_so_a_later_write_is_still_a_change(image):
     assert (sums.update([3, 4], size, skip_unwritten=True) > 0).tolist() == [False, True]
 
 
+def test_a_lease_renewed_on_an_unwritten_file_is_not_read_again(image, monkeypatch):
+    """Blocks released and held again: their stored hashes serve while nothing was written."""
+    import time
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = BlockChecksums(rfd, BS)
+    time.sleep(1.2)
+    sums.update([3, 4, 5], size, skip_unwritten=True)      # a pass: the stamp is settled
+    sums.update([3], size, skip_unwritten=True)            # 4 and 5 released; pass skipped
+    assert sums.skipped
+    read = []
+    real = sums._hash_blocks
+    monkeypatch.setattr(sums, "_hash_blocks",
+                        lambda blocks, size: (read.extend(blocks.tolist()), real(blocks, size))[1])
+    sums.baseline([4, 5, 6], size)                         # 4 and 5 taken again, 6 is new
+    assert read == [6]
+    os.pwrite(wfd, b"\x42" * 10, 5 * BS)                  # the guest writes one of them
+    assert (sums.update([3, 4, 5, 6], size, skip_unwritten=True) > 0).tolist() == \
+        [False, False, True, False]
+    read.clear()
+    sums.update([3], size, skip_unwritten=True)            # written < 1 s ago: a real pass
+    sums.baseline([4, 5], size)                            # so a renewal is read again
+    assert read == [3, 4, 5]
+
+
 def test_hashing_caches_nothing_beyond_the_blocks_hashed(image):
     """Readahead of the checksum reads would look like the guest's use next cycle."""
     from tests.pagecache import evict

@@ -81,6 +81,31 @@ def test_smooth_equals_gaussian_filter1d_constant_mode(sigma):
         np.testing.assert_allclose(heat.smooth(x, sigma, 2.5), want, atol=1e-6)
 
 
+@pytest.mark.parametrize("sigma", [0.5, 2.0, 3.7])
+def test_sparse_evidence_is_smoothed_exactly_as_the_full_map(sigma):
+    # Sparse evidence takes the path that smooths only its reach: blocks at
+    # both ends of the image, clusters closer than the kernel's radius, and
+    # lone blocks far apart must all come out as scipy computes them.
+    rng = np.random.default_rng(7)
+    n = 200_000
+    for trial in range(5):
+        x = np.zeros(n, np.float32)
+        idx = rng.choice(n, 300, replace=False)
+        x[idx] = rng.random(300).astype(np.float32) + 0.01
+        x[[0, 1, n - 1]] = 1.0
+        x[1000:1003] = 0.5
+        x[1000 + int(3 * sigma) + 2] = 0.25          # a neighbour just within reach
+        assert np.count_nonzero(x) * (2 * int(4 * sigma + 0.5) + 1) * heat.SPARSE_RATIO <= n
+        want = 2.5 * gaussian_filter1d(x, sigma, mode="constant")
+        got = heat.smooth(x, sigma, 2.5)
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        assert np.array_equal(got != 0, want > 1e-30)   # exactly 0 beyond the reach
+
+
+def test_all_zero_evidence_smooths_to_zero():
+    assert not heat.smooth(np.zeros(10_000, np.float32), 2.0, 1.0).any()
+
+
 def test_smooth_normalisation_wide_region_reaches_amp_isolated_block_gets_w0():
     x = zeros(200)
     x[50:150] = 1.0

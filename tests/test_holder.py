@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.pagecache import PAGE, evict, make_image
+from tests.pagecache import PAGE, evict, make_image, read_range
 from vmdisktouch import holder as holder_mod
 from vmdisktouch import libc, meminfo
 from vmdisktouch.holder import (ApplyResult, Holder, clip_runs, diff_runs, intersect, merge_runs,
@@ -271,6 +271,21 @@ def test_pacing_spaces_the_chunks(img, holders):
                 sleep=lambda s: waits.append(s))
     h.apply([(0, 8)])
     assert len(waits) == 3                        # between the 4 chunks, none after the last
+    assert all(0 < w <= 0.25 for w in waits)
+
+
+def test_only_what_comes_from_disk_is_paced(img, holders):
+    """Chunks already cached (a renewed lease) are neither waited for nor read ahead."""
+    path, fd = img
+    read_range(path, 0, 8 * MiB)                  # blocks 0-7 cached, 8-15 cold
+    waits = []
+    h = holders(fd, 64 * MiB, rate=8 * MiB, chunk_bytes=2 * MiB,
+                sleep=lambda s: waits.append(s))
+    h.apply([(0, 16)])
+    assert h.held_runs() == [(0, 16)]
+    # 8 chunks: the 4 cached ones start no pacing, so only the cold ones are spaced:
+    # one wait before each cold chunk that follows a cold chunk.
+    assert len(waits) == 3
     assert all(0 < w <= 0.25 for w in waits)
 
 

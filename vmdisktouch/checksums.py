@@ -169,11 +169,22 @@ class BlockChecksums:
         Without it a newly held block's first hash would be taken one cycle
         later, and a guest write landing in between would be that block's
         reference instead of a change. Other blocks' hashes are kept.
+
+        A block whose hashes are still stored (a skipped ``update`` keeps the
+        hashes of blocks released since the last pass) is not read again
+        while ``unwritten()`` holds: every stored hash was taken after the
+        stamp of the last pass, and nothing was written since that stamp.
+        A region released and taken again on an idle image (a lease renewed,
+        see ``heat``) then costs no read and no hash.
         """
-        self._follow_size(int(size))
+        size = int(size)
+        current = size == self._size and self.unwritten()
+        self._follow_size(size)
         idx = np.asarray(block_indices, dtype=np.int64).ravel()
         blocks = np.unique(idx[(idx >= 0) & (idx < self._nblocks)])
-        sums, got = self._hash_blocks(blocks, int(size))
+        if current:                      # stored hashes are still the file's: keep them
+            blocks = blocks[~_find(self._blocks, blocks)[1]]
+        sums, got = self._hash_blocks(blocks, size)
         self.forget(blocks)
         all_blocks = np.concatenate((self._blocks, blocks[got]))
         order = np.argsort(all_blocks, kind="stable")

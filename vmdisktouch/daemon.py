@@ -52,11 +52,6 @@ def runs_to_mask(runs, nblocks: int) -> np.ndarray:
     return mask
 
 
-def mask_to_runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    edges = np.flatnonzero(np.diff(mask.astype(np.int8), prepend=0, append=0))
-    return [(int(s), int(e)) for s, e in zip(edges[0::2], edges[1::2])]
-
-
 def _resized(a: np.ndarray, n: int, fill) -> np.ndarray:
     """``a`` cut or extended with ``fill`` to length ``n``."""
     out = np.full(n, fill, dtype=a.dtype)
@@ -101,6 +96,7 @@ class DiskWatcher:
         self.last_rewritten = np.zeros(self.nblocks, dtype=np.float32)
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)   # see heat.self_loaded
         self.holes = np.zeros(self.nblocks, dtype=bool)         # see _without_holes
+        self.probed = np.zeros(self.nblocks, dtype=bool)        # data or hole known
         self.allocation: int | None = None
         self.holder = holder.Holder(
             image.fd, self.size, self.block_size, config.max_hold, config.min_free,
@@ -161,6 +157,7 @@ class DiskWatcher:
         self.last_rewritten = _resized(self.last_rewritten, n, 0)
         self.self_loaded = _resized(self.self_loaded, n, False)
         self.holes = np.zeros(n, dtype=bool)
+        self.probed = np.zeros(n, dtype=bool)
         self.sums.resize(n)
         self.nblocks = n
 
@@ -187,7 +184,8 @@ class DiskWatcher:
                                dt, self.params)
 
         budget_blocks = self.config.max_hold // self.block_size
-        total, rewritten_heat = self._without_holes(self.state.total, self.state.heat_rewritten)
+        total, rewritten_heat = self._without_holes(self.state.total, self.state.heat_rewritten,
+                                                    held_mask)
         targets = (regions.select(total, rewritten_heat, self.params.threshold, budget_blocks,
                                   held_mask, recent)
                    if self.hold_enabled else [])
@@ -211,7 +209,7 @@ class DiskWatcher:
             regions=[(s * bs, min(e * bs, self.size) - s * bs) for s, e in self.holder.held_runs()],
             rewritten_blocks=int(np.count_nonzero(rewritten)),
             rewritten_ranges=[(s * bs, min(e * bs, self.size) - s * bs)
-                              for s, e in mask_to_runs(red)],
+                              for s, e in regions.mask_runs(red)],
             mem_available_bytes=self.mem_available(),
             loaded_bytes=result.loaded_bytes,
             released_bytes=result.released_bytes + released_between,
@@ -222,27 +220,54 @@ class DiskWatcher:
         self._emit(report, fraction, held_now, red)
         return report
 
-    def _without_holes(self, total: np.ndarray, rewritten_heat: np.ndarray):
+    def _without_holes(self, total: np.ndarray, rewritten_heat: np.ndarray,
+                       held_mask: np.ndarray):
         """The heat maps with the blocks known to be holes cut out (set to 0).
 
         A hole of a sparse file is never held (``holder``), so a region
-        selected over holes would spend its budget on nothing: measured on a
-        1 TiB thin image with 1000 cached 1 MiB extents and a 256 MiB budget,
-        the selected regions (each extent and its smoothed shoulders) held
-        only about 50 MiB of data. The holder reports the target blocks that
-        were holes; they stay known holes while the file's allocated size
-        (``st_blocks``) is unchanged, and are forgotten as soon as it changes
-        (the guest filled a hole, or anything was punched): every block is
-        then taken at its heat again and the next targets re-learn the holes.
+        selected over holes would spend its budget on nothing. Every
+        candidate block (``regions.candidate_mask``) whose state is not known
+        yet is probed before the selection (``holder.data_runs``: a few
+        ``lseek`` calls per candidate region, once), so the budget goes to
+        data from the first cycle. Learning the holes only from what the
+        holder was given instead left the budget two-thirds empty: on a
+        1 TiB thin image with 1000 cached 1 MiB extents and a 256 MiB budget
+        each selected region was an extent and 4 blocks of hole around it,
+        and the daemon held a median 88 MiB (docs/benchmarks.md, daemon-cost).
+        The holder also reports the target blocks it found to be holes.
+
+        What is known holds while the file's allocated size (``st_blocks``)
+        is unchanged. When it grows (the guest filled a hole), the known
+        holes are forgotten and probed again as they become candidates;
+        when it shrinks (something was punched), everything is forgotten.
         """
         stamp = self._allocation()
         if stamp != self.allocation:
+            if stamp is None or self.allocation is None or stamp < self.allocation:
+                self.probed[:] = False
+            else:
+                self.probed &= ~self.holes
             self.holes[:] = False
             self.allocation = stamp
+        if self.holder.skip_holes and self.hold_enabled:
+            self._probe_candidates(total, held_mask)
         if not self.holes.any():
             return total, rewritten_heat
         keep = ~self.holes
         return total * keep, rewritten_heat * keep
+
+    def _probe_candidates(self, total: np.ndarray, held_mask: np.ndarray) -> None:
+        """Learn data or hole for the candidate blocks not probed yet."""
+        unknown = regions.candidate_mask(total, self.params.threshold, held_mask) & ~self.probed
+        if not unknown.any():
+            return
+        for a, b in regions.mask_runs(unknown):
+            data = self.holder.data_runs((a, b))
+            self.probed[a:b] = True
+            pos = a
+            for s, e in data + [(b, b)]:
+                self.holes[pos:s] = True
+                pos = e
 
     def _allocation(self) -> int | None:
         try:

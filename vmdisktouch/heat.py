@@ -119,6 +119,7 @@ import numpy as np
 
 DTYPE = np.float32
 FLUSH_BELOW = 1e-20   # heat below this is set to 0 (no subnormals; far below any threshold)
+SPARSE_RATIO = 4      # smooth only the reach of the evidence when it covers <= 1/4 of the map
 TRUNCATE = 4.0        # Gaussian kernel radius in sigmas (gaussian_filter1d's default)
 
 
@@ -214,6 +215,41 @@ def smooth(evidence: np.ndarray, sigma: float, amp: float) -> np.ndarray:
     r = w.size - 1
     if r == 0:
         return x * w[0]
+    support = np.flatnonzero(x != 0)
+    if support.size * (2 * r + 1) * SPARSE_RATIO <= n:
+        # Sparse evidence: smooth only the blocks within r of it (exact, see _reach).
+        out = np.zeros(n, DTYPE)
+        if support.size:
+            idx = _reach(support, r, n)
+            out[idx] = _shifted_sum(x[idx], w)
+        return out
+    return _shifted_sum(x, w)
+
+
+def _reach(support: np.ndarray, r: int, n: int) -> np.ndarray:
+    """Sorted blocks within ``r`` of the sorted ``support``, clipped to ``[0, n)``.
+
+    They form runs ``[s - r, s + r]`` merged where they overlap or touch.
+    Laid end to end, each run keeps the ``r`` zero blocks of evidence next to
+    its outermost evidence, so a Gaussian of radius ``r`` over the
+    concatenation never reaches across from one run into the next: smoothing
+    the gathered blocks gives exactly the full map's values there, and the
+    full map is 0 everywhere else.
+    """
+    lo = np.maximum(support - r, 0)
+    hi = np.minimum(support + r + 1, n)
+    brk = np.flatnonzero(lo[1:] > hi[:-1]) + 1
+    starts = lo[np.concatenate(([0], brk))]
+    stops = hi[np.concatenate((brk - 1, [support.size - 1]))]
+    lengths = stops - starts
+    offsets = np.concatenate(([0], np.cumsum(lengths[:-1])))
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+
+
+def _shifted_sum(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``sum_j w[|j|] * x[i + j]`` for ``|j| <= r``, zero beyond the ends (float32)."""
+    n = x.size
+    r = w.size - 1
     padded = np.zeros(n + 2 * r, DTYPE)
     padded[r:r + n] = x
     out = x * w[0]
@@ -319,8 +355,8 @@ def _per_block(values, n: int, name: str) -> np.ndarray:
     a = np.array(values, dtype=DTYPE)          # always a copy
     if a.shape != (n,):
         raise ValueError(f"{name} has shape {a.shape}, expected ({n},)")
-    np.nan_to_num(a, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
-    np.clip(a, 0.0, 1.0, out=a)
+    np.copyto(a, 0.0, where=~(a >= 0))         # NaN, -inf and negatives
+    np.minimum(a, 1.0, out=a)                  # +inf and above 1
     return a
 
 
