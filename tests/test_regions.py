@@ -345,3 +345,17 @@ def test_equal_candidates_larger_than_the_budget_do_not_thrash():
     # A lone cached block's region cools below the hold level in ~20 s (4 cycles): a lease.
     # Without incumbency and the whole-run hold level the holds moved in 20 of 21 cycles.
     assert changes <= 6, f"the holds moved in {changes} of 21 cycles"
+
+
+def test_segment_sums_of_sparse_and_dense_runs_agree_with_plain_sums():
+    # Few candidate blocks in a large map take the gathering path, many take reduceat.
+    rng = np.random.default_rng(3)
+    for n, runs in ((100_000, 40), (2_000, 300)):
+        values = rng.random(n).astype(np.float32)
+        mask = np.zeros(n, dtype=bool)
+        for s in rng.choice(n - 10, runs, replace=False):
+            mask[s:s + int(rng.integers(1, 8))] = True
+        mask[-1] = True                                   # a run that ends at the map's end
+        edges = regions._edges(mask)
+        want = [values[a:b].sum(dtype=np.float64) for a, b in zip(edges[0::2], edges[1::2])]
+        np.testing.assert_allclose(regions._segment_sums(values, edges), want, rtol=1e-12)

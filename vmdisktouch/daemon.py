@@ -60,6 +60,48 @@ def _resized(a: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class _Sparse:
+    """Values of a few blocks of a per-block map: block numbers (sorted, unique) and values."""
+    blocks: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def empty(cls) -> "_Sparse":
+        return cls(np.zeros(0, dtype=np.intp), np.zeros(0))
+
+    def where(self, keep: np.ndarray) -> "_Sparse":
+        return _Sparse(self.blocks[keep], self.values[keep])
+
+    def below(self, n: int) -> "_Sparse":
+        return self.where(self.blocks < n)
+
+    def merged(self, newer: "_Sparse") -> "_Sparse":
+        """Both sets of blocks; ``newer``'s value where both have one."""
+        blocks = np.concatenate((newer.blocks, self.blocks))
+        values = np.concatenate((newer.values, self.values))
+        blocks, first = np.unique(blocks, return_index=True)   # first: newer wins
+        return _Sparse(blocks, values[first])
+
+    def dense(self, n: int, always: bool = False) -> np.ndarray | None:
+        """The full float32 map (0 elsewhere); None when empty unless ``always``."""
+        if not self.blocks.size and not always:
+            return None
+        out = np.zeros(n, dtype=np.float32)
+        out[self.blocks] = self.values
+        return out
+
+    def runs(self) -> list[tuple[int, int]]:
+        """Maximal runs of consecutive blocks."""
+        b = self.blocks
+        if not b.size:
+            return []
+        breaks = np.flatnonzero(b[1:] != b[:-1] + 1) + 1
+        starts = b[np.concatenate(([0], breaks))]
+        stops = b[np.concatenate((breaks - 1, [b.size - 1]))] + 1
+        return list(zip(starts.tolist(), stops.tolist()))
+
+
 @dataclass
 class CycleReport:
     cycle: int
@@ -92,8 +134,11 @@ class DiskWatcher:
         self.size = image.current_size()
         self.nblocks = self._nblocks(self.size)
         self.state = heat.new_state(self.nblocks)
-        self.rewritten_at = np.full(self.nblocks, -np.inf)
-        self.last_rewritten = np.zeros(self.nblocks, dtype=np.float32)
+        # Rewrites, kept sparse (a few blocks of a million): the blocks rewritten
+        # in the last cycle with the fraction rewritten, and the blocks shown red
+        # with the time of their last rewrite (both sorted by block).
+        self.last_rewritten = _Sparse.empty()
+        self.red = _Sparse.empty()
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)   # see heat.self_loaded
         self.holes = np.zeros(self.nblocks, dtype=bool)         # see _without_holes
         self.probed = np.zeros(self.nblocks, dtype=bool)        # data or hole known
@@ -153,8 +198,8 @@ class DiskWatcher:
         self.size = size
         n = self._nblocks(size)
         self.state = heat.resize_state(self.state, n)
-        self.rewritten_at = _resized(self.rewritten_at, n, -np.inf)
-        self.last_rewritten = _resized(self.last_rewritten, n, 0)
+        self.last_rewritten = self.last_rewritten.below(n)
+        self.red = self.red.below(n)
         self.self_loaded = _resized(self.self_loaded, n, False)
         self.holes = np.zeros(n, dtype=bool)
         self.probed = np.zeros(n, dtype=bool)
@@ -172,12 +217,20 @@ class DiskWatcher:
         held_mask = runs_to_mask(self.holder.held_runs(), n)
 
         held_blocks = np.flatnonzero(held_mask)
-        rewritten = np.zeros(n, dtype=np.float32)     # fraction of each block rewritten
-        rewritten[held_blocks] = self.sums.update(held_blocks, self.size, skip_unwritten=True)
-        self.rewritten_at[rewritten > 0] = t0
+        part = self.sums.update(held_blocks, self.size, skip_unwritten=True)
+        hit = part > 0
+        now_rewritten = _Sparse(held_blocks[hit], part[hit])   # fraction of each block rewritten
+        self.red = self.red.merged(_Sparse(now_rewritten.blocks,
+                                           np.full(now_rewritten.blocks.size, t0)))
+        self.red = self.red.where(t0 - self.red.values < self.config.rewritten_seconds)
+        rewritten = now_rewritten.dense(n)
         # Rewritten in this cycle or the one before: the first class of regions.select.
-        recent = np.maximum(rewritten, self.last_rewritten)
-        self.last_rewritten = rewritten
+        recent = None
+        if rewritten is not None or self.last_rewritten.blocks.size:
+            recent = self.last_rewritten.dense(n, always=True)
+            if rewritten is not None:
+                np.maximum(recent, rewritten, out=recent)
+        self.last_rewritten = now_rewritten
         dt = self.config.interval if self.last_time is None else max(t0 - self.last_time, 1e-3)
         self.last_time = t0
         self.state = heat.step(self.state, fraction, held_mask | self.self_loaded, rewritten,
@@ -200,16 +253,15 @@ class DiskWatcher:
         self.cycle += 1
 
         bs = self.block_size
-        red = (t0 - self.rewritten_at) < self.config.rewritten_seconds
         report = CycleReport(
             cycle=self.cycle,
             cycle_seconds=self.clock() - t0,
             held_bytes=self.holder.held_bytes(),
             resident_bytes=res.resident_pages * res.page_size,
             regions=[(s * bs, min(e * bs, self.size) - s * bs) for s, e in self.holder.held_runs()],
-            rewritten_blocks=int(np.count_nonzero(rewritten)),
+            rewritten_blocks=int(now_rewritten.blocks.size),
             rewritten_ranges=[(s * bs, min(e * bs, self.size) - s * bs)
-                              for s, e in regions.mask_runs(red)],
+                              for s, e in self.red.runs()],
             mem_available_bytes=self.mem_available(),
             loaded_bytes=result.loaded_bytes,
             released_bytes=result.released_bytes + released_between,
@@ -217,7 +269,7 @@ class DiskWatcher:
             size_bytes=self.size,
         )
         self.last_report = report
-        self._emit(report, fraction, held_now, red)
+        self._emit(report, fraction, held_now)
         return report
 
     def _without_holes(self, total: np.ndarray, rewritten_heat: np.ndarray,
@@ -302,8 +354,7 @@ class DiskWatcher:
             "time": time.time(),
         }
 
-    def _emit(self, r: CycleReport, fraction: np.ndarray, held: np.ndarray,
-              red: np.ndarray) -> None:
+    def _emit(self, r: CycleReport, fraction: np.ndarray, held: np.ndarray) -> None:
         c = self.config
         if c.status:
             atomic.write_json(c.status, self.status_obj(r))
@@ -312,6 +363,8 @@ class DiskWatcher:
             layout = render.Layout.fit(self.nblocks, blocks_per_pixel=c.blocks_per_pixel,
                                        width=c.width, aspect=c.aspect, scale=c.scale)
             if c.map_png:
+                red = np.zeros(self.nblocks, dtype=bool)
+                red[self.red.blocks] = True
                 atomic.write_png(c.map_png, render.block_map_image(fraction, held, red, layout))
             if c.heat_png:
                 atomic.write_png(c.heat_png, render.heat_image(self.state.total, layout))

@@ -117,6 +117,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmdisktouch.runs import run_indices
+
 DTYPE = np.float32
 FLUSH_BELOW = 1e-20   # heat below this is set to 0 (no subnormals; far below any threshold)
 SPARSE_RATIO = 4      # smooth only the reach of the evidence when it covers <= 1/4 of the map
@@ -241,9 +243,7 @@ def _reach(support: np.ndarray, r: int, n: int) -> np.ndarray:
     brk = np.flatnonzero(lo[1:] > hi[:-1]) + 1
     starts = lo[np.concatenate(([0], brk))]
     stops = hi[np.concatenate((brk - 1, [support.size - 1]))]
-    lengths = stops - starts
-    offsets = np.concatenate(([0], np.cumsum(lengths[:-1])))
-    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+    return run_indices(starts, stops)
 
 
 def _shifted_sum(x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -39,7 +39,11 @@ budget. ``apply`` turns what is held now into that target:
    cached, see ``heat``) thus reads nothing and waits for nothing: paced
    as if read, 256 MiB of cached regions took a 1 s cycle at 256 MiB/s.
 4. Guards before every chunk: ``held + chunk <= max_hold`` and
-   ``mem_available() - chunk >= min_free``. A chunk that does not fit is cut
+   ``mem_available() - chunk >= min_free``. ``MemAvailable`` is read again
+   once a chunk's worth (``CHUNK_BYTES``) has been locked since the last
+   read; in between, what was locked is subtracted from it. Reading
+   ``/proc/meminfo`` for each of 256 single-block regions cost ~15 ms of
+   system time per cycle. A chunk that does not fit is cut
    to the whole blocks that fit; if not even one block fits, loading stops
    and everything not loaded in this call is reported as ``skipped_bytes``.
    The held total therefore never exceeds ``max_hold``, not even for one
@@ -355,6 +359,7 @@ class Holder:
         """Load the pieces in order. Returns (bytes loaded, bytes skipped, stopped)."""
         loaded = 0
         pace = _Pacer(self.load_rate, self.sleep)
+        self._gauge = _MemGauge(self.mem_available, self.chunk_blocks * self.block_size)
         for a, b in to_load:
             if len(self._segs) >= self.max_segments:
                 if not self._cap_warned:
@@ -397,7 +402,7 @@ class Holder:
                 if cold and not pace.wait():
                     keep_going = False
                     break
-                fit = min(self.max_hold - self.held_bytes(), self.mem_available() - self.min_free)
+                fit = min(self.max_hold - self.held_bytes(), self._gauge.get() - self.min_free)
                 if nbytes > fit:
                     n = min(n, max(fit, 0) // bs)
                     nbytes = self._offset_in(a, pos + n, length) - seg.length
@@ -420,6 +425,7 @@ class Holder:
                 pos += n
                 seg.stop, seg.length = pos, seg.length + nbytes
                 self._locked += nbytes
+                self._gauge.took(nbytes)
                 if not keep_going:
                     break
         except BaseException:
@@ -591,6 +597,24 @@ def _read_exactly(fd: int, offset: int, length: int) -> None:
 
 def _start(seg: _Segment) -> int:
     return seg.start
+
+
+class _MemGauge:
+    """``MemAvailable`` read at most once per ``every`` bytes locked; locks in between subtracted."""
+
+    def __init__(self, read: Callable[[], int], every: int):
+        self.read = read
+        self.every = every
+        self.value: int | None = None
+        self.since = 0
+
+    def get(self) -> int:
+        if self.value is None or self.since >= self.every:
+            self.value, self.since = self.read(), 0
+        return self.value - self.since
+
+    def took(self, nbytes: int) -> None:
+        self.since += nbytes
 
 
 class _Pacer:

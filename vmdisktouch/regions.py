@@ -91,7 +91,7 @@ import heapq
 
 import numpy as np
 
-from vmdisktouch.runs import Run, merge_runs, subtract
+from vmdisktouch.runs import Run, merge_runs, run_indices, subtract
 
 HOLD_FRACTION = 0.5        # held blocks stay candidates while heat >= threshold * this
 INCUMBENT_WEIGHT = 16.0    # a held block's resident heat counts this many times when ranking
@@ -259,7 +259,19 @@ def _edges(mask: np.ndarray) -> np.ndarray:
 
 
 def _segment_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Sum of ``values`` over each run ``edges[2i]:edges[2i+1]``, in float64."""
+    """Sum of ``values`` over each run ``edges[2i]:edges[2i+1]``, in float64.
+
+    The runs' blocks are gathered first when they are a small part of the
+    map (the usual case: a few thousand candidate blocks in a million), so
+    the sum reads only them, not the gaps between them (1.4 ms per million
+    blocks for a ``reduceat`` over the whole map).
+    """
+    starts, stops = edges[0::2], edges[1::2]
+    covered = int((stops - starts).sum())
+    if covered * 8 < values.size:
+        lengths = stops - starts
+        firsts = np.concatenate(([0], np.cumsum(lengths[:-1])))
+        return np.add.reduceat(values[run_indices(starts, stops)], firsts, dtype=np.float64)
     idx = edges[:-1] if edges[-1] == values.size else edges   # reduceat: indices < size
     return np.add.reduceat(values, idx, dtype=np.float64)[0::2]
 

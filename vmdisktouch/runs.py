@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from typing import Iterable
 
+import numpy as np
+
 Run = tuple[int, int]
 
 
@@ -58,3 +60,17 @@ def subtract(run: Run, runs: list[Run]) -> list[Run]:
     if pos < b:
         pieces.append((pos, b))
     return pieces
+
+
+def run_indices(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The numbers of the blocks of the runs ``[starts[i], stops[i])``, laid end to end.
+
+    One array, no Python loop: each run's first block is offset by the
+    blocks of the runs before it, and ``repeat`` + ``arange`` fill the rest.
+    """
+    starts = np.asarray(starts, dtype=np.intp)
+    lengths = np.asarray(stops, dtype=np.intp) - starts
+    if not lengths.size:
+        return np.zeros(0, dtype=np.intp)
+    offsets = np.concatenate(([0], np.cumsum(lengths[:-1])))
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.intp)
