@@ -44,6 +44,11 @@ is their sum (``HeatState.total``). One cycle (``step``):
    nothing was held (docs/benchmarks.md, section hotzone).
    ``sigma = 0`` means no smoothing (``s = A * e``). The cost is
    proportional to sigma (17 taps at sigma 2: ~2.5 ms per million blocks).
+   Sparse evidence (its reach, ``2r + 1`` blocks around each nonzero block,
+   at most a ``SPARSE_RATIO``-th of the map) is smoothed over that reach
+   only, gathered end to end (``_reach``): the same values, exactly, for
+   the cost of the few thousand blocks a guest has cached in a 1 TiB image
+   instead of its million.
 
 3. Folding. With ``k = exp(-decay * dt)`` each component is an exponential
    moving average of its smoothed input,
@@ -102,7 +107,9 @@ cycle the residency of its guest-cached blocks counts again (its
 self-loaded shoulders stay suppressed). If the guest still uses it (or
 memory is plentiful) it stays resident, its heat climbs back over the
 threshold within a cycle and it is held again, unless hotter candidates
-fill the budget first; relocking cached pages reads nothing from disk. If
+fill the budget first; relocking cached pages reads nothing from disk,
+waits for no pacing (``holder``) and, while the file is unwritten, hashes
+nothing (``checksums.baseline``). If
 the guest no longer uses it, the kernel evicts it under pressure and it
 stays released. So a read-only hold behaves as a lease, renewed about every
 40 s by probing the page cache; this trades a short unlocked window per
