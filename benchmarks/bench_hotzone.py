@@ -287,6 +287,9 @@ class Bench:
         self.live.clear()
         if self.cgroup:
             self.cgroup.cleanup()
+        log = os.path.join(self.tmp, "daemon.log")
+        if getattr(self.a, "keep_log", None) and os.path.exists(log):
+            shutil.copyfile(log, self.a.keep_log)     # the last vmdisktouch scenario's log
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -549,6 +552,9 @@ def main(argv=None) -> int:
                    + ",".join(SCENARIOS) + " (default: all; 'tuned' only with --tuned-args)")
     p.add_argument("--quick", action="store_true", help="2G image, 45 s per scenario; not written to the docs")
     p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    p.add_argument("--keep-log", metavar="FILE",
+                   help="copy the daemon's log (one line per cycle) of the last vmdisktouch "
+                        "scenario here")
     p.add_argument("--chart", default=os.path.join(ROOT, "docs", "img", "hotzone.png"))
     p.add_argument("--tmpdir", default="/var/tmp", help="where the image goes (a real disk)")
     p.add_argument("--variant", default="base", choices=tuple(VARIANT_TITLES),
