@@ -116,6 +116,7 @@ class Bench:
         self.hot_off = self.size // 4 // MiB * MiB
         self.budget = int(self.hot_len * 1.25) // MiB * MiB
         self.variant = a.variant
+        self.statuses: list[dict] = []   # --keep-log: the daemon's status of each cycle
         self.read_mix = 50 if a.variant == "write50" else 80
         self.shares = None
         mib = lambda x: int(x) // MiB * MiB  # noqa: E731
@@ -202,6 +203,9 @@ class Bench:
                 while not stop.wait(1.0):
                     try:
                         st = daemon.status() if daemon else None
+                        if st and getattr(self.a, "keep_log", None) and \
+                                st.get("cycle") != (self.statuses[-1:] or [{}])[0].get("cycle"):
+                            self.statuses.append(dict(st, t=time.monotonic() - t0))
                         samples.append(Sample(
                             t=time.monotonic() - t0,
                             held=sum(h.held_bytes() for h in holders),
@@ -290,6 +294,8 @@ class Bench:
         log = os.path.join(self.tmp, "daemon.log")
         if getattr(self.a, "keep_log", None) and os.path.exists(log):
             shutil.copyfile(log, self.a.keep_log)     # the last vmdisktouch scenario's log
+            with open(self.a.keep_log + ".status.jsonl", "w") as f:   # and its status per cycle
+                f.writelines(json.dumps(st) + "\n" for st in self.statuses)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -554,7 +560,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     p.add_argument("--keep-log", metavar="FILE",
                    help="copy the daemon's log (one line per cycle) of the last vmdisktouch "
-                        "scenario here")
+                        "scenario here, and its status JSON of each cycle to FILE.status.jsonl")
     p.add_argument("--chart", default=os.path.join(ROOT, "docs", "img", "hotzone.png"))
     p.add_argument("--tmpdir", default="/var/tmp", help="where the image goes (a real disk)")
     p.add_argument("--variant", default="base", choices=tuple(VARIANT_TITLES),

@@ -17,8 +17,9 @@ One cycle (``DiskWatcher.tick``):
    each: the fraction of a block's parts that changed is how much of it
    the guest rewrote. Blocks newly taken into hold in step 5 are
    hashed right after their load, so a write before the next cycle counts.
-4. Step the heat map: held blocks, and blocks cached only because the
-   daemon loaded them (``heat.self_loaded``), are zeroed (feedback suppression),
+4. Step the heat map: held blocks, blocks cached only because the
+   daemon loaded them (``heat.self_loaded``) and blocks released in the last
+   ``heat.RELEASED_GRACE`` seconds are zeroed (feedback suppression),
    residency and rewrites are smoothed and folded into the decaying map.
 5. Select target runs under the budget (blocks known to be holes of a
    sparse file left out) and hand them to the holder, which releases first,
@@ -140,6 +141,8 @@ class DiskWatcher:
         self.last_rewritten = _Sparse.empty()
         self.red = _Sparse.empty()
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)   # see heat.self_loaded
+        self.released = _Sparse.empty()     # blocks released lately, with the time (heat.RELEASED_GRACE)
+        self._held_after = np.zeros(self.nblocks, dtype=bool)   # held at the end of the last tick
         self.holes = np.zeros(self.nblocks, dtype=bool)         # see _without_holes
         self.probed = np.zeros(self.nblocks, dtype=bool)        # data or hole known
         self.allocation: int | None = None
@@ -201,6 +204,8 @@ class DiskWatcher:
         self.last_rewritten = self.last_rewritten.below(n)
         self.red = self.red.below(n)
         self.self_loaded = _resized(self.self_loaded, n, False)
+        self.released = self.released.below(n)
+        self._held_after = _resized(self._held_after, n, False)
         self.holes = np.zeros(n, dtype=bool)
         self.probed = np.zeros(n, dtype=bool)
         self.sums.resize(n)
@@ -233,8 +238,10 @@ class DiskWatcher:
         self.last_rewritten = now_rewritten
         dt = self.config.interval if self.last_time is None else max(t0 - self.last_time, 1e-3)
         self.last_time = t0
-        self.state = heat.step(self.state, fraction, held_mask | self.self_loaded, rewritten,
-                               dt, self.params)
+        self._note_released(self._held_after & ~held_mask, t0)   # between ticks: budget, stop
+        suppressed = held_mask | self.self_loaded
+        suppressed[self.released.blocks] = True
+        self.state = heat.step(self.state, fraction, suppressed, rewritten, dt, self.params)
 
         budget_blocks = self.config.max_hold // self.block_size
         total, rewritten_heat = self._without_holes(self.state.total, self.state.heat_rewritten,
@@ -247,6 +254,11 @@ class DiskWatcher:
             self.holes[a:b] = True
         held_now = runs_to_mask(self.holder.held_runs(), n)
         self.self_loaded = heat.self_loaded(self.self_loaded, fraction, held_mask, held_now)
+        # Released although still a candidate: displaced by hotter regions (not a lease
+        # that ran out, which is renewed on its residency at once; see heat).
+        cand = regions.candidate_mask(total, self.params.threshold, held_mask)
+        self._note_released(held_mask & ~held_now & cand, t0)
+        self._held_after = held_now
         if result.loaded_bytes:
             self.sums.baseline(np.flatnonzero(held_now & ~held_mask), self.size)
         released_between, self._released_between = self._released_between, 0
@@ -271,6 +283,13 @@ class DiskWatcher:
         self.last_report = report
         self._emit(report, fraction, held_now)
         return report
+
+    def _note_released(self, mask: np.ndarray, now: float) -> None:
+        """Remember the blocks of ``mask`` as released at ``now``; forget those past the grace."""
+        let_go = np.flatnonzero(mask)
+        if let_go.size:
+            self.released = self.released.merged(_Sparse(let_go, np.full(let_go.size, now)))
+        self.released = self.released.where(now - self.released.values < heat.RELEASED_GRACE)
 
     def _without_holes(self, total: np.ndarray, rewritten_heat: np.ndarray,
                        held_mask: np.ndarray):

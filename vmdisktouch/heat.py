@@ -71,6 +71,26 @@ rose from 1000 MiB to 1.6 GiB in 8 cycles. ``self_loaded`` keeps such
 blocks marked until the kernel evicts them; the daemon passes
 ``held | self_loaded`` as ``held_mask``.
 
+Blocks the daemon released
+--------------------------
+Right after a release a block is still cached *because we held it*: munlock
+leaves the pages in the page cache, and the kernel has not yet had the
+chance to reclaim those the guest no longer uses. When the block was let go
+because hotter regions took its place in the budget (displaced: it was still
+a candidate), that residency would win it the rematch at once: measured on
+the moved hot zones of docs/benchmarks.md (hotzone-move), an old zone cut by
+half when a new zone outranked it came back whole two cycles later on the
+full residency its own hold had kept (177 MiB reloaded), and the second new
+zone was held only 35 s after the move (55 s to 90 % of the oracle in that
+run, 31 s in another). So a displaced block's residency is suppressed for
+``RELEASED_GRACE`` (20 s, four cycles at the defaults) after the release,
+as if it were still held: under memory pressure, where holding matters,
+that is time for reclaim to take what the guest left, and what is still
+cached after it is the guest's. Blocks released because their lease ran out
+(no longer candidates) are not suppressed: their renewal, below, is the
+point of the lease. Releases between cycles (a smaller budget on reload,
+the domain stopped) count as displacements.
+
 Held regions: decay, hysteresis and renewal
 -------------------------------------------
 Because a held block's residency input is 0, its resident heat, absent
@@ -313,6 +333,7 @@ def step(state: HeatState, resident_fraction, held_mask, rewritten_mask, dt: flo
 
 
 GUEST_RESIDENT = 0.5   # a block at least this resident before we loaded it was the guest's
+RELEASED_GRACE = 20.0  # seconds a displaced block's residency is not the guest's (see above)
 
 
 def self_loaded(previous, resident_fraction, held_before, held_after) -> np.ndarray:
