@@ -167,7 +167,9 @@ def main() -> int:
                       if r["name"] not in ("defaults", REPEAT) and r["over_oracle"] > hi + spread]
             lines += ["", f"The defaults, run twice in this run: {lo:.2f} and {hi:.2f} × the "
                       f"oracle, a spread of {spread:.2f}. Settings above the better of the two by "
-                      f"more than that spread: {', '.join(beyond) if beyond else 'none'}."]
+                      f"more than that spread: {', '.join(beyond) if beyond else 'none'} (two "
+                      f"runs only bound the noise from below: compare whole studies before "
+                      f"changing a default)."]
     lines += ["", "![steady IOPS over the oracle per setting](img/params.png)", ""]
     md = "\n".join(lines)
     hz.say("\n" + md)
