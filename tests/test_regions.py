@@ -359,3 +359,13 @@ def test_segment_sums_of_sparse_and_dense_runs_agree_with_plain_sums():
         edges = regions._edges(mask)
         want = [values[a:b].sum(dtype=np.float64) for a, b in zip(edges[0::2], edges[1::2])]
         np.testing.assert_allclose(regions._segment_sums(values, edges), want, rtol=1e-12)
+
+
+def test_a_precomputed_candidate_mask_selects_the_same_runs():
+    rng = np.random.default_rng(5)
+    heat = (rng.random(5000) * (rng.random(5000) < 0.2)).astype(np.float32)
+    held = np.zeros(5000, dtype=bool)
+    held[100:140] = True
+    cand = regions.candidate_mask(heat, 0.3, held)
+    assert select(heat, None, 0.3, 200, held, candidates=cand) == select(heat, None, 0.3, 200, held)
+    assert select(heat, None, 0.3, 200, held, candidates=np.zeros(5000, bool)) == []

@@ -66,6 +66,7 @@ import numpy as np
 import xxhash
 
 from vmdisktouch.errors import SyscallError
+from vmdisktouch.runs import consecutive_runs
 
 READ_BYTES = 8 << 20   # largest single read
 PARTS = 16             # hashes per block; a block's rewritten fraction is in 1/PARTS steps
@@ -207,7 +208,7 @@ class BlockChecksums:
         sums = np.zeros((blocks.size, PARTS), dtype=np.uint64)
         got = np.zeros(blocks.size, dtype=bool)
         row = 0
-        for start, stop in _runs(blocks):
+        for start, stop in consecutive_runs(blocks):
             end = row + stop - start
             self._hash_run(start, stop, size, sums[row:end], got[row:end])
             row = end
@@ -275,13 +276,3 @@ def _find(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np
     hit = pos < sorted_values.size
     hit[hit] = sorted_values[pos[hit]] == values[hit]
     return pos, hit
-
-
-def _runs(sorted_blocks: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive block numbers in a sorted unique array."""
-    if not sorted_blocks.size:
-        return []
-    breaks = np.flatnonzero(np.diff(sorted_blocks) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    stops = np.concatenate((breaks, [sorted_blocks.size]))
-    return [(int(sorted_blocks[s]), int(sorted_blocks[e - 1]) + 1) for s, e in zip(starts, stops)]

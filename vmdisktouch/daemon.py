@@ -41,6 +41,7 @@ import numpy as np
 from vmdisktouch import atomic, checksums, heat, holder, meminfo, regions, residency
 from vmdisktouch.image import Image
 from vmdisktouch.residency_tracker import ResidencyTracker
+from vmdisktouch.runs import consecutive_runs
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
@@ -94,13 +95,7 @@ class _Sparse:
 
     def runs(self) -> list[tuple[int, int]]:
         """Maximal runs of consecutive blocks."""
-        b = self.blocks
-        if not b.size:
-            return []
-        breaks = np.flatnonzero(b[1:] != b[:-1] + 1) + 1
-        starts = b[np.concatenate(([0], breaks))]
-        stops = b[np.concatenate((breaks - 1, [b.size - 1]))] + 1
-        return list(zip(starts.tolist(), stops.tolist()))
+        return consecutive_runs(self.blocks)
 
 
 @dataclass
@@ -246,8 +241,9 @@ class DiskWatcher:
         budget_blocks = self.config.max_hold // self.block_size
         total, rewritten_heat = self._without_holes(self.state.total, self.state.heat_rewritten,
                                                     held_mask)
+        cand = regions.candidate_mask(total, self.params.threshold, held_mask)
         targets = (regions.select(total, rewritten_heat, self.params.threshold, budget_blocks,
-                                  held_mask, recent)
+                                  held_mask, recent, candidates=cand)
                    if self.hold_enabled else [])
         result = self.holder.apply(targets)
         for a, b in self.holder.last_holes:
@@ -256,7 +252,6 @@ class DiskWatcher:
         self.self_loaded = heat.self_loaded(self.self_loaded, fraction, held_mask, held_now)
         # Released although still a candidate: displaced by hotter regions (not a lease
         # that ran out, which is renewed on its residency at once; see heat).
-        cand = regions.candidate_mask(total, self.params.threshold, held_mask)
         self._note_released(held_mask & ~held_now & cand, t0)
         self._held_after = held_now
         if result.loaded_bytes:

@@ -359,7 +359,7 @@ class Holder:
         """Load the pieces in order. Returns (bytes loaded, bytes skipped, stopped)."""
         loaded = 0
         pace = _Pacer(self.load_rate, self.sleep)
-        self._gauge = _MemGauge(self.mem_available, self.chunk_blocks * self.block_size)
+        gauge = _MemGauge(self.mem_available, self.chunk_blocks * self.block_size)
         for a, b in to_load:
             if len(self._segs) >= self.max_segments:
                 if not self._cap_warned:
@@ -367,14 +367,15 @@ class Holder:
                                 "are skipped", self.max_segments)
                     self._cap_warned = True
                 continue
-            done, keep_going = self._load_piece(a, b, pace)
+            done, keep_going = self._load_piece(a, b, pace, gauge)
             loaded += done
             if not keep_going:
                 break
         wanted = sum(self._span_length(a, b) for a, b in to_load)
         return loaded, wanted - loaded, pace.stopped
 
-    def _load_piece(self, a: int, b: int, pace: "_Pacer") -> tuple[int, bool]:
+    def _load_piece(self, a: int, b: int, pace: "_Pacer",
+                    gauge: "_MemGauge") -> tuple[int, bool]:
         """Map and lock blocks ``[a, b)`` chunk by chunk.
 
         Returns (bytes locked, keep going). Keep going is False when a guard
@@ -402,7 +403,7 @@ class Holder:
                 if cold and not pace.wait():
                     keep_going = False
                     break
-                fit = min(self.max_hold - self.held_bytes(), self._gauge.get() - self.min_free)
+                fit = min(self.max_hold - self.held_bytes(), gauge.get() - self.min_free)
                 if nbytes > fit:
                     n = min(n, max(fit, 0) // bs)
                     nbytes = self._offset_in(a, pos + n, length) - seg.length
@@ -425,7 +426,7 @@ class Holder:
                 pos += n
                 seg.stop, seg.length = pos, seg.length + nbytes
                 self._locked += nbytes
-                self._gauge.took(nbytes)
+                gauge.took(nbytes)
                 if not keep_going:
                     break
         except BaseException:

@@ -129,14 +129,15 @@ def candidate_mask(heat: np.ndarray, threshold: float, held_mask=None) -> np.nda
 
 
 def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
-           held_mask=None, recent_rewrites=None) -> list[Run]:
+           held_mask=None, recent_rewrites=None, candidates=None) -> list[Run]:
     """Runs to hold, highest priority first; their lengths sum to at most ``budget_blocks``.
 
     ``total_heat``: heat per block (``HeatState.total``). ``rewritten_heat``:
     its rewritten component (``HeatState.heat_rewritten``), or None.
     ``held_mask``: blocks held now (hysteresis, incumbency), or None.
     ``recent_rewrites``: per block, the fraction rewritten recently (bool or
-    [0, 1]; the first class), or None.
+    [0, 1]; the first class), or None. ``candidates``: ``candidate_mask(total_heat,
+    threshold, held_mask)`` when the caller has it already, or None.
     """
     heat = np.asarray(total_heat)
     if heat.ndim != 1:
@@ -149,7 +150,9 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
     if budget == 0 or not heat.size:
         return []
 
-    edges = _edges(candidate_mask(heat, threshold, held_mask))
+    if candidates is None:
+        candidates = candidate_mask(heat, threshold, held_mask)
+    edges = _edges(_same_shape(candidates, heat, "candidates"))
     if not edges.size:
         return []
     starts, stops = edges[0::2], edges[1::2]
@@ -267,9 +270,8 @@ def _segment_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     blocks for a ``reduceat`` over the whole map).
     """
     starts, stops = edges[0::2], edges[1::2]
-    covered = int((stops - starts).sum())
-    if covered * 8 < values.size:
-        lengths = stops - starts
+    lengths = stops - starts
+    if int(lengths.sum()) * 8 < values.size:
         firsts = np.concatenate(([0], np.cumsum(lengths[:-1])))
         return np.add.reduceat(values[run_indices(starts, stops)], firsts, dtype=np.float64)
     idx = edges[:-1] if edges[-1] == values.size else edges   # reduceat: indices < size

@@ -32,9 +32,9 @@ and was a third of the daemon's CPU. The check itself is one ``cachestat``
 per block known to hold cached pages (at most ``VERIFY_BLOCKS``): when each
 still holds exactly its count and the counts add up to the range's, no page
 can lie elsewhere, and the range is not descended (about 36 calls for a
-1 GiB range with one cached extent); anything else re-reads the range. The signature is taken before the
-descent, so a change during the descent shows as a changed signature next
-cycle.
+1 GiB range with one cached extent); anything else re-reads the range.
+The signature is taken before the descent, so a change during the descent
+shows as a changed signature next cycle.
 
 Without ``cachestat`` (kernel < 6.5, or EPERM) every scan is a full
 ``residency.scan``.

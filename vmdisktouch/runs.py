@@ -62,6 +62,17 @@ def subtract(run: Run, runs: list[Run]) -> list[Run]:
     return pieces
 
 
+def consecutive_runs(sorted_blocks: np.ndarray) -> list[Run]:
+    """Maximal runs of consecutive block numbers in a sorted unique array."""
+    b = np.asarray(sorted_blocks)
+    if not b.size:
+        return []
+    breaks = np.flatnonzero(b[1:] != b[:-1] + 1) + 1
+    starts = b[np.concatenate(([0], breaks))]
+    stops = b[np.concatenate((breaks - 1, [b.size - 1]))] + 1
+    return list(zip(starts.tolist(), stops.tolist()))
+
+
 def run_indices(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """The numbers of the blocks of the runs ``[starts[i], stops[i])``, laid end to end.
 
