@@ -3,8 +3,9 @@
 Each subcommand module exposes ``set_argparser(parser)`` and ``main(args) ->
 int``. This module is the single place that turns exceptions into a one-line
 message and an exit status: a ``VmdtError`` prints ``vmdisktouch: <message>``
-and exits 1; anything unexpected prints a one-line internal error and exits
-70; ``--debug`` re-raises so the traceback is shown.
+and exits with its class's code (``errors``: 1, 66, 75 or 78); anything
+unexpected is a bug, printed as a one-line internal error with exit 70;
+``--debug`` re-raises so the traceback is shown.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from vmdisktouch import __version__
-from vmdisktouch.errors import VmdtError
+from vmdisktouch.errors import EX_ERROR, EX_SOFTWARE, EX_USAGE, VmdtError
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
@@ -25,9 +27,9 @@ COMMANDS = {
     "unit-name": ("vmdisktouch.unitname", "print the systemd unit name that keeps a disk warm"),
 }
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 70
+EXIT_ERROR = EX_ERROR
+EXIT_USAGE = EX_USAGE
+EXIT_INTERNAL = EX_SOFTWARE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     except VmdtError as exc:
         if args.debug:
             raise
-        print(f"vmdisktouch: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        _fatal(str(exc))
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -63,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         logging.getLogger("vmdisktouch").debug("internal error", exc_info=True)
-        print(f"vmdisktouch: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
-              file=sys.stderr)
+        _fatal(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
         return EXIT_INTERNAL
+
+
+def _fatal(message: str) -> None:
+    """The last line before a failed exit: one line, at journald priority 3 under systemd."""
+    prefix = "<3>" if os.environ.get("JOURNAL_STREAM") else ""
+    print(f"{prefix}vmdisktouch: {' '.join(message.splitlines())}", file=sys.stderr, flush=True)

@@ -2,7 +2,22 @@
 
 Every error a user can cause or meet is one of these. Its ``str()`` is a
 complete one-line message, fit to print after ``vmdisktouch: ``; the CLI
-prints it and exits non-zero, without a traceback unless ``--debug`` is given.
+prints it and exits with the class's ``exit_code``, without a traceback
+unless ``--debug`` is given.
+
+Exit codes (sysexits.h), chosen so that systemd can tell what a restart can
+fix (``RestartPreventExitStatus=`` in the unit lists 2, 66 and 78):
+
+==  ===========  ============================================================
+ 1  EX_ERROR     a failure at run time (too many failed cycles in a row)
+ 2  EX_USAGE     bad command line (argparse)
+66  EX_NOINPUT   the image cannot be opened: missing, unreadable, not an image
+70  EX_SOFTWARE  internal error: a bug; no input may lead here
+75  EX_TEMPFAIL  the image was deleted or replaced while served: a restart
+                 serves whatever the path names then (a deleted one ends in 66)
+78  EX_CONFIG    a setting, the config file, an output path, the lock limit
+                 or libvirt's cache mode forbids the start: fix the setup
+==  ===========  ============================================================
 """
 
 from __future__ import annotations
@@ -11,20 +26,36 @@ import errno as _errno
 import os
 
 
+EX_ERROR = 1
+EX_USAGE = 2
+EX_NOINPUT = 66
+EX_SOFTWARE = 70
+EX_TEMPFAIL = 75
+EX_CONFIG = 78
+
+
 class VmdtError(Exception):
     """Base class: a failure with a one-line, user-facing message."""
+
+    exit_code = EX_ERROR
 
 
 class ImageError(VmdtError):
     """The path is not a usable disk image (missing, wrong kind, unreadable...)."""
 
+    exit_code = EX_NOINPUT
+
 
 class ImageGoneError(ImageError):
     """The image was deleted or replaced while we were watching it."""
 
+    exit_code = EX_TEMPFAIL
+
 
 class ConfigError(VmdtError):
     """A setting has a bad value, or the config file cannot be read."""
+
+    exit_code = EX_CONFIG
 
 
 class SyscallError(VmdtError):
@@ -39,6 +70,8 @@ class SyscallError(VmdtError):
 
 class LockLimitError(SyscallError):
     """mlock failed because of RLIMIT_MEMLOCK or missing CAP_IPC_LOCK."""
+
+    exit_code = EX_CONFIG
 
     def __init__(self, call: str, err: int, detail: str = ""):
         super().__init__(call, err, detail)

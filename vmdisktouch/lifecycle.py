@@ -31,7 +31,7 @@ import threading
 import time
 
 from vmdisktouch import libvirt_disks
-from vmdisktouch.errors import VmdtError
+from vmdisktouch.errors import EX_CONFIG, VmdtError
 from vmdisktouch.libvirt_disks import DEFAULT_URI, LibvirtError
 
 log = logging.getLogger("vmdisktouch")
@@ -39,6 +39,8 @@ log = logging.getLogger("vmdisktouch")
 
 class IneligibleDiskError(VmdtError):
     """libvirt opens the disk with O_DIRECT: holding it helps nothing (override: --force)."""
+
+    exit_code = EX_CONFIG
 
 
 # ---------------------------------------------------------------------------
