@@ -1,33 +1,84 @@
-"""Human byte sizes and durations: ``256M``, ``4G``, ``1.5GiB``, ``30s``, ``2m``."""
+"""Human byte sizes and durations: ``256M``, ``4G``, ``1.5GiB``, ``30s``, ``2m``.
+
+Both parsers take any value (a string from a flag, or whatever a TOML file
+holds) and either return a finite result or raise ``ValueError`` with a
+short reason: never ``OverflowError``, never an infinite or NaN result, and
+no work that grows faster than the length of the text.
+"""
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
-_DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
-_DUR_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_SIZE = 1 << 60            # 1 EiB: more than any host has, far below 2**63
+MAX_DURATION = 10 ** 9        # seconds (about 31 years)
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50,
+          "e": 1 << 60}
+# No nested or overlapping repetitions: matching is linear in the length of the text.
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_SIZE_RE = re.compile(r"^\s*" + _NUMBER + r"\s*([kmgtpe]?)(i?b)?\s*$", re.IGNORECASE)
+_DUR_RE = re.compile(r"^\s*" + _NUMBER + r"\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_DUR_UNITS = {None: Decimal(1), "ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60),
+              "h": Decimal(3600)}
+# Every unit is 2**k with k <= 60, so a fraction digit past the 60th cannot change
+# floor(number * unit): dropping them keeps the result exact.
+_FRACTION_DIGITS = 60
 
 
-def parse_size(text: str | int) -> int:
-    """Parse a byte size; suffixes are binary (K = KiB = 1024). Raises ValueError."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"size must not be negative: {text}")
-        return text
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"not a size: {text!r} (expected e.g. 512M, 4G, 1.5GiB)")
-    number, unit, _ = m.groups()
-    return int(float(number) * _UNITS[unit.lower()])
+def _excerpt(text: str, limit: int = 40) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} chars)"
+
+
+def _split_number(number: str) -> tuple[str, str]:
+    """``"0012.50"`` -> ``("12", "50")``: integer digits without leading zeros, fraction."""
+    whole, _, fraction = number.partition(".")
+    return whole.lstrip("0"), fraction
+
+
+def parse_size(text: str | int | float) -> int:
+    """Parse a byte size; suffixes are binary (K = KiB = 1024). Raises ValueError.
+
+    The result is a whole number of bytes (a fraction of a byte is dropped),
+    from 0 to ``MAX_SIZE`` (1 EiB); larger, negative, infinite or NaN values
+    and anything that is not a number or a string are refused.
+    """
+    if isinstance(text, bool):
+        raise ValueError("not a size: true/false")
+    if isinstance(text, int):
+        value: int | Decimal = text
+    elif isinstance(text, float):
+        if not math.isfinite(text):
+            raise ValueError(f"not a finite size: {text}")
+        value = Decimal(text)              # exact
+    elif isinstance(text, str):
+        m = _SIZE_RE.match(text)
+        if not m:
+            raise ValueError(f"not a size: {_excerpt(text)} (expected e.g. 512M, 4G, 1.5GiB)")
+        number, unit, _ = m.groups()
+        whole, fraction = _split_number(number)
+        if len(whole) > 20:                # > 10**19 > MAX_SIZE even without a unit
+            raise ValueError(f"too large: at most {format_size(MAX_SIZE)} (1 EiB)")
+        fraction = fraction[:_FRACTION_DIGITS]
+        scale = _UNITS[unit.lower()]
+        value = (int(whole or "0") * scale
+                 + int(fraction or "0") * scale // 10 ** len(fraction))
+    else:
+        raise ValueError(f"not a size: a {type(text).__name__}")
+    if value < 0:
+        raise ValueError("must not be negative")
+    if value > MAX_SIZE:
+        raise ValueError(f"too large: at most {format_size(MAX_SIZE)} (1 EiB)")
+    return int(value)                      # floor: value >= 0
 
 
 def format_size(n: int | float) -> str:
     """Format bytes the way vmtouch does: 22M, 1.5G, 4K."""
     n = float(n)
-    for unit in ("", "K", "M", "G", "T", "P"):
-        if abs(n) < 1024 or unit == "P":
+    for unit in ("", "K", "M", "G", "T", "P", "E"):
+        if abs(n) < 1024 or unit == "E":
             if unit == "":
                 return f"{int(n)}"
             return f"{n:.0f}{unit}" if n >= 10 or n == int(n) else f"{n:.1f}{unit}"
@@ -36,13 +87,39 @@ def format_size(n: int | float) -> str:
 
 
 def parse_duration(text: str | float | int) -> float:
-    """Parse seconds: ``5``, ``2.5s``, ``500ms``, ``2m``, ``1h``. Raises ValueError."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"duration must not be negative: {text}")
-        return float(text)
-    m = _DUR_RE.match(str(text))
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (expected e.g. 5, 2.5s, 500ms, 2m)")
-    number, unit = m.groups()
-    return float(number) * _DUR_UNITS[unit.lower() if unit else None]
+    """Parse seconds: ``5``, ``2.5s``, ``500ms``, ``2m``, ``1h``. Raises ValueError.
+
+    The result is finite, from 0 to ``MAX_DURATION`` seconds.
+    """
+    too_large = f"too large: at most {MAX_DURATION} s"
+    if isinstance(text, bool):
+        raise ValueError("not a duration: true/false")
+    if isinstance(text, int):
+        if text > MAX_DURATION:           # before float(), which overflows past 1e308
+            raise ValueError(too_large)
+        seconds = float(text)
+    elif isinstance(text, float):
+        if not math.isfinite(text):
+            raise ValueError(f"not a finite duration: {text}")
+        seconds = text + 0.0               # -0.0 -> 0.0
+    elif isinstance(text, str):
+        m = _DUR_RE.match(text)
+        if not m:
+            raise ValueError(f"not a duration: {_excerpt(text)} "
+                             "(expected e.g. 5, 2.5s, 500ms, 2m)")
+        number, unit = m.groups()
+        whole, fraction = _split_number(number)
+        if len(whole) > 15:
+            raise ValueError(too_large)
+        exact = Decimal(f"{whole or '0'}.{fraction[:30] or '0'}") * _DUR_UNITS[
+            unit.lower() if unit else None]
+        if exact > MAX_DURATION:
+            raise ValueError(too_large)
+        return float(exact)
+    else:
+        raise ValueError(f"not a duration: a {type(text).__name__}")
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    if seconds > MAX_DURATION:
+        raise ValueError(too_large)
+    return seconds
