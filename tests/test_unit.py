@@ -16,11 +16,14 @@ import pathlib
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
 
-from vmdisktouch import cli, configfile, settings
+from vmdisktouch import cli, configfile, errors, settings
 from vmdisktouch.unitname import escape_path, unit_name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -100,13 +103,45 @@ def test_verify_would_catch_mistakes(tmp_path):
     assert r.returncode != 0 and "not executable" in r.stderr
 
 
-def test_security_exposure_stays_low(tmp_path):
-    r = subprocess.run([systemd_analyze(), "security", "--offline=yes", "--no-pager",
-                        str(install_copy(tmp_path, DISK))],
+MAX_EXPOSURE = 1.8      # docs/unit.md: 1.8 before the device ACL, MDWE and @privileged/@resources
+
+
+def exposure(unit: pathlib.Path) -> tuple[float, str]:
+    """`systemd-analyze security --offline=true` of an installed copy: (score, table)."""
+    r = subprocess.run([systemd_analyze(), "security", "--offline=true", "--no-pager", str(unit)],
                        capture_output=True, text=True, check=False)
-    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout + r.stderr)
-    assert m, r.stdout + r.stderr
-    assert float(m.group(1)) <= 2.5, r.stdout
+    out = r.stdout + r.stderr
+    if "unrecognized option" in out and "offline" in out:
+        pytest.fail("systemd-analyze security --offline needs systemd >= 250 (Debian 12 has 252)")
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)
+    assert m, out
+    return float(m.group(1)), out
+
+
+def test_security_exposure_stays_low(tmp_path):
+    score, out = exposure(install_copy(tmp_path, DISK))
+    assert score <= MAX_EXPOSURE, out
+    # the hardening counts as done in systemd's own assessment
+    for line in ("SystemCallFilter=~@privileged", "SystemCallFilter=~@resources",
+                 "MemoryDenyWriteExecute="):
+        row = next(r for r in out.splitlines() if line in r)
+        assert row.lstrip().startswith("\u2713"), row
+    row = next(r for r in out.splitlines() if "DeviceAllow=" in r)
+    assert "block-*:r" in row and "no device ACL" not in row, row
+
+
+def test_security_exposure_would_catch_a_regression(tmp_path):
+    """Without this issue's settings the score is higher: the measurement means something."""
+    shipped, _ = exposure(install_copy(tmp_path, DISK))
+    (tmp_path / "old").mkdir()
+    unit = install_copy(tmp_path / "old", DISK)
+    text = unit.read_text()
+    for line in ("DevicePolicy=closed\n", "DeviceAllow=block-* r\n", "MemoryDenyWriteExecute=yes\n"):
+        assert line in text
+        text = text.replace(line, "")
+    unit.write_text(text.replace(" @privileged", "").replace(" @resources", ""))
+    score, out = exposure(unit)
+    assert score > shipped, out
 
 
 def test_notify_watchdog_restart():
@@ -115,6 +150,7 @@ def test_notify_watchdog_restart():
     assert one("WatchdogSec") == "60"
     assert one("Restart") == "on-failure"
     assert one("RestartSec") == "5"
+    assert one("RestartPreventExitStatus") == "2 66 78"
     assert one("ExecReload") == "/bin/kill -HUP $MAINPID"
     # the rate limit lives in [Unit]; 5 starts per 10 minutes
     assert one("StartLimitIntervalSec", U["Unit"]) == "10min"
@@ -135,6 +171,84 @@ def test_hardening():
     for key, value in expected.items():
         assert one(key) == value, key
     assert "PrivateDevices" not in SERVICE      # LVM volumes are block devices
+    # ... but only read: every block device, and no device writable
+    assert one("DevicePolicy") == "closed"
+    assert SERVICE["DeviceAllow"] == ["block-* r"]
+    assert one("MemoryDenyWriteExecute") == "yes"
+    assert one("SystemCallArchitectures") == "native"
+    assert one("SystemCallErrorNumber") == "EPERM"
+    denied = one("SystemCallFilter")
+    assert denied.startswith("~")
+    assert {"@privileged", "@resources", "@debug", "@mount", "@module", "@raw-io",
+            "@clock", "@reboot", "@swap", "@obsolete", "@cpu-emulation"} <= set(denied[1:].split())
+
+
+# ---------------------------------------------------------------------------
+# Exit statuses and the restart policy
+
+
+def prevented() -> set[int]:
+    return {int(s) for s in one("RestartPreventExitStatus").split()}
+
+
+def test_restart_policy_matches_the_exit_codes():
+    """systemd restarts on 1, 70 and 75 (on-failure), not on 2, 66 and 78."""
+    assert one("Restart") == "on-failure"
+    assert prevented() == {errors.EX_USAGE, errors.EX_NOINPUT, errors.EX_CONFIG} == {2, 66, 78}
+    for code in (errors.EX_ERROR, errors.EX_SOFTWARE, errors.EX_TEMPFAIL):
+        assert code not in prevented()
+    # the unit's comment says what happens with each status
+    for code in (0, 1, 2, 66, 70, 75, 78):
+        assert re.search(rf"^#\s+{code}\s+\S", UNIT_TEXT, re.M), code
+
+
+def run_cli(*argv, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vmdisktouch", "run", *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--bogus-option"], 2),                                        # usage
+    (["{missing}", "--max-hold", "1M", "--uri", ""], 66),           # no image
+    (["{image}", "--uri", ""], 78),                                 # max_hold unset
+    (["{image}", "--max-hold", "lots", "--uri", ""], 78),           # bad setting
+    (["{image}", "--max-hold", "1M", "--uri", "", "--status", "{tmp}/no/dir/s.json"], 78),
+])
+def test_what_a_restart_cannot_fix_is_not_restarted(tmp_path, argv, code):
+    image = tmp_path / "disk.img"
+    image.write_bytes(b"\0" * (1 << 20))
+    argv = [a.format(missing=tmp_path / "missing.img", image=image, tmp=tmp_path) for a in argv]
+    r = run_cli(*argv)
+    assert r.returncode == code, r.stderr
+    assert code in prevented()
+
+
+@pytest.mark.timeout(120)
+def test_a_deleted_image_is_restarted_once_then_stays_failed(tmp_path):
+    """75 when the served image is deleted: systemd restarts; the restart exits 66: it stops."""
+    image = tmp_path / "disk.img"
+    image.write_bytes(os.urandom(4 << 20))
+    argv = [str(image), "--max-hold", "1M", "--min-free", "0", "--interval", "0.2", "--uri", "",
+            "--status", str(tmp_path / "s.json")]
+    proc = subprocess.Popen([sys.executable, "-m", "vmdisktouch", "run", *argv], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "s.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        image.unlink()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    assert proc.returncode == errors.EX_TEMPFAIL, out
+    assert errors.EX_TEMPFAIL not in prevented()              # so systemd restarts it ...
+    r = run_cli(*argv)
+    assert r.returncode == errors.EX_NOINPUT, r.stderr        # ... and the restart fails for good
+    assert errors.EX_NOINPUT in prevented()
 
 
 def test_exec_start_runs_the_daemon_on_the_instance_path():
