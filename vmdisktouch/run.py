@@ -7,19 +7,29 @@ opened and, when libvirt knows it, its domain is followed
 (``lifecycle.LifecycleWatcher``): while the domain is shut off the holds are
 released and no new ones are taken.
 
-The loop ticks every ``interval`` seconds. Signals only set events, so a
-cycle is never cut in half: SIGTERM/SIGINT stop (every hold is released on
-the way out), SIGHUP reloads the config file between cycles, keeping the
-holds (a smaller budget releases down to it; a bad file is rejected and the
-old settings stay). A libvirt lifecycle change wakes the loop at once.
+Before anything is held, the settings are checked against the host
+(``settings.check_host``: a floor above the host's memory, a budget below
+one block; a budget above the lock limit without CAP_IPC_LOCK) and every
+output path against the image and the config file (``outputs``).
+
+The loop ticks every ``interval`` seconds. Signal handlers only store a flag
+and wake the loop through a pipe (``signals``: a handler that takes a lock
+can deadlock the daemon), so a cycle is never cut in half: SIGTERM/SIGINT
+stop (every hold is released on the way out; a paced load stops at once),
+SIGHUP reloads the config file between cycles, keeping the holds (a smaller
+budget releases down to it; a bad file or output path is rejected and the
+old settings stay); any number of SIGHUPs before the loop looks is one
+reload. A libvirt lifecycle change wakes the loop at once.
 
 Under systemd (``Type=notify``): ``READY=1`` after the first cycle, a
 ``STATUS=`` line every cycle, ``WATCHDOG=1`` at least every half watchdog
 period, even in the middle of a paced load.
 
-The image vanishing or being replaced ends the daemon with a non-zero status
-(systemd notices); any other per-cycle failure is logged and the next cycle
-tries again, up to ``ERROR_THRESHOLD`` in a row.
+The image vanishing or being replaced ends the daemon with exit 75 (systemd
+restarts it on whatever the path names then); any other per-cycle failure is
+logged and the next cycle tries again, up to ``ERROR_THRESHOLD`` in a row
+(exit 1). A failed output write or an unreadable MemAvailable never ends it
+(``outputs``, ``meminfo.FailSafe``).
 """
 
 from __future__ import annotations
@@ -27,14 +37,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 
-from vmdisktouch import configfile, sdnotify, settings
-from vmdisktouch.errors import ConfigError, ImageGoneError, LockLimitError, VmdtError
+from vmdisktouch import configfile, meminfo, outputs, sdnotify, settings
+from vmdisktouch.errors import ConfigError, ImageGoneError, VmdtError
 from vmdisktouch.image import open_image
+from vmdisktouch.signals import LoopSignals
 from vmdisktouch.libvirt_disks import DEFAULT_URI
 from vmdisktouch.sizes import format_size
 
@@ -102,10 +111,55 @@ def status_line(report, budget: int) -> str:
             f"rewritten {report.rewritten_blocks} blocks, cycle {report.cycle}")
 
 
+def check_host(config) -> list[str]:
+    """Refuse settings this host can never honour; return the warnings (see the docstring)."""
+    try:
+        total = meminfo.mem_total()
+    except VmdtError as exc:
+        return [f"{exc}: the budget and the floor are not checked against the host's memory"]
+    warnings = settings.check_host(config, total)
+    allowance = meminfo.memlock_allowance()
+    if allowance is not None and config.max_hold > allowance:
+        raise ConfigError(
+            f"max_hold {format_size(config.max_hold)} is above this process's lock limit "
+            f"(RLIMIT_MEMLOCK {format_size(allowance)}, no CAP_IPC_LOCK): raise the limit "
+            "(systemd: LimitMEMLOCK=infinity), grant CAP_IPC_LOCK, or lower max_hold")
+    return warnings
+
+
+def protected_files(image, config_path: str | None) -> list[outputs.Protected]:
+    """The files no output may replace: the image and the config file."""
+    out = [outputs.Protected.of_fd(image.fd, f"the disk image {image.path}")]
+    if config_path:
+        p = outputs.Protected.of_path(config_path, f"the config file {config_path}")
+        if p is not None:
+            out.append(p)
+    return out
+
+
+def load_settings(cli_values, config_arg, image=None):
+    """Settings from flags and file, checked against the host and (with an image) the outputs."""
+    config, warnings, config_path = configfile.load_for_run(cli_values, config_arg)
+    warnings = list(warnings) + check_host(config)
+    protected = None
+    if image is not None:
+        protected = protected_files(image, config_path)
+        outputs.check_paths(config, protected)
+    return config, warnings, config_path, protected
+
+
 def main(args) -> int:
     setup_logging(getattr(args, "debug", False))
+    sig = LoopSignals().install()     # first: a SIGHUP or SIGTERM during start-up is kept
+    try:
+        return _start(args, sig)
+    finally:
+        sig.restore()
+
+
+def _start(args, sig: LoopSignals) -> int:
     cli_values = {s.key: getattr(args, s.key) for s in settings.SETTINGS}
-    config, warnings, config_path = configfile.load_for_run(cli_values, args.config)
+    config, warnings, config_path, _ = load_settings(cli_values, args.config)
     for w in warnings:
         log.warning("%s", w)
     if config_path:
@@ -113,73 +167,60 @@ def main(args) -> int:
     if args.uri:
         from vmdisktouch import lifecycle
         lifecycle.require_eligible(args.path, args.uri, args.force)
-    from vmdisktouch.daemon import DiskWatcher  # numpy/scipy only once arguments are good
-
-    stop = threading.Event()      # SIGTERM/SIGINT
-    wake = threading.Event()      # end the wait between cycles early
-    reload_asked = threading.Event()
-    dog = _Watchdog()
-
-    def on_stop(signum, _frame):
-        log.info("received %s; releasing holds and exiting", signal.Signals(signum).name)
-        stop.set()
-        wake.set()
-
-    def on_hup(_signum, _frame):
-        reload_asked.set()
-        wake.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
-
-    def pace(seconds: float) -> bool:     # the holder's sleep between paced loads
-        dog.ping()
-        return stop.wait(min(seconds, dog.slice))
 
     with open_image(args.path) as image:
+        protected = protected_files(image, config_path)
+        outputs.check_paths(config, protected)      # before anything is held
         if image.format == "qcow2":
             log.warning("%s is qcow2: blocks are host-file offsets, not guest offsets",
                         image.path)
-        watcher = DiskWatcher(image, config, sleep=pace)
-        domain = None
+        return _serve(args, image, config, protected, cli_values, sig)
+
+
+def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
+    from vmdisktouch.daemon import DiskWatcher  # numpy only once the settings are good
+    dog = _Watchdog()
+
+    def pace(seconds: float) -> bool:     # the holder's sleep between paced loads
+        dog.ping()
+        return sig.sleep(min(seconds, dog.slice))
+
+    watcher = DiskWatcher(image, config, sleep=pace, out=outputs.Outputs(protected))
+    domain = None
+    try:
         if args.uri:
             from vmdisktouch import lifecycle
-            domain = lifecycle.start_watcher(args.path, args.uri, wake)
+            domain = lifecycle.start_watcher(args.path, args.uri, sig)
 
         def reload() -> None:
             sdnotify.reloading()
             try:
-                new, warns, path = configfile.load_for_run(cli_values, args.config)
+                new, warns, path, prot = load_settings(cli_values, args.config, image)
             except ConfigError as exc:
                 log.error("reload rejected, keeping the current settings: %s", exc)
             else:
                 for w in warns:
                     log.warning("%s", w)
+                watcher.outputs.protected = prot
                 released = watcher.reconfigure(new)
                 log.info("reloaded settings%s: budget %s, floor %s; released %s",
                          f" from {path}" if path else "", format_size(new.max_hold),
                          format_size(new.min_free), format_size(released))
             sdnotify.ready()
 
-        try:
-            return _loop(watcher, domain, stop, wake, reload_asked, reload, dog)
-        finally:
-            sdnotify.stopping()
-            if domain is not None:
-                domain.close()
-            watcher.close()
-            log.info("released all holds")
+        return _loop(watcher, domain, sig, reload, dog)
+    finally:
+        sdnotify.stopping()
+        if domain is not None:
+            domain.close()
+        watcher.close()
+        log.info("released all holds")
 
 
-def _loop(watcher, domain, stop, wake, reload_asked, reload, dog) -> int:
+def _loop(watcher, domain, sig: LoopSignals, reload, dog) -> int:
     failures = 0
     ready = False
-    while not stop.is_set():
-        wake.clear()
-        if reload_asked.is_set():
-            reload_asked.clear()
-            reload()
+    while not sig.stopping:
         started = watcher.clock()
         active = domain.domain_active() if domain is not None else None
         if active is False and watcher.hold_enabled:
@@ -192,7 +233,7 @@ def _loop(watcher, domain, stop, wake, reload_asked, reload, dog) -> int:
         try:
             report = watcher.tick()
             failures = 0
-        except (ImageGoneError, LockLimitError):
+        except ImageGoneError:
             raise
         except VmdtError as exc:
             failures += 1
@@ -207,11 +248,19 @@ def _loop(watcher, domain, stop, wake, reload_asked, reload, dog) -> int:
             else:
                 sdnotify.status(line)
         dog.ping()
-        deadline = started + watcher.config.interval
-        while not stop.is_set() and not wake.is_set():
-            remaining = deadline - watcher.clock()
-            if remaining <= 0:
-                break
-            wake.wait(min(remaining, dog.slice))
-            dog.ping()
+        _wait_for_next_cycle(watcher, sig, reload, dog, started + watcher.config.interval)
+    log.info("received %s; releasing holds and exiting", sig.stop_name())
     return 0
+
+
+def _wait_for_next_cycle(watcher, sig: LoopSignals, reload, dog, deadline: float) -> None:
+    """Sleep until ``deadline``; reload on SIGHUP meanwhile; return early on stop or wake-up."""
+    while not sig.stopping:
+        remaining = deadline - watcher.clock()
+        if remaining <= 0:
+            return
+        if sig.wait(min(remaining, dog.slice)):
+            if not sig.take_reload():
+                return                     # a stop, or libvirt woke us: act now
+            reload()
+        dog.ping()
