@@ -1,40 +1,114 @@
 """Atomic file replacement: a watcher never sees a half-written file.
 
-Write to a temporary file in the same directory, fsync it is not needed for
-a viewer (rename is atomic for readers), then ``os.replace`` it over the
-target (rename(2) is atomic within one filesystem).
+Write a temporary file in the target's directory, then ``rename(2)`` it over
+the target: rename is atomic for readers within one file system, so a
+viewer watching the PNG sees the old picture or the new one, never half.
+
+The daemon runs as root and its output directory may be writable by
+others, so nothing here is done by a path an attacker could swap:
+
+* the directory is opened once (``O_DIRECTORY``) and every step works
+  relative to that descriptor, so a directory swapped for a symlink in the
+  middle changes nothing;
+* the temporary file is created ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never
+  an existing file, never through a symlink), mode 0600, and its final mode
+  is set on the open descriptor (``fchmod``): a temp file swapped for a
+  symlink to ``/etc/...`` cannot make root chmod that file, as the old
+  ``chmod(tmp_path)`` after ``close`` could;
+* before the rename the temp name must still be the file just written
+  (same device and inode, not a symlink), and the target must be missing
+  or a regular file (``lstat``): an output is never written through a
+  symlink, and never replaces a device node, a directory or a FIFO.
+
+``OutputRefused`` (an ``OSError``) says which rule refused a write.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
-import tempfile
+import secrets
+import stat
+from typing import Callable
+
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
+class OutputRefused(OSError):
+    """A write refused because the target or the temporary file is not what it must be."""
+
+
+def target_problem(st: os.stat_result) -> str | None:
+    """Why an existing output path must not be replaced (None: a regular file, fine)."""
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return None
+    kinds = [(stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
+    what = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"it is {what}, not a regular file"
+
+
+def write_bytes(path: str, data: bytes, mode: int = 0o644, *,
+                check: Callable[[os.stat_result], str | None] | None = None) -> tuple[int, int]:
+    """Replace ``path`` with ``data`` atomically; returns the new file's (st_dev, st_ino).
+
+    ``check``: called with the ``lstat`` of an existing target (a regular
+    file); a string it returns refuses the write with that reason.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
         try:
-            os.unlink(tmp)
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
-            pass
-        raise
+            problem = None
+        else:
+            problem = target_problem(st) or (check(st) if check else None)
+        if problem:
+            raise OutputRefused(errno.EEXIST, f"refusing to replace {path}: {problem}")
+        tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dfd)
+        try:
+            try:
+                _write_all(fd, data)
+                os.fchmod(fd, mode)
+                mine = os.fstat(fd)
+            finally:
+                os.close(fd)
+            now = os.stat(tmp, dir_fd=dfd, follow_symlinks=False)
+            # The type too: a swapped-in symlink may get the freed inode's number.
+            if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino) \
+                    or not stat.S_ISREG(now.st_mode):
+                raise OutputRefused(errno.EEXIST, f"refusing to write {path}: its temporary "
+                                                  f"file {tmp} was replaced by someone else")
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        return mine.st_dev, mine.st_ino
+    finally:
+        os.close(dfd)
 
 
-def write_json(path: str, obj) -> None:
-    write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
-def write_png(path: str, image) -> None:
+def write_json(path: str, obj) -> tuple[int, int]:
+    return write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def write_png(path: str, image) -> tuple[int, int]:
     """Encode a PIL image as PNG and replace ``path`` with it atomically."""
     buf = io.BytesIO()
     image.save(buf, format="PNG")
-    write_bytes(path, buf.getvalue())
+    return write_bytes(path, buf.getvalue())

@@ -29,6 +29,7 @@ One cycle (``DiskWatcher.tick``):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -38,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from vmdisktouch import atomic, checksums, heat, holder, meminfo, regions, residency
+from vmdisktouch import checksums, heat, holder, meminfo, outputs, regions, residency
 from vmdisktouch.image import Image
 from vmdisktouch.residency_tracker import ResidencyTracker
 from vmdisktouch.runs import consecutive_runs
@@ -119,11 +120,17 @@ class DiskWatcher:
 
     def __init__(self, image: Image, config, *, clock: Callable[[], float] = time.monotonic,
                  mem_available: Callable[[], int] = meminfo.mem_available,
-                 sleep: Callable[[float], object] = time.sleep):
+                 sleep: Callable[[float], object] = time.sleep,
+                 out: outputs.Outputs | None = None):
         self.image = image
         self.config = config
         self.clock = clock
-        self.mem_available = mem_available
+        # Unreadable MemAvailable reads as 0: nothing is loaded and, with a
+        # floor, everything is shed (the floor cannot be checked).
+        self.mem_available = meminfo.FailSafe(mem_available)
+        self.outputs = out if out is not None else outputs.Outputs(
+            [outputs.Protected.of_fd(image.fd, f"the disk image {image.path}")])
+        self._lock_refused = False
         self.block_size = config.block_size
         residency.validate_block_size(self.block_size)
         self.params = self._heat_params(config)
@@ -143,7 +150,7 @@ class DiskWatcher:
         self.allocation: int | None = None
         self.holder = holder.Holder(
             image.fd, self.size, self.block_size, config.max_hold, config.min_free,
-            mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
+            mem_available=self.mem_available, load_rate=config.load_rate, sleep=sleep)
         self.sums = checksums.BlockChecksums(image.fd, self.block_size)
         self.tracker = ResidencyTracker(image.fd, self.block_size)
         self.cycle = 0
@@ -246,6 +253,7 @@ class DiskWatcher:
                                   held_mask, recent, candidates=cand)
                    if self.hold_enabled else [])
         result = self.holder.apply(targets)
+        self._note_lock_refusal(result.lock_refused)
         for a, b in self.holder.last_holes:
             self.holes[a:b] = True
         held_now = runs_to_mask(self.holder.held_runs(), n)
@@ -278,6 +286,15 @@ class DiskWatcher:
         self.last_report = report
         self._emit(report, fraction, held_now)
         return report
+
+    def _note_lock_refusal(self, message: str | None) -> None:
+        """One line when the lock limit starts refusing, one when loads go through again."""
+        if message and not self._lock_refused:
+            log.warning("%s: mlock refused after %s held: %s; holding at most that until a "
+                        "reload", self.image.path, format_size(self.holder.held_bytes()),
+                        message)
+        self._lock_refused = bool(message) or (self._lock_refused
+                                               and self.holder.lock_cap is not None)
 
     def _note_released(self, mask: np.ndarray, now: float) -> None:
         """Remember the blocks of ``mask`` as released at ``now``; forget those past the grace."""
@@ -365,13 +382,16 @@ class DiskWatcher:
             "skipped_bytes": r.skipped_bytes,
             "domain_active": self.domain_active,
             "holding": self.hold_enabled,
+            "lock_cap_bytes": self.holder.lock_cap,
+            "output_errors": self.outputs.errors,
             "time": time.time(),
         }
 
     def _emit(self, r: CycleReport, fraction: np.ndarray, held: np.ndarray) -> None:
         c = self.config
         if c.status:
-            atomic.write_json(c.status, self.status_obj(r))
+            text = json.dumps(self.status_obj(r), indent=2) + "\n"
+            self.outputs.write("status", c.status, text.encode())
         if c.heat_png or c.map_png:
             from vmdisktouch import render  # PIL only when PNGs are asked for
             layout = render.Layout.fit(self.nblocks, blocks_per_pixel=c.blocks_per_pixel,
@@ -379,9 +399,11 @@ class DiskWatcher:
             if c.map_png:
                 red = np.zeros(self.nblocks, dtype=bool)
                 red[self.red.blocks] = True
-                atomic.write_png(c.map_png, render.block_map_image(fraction, held, red, layout))
+                image = render.block_map_image(fraction, held, red, layout)
+                self.outputs.write("map_png", c.map_png, render.png_bytes(image))
             if c.heat_png:
-                atomic.write_png(c.heat_png, render.heat_image(self.state.total, layout))
+                image = render.heat_image(self.state.total, layout)
+                self.outputs.write("heat_png", c.heat_png, render.png_bytes(image))
         log.info("cycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
                  "loaded %s, released %s, MemAvailable %s, %.3fs",
                  r.cycle, format_size(r.held_bytes), format_size(c.max_hold), len(r.regions),

@@ -25,6 +25,7 @@ block of the map).
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 
@@ -136,6 +137,13 @@ def block_map_image(fraction: np.ndarray, held_mask: np.ndarray | None,
 def residency_image(fraction: np.ndarray, layout: Layout) -> Image.Image:
     """The snapshot's block map: green brightness = fraction of pages cached."""
     return block_map_image(fraction, None, None, layout)
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    """The image encoded as PNG (``atomic.write_bytes`` or ``outputs`` writes it)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def heat_image(heat: np.ndarray, layout: Layout, vmax: float | None = None) -> Image.Image:

@@ -198,9 +198,20 @@ def _write_png(path: str, res: residency.Residency, args) -> str:
     return format_png_line(path, image.width, image.height, layout.blocks_per_pixel)
 
 
+def _check_png_path(png: str, image_path: str) -> None:
+    """Refuse a ``--png`` that is the image itself, or anything but a PNG or a new file."""
+    from vmdisktouch import outputs
+    image = outputs.Protected.of_path(image_path, f"the disk image {image_path}")
+    problem = outputs.path_problem(png, "map_png", [image] if image else [])
+    if problem:
+        raise ConfigError(f"refusing --png {png}: {problem}")
+
+
 def main(args) -> int:
     if args.png is not None and len(args.paths) != 1:
         raise ConfigError(f"--png needs exactly one PATH (got {len(args.paths)})")
+    if args.png is not None:
+        _check_png_path(args.png, args.paths[0])
     records: list[dict] = []
     failed = False
     for path in args.paths:
