@@ -448,27 +448,28 @@ def test_a_growing_region_is_merged_into_few_mappings(img, holders):
 
 # -- the lock limit ----------------------------------------------------------------
 
-def test_lock_limit_is_fatal_and_explained(img):
-    """Without CAP_IPC_LOCK, RLIMIT_MEMLOCK stops mlock: LockLimitError, nothing left locked."""
+def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):
+    """Without CAP_IPC_LOCK, RLIMIT_MEMLOCK stops mlock: the locked prefix stays, nothing
+    stray is locked, loading is not retried until a new budget, and the reason says how
+    to raise the limit."""
     path, fd = img
     os.chmod(os.path.dirname(path), 0o755)
     os.chmod(path, 0o644)
     child = textwrap.dedent(f"""
         import os, resource
         from vmdisktouch.holder import Holder
-        from vmdisktouch.errors import LockLimitError
         from vmdisktouch import meminfo
         fd = os.open({path!r}, os.O_RDONLY)
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, 4 << 20))
         os.setgroups([]); os.setgid(65534); os.setuid(65534)     # drops CAP_IPC_LOCK
         h = Holder(fd, 64 << 20, 1 << 20, 64 << 20, 0, mem_available=lambda: 1 << 50,
                    load_rate=0, sleep=lambda s: None, chunk_bytes=2 << 20)
-        try:
-            h.apply([(0, 16)])
-        except LockLimitError as exc:
-            print("LOCKLIMIT", h.held_bytes(), meminfo.vm_locked("self"), exc)
-        else:
-            print("NOERROR", h.held_bytes())
+        r = h.apply([(0, 16)])
+        print("REFUSED", h.held_bytes(), meminfo.vm_locked("self"), h.lock_cap, r.lock_refused)
+        r = h.apply([(0, 16)])
+        print("AGAIN", r.loaded_bytes, r.lock_refused)
+        h.set_budget(64 << 20, 0)
+        print("RESET", h.lock_cap)
         h.close()
         print("AFTER", meminfo.vm_locked("self"))
     """)
@@ -476,12 +477,14 @@ def test_lock_limit_is_fatal_and_explained(img):
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                          timeout=60)
     assert out.returncode == 0, out.stderr
-    first, second = out.stdout.splitlines()
-    assert first.startswith("LOCKLIMIT"), out.stdout
-    _, held, vmlck, *msg = first.split()
-    assert int(held) == int(vmlck) <= 4 * MiB          # the locked prefix, no stray lock
+    first, again, reset, after = out.stdout.splitlines()
+    assert first.startswith("REFUSED"), out.stdout
+    _, held, vmlck, cap, *msg = first.split()
+    assert 0 < int(held) == int(vmlck) == int(cap) <= 4 * MiB   # the locked prefix, no stray
     assert "LimitMEMLOCK=infinity" in " ".join(msg) and "CAP_IPC_LOCK" in " ".join(msg)
-    assert second == "AFTER 0"
+    assert again == "AGAIN 0 None"            # capped: no read, no refused mlock each cycle
+    assert reset == "RESET None"              # a reload tries again
+    assert after == "AFTER 0"
 
 
 def test_closed_holder_refuses_work(img):

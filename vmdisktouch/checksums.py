@@ -247,11 +247,22 @@ class BlockChecksums:
 
 
 def _reopen_random(fd: int) -> int:
-    """The same open file, read-only, on a new descriptor with readahead off."""
+    """The same open file, read-only, on a new descriptor with readahead off.
+
+    ``O_NOATIME`` where permitted (the file's owner, or CAP_FOWNER): the
+    reads after a guest's write would otherwise update the image's atime
+    (relatime), a metadata write to the image.
+    """
+    path = f"/proc/self/fd/{fd}"
     try:
-        new = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            new = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOATIME)
+        except PermissionError as exc:
+            if exc.errno != errno.EPERM:
+                raise
+            new = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise SyscallError("open", exc.errno or errno.EIO, f"/proc/self/fd/{fd}") from None
+        raise SyscallError("open", exc.errno or errno.EIO, path) from None
     try:
         os.posix_fadvise(new, 0, 0, os.POSIX_FADV_RANDOM)
     except OSError:

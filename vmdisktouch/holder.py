@@ -85,9 +85,14 @@ one region instead.
 
 Errors. A failed ``mmap``/``mlock`` of one region releases that region and
 loading continues with the next (logged). ``LockLimitError`` from ``mlock``
-(RLIMIT_MEMLOCK without CAP_IPC_LOCK) is fatal and propagates after the
-region is cleaned up: its message says to raise the limit (systemd:
-``LimitMEMLOCK=infinity``) or grant ``CAP_IPC_LOCK``.
+(RLIMIT_MEMLOCK without CAP_IPC_LOCK, lowered under a running daemon, or a
+memory cgroup that cannot charge more) keeps what was locked, stops loading
+and caps what the holder will try to lock at what it holds then
+(``lock_cap``), until the next ``set_budget`` (a reload): retrying every
+cycle would read a chunk from disk each time only to be refused again.
+``ApplyResult.lock_refused`` carries the message, which says to raise the
+limit (systemd: ``LimitMEMLOCK=infinity``) or grant ``CAP_IPC_LOCK``.
+``run`` refuses at start a budget that the lock limit could never allow.
 
 Holes. A hole of a sparse regular file (or an unwritten extent) reads as
 zeros without any disk I/O, so holding it would spend the budget on
@@ -185,6 +190,7 @@ class ApplyResult:
     released_bytes: int = 0    # unlocked: not in the target, over the budget, or shed to the floor
     skipped_bytes: int = 0     # targeted but not loaded: budget, floor, mapping cap, error, stop
     stopped: bool = False      # loading was cut short because ``sleep`` returned True
+    lock_refused: str | None = None   # mlock refused by the lock limit in this call (see Errors)
 
 
 @dataclass(eq=False)
@@ -223,6 +229,8 @@ class Holder:
         self._closed = False
         self._cap_warned = False
         self.last_holes: list[Run] = []      # target blocks the last apply found to be holes
+        self.lock_cap: int | None = None     # bytes: the lock limit refused more (see Errors)
+        self._lock_refused: str | None = None
         self._cachestat = libc.CacheStatCaller(fd)   # what a load must read (see "Pace")
         try:   # holes of a sparse regular file are never held (see "Holes" above)
             self.skip_holes = stat.S_ISREG(os.fstat(fd).st_mode)
@@ -265,12 +273,13 @@ class Holder:
         if self.held_bytes() > self.max_hold:            # budget lowered behind our back
             released += self._release_lowest(self.held_bytes() - self.max_hold)
 
+        self._lock_refused = None
         loaded, skipped, stopped = self._load(to_load)
         if not stopped:
             for run in pieces:
                 self._maybe_coalesce(run)
         released += self._shed_to_floor()
-        return ApplyResult(loaded, released, skipped, stopped)
+        return ApplyResult(loaded, released, skipped, stopped, self._lock_refused)
 
     def resize(self, new_size: int) -> int:
         """Follow a size change; drop every hold the new size makes stale. Returns bytes released.
@@ -293,6 +302,7 @@ class Holder:
         """New budget and floor (config reload): cut down to them at once. Returns bytes released."""
         self.max_hold = int(max_hold)
         self.min_free = int(min_free)
+        self.lock_cap = None            # the limit may have been raised: try again
         released = 0
         excess = self.held_bytes() - self.max_hold
         if excess > 0:
@@ -403,7 +413,7 @@ class Holder:
                 if cold and not pace.wait():
                     keep_going = False
                     break
-                fit = min(self.max_hold - self.held_bytes(), gauge.get() - self.min_free)
+                fit = min(self._lockable() - self.held_bytes(), gauge.get() - self.min_free)
                 if nbytes > fit:
                     n = min(n, max(fit, 0) // bs)
                     nbytes = self._offset_in(a, pos + n, length) - seg.length
@@ -417,7 +427,10 @@ class Holder:
                     libc.mlock(addr + seg.length, nbytes)
                 except LockLimitError as exc:
                     if self._file_covers(min(a * bs + seg.length + nbytes, self.size)):
-                        raise
+                        self.lock_cap = self.held_bytes()
+                        self._lock_refused = str(exc)
+                        keep_going = False
+                        break
                     self._drop_segment(seg, length, f"blocks {a}-{b}: {exc} (file shrank)")
                     return 0, True
                 except SyscallError as exc:
@@ -434,6 +447,10 @@ class Holder:
             raise
         self._trim_tail(seg, length)
         return seg.length, keep_going
+
+    def _lockable(self) -> int:
+        """The most the holder may lock now: the budget, or less after a lock refusal."""
+        return self.max_hold if self.lock_cap is None else min(self.max_hold, self.lock_cap)
 
     def _uncached_bytes(self, offset: int, length: int) -> int:
         """Bytes of the range not in the page cache (all of them without cachestat)."""

@@ -1,4 +1,4 @@
-"""Host memory figures from procfs: MemAvailable and a process's VmLck.
+"""Host memory figures from procfs: MemAvailable, MemTotal, a process's VmLck, the lock limit.
 
 ``mem_available`` is what the holder's floor is checked against, before
 every load chunk and after each cycle. ``vm_locked`` is the locked memory a
@@ -6,14 +6,22 @@ process has (``VmLck``, the pages of its mlocked mappings): tests and
 metrics use it to check the holder never locks more than its budget.
 
 ``procfs`` is a parameter so tests can point at a fake tree. Failures raise
-``MemInfoError`` with a one-line message.
+``MemInfoError`` with a one-line message; ``FailSafe`` turns them into 0
+(no memory to spare) for the daemon, which must never hold on a floor it
+cannot check.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
+from typing import Callable
 
 from vmdisktouch.errors import VmdtError
+
+log = logging.getLogger("vmdisktouch")
+CAP_IPC_LOCK = 14
 
 _UNITS = {"kB": 1024, "mB": 1 << 20, "gB": 1 << 30, "B": 1}
 
@@ -53,3 +61,53 @@ def mem_available(procfs: str = "/proc") -> int:
 def vm_locked(pid: int | str = "self", procfs: str = "/proc") -> int:
     """VmLck of a process from ``/proc/PID/status``, in bytes."""
     return _field(os.path.join(procfs, str(pid), "status"), "VmLck")
+
+
+def mem_total(procfs: str = "/proc") -> int:
+    """MemTotal from ``/proc/meminfo``, in bytes."""
+    return _field(os.path.join(procfs, "meminfo"), "MemTotal")
+
+
+def memlock_allowance(procfs: str = "/proc") -> int | None:
+    """Bytes this process may mlock, or None when unlimited.
+
+    Unlimited with ``CAP_IPC_LOCK`` in the effective set (root has it unless
+    a bounding set drops it) or an infinite ``RLIMIT_MEMLOCK``; otherwise
+    the soft limit (mlock(2)).
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open(os.path.join(procfs, "self", "status"), encoding="ascii",
+                  errors="replace") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    if int(line.split()[1], 16) >> CAP_IPC_LOCK & 1:
+                        return None
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return soft
+
+
+class FailSafe:
+    """A MemAvailable reader that reads 0 while the real one fails, logging once per streak."""
+
+    def __init__(self, read: Callable[[], int]):
+        self.read = read
+        self.failures = 0
+
+    def __call__(self) -> int:
+        try:
+            value = self.read()
+        except VmdtError as exc:
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("%s; taking MemAvailable as 0: nothing is loaded, and the holds "
+                            "are shed to the floor until it can be read", exc)
+            return 0
+        if self.failures:
+            log.info("MemAvailable readable again after %d failed reads", self.failures)
+            self.failures = 0
+        return value
