@@ -304,7 +304,7 @@ def test_without_syscall_error_number_the_daemon_is_killed(tmp_path, image, daem
     d = daemons(tmp_path, image, KILL)
     d.proc.wait(timeout=60)
     assert d.proc.returncode == -signal.SIGSYS, (d.proc.returncode, d.output()[-2000:])
-    assert not d.status.exists()
+    assert not d.status.exists() and d.output() == ""        # dead before its first log line
     # one library at a time, killing filter against the unit's EPERM
     assert probe_rc(KILL, "import numpy") == -signal.SIGSYS                   # mbind
     mbind_ok = ["--unit", str(unit_allowing(tmp_path, "mbind"))]
