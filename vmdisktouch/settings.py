@@ -5,16 +5,132 @@ Each ``Setting`` carries its default, type, unit and help text. The CLI flags
 docs (``markdown_table``) are all generated from ``SETTINGS``; nothing else
 in the project spells a default. A bad value raises ``ConfigError`` naming
 where it came from (the flag, or the file and key) and what was expected.
+
+Flags, the config file and a reload (SIGHUP) all go through ``parse_value``,
+so each value is checked once, here: whatever the input (any string, any
+TOML value: inf, nan, a huge integer, an array, a table, a date), the result
+is a finite value within the bounds stated in the setting's help, or a
+``ConfigError``, never another exception. ``check_host`` checks what only
+the host's memory can tell.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from vmdisktouch.errors import ConfigError
-from vmdisktouch.sizes import format_size, parse_duration, parse_size
+from vmdisktouch.sizes import MAX_SIZE, format_size, parse_duration, parse_size
+
+MiB = 1 << 20
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+MAX_BLOCK_SIZE = 64 * MiB       # the checksum pass keeps a buffer of one block
+MIN_INTERVAL = 0.1              # a shorter cycle would keep a core busy
+MAX_SECONDS = 86400.0           # interval, rewritten_seconds: one day
+MIN_LOAD_RATE = MiB             # slower, one chunk would take hours
+MAX_PATH_BYTES = 4096
+MAX_AMP = 1e6
+MAX_SIGMA = 64.0                # blocks; the kernel has 8 x sigma + 1 taps
+MAX_DECAY = 100.0               # 1/s
+MAX_THRESHOLD = 1e6
+MAX_BLOCKS_PER_PIXEL = 1 << 40
+MAX_WIDTH = 16384
+MAX_SCALE = 64
+MIN_ASPECT, MAX_ASPECT = 0.01, 100.0
+_EIB = format_size(MAX_SIZE)
+
+
+# ---------------------------------------------------------------------------
+# Parsers: each takes any value (a flag's string or a TOML value) and returns
+# the setting's value or raises ValueError saying what is wrong.
+
+
+def _num(x: float) -> str:
+    """A bound as the user would write it: 100, 0.1, 1000000."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else repr(float(x))
+
+
+def _finite(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("not true/false")
+    if isinstance(v, int):
+        if abs(v) > 1e300:                 # exact comparison; float() would overflow
+            raise ValueError("too large")
+        x = float(v)
+    elif isinstance(v, float):
+        x = v
+    elif isinstance(v, str):
+        try:
+            x = float(v)
+        except ValueError:
+            raise ValueError(f"not a number: {_show(v)}") from None
+    else:
+        raise ValueError(f"not a {type(v).__name__}")
+    if math.isinf(x) and not (isinstance(v, str) and "inf" in v.lower()):
+        raise ValueError("too large")      # "1" * 400 parses as inf
+    if not math.isfinite(x):
+        raise ValueError(f"must be finite, not {x}")
+    return x + 0.0                         # -0.0 -> 0.0
+
+
+def _float(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
+    def parse(v):
+        x = _finite(v)
+        if x < lo or (lo_open and x == lo):
+            raise ValueError(f"must be {'>' if lo_open else '>='} {_num(lo)}")
+        if x > hi:
+            raise ValueError(f"must be <= {_num(hi)}")
+        return x
+    return parse
+
+
+_INT_RE = re.compile(r"^\s*([+-]?)0*(\d+)\s*$")
+
+
+def _whole(v: Any) -> int | float:
+    """A whole number (a float only if it is beyond every bound: +-inf or a huge float)."""
+    if isinstance(v, bool):
+        raise ValueError("expected a whole number, not true/false")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():   # TOML 16.0
+        return int(v) if abs(v) < 2 ** 62 else v
+    if isinstance(v, str):
+        m = _INT_RE.match(v)
+        if m:
+            sign, digits = m.groups()
+            if len(digits) > 20:           # int() refuses more than 4300 digits
+                return -math.inf if sign == "-" else math.inf
+            return int(sign + digits)
+    raise ValueError(f"expected a whole number, not {_show(v)}")
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def parse(v):
+        n = _whole(v)
+        if n < lo:
+            raise ValueError(f"must be >= {lo}")
+        if n > hi:
+            raise ValueError(f"must be <= {hi}")
+        return int(n)
+    return parse
+
+
+def _duration(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
+    def parse(v):
+        x = parse_duration(v)
+        if x < lo or (lo_open and x == lo):
+            raise ValueError("must be greater than 0" if (lo, lo_open) == (0, True)
+                             else f"must be at least {_num(lo)} s")
+        if x > hi:
+            raise ValueError(f"must be at most {_num(hi)} s")
+        return x
+    return parse
 
 
 def _positive_size(v):
@@ -24,42 +140,35 @@ def _positive_size(v):
     return n
 
 
-def _float(lo=None, hi=None, lo_open=False):
-    def parse(v):
-        if isinstance(v, bool):
-            raise ValueError("expected a number")
-        x = float(v)
-        if x != x:
-            raise ValueError("expected a number")
-        if lo is not None and (x < lo or (lo_open and x == lo)):
-            raise ValueError(f"must be {'>' if lo_open else '>='} {lo}")
-        if hi is not None and x > hi:
-            raise ValueError(f"must be <= {hi}")
-        return x
-    return parse
+def _block_size(v):
+    n = parse_size(v)
+    if n < PAGE_SIZE or n % PAGE_SIZE:
+        raise ValueError(f"must be a multiple of the page size ({PAGE_SIZE} bytes)")
+    if n > MAX_BLOCK_SIZE:
+        raise ValueError(f"must be at most {format_size(MAX_BLOCK_SIZE)}")
+    return n
 
 
-def _int(lo=None):
-    def parse(v):
-        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
-            raise ValueError("expected a whole number")
-        x = int(v)
-        if lo is not None and x < lo:
-            raise ValueError(f"must be >= {lo}")
-        return x
-    return parse
-
-
-def _duration_positive(v):
-    x = parse_duration(v)
-    if x <= 0:
-        raise ValueError("must be greater than 0")
-    return x
+def _load_rate(v):
+    n = parse_size(v)
+    if 0 < n < MIN_LOAD_RATE:
+        raise ValueError(f"must be 0 (unpaced) or at least {format_size(MIN_LOAD_RATE)}/s")
+    return n
 
 
 def _path(v):
     if not isinstance(v, str) or not v:
         raise ValueError("expected a file path")
+    if "\0" in v:
+        raise ValueError("must not contain a NUL byte")
+    if "\n" in v or "\r" in v:
+        raise ValueError("must not contain a line break")
+    try:
+        n = len(os.fsencode(v))
+    except UnicodeError:
+        raise ValueError("not encodable as a file name") from None
+    if n > MAX_PATH_BYTES:
+        raise ValueError(f"longer than {MAX_PATH_BYTES} bytes")
     return v
 
 
@@ -71,6 +180,26 @@ def _bool(v):
     if isinstance(v, str) and v.lower() in ("false", "no", "0", "off"):
         return False
     raise ValueError("expected true or false")
+
+
+class _ShortRepr(reprlib.Repr):
+    """repr() cut to a readable length; safe for ints of any size."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring = self.maxother = 60
+        self.maxlong = 40
+
+    def repr_int(self, x, level):
+        if x.bit_length() > 128:           # repr() refuses ints of more than 4300 digits
+            digits = int(x.bit_length() * math.log10(2)) + 1
+            digits -= 10 ** (digits - 1) > abs(x)
+            return f"<an integer of {digits} digits>"
+        return super().repr_int(x, level)
+
+
+def _show(value: Any) -> str:
+    return _ShortRepr().repr(value)
 
 
 @dataclass(frozen=True)
@@ -98,54 +227,68 @@ class Setting:
         return str(self.default).lower() if isinstance(self.default, bool) else str(self.default)
 
 
-MiB = 1 << 20
 SETTINGS: tuple[Setting, ...] = (
     Setting("max_hold", _positive_size, None, "size", "bytes",
-            "Byte budget: the most the daemon holds (mlocks) of this image, at every instant.",
+            "Byte budget: the most the daemon holds (mlocks) of this image, at every instant. "
+            f"Greater than 0, at most {_EIB}; less than one block is refused at start, and "
+            "more than the host's memory is a warning.",
             required=True, group="budget"),
     Setting("min_free", parse_size, 1 << 30, "size", "bytes",
             "Free-memory floor: load only while MemAvailable minus the load stays above it; "
-            "below it, release the lowest-priority regions.", group="budget"),
-    Setting("interval", _duration_positive, 5.0, "duration", "seconds",
-            "Cycle duration: how often residency is sampled and the plan applied."),
-    Setting("block_size", _positive_size, MiB, "size", "bytes",
-            "Block size: the unit of heat, hold and checksum (a multiple of the page size)."),
-    Setting("amp_resident", _float(0), 1.0, "number", "heat per resident block",
-            "Amplitude A_r of the Gaussian filter applied to the residency map.", group="heat"),
-    Setting("sigma_resident", _float(0), 2.0, "number", "blocks",
-            "Width sigma_r of the Gaussian filter applied to the residency map.", group="heat"),
-    Setting("amp_rewritten", _float(0), 1.0, "number", "heat per rewritten block",
-            "Amplitude A_w of the Gaussian filter applied to the rewritten-blocks map.",
-            group="heat"),
-    Setting("sigma_rewritten", _float(0), 2.0, "number", "blocks",
-            "Width sigma_w of the Gaussian filter applied to the rewritten-blocks map.",
-            group="heat"),
-    Setting("decay", _float(0, lo_open=True), 0.1, "number", "1/s",
+            "below it, release the lowest-priority regions. Must be below the host's memory "
+            "(MemTotal), checked at start.", group="budget"),
+    Setting("interval", _duration(MIN_INTERVAL, MAX_SECONDS), 5.0, "duration", "seconds",
+            "Cycle duration: how often residency is sampled and the plan applied. "
+            f"From {_num(MIN_INTERVAL)} s (a shorter cycle would keep a core busy) to "
+            f"{_num(MAX_SECONDS)} s."),
+    Setting("block_size", _block_size, MiB, "size", "bytes",
+            "Block size: the unit of heat, hold and checksum. A multiple of the page size "
+            f"(4K on x86-64), at most {format_size(MAX_BLOCK_SIZE)} (the checksum pass "
+            "buffers one block)."),
+    Setting("amp_resident", _float(0, MAX_AMP), 1.0, "number", "heat per resident block",
+            "Amplitude A_r of the Gaussian filter applied to the residency map. "
+            f"From 0 to {_num(MAX_AMP)}.", group="heat"),
+    Setting("sigma_resident", _float(0, MAX_SIGMA), 2.0, "number", "blocks",
+            "Width sigma_r of the Gaussian filter applied to the residency map. "
+            f"From 0 to {_num(MAX_SIGMA)} (the filter has 8 x sigma + 1 taps: its cost grows "
+            "with sigma).", group="heat"),
+    Setting("amp_rewritten", _float(0, MAX_AMP), 1.0, "number", "heat per rewritten block",
+            "Amplitude A_w of the Gaussian filter applied to the rewritten-blocks map. "
+            f"From 0 to {_num(MAX_AMP)}.", group="heat"),
+    Setting("sigma_rewritten", _float(0, MAX_SIGMA), 2.0, "number", "blocks",
+            "Width sigma_w of the Gaussian filter applied to the rewritten-blocks map. "
+            f"From 0 to {_num(MAX_SIGMA)}.", group="heat"),
+    Setting("decay", _float(0, MAX_DECAY, lo_open=True), 0.1, "number", "1/s",
             "Decay coefficient: heat relaxes toward the current input with time constant "
-            "1/decay seconds.", group="heat"),
-    Setting("threshold", _float(0, lo_open=True), 0.05, "number", "heat",
-            "Threshold: blocks with heat at or above it form the candidate regions.",
-            group="heat"),
-    Setting("rewritten_seconds", _duration_positive, 60.0, "duration", "seconds",
-            "How long a rewritten block stays red on the block map.", group="output"),
-    Setting("load_rate", parse_size, 256 * MiB, "size", "bytes/s",
+            f"1/decay seconds. Greater than 0, at most {_num(MAX_DECAY)}.", group="heat"),
+    Setting("threshold", _float(0, MAX_THRESHOLD, lo_open=True), 0.05, "number", "heat",
+            "Threshold: blocks with heat at or above it form the candidate regions. "
+            f"Greater than 0, at most {_num(MAX_THRESHOLD)}.", group="heat"),
+    Setting("rewritten_seconds", _duration(0, MAX_SECONDS, lo_open=True), 60.0, "duration",
+            "seconds", "How long a rewritten block stays red on the block map. "
+            f"Greater than 0, at most {_num(MAX_SECONDS)} s.", group="output"),
+    Setting("load_rate", _load_rate, 256 * MiB, "size", "bytes/s",
             "Pace of loading new regions (0 = unpaced), so a load burst does not starve "
-            "the guest's own I/O.", group="budget"),
+            f"the guest's own I/O. 0, or from {format_size(MIN_LOAD_RATE)} (slower would "
+            f"take hours per chunk) to {_EIB}.", group="budget"),
     Setting("status", _path, None, "path", "",
             "Write a JSON status file here every cycle (replaced atomically).", group="output"),
     Setting("heat_png", _path, None, "path", "",
             "Write the heat map PNG here every cycle (replaced atomically).", group="output"),
     Setting("map_png", _path, None, "path", "",
             "Write the block map PNG here every cycle (replaced atomically).", group="output"),
-    Setting("blocks_per_pixel", _int(1), None, "integer", "blocks",
-            "Blocks per pixel in the PNGs (default: fit the image in about 1 M pixels).",
+    Setting("blocks_per_pixel", _int(1, MAX_BLOCKS_PER_PIXEL), None, "integer", "blocks",
+            "Blocks per pixel in the PNGs (default: fit the image in about 1 M pixels). "
+            f"From 1 to {MAX_BLOCKS_PER_PIXEL} (2^40).", group="output"),
+    Setting("width", _int(1, MAX_WIDTH), None, "integer", "pixels",
+            f"Width of the PNGs (default: from the aspect ratio). From 1 to {MAX_WIDTH}.",
             group="output"),
-    Setting("width", _int(1), None, "integer", "pixels",
-            "Width of the PNGs (default: from the aspect ratio).", group="output"),
-    Setting("aspect", _float(0, lo_open=True), 1.0, "number", "width/height",
-            "Aspect ratio of the PNGs.", group="output"),
-    Setting("scale", _int(1), 1, "integer", "",
-            "Draw each PNG pixel as a scale x scale square.", group="output"),
+    Setting("aspect", _float(MIN_ASPECT, MAX_ASPECT), 1.0, "number", "width/height",
+            f"Aspect ratio of the PNGs. From {_num(MIN_ASPECT)} to {_num(MAX_ASPECT)}.",
+            group="output"),
+    Setting("scale", _int(1, MAX_SCALE), 1, "integer", "",
+            f"Draw each PNG pixel as a scale x scale square. From 1 to {MAX_SCALE}.",
+            group="output"),
 )
 
 BY_KEY = {s.key: s for s in SETTINGS}
@@ -171,11 +314,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_value(setting: Setting, value: Any, where: str) -> Any:
+    """``setting.parse(value)``; any failure is a ConfigError naming ``where``."""
     try:
         return setting.parse(value)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{where}: bad value {value!r} for {setting.key} "
-                          f"(expected a {setting.kind}: {exc})") from None
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        article = "an" if setting.kind[0] in "aeiou" else "a"
+        raise ConfigError(f"{where}: bad value {_show(value)} for {setting.key} "
+                          f"(expected {article} {setting.kind}: {exc})") from None
 
 
 def resolve(cli: dict[str, Any], file_values: dict[str, Any] | None = None,
@@ -195,6 +340,30 @@ def resolve(cli: dict[str, Any], file_values: dict[str, Any] | None = None,
     return out
 
 
+def check_host(config: Config, mem_total: int) -> list[str]:
+    """Check ``config`` against a host with ``mem_total`` bytes of memory (MemTotal).
+
+    Raises ConfigError for settings that could never hold anything; returns
+    warnings (one line each) for settings that work but cannot be reached.
+    Pure: the caller reads /proc/meminfo, at start and on every reload.
+    """
+    mem = format_size(mem_total)
+    if config.min_free >= mem_total:
+        raise ConfigError(f"min_free {format_size(config.min_free)} is not below the host's "
+                          f"memory (MemTotal {mem}): nothing could ever be held")
+    if config.max_hold < config.block_size:
+        raise ConfigError(f"max_hold {format_size(config.max_hold)} is smaller than one block "
+                          f"(block_size {format_size(config.block_size)}): nothing could ever "
+                          "be held")
+    warnings = []
+    if config.max_hold > mem_total:
+        warnings.append(f"max_hold {format_size(config.max_hold)} is more than the host's "
+                        f"memory (MemTotal {mem}): allowed, since the free-memory floor "
+                        f"(min_free {format_size(config.min_free)}) still limits what is held, "
+                        "but the budget can never be reached")
+    return warnings
+
+
 def markdown_table() -> str:
     rows = ["| key | flag | type | unit | default | meaning |", "|---|---|---|---|---|---|"]
     for s in SETTINGS:
@@ -209,7 +378,9 @@ def configuration_doc() -> str:
             "Generated from `vmdisktouch/settings.py` by `python -m vmdisktouch.settings > "
             "docs/configuration.md`; a test checks it is current.\n\n"
             "Sizes take binary suffixes (`512M`, `4G`, `1.5GiB`); durations take `ms`, `s`, `m`, "
-            "`h` (plain numbers are seconds).\n\n" + markdown_table() + "\n")
+            "`h` (plain numbers are seconds). Sizes are at most `1E` (1 EiB). Paths are "
+            f"non-empty, at most {MAX_PATH_BYTES} bytes, without NUL bytes or line breaks.\n\n"
+            + markdown_table() + "\n")
 
 
 if __name__ == "__main__":
