@@ -9,11 +9,15 @@ FILE``) in a subprocess.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import json
 import os
 import pathlib
 import re
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,7 +115,7 @@ def test_bad_value_names_file_and_key(tmp_path, s):
         configfile.load(path)
     msg = str(exc.value)
     assert msg.startswith(f"{path}: key {s.key}: bad value"), msg
-    assert f"expected a {s.kind}" in msg
+    assert f"expected {'an' if s.kind == 'integer' else 'a'} {s.kind}" in msg
 
 
 def test_bad_value_fails_even_when_the_cli_overrides_it(tmp_path):
@@ -142,10 +146,14 @@ def test_unknown_key_warns_with_a_suggestion(tmp_path):
     cfg, warnings = configfile.resolve_run_config(parse_cli([]), path)
     default = next(s.default for s in SETTINGS if s.key == "threshold")
     assert cfg.max_hold == 1 << 30 and cfg.threshold == default != 0.3   # typos are ignored
-    assert len(warnings) == 3
-    assert warnings[0] == f"{path}: unknown key 'treshold' (did you mean 'threshold'?); ignored"
-    assert warnings[1] == f"{path}: unknown key 'max-hold' (did you mean 'max_hold'?); ignored"
-    assert warnings[2].startswith(f"{path}: unknown key 'foo' (known keys: max_hold, ")
+    assert warnings == [f"{path}: 3 unknown keys: 'treshold' (did you mean 'threshold'?), "
+                        "'max-hold' (did you mean 'max_hold'?), 'foo' (known keys: max_hold, "
+                        f"{', '.join(s.key for s in SETTINGS[1:])}); ignored"]
+    path = write(tmp_path, 'max_hold = "1G"\ntreshold = 0.3\n')
+    assert configfile.load(path)[1] == [
+        f"{path}: unknown key 'treshold' (did you mean 'threshold'?); ignored"]
+    path = write(tmp_path, 'foo = 1\n')
+    assert configfile.load(path)[1][0].startswith(f"{path}: unknown key 'foo' (known keys: ")
 
 
 def test_syntax_error_names_file_and_line(tmp_path):
@@ -166,7 +174,7 @@ def test_unreadable_files(tmp_path):
                                                     "No such file or directory")):
         configfile.load(missing)
     with pytest.raises(ConfigError, match=re.escape(f"{tmp_path}: cannot read config file: "
-                                                    "Is a directory")):
+                                                    "it is a directory, not a regular file")):
         configfile.load(str(tmp_path))
     latin1 = tmp_path / "latin1.toml"
     latin1.write_bytes(b'# caf\xe9\nmax_hold = "1G"\n')
@@ -182,6 +190,181 @@ def test_empty_file_is_fine_but_the_budget_is_required(tmp_path):
         configfile.resolve_run_config(parse_cli([]), path)
     cfg, _ = configfile.resolve_run_config(parse_cli(["--max-hold", "2G"]), path)
     assert cfg.max_hold == 2 << 30
+
+
+# ---------------------------------------------------------------------------
+# Hostile files: values that are not finite, files that are not files, too
+# big, too many keys, too deep. Each is a ConfigError naming the file (or one
+# warning line), fast, never another exception.
+
+NUMERIC = [s for s in SETTINGS if s.kind in ("size", "duration", "number", "integer")]
+
+
+@contextlib.contextmanager
+def within(seconds):
+    """Fail (instead of hanging) if the block takes longer than ``seconds``."""
+    def expire(_signum, _frame):
+        raise TimeoutError(f"took more than {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def refused(path, needle=""):
+    with within(10), pytest.raises(ConfigError) as exc:
+        configfile.load(path)
+    msg = str(exc.value)
+    assert needle in msg and msg.startswith(f"{path}") and "\n" not in msg, msg
+    assert len(msg) < 400, msg
+    return msg
+
+
+@pytest.mark.parametrize("s", NUMERIC, ids=[s.key for s in NUMERIC])
+@pytest.mark.parametrize("literal", ["nan", "+nan", "-nan", "inf", "+inf", "-inf", "1e308",
+                                     "-1e308", "1" * 400, "-" + "9" * 4000, "true",
+                                     "1979-05-27T07:32:00Z", "07:32:00", "[]", "{}"],
+                         ids=lambda t: t[:12])
+def test_non_finite_huge_and_odd_values_in_the_file(tmp_path, s, literal):
+    path = write(tmp_path, base_toml(s.key) + f"{s.key} = {literal}\n")
+    refused(path, f"{path}: key {s.key}: bad value ")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("max_hold = 1" + "0" * 5000 + "\n", "cannot parse: Exceeds the limit (4300 digits)"),
+    ("max_hold = " + "[" * 100_000 + "\n", "nested too deeply"),
+    ("x = " + "{a = " * 100_000 + "\n", "nested too deeply"),
+    ('max_hold = "1G"\nx = ' + "[" * 100_000 + "1" + "]" * 100_000 + "\n", "nested too deeply"),
+], ids=["5000digits", "deep-arrays", "deep-inline-tables", "deep-closed-arrays"])
+def test_what_the_toml_parser_cannot_take_is_a_config_error(tmp_path, text, needle):
+    refused(write(tmp_path, text), needle)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('max_hold = "1G"\n[interval]\n', "key interval: bad value {}"),
+    ('max_hold = "1G"\n[[decay]]\nx = 1\n', "key decay: bad value [{'x': 1}]"),
+    ('max_hold = "1G"\nscale.x = 1\n', "key scale: bad value {'x': 1}"),
+    ('max_hold = "1G"\nstatus = "a\\u0000b"\n', "key status: bad value 'a\\x00b'"),
+    ('max_hold = "1G"\nstatus = "a\\nb"\n', "key status: bad value 'a\\nb'"),
+    ('max_hold = "1G"\nwidth = ' + "9" * 4000 + "\n", "key width: bad value <an integer of"),
+    ('max_hold = "1G"\nblock_size = 1000\n', "must be a multiple of the page size"),
+    ('max_hold = "1G"\ninterval = 0.05\n', "key interval: bad value 0.05 for interval "
+                                           "(expected a duration: must be at least 0.1 s)"),
+])
+def test_known_keys_with_odd_values(tmp_path, text, needle):
+    refused(write(tmp_path, text), needle)
+
+
+def test_interval_floor_accepted(tmp_path):
+    path = write(tmp_path, 'max_hold = "1G"\ninterval = 0.1\n')
+    assert configfile.resolve_run_config(parse_cli([]), path)[0].interval == 0.1
+
+
+def test_odd_key_names_give_one_short_warning_line(tmp_path):
+    path = write(tmp_path, 'max_hold = "1G"\n"" = 1\n"a\\nb" = 2\n"\\u0000" = 3\n'
+                           f'"{"k" * 100_000}" = 4\nx.y.z = 5\n')
+    with within(10):
+        values, warnings = configfile.load(path)
+    assert values == {"max_hold": "1G"} and len(warnings) == 1
+    w = warnings[0]
+    assert "\n" not in w and "\0" not in w and len(w) < 1000, w
+    assert w.startswith(f"{path}: 5 unknown keys: '', 'a\\nb', '\\x00', 'kkkk") and "'x'" in w
+
+
+def limit_memory():
+    """In a child: 1 GiB of address space, so a reader that does not stop fails fast."""
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def check_file(path):
+    """``python -m vmdisktouch.configfile --check PATH``, bounded in time and memory
+    (in a child: reading /dev/zero unbounded would eat the memory of this process)."""
+    return subprocess.run([sys.executable, "-m", "vmdisktouch.configfile", "--check", path],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT,
+                          preexec_fn=limit_memory)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/null", "/dev/urandom", "zero-link"])
+def test_devices_are_refused_fast(tmp_path, special):
+    if special == "zero-link":
+        special = str(tmp_path / "zero.toml")
+        os.symlink("/dev/zero", special)
+    start = time.monotonic()
+    r = check_file(special)
+    assert time.monotonic() - start < 20
+    assert r.returncode == 1 and r.stderr == (
+        f"vmdisktouch: {special}: cannot read config file: it is a character device, not a "
+        "regular file\n")
+
+
+def test_fifo_directory_socket_and_symlinks(tmp_path):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)                               # open() would block without a writer
+    refused(str(fifo), "it is a FIFO, not a regular file")
+    refused(str(tmp_path), "it is a directory, not a regular file")
+    sock_path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))
+        refused(str(sock_path), "it is a socket, not a regular file")
+    good = tmp_path / "real.toml"
+    good.write_text('max_hold = "2G"\n')
+    (tmp_path / "link.toml").symlink_to(good)     # a symlink to a regular file is fine
+    assert configfile.load(str(tmp_path / "link.toml")) == ({"max_hold": "2G"}, [])
+
+
+def test_unusable_path_names():
+    for path in ["a\0b", "\udcff\ud800"]:
+        with pytest.raises(ConfigError, match="cannot read config file"):
+            configfile.load(path)
+
+
+def test_reload_of_a_file_replaced_by_a_fifo_is_refused(tmp_path):
+    path = tmp_path / "vm.toml"
+    path.write_text('max_hold = "1G"\n')
+    cfg, _, _ = configfile.load_for_run(parse_cli([]), str(path), {})
+    assert cfg.max_hold == 1 << 30
+    path.unlink()
+    os.mkfifo(path)
+    with within(10), pytest.raises(ConfigError, match="it is a FIFO"):
+        configfile.load_for_run(parse_cli([]), str(path), {})
+
+
+def test_size_cap(tmp_path):
+    cap = configfile.MAX_CONFIG_BYTES
+    assert cap == 1 << 20
+    line = "# " + "x" * 97 + "\n"
+    at_cap = tmp_path / "at_cap.toml"
+    at_cap.write_text('max_hold = "1G"\n' + line * ((cap - 16) // 100) + "#" * ((cap - 16) % 100))
+    assert at_cap.stat().st_size == cap
+    assert configfile.load(str(at_cap)) == ({"max_hold": "1G"}, [])
+    big = tmp_path / "big.toml"
+    big.write_text('max_hold = "1G"\n' + line * (2 * cap // 100))      # about 2 MiB
+    refused(str(big), f"{big}: config file larger than 1M (1048576 bytes)")
+    one_over = tmp_path / "one_over.toml"
+    one_over.write_text(at_cap.read_text() + "#")
+    refused(str(one_over), "larger than 1M")
+
+
+def test_many_unknown_keys_are_one_warning_and_fast(tmp_path, monkeypatch):
+    lines = [f'k{i:05d} = "{i:05d}"' for i in range(60_000)]
+    path = write(tmp_path, 'max_hold = "1G"\n' + "\n".join(lines) + "\n")
+    assert 900_000 < os.path.getsize(path) <= configfile.MAX_CONFIG_BYTES
+    calls = []
+    real = difflib.get_close_matches
+    monkeypatch.setattr(difflib, "get_close_matches",
+                        lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    start = time.monotonic()
+    with within(20):
+        values, warnings = configfile.load(path)
+    assert time.monotonic() - start < 3
+    assert values == {"max_hold": "1G"} and len(warnings) == 1
+    assert warnings[0].startswith(f"{path}: 60000 unknown keys: 'k00000', 'k00001', 'k00002', "
+                                  "'k00003', 'k00004' "
+                                  "and 59995 more (known keys: max_hold, ")
+    assert len(calls) <= 5 and "\n" not in warnings[0]
 
 
 # ---------------------------------------------------------------------------
@@ -305,9 +488,16 @@ def test_module_prints_the_example_and_checks_files(tmp_path):
 # Through the real CLI: vmdisktouch run IMG --config FILE
 
 
-def run_cli(*argv, timeout=60):
+def run_cli(*argv, timeout=60, preexec_fn=None):
     return subprocess.run([sys.executable, "-m", "vmdisktouch", "run", *argv],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          preexec_fn=preexec_fn)
+
+
+def assert_one_fatal_line(stderr):
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("vmdisktouch: ")]
+    assert len(lines) == 1, stderr
 
 
 @pytest.fixture
@@ -328,17 +518,73 @@ def image(tmp_path):
 def test_cli_bad_config_fails_at_start_naming_file_and_key(tmp_path, image, text, needle):
     cfg = write(tmp_path, text)
     r = run_cli(image, "--config", cfg)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 78, r.stderr
     assert needle.format(cfg=cfg) in r.stderr
-    assert "Traceback" not in r.stderr
-    lines = [line for line in r.stderr.splitlines() if line.startswith("vmdisktouch: ")]
-    assert len(lines) == 1, r.stderr
+    assert_one_fatal_line(r.stderr)
 
 
 def test_cli_missing_config_file_fails(tmp_path, image):
     r = run_cli(image, "--config", str(tmp_path / "nope.toml"))
-    assert r.returncode == 1
+    assert r.returncode == 78
     assert f"vmdisktouch: {tmp_path}/nope.toml: cannot read config file" in r.stderr
+
+
+HOSTILE_FILES = {
+    "interval-nan": ('max_hold = "1G"\ninterval = nan\n', "{cfg}: key interval: bad value nan"),
+    "interval-inf": ('max_hold = "1G"\ninterval = inf\n', "{cfg}: key interval: bad value inf"),
+    "interval-0.05": ('max_hold = "1G"\ninterval = 0.05\n', "at least 0.1 s"),
+    "sigma-inf": ('max_hold = "1G"\nsigma_resident = inf\n', "key sigma_resident: bad value inf"),
+    "decay-inf": ('max_hold = "1G"\ndecay = inf\n', "{cfg}: key decay: bad value inf"),
+    "max_hold-400-digits": ("max_hold = " + "1" * 400 + "\n",
+                            "key max_hold: bad value <an integer of 400 digits> for max_hold "
+                            "(expected a size: too large: at most 1E"),
+    "max_hold-5000-digits": ("max_hold = " + "1" * 5000 + "\n", "{cfg}: cannot parse"),
+    "block_size-1000": ('max_hold = "1G"\nblock_size = 1000\n', "multiple of the page size"),
+    "deep-nesting": ('max_hold = "1G"\nx = ' + "[" * 100_000 + "\n", "nested too deeply"),
+    "2MiB": ('max_hold = "1G"\n' + ("#" * 99 + "\n") * 21_000, "larger than 1M"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_FILES)
+def test_cli_hostile_config_exits_78_with_one_line(tmp_path, image, name):
+    text, needle = HOSTILE_FILES[name]
+    cfg = write(tmp_path, text)
+    r = run_cli(image, "--uri", "", "--config", cfg, timeout=30, preexec_fn=limit_memory)
+    assert r.returncode == 78, r.stderr[-2000:]
+    assert needle.format(cfg=cfg) in r.stderr, r.stderr[-2000:]
+    assert_one_fatal_line(r.stderr)
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "directory"])
+def test_cli_config_that_is_not_a_file_exits_78_fast(tmp_path, image, kind):
+    path = {"/dev/zero": "/dev/zero", "fifo": str(tmp_path / "fifo"),
+            "directory": str(tmp_path)}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    start = time.monotonic()
+    r = run_cli(image, "--uri", "", "--config", path, timeout=30, preexec_fn=limit_memory)
+    assert time.monotonic() - start < 20
+    assert r.returncode == 78, r.stderr
+    assert f"vmdisktouch: {path}: cannot read config file: it is a" in r.stderr
+    assert_one_fatal_line(r.stderr)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--max-hold", "1" * 400], "option --max-hold: bad value '1111"),
+    (["--max-hold", "9" * 5000], "too large: at most 1E"),
+    (["--max-hold", "1G", "--block-size", "1000"], "option --block-size: bad value '1000'"),
+    (["--max-hold", "1G", "--interval", "nan"], "option --interval: bad value 'nan'"),
+    (["--max-hold", "1G", "--interval", "0.05"], "must be at least 0.1 s"),
+    (["--max-hold", "1G", "--decay=inf"], "option --decay: bad value 'inf'"),
+    (["--max-hold", "1G", "--sigma-rewritten", "1e400"], "option --sigma-rewritten"),
+    (["--max-hold", "1G", "--load-rate", "1K"], "0 (unpaced) or at least 1M/s"),
+    (["--max-hold", "1G", "--status", "a\nb"], "option --status: bad value 'a\\nb'"),
+], ids=lambda v: "_".join(v)[:40] if isinstance(v, list) else "")
+def test_cli_bad_flags_exit_78_with_one_line(image, flags, needle):
+    r = run_cli(image, "--uri", "", *flags, timeout=30, preexec_fn=limit_memory)
+    assert r.returncode == 78, r.stderr
+    assert needle in r.stderr
+    assert_one_fatal_line(r.stderr)
 
 
 def test_cli_runs_with_file_values_and_cli_overrides(tmp_path, image):

@@ -12,11 +12,14 @@ Values are TOML strings or numbers: sizes as ``"512M"`` or a byte count,
 durations as seconds or ``"500ms"``. The command line overrides the file,
 which overrides the defaults (``settings.resolve``).
 
-* An unknown key is a warning (naming the file and the key, and the closest
-  known key), so a typo does not stop a daemon, but is seen in the journal.
-* A TOML syntax error, an unreadable file or a bad value is a
-  ``ConfigError`` naming the file (and the line, or the key, and what was
-  expected): the daemon does not start.
+* Unknown keys are one warning line (naming the file, how many, and the
+  first few with the closest known key), so a typo does not stop a daemon,
+  but is seen in the journal.
+* A TOML syntax error, an unreadable file, a file that is not a regular
+  file (a directory, FIFO, device...) or is larger than
+  ``MAX_CONFIG_BYTES`` (1 MiB), or a bad value is a ``ConfigError`` naming
+  the file (and the line, or the key, and what was expected): the daemon
+  does not start, and a reload (SIGHUP) keeps the current settings.
 
 Under systemd the unit sets ``VMDISKTOUCH_INSTANCE=%i`` (the escaped disk
 path, see ``vmdisktouch.unitname``); the config is then
@@ -32,17 +35,15 @@ current); ``--check FILE`` loads a file and prints its warnings or error.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import math
 import os
-import re
 import sys
 import textwrap
-import tomllib
 from typing import Any, Mapping
 
-from vmdisktouch import settings
+from vmdisktouch import configread, settings
+from vmdisktouch.configread import MAX_CONFIG_BYTES  # noqa: F401 - part of this API
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.settings import BY_KEY, SETTINGS, Config, Setting
 from vmdisktouch.sizes import format_size
@@ -51,8 +52,6 @@ from vmdisktouch.unitname import escape_path
 ETC_DIR = "/etc/vmdisktouch"
 DEFAULT_NAME = "default"
 INSTANCE_ENV = "VMDISKTOUCH_INSTANCE"
-
-_LINE_RE = re.compile(r"^(.*?)\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
 # ---------------------------------------------------------------------------
@@ -65,52 +64,25 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
     ``values`` holds the known keys with their raw TOML values (parsed again
     by ``settings.resolve``); every one has been checked with the setting's
     parser, so a bad value fails here even if the command line overrides it.
-    ``warnings`` has one message per unknown key.
+    ``warnings`` has at most one line, naming the unknown keys. Only a
+    regular file of at most ``MAX_CONFIG_BYTES`` is read (``configread``).
     """
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        m = _LINE_RE.match(str(exc))
-        if m:
-            raise ConfigError(f"{path}:{m.group(2)}:{m.group(3)}: TOML syntax error: "
-                              f"{m.group(1)}") from None
-        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: "
-                          f"{exc.strerror or exc}") from None
-
+    data = configread.parse_toml(path, configread.read_text(path))
     values: dict[str, Any] = {}
-    warnings: list[str] = []
+    unknown: list[str] = []
     for key, value in data.items():
         setting = BY_KEY.get(key)
         if setting is None:
-            warnings.append(_unknown_key_message(path, key))
+            unknown.append(key)
             continue
         settings.parse_value(setting, value, _where(path, key))
         values[key] = value
+    warnings = [configread.unknown_keys_warning(path, unknown, BY_KEY)] if unknown else []
     return values, warnings
 
 
 def _where(path: str, key: str) -> str:
     return f"{path}: key {key}"
-
-
-def _unknown_key_message(path: str, key: str) -> str:
-    hint = ""
-    normal = key.strip().lower().replace("-", "_")
-    if normal in BY_KEY:
-        match = normal
-    else:
-        close = difflib.get_close_matches(normal, list(BY_KEY), n=1, cutoff=0.6)
-        match = close[0] if close else None
-    if match:
-        hint = f" (did you mean {match!r}?)"
-    else:
-        hint = f" (known keys: {', '.join(BY_KEY)})"
-    return f"{path}: unknown key {key!r}{hint}; ignored"
 
 
 def config_candidates(instance_or_path: str, etc_dir: str = ETC_DIR) -> list[str]:
@@ -207,7 +179,8 @@ _KIND_NOTES = {
     "duration": 'seconds, or a string: "500ms", "30s", "2m", "1h"',
     "number": "a number",
     "integer": "a whole number",
-    "path": "a file path (string)",
+    "path": f"a file path (a non-empty string of at most {settings.MAX_PATH_BYTES} bytes, "
+            "without line breaks)",
     "boolean": "true or false",
 }
 # Set on the unit's command line (per-instance names); a file value is overridden there.
