@@ -58,7 +58,7 @@ BUDGET = 64 * MiB
 INTERVAL = 0.5
 STABLE = ["--decay", "0.02", "--threshold", "0.02"]
 CHURN = ["--decay", "0.1", "--threshold", "0.05"]
-EXIT_ERROR = 1          # cli.EXIT_ERROR: a VmdtError (one-line message), not an internal error
+EXIT_IMAGE_GONE = 75   # errors.ImageGoneError: deleted or replaced while served (EX_TEMPFAIL)
 
 # The hot zone of most tests and the zones that must never be held. The
 # Gaussian smoothing reaches 8 blocks (4 sigma, sigma = 2 blocks of 1 MiB)
@@ -700,7 +700,7 @@ def test_image_gone_ends_the_daemon_with_one_line(image, daemons, tmp_path, how)
         w.stop()
     err = d.err()
     assert rc is not None, f"daemon still running 20 s after the image was {how}"
-    assert rc == EXIT_ERROR, f"exit status {rc}; stderr:\n{err[-3000:]}"
+    assert rc == EXIT_IMAGE_GONE, f"exit status {rc}; stderr:\n{err[-3000:]}"
     assert secs < 5, f"exit took {secs:.1f}s ({INTERVAL}s cycles)"
     assert d.cycle <= c + 2, f"{how} at cycle {c}, still cycling at {d.cycle}"
     assert "Traceback" not in err, err[-3000:]

@@ -133,7 +133,7 @@ def test_usage_errors_are_one_line(tmp_path):
     assert proc.returncode == 2 and "multiple of the page size" in proc.stderr
     assert "Traceback" not in proc.stderr
     proc = run_cli("--png", str(tmp_path / "m.png"), img, img)
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 78 and proc.stdout == ""      # errors.EX_CONFIG
     assert proc.stderr == "vmdisktouch: --png needs exactly one PATH (got 2)\n"
     assert not (tmp_path / "m.png").exists()
 

@@ -218,8 +218,10 @@ def test_png_unwritable_target_is_one_line(tmp_path):
     img = make_image(tmp_path / "d.raw", MiB)
     bad = tmp_path / "no-such-dir" / "map.png"
     proc = run_cli("--png", bad, img)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith(f"vmdisktouch: {bad}: cannot write PNG")
+    assert proc.returncode == 78 and "Traceback" not in proc.stderr   # checked before the scan
+    assert proc.stderr == (f"vmdisktouch: refusing --png {bad}: its directory "
+                           f"{bad.parent} does not exist\n")
+    assert proc.stdout == ""
 
 
 # ---------------------------------------------------------------------------
