@@ -211,6 +211,7 @@ def test_locked_pages_stay_charged_to_the_readers_group(groups, reader, tmp_path
         # v1 memory.stat "unevictable" of the group itself: the pages we mlocked.
         assert abs(g.unevictable - stat["unevictable"]) <= MiB, (g, stat["unevictable"])
         assert abs(g.unevictable - locked) <= MiB, (g.unevictable, locked)
+        assert g.anon == stat["rss"], (g.anon, stat["rss"])     # v1: anonymous memory
         assert reader.page_mapcounts(addr, SIZE).min() == 1
 
 
@@ -376,7 +377,10 @@ def test_v2_recorded_tree(tmp_path):
         own = r.own()
         assert own == Group(ino=os.stat(os.path.join(scope, "libvirt")).st_ino,
                             path="/machine.slice/machine-qemu\\x2d1\\x2dvm1.scope/libvirt",
-                            limit=4 * GiB, usage=1157627904, unevictable=268435456)
+                            limit=4 * GiB, usage=1157627904, unevictable=268435456,
+                            anon=int(open(os.path.join(scope, "libvirt", "memory.stat"))
+                                     .read().split("anon ")[1].split()[0]))
+        assert own.anon > 0
         root = r.group(os.stat(cg).st_ino)
         assert root.path == "/" and root.limit is None and root.usage == 0   # no memory.current
         assert root.unevictable == 536870912
@@ -426,7 +430,7 @@ def test_v1_recorded_tree(tmp_path):
         own = r.own()
         assert own == Group(ino=os.stat(emulator).st_ino,
                             path="/machine/qemu-1-vm1.libvirt-qemu/emulator",
-                            limit=2 * GiB, usage=8527872, unevictable=0)
+                            limit=2 * GiB, usage=8527872, unevictable=0, anon=0)
         root = r.group(os.stat(cg).st_ino)
         assert root.path == "/" and root.limit is None and root.usage == 826494976
         assert root.unevictable == 11976704               # its own, not total_unevictable

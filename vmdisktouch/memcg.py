@@ -82,6 +82,7 @@ class Group:
     limit: int | None         # effective limit (min over the group and its ancestors); None: none
     usage: int                # bytes charged now (v2 memory.current, v1 memory.usage_in_bytes)
     unevictable: int | None   # memory.stat "unevictable" (v1: the group's own), bytes
+    anon: int | None = None   # memory.stat anonymous memory (v1 "rss", THP included; v2 "anon")
 
 
 def _unescape(field: str) -> str:
@@ -318,12 +319,14 @@ class MemcgReader:
         v1 = self.version == 1
         usage = _int(_read(os.path.join(self._dir(rel), "memory.usage_in_bytes" if v1
                                         else "memory.current")))
-        unevictable = None
+        unevictable = anon = None
+        anon_key = "rss" if v1 else "anon"     # v1 "rss" is anonymous memory (THP included)
         for line in (_read(os.path.join(self._dir(rel), "memory.stat")) or "").splitlines():
             key, _, value = line.partition(" ")
             if key == "unevictable":
                 unevictable = _int(value)
-                break
+            elif key == anon_key:
+                anon = _int(value)
         limit = None
         parts = rel.split("/") if rel else []
         for depth in range(len(parts), -1, -1):
@@ -336,7 +339,7 @@ class MemcgReader:
             return None                 # removed while reading: the figures are stale
         root = self.mount_root.rstrip("/")
         return Group(ino=ino, path=f"{root}/{rel}" if rel else (root or "/"),
-                     limit=limit, usage=usage or 0, unevictable=unevictable)
+                     limit=limit, usage=usage or 0, unevictable=unevictable, anon=anon)
 
     def __enter__(self) -> MemcgReader:
         return self
