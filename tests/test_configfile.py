@@ -39,12 +39,14 @@ GOOD = {
     "size": [('"3M"', "3M", 3 * MiB), ("5242880", "5242880", 5 * MiB)],
     "duration": [('"1500ms"', "1500ms", 1.5), ("7", "7s", 7.0)],
     "number": [("0.75", "0.75", 0.75), ("3", "3", 3.0)],
+    "fraction": [("0.75", "0.75", 0.75), ("1", "1", 1.0)],
     "integer": [("7", "7", 7), ("12", "12", 12)],
     "path": [('"/run/vmdisktouch/a.out"', "/run/vmdisktouch/a.out", "/run/vmdisktouch/a.out"),
              ('"/tmp/b out"', "/tmp/b out", "/tmp/b out")],
     "boolean": [("true", "yes", True), ("false", "no", False)],
 }
-BAD = {"size": '"lots"', "duration": '"soon"', "number": '"high"', "integer": "1.5",
+BAD = {"size": '"lots"', "duration": '"soon"', "number": '"high"', "fraction": "1.5",
+       "integer": "1.5",
        "path": "5", "boolean": '"maybe"'}
 
 

@@ -132,7 +132,7 @@ def test_any_value_parses_to_a_finite_value_or_a_config_error(s):
             assert str(exc).startswith(f"W: bad value ") and len(str(exc)) < 400, str(exc)
         else:
             assert type(out) is {"size": int, "integer": int, "duration": float,
-                                 "number": float, "path": str}[s.kind], (value, out)
+                                 "number": float, "fraction": float, "path": str}[s.kind], (value, out)
             if s.kind != "path":
                 assert math.isfinite(out) and out >= 0 and str(out)[0] != "-", (value, out)
         assert time.monotonic() - start < 0.5, (s.key, short_id(value))
@@ -158,6 +158,7 @@ def test_block_size_must_be_a_page_multiple():
 
 # key -> (accepted values, refused values); each refused one with what the message says
 BOUNDS = {
+    "foreign_share": ([0, "0.1", 1, 0.25], [(1.5, "<= 1"), (-0.1, ">= 0"), ("nan", "finite")]),
     "max_hold": (["1", "1E", 1 << 60], [(0, "greater than 0"), ("1025P", "at most 1E")]),
     "min_free": ([0, "0", "1E"], [(-1, "negative"), ((1 << 60) + 1, "at most 1E")]),
     "interval": (["0.1", "100ms", 0.1, 86400, "24h"],

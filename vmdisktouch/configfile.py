@@ -172,12 +172,13 @@ _SAMPLES = {
     "blocks_per_pixel": 16,
     "width": 1024,
 }
-_KIND_SAMPLES = {"size": "1G", "duration": "5s", "number": 1.0, "integer": 1,
+_KIND_SAMPLES = {"size": "1G", "duration": "5s", "number": 1.0, "fraction": 0.5, "integer": 1,
                  "path": "/run/vmdisktouch/file", "boolean": True}
 _KIND_NOTES = {
     "size": 'a byte count or a string with a binary suffix: "512M", "4G", "1.5GiB"',
     "duration": 'seconds, or a string: "500ms", "30s", "2m", "1h"',
     "number": "a number",
+    "fraction": "a number from 0 to 1",
     "integer": "a whole number",
     "path": f"a file path (a non-empty string of at most {settings.MAX_PATH_BYTES} bytes, "
             "without line breaks)",

@@ -22,9 +22,11 @@ One cycle (``DiskWatcher.tick``):
    ``heat.RELEASED_GRACE`` seconds are zeroed (feedback suppression),
    residency and rewrites are smoothed and folded into the decaying map.
 5. Select target runs under the budget (blocks known to be holes of a
-   sparse file left out) and hand them to the holder, which releases first,
-   then loads, never above the budget or below the floor.
-6. Write the status JSON and the PNGs atomically; log one line.
+   sparse file, and blocks ceded to a guest's own cache, left out) and hand
+   them to the holder, which releases first, then loads, never above the
+   budget or below the floor. Held blocks charged to another memory-limited
+   cgroup beyond its cap are recharged on the way (``_hold``; ``charges``).
+6. Write the status JSON and the PNGs atomically (``outputs``); log one line.
 """
 
 from __future__ import annotations
@@ -39,13 +41,28 @@ from typing import Callable
 
 import numpy as np
 
-from vmdisktouch import checksums, heat, holder, meminfo, outputs, regions, residency
+from vmdisktouch import charges, checksums, heat, holder, meminfo, outputs, regions, residency
+from vmdisktouch.charge_tracker import ChargeTracker
 from vmdisktouch.image import Image
 from vmdisktouch.residency_tracker import ResidencyTracker
 from vmdisktouch.runs import consecutive_runs
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
+
+
+def _memcg(reader):
+    """The memory-cgroup reader to use, or None (logged once) where it cannot work."""
+    if reader != "auto":
+        return reader
+    from vmdisktouch import memcg
+    reader = memcg.MemcgReader()
+    if not reader.available:
+        log.info("not checking whose memory cgroup the held pages are charged to: %s",
+                 reader.reason)
+        reader.close()
+        return None
+    return reader
 
 
 def runs_to_mask(runs, nblocks: int) -> np.ndarray:
@@ -121,7 +138,7 @@ class DiskWatcher:
     def __init__(self, image: Image, config, *, clock: Callable[[], float] = time.monotonic,
                  mem_available: Callable[[], int] = meminfo.mem_available,
                  sleep: Callable[[float], object] = time.sleep,
-                 out: outputs.Outputs | None = None):
+                 out: outputs.Outputs | None = None, memcg_reader="auto"):
         self.image = image
         self.config = config
         self.clock = clock
@@ -143,6 +160,7 @@ class DiskWatcher:
         self.last_rewritten = _Sparse.empty()
         self.red = _Sparse.empty()
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)   # see heat.self_loaded
+        self.ceded = _Sparse.empty()        # blocks left to the guest's cache, with the time
         self.released = _Sparse.empty()     # blocks released lately, with the time (heat.RELEASED_GRACE)
         self._held_after = np.zeros(self.nblocks, dtype=bool)   # held at the end of the last tick
         self.holes = np.zeros(self.nblocks, dtype=bool)         # see _without_holes
@@ -153,6 +171,7 @@ class DiskWatcher:
             mem_available=self.mem_available, load_rate=config.load_rate, sleep=sleep)
         self.sums = checksums.BlockChecksums(image.fd, self.block_size)
         self.tracker = ResidencyTracker(image.fd, self.block_size)
+        self.charges = ChargeTracker(_memcg(memcg_reader), self.block_size, self.nblocks)
         self.cycle = 0
         self.last_time: float | None = None
         self.last_report: CycleReport | None = None
@@ -207,10 +226,12 @@ class DiskWatcher:
         self.red = self.red.below(n)
         self.self_loaded = _resized(self.self_loaded, n, False)
         self.released = self.released.below(n)
+        self.ceded = self.ceded.below(n)
         self._held_after = _resized(self._held_after, n, False)
         self.holes = np.zeros(n, dtype=bool)
         self.probed = np.zeros(n, dtype=bool)
         self.sums.resize(n)
+        self.charges.resize(n)
         self.nblocks = n
 
     def tick(self) -> CycleReport:
@@ -248,15 +269,16 @@ class DiskWatcher:
         budget_blocks = self.config.max_hold // self.block_size
         total, rewritten_heat = self._without_holes(self.state.total, self.state.heat_rewritten,
                                                     held_mask)
+        self.ceded = self.ceded.where(t0 - self.ceded.values < charges.CEDE_SECONDS)
+        if self.ceded.blocks.size:                   # see _cede
+            keep = np.ones(n, dtype=np.float32)
+            keep[self.ceded.blocks] = 0
+            total, rewritten_heat = total * keep, rewritten_heat * keep
         cand = regions.candidate_mask(total, self.params.threshold, held_mask)
         targets = (regions.select(total, rewritten_heat, self.params.threshold, budget_blocks,
                                   held_mask, recent, candidates=cand)
                    if self.hold_enabled else [])
-        result = self.holder.apply(targets)
-        self._note_lock_refusal(result.lock_refused)
-        for a, b in self.holder.last_holes:
-            self.holes[a:b] = True
-        held_now = runs_to_mask(self.holder.held_runs(), n)
+        result, held_now = self._hold(targets, recent, held_mask, t0)
         self.self_loaded = heat.self_loaded(self.self_loaded, fraction, held_mask, held_now)
         # Released although still a candidate: displaced by hotter regions (not a lease
         # that ran out, which is renewed on its residency at once; see heat).
@@ -286,6 +308,83 @@ class DiskWatcher:
         self.last_report = report
         self._emit(report, fraction, held_now)
         return report
+
+    def _hold(self, targets, recent, held_mask: np.ndarray, now: float):
+        """Apply the targets, recharging held blocks over another group's cap on the way.
+
+        Blocks already held and over a cap are dropped before ``apply``, which
+        loads them again under the daemon's own charge. Blocks that ``apply``
+        just locked while the guest's group pays for them (cached pages keep
+        their charge) are sampled at once, and those over the cap go straight
+        back out and in again, within the cycle: the group never waits a
+        cycle with more of its memory pinned than its cap.
+        """
+        n = self.nblocks
+        result = None
+        before = held_mask
+        for _round in range(2):
+            recharge = self._recharge(recent) if self.hold_enabled else []
+            if _round and not recharge:
+                break
+            before = before & ~runs_to_mask(recharge, n)
+            step = self.holder.apply(targets)
+            result = step if result is None else result.plus(step)
+            self._note_lock_refusal(step.lock_refused)
+            for a, b in self.holder.last_holes:
+                self.holes[a:b] = True
+            held_now = runs_to_mask(self.holder.held_runs(), n)
+            self.charges.update(self.holder, before, held_now, now)
+            if not step.loaded_bytes:
+                break
+            before = held_now
+        if result.loaded_bytes and self.hold_enabled:
+            held_now = self._cede(recent, held_now, now)
+        return result, held_now
+
+    def _cede(self, recent, held_now: np.ndarray, now: float) -> np.ndarray:
+        """Release what is still over a cap right after its reload, and leave it alone a while.
+
+        A guest that reads a block again between its drop and the reload
+        faults it back in under its own group's charge (a page has one
+        owner: whoever faults it first). Such blocks are released, not
+        dropped, and kept out of the selection for ``charges.CEDE_SECONDS``:
+        the guest's own cache keeps what it reads that often, charged where
+        it belongs, and the daemon does not churn on it.
+        """
+        runs = self.charges.plan(self._quiet(recent), self.state.total,
+                                 self.config.foreign_share, per_cycle=1 << 62, count=False)
+        if not runs:
+            return held_now
+        released = self.holder.release(runs)
+        self._released_between += released
+        mask = runs_to_mask(runs, self.nblocks)
+        blocks = np.flatnonzero(mask)
+        self.ceded = self.ceded.merged(_Sparse(blocks, np.full(blocks.size, now)))
+        log.info("%s: %s the guest keeps re-reading stays its own cache (charged to its "
+                 "memory cgroup), not held, for %gs", self.image.path, format_size(released),
+                 charges.CEDE_SECONDS)
+        held_now = held_now & ~mask
+        self.charges.update(self.holder, held_now, held_now, now)
+        return held_now
+
+    def _quiet(self, recent: np.ndarray | None) -> np.ndarray:
+        """Blocks not rewritten in this cycle or the last: where a recharge disturbs least."""
+        return np.ones(self.nblocks, dtype=bool) if recent is None else recent <= 0
+
+    def _recharge(self, recent: np.ndarray | None) -> list[tuple[int, int]]:
+        """Drop the held blocks over another group's cap (``charges``); ``apply`` reloads them."""
+        rate = self.config.load_rate
+        per_cycle = int(rate * self.config.interval) if rate else 256 << 20
+        runs = self.charges.plan(self._quiet(recent), self.state.total,
+                                 self.config.foreign_share, per_cycle)
+        if runs:
+            moved = self.holder.drop(runs)
+            over = ", ".join(f"{c.group.path} (held {format_size(c.held)}, cap "
+                             f"{format_size(c.cap or 0)})" for c in self.charges.last
+                             if c.excess)
+            log.info("%s: recharging %s held for memory cgroups over their cap: %s",
+                     self.image.path, format_size(moved), over)
+        return runs
 
     def _note_lock_refusal(self, message: str | None) -> None:
         """One line when the lock limit starts refusing, one when loads go through again."""
@@ -383,6 +482,7 @@ class DiskWatcher:
             "domain_active": self.domain_active,
             "holding": self.hold_enabled,
             "lock_cap_bytes": self.holder.lock_cap,
+            "charges": self.charges.status(),
             "output_errors": self.outputs.errors,
             "time": time.time(),
         }
@@ -415,3 +515,5 @@ class DiskWatcher:
         self.holder.release_all()
         self.holder.close()
         self.sums.close()
+        if self.charges.reader is not None:
+            self.charges.reader.close()

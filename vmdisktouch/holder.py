@@ -192,6 +192,13 @@ class ApplyResult:
     stopped: bool = False      # loading was cut short because ``sleep`` returned True
     lock_refused: str | None = None   # mlock refused by the lock limit in this call (see Errors)
 
+    def plus(self, later: "ApplyResult") -> "ApplyResult":
+        """Two calls of one cycle as one result."""
+        return ApplyResult(self.loaded_bytes + later.loaded_bytes,
+                           self.released_bytes + later.released_bytes,
+                           later.skipped_bytes, self.stopped or later.stopped,
+                           later.lock_refused or self.lock_refused)
+
 
 @dataclass(eq=False)
 class _Segment:
@@ -308,6 +315,53 @@ class Holder:
         if excess > 0:
             released += self._release_lowest(excess)
         return released + self._shed_to_floor()
+
+    def mappings(self, runs: Iterable[Run]) -> list[tuple[int, int, int, int]]:
+        """``(start, stop, address, length)`` of the held parts of ``runs``, block-aligned.
+
+        The addresses are the holder's own mappings: what ``memcg`` samples to
+        learn whose memory cgroup the held pages are charged to.
+        """
+        out = []
+        for a, b in runs:
+            i = max(bisect.bisect_right(self._segs, a, key=_start) - 1, 0)
+            while i < len(self._segs) and self._segs[i].start < b:
+                seg = self._segs[i]
+                lo, hi = max(a, seg.start), min(b, seg.stop)
+                if lo < hi:
+                    off = self._offset_in(seg.start, lo, seg.length)
+                    end = self._offset_in(seg.start, hi, seg.length) if hi < seg.stop \
+                        else seg.length
+                    out.append((lo, hi, seg.addr + off, end - off))
+                i += 1
+        return out
+
+    def release(self, runs: Iterable[Run]) -> int:
+        """Unlock and unmap the held blocks of ``runs``. Returns bytes released."""
+        return sum(self._release_range(a, b) for a, b in runs)
+
+    def drop(self, runs: Iterable[Run]) -> int:
+        """Release these held blocks, drop them from the page cache and read them back.
+
+        ``POSIX_FADV_DONTNEED`` after the unlock: the kernel drops the pages
+        that nothing else maps (it skips mapped and dirty ones); the
+        ``WILLNEED`` that follows reads them again in this process's context,
+        so they are charged to its memory cgroup, and the next ``apply``
+        locks them without waiting (``charges``: recharging). The bytes read
+        are the caller's to bound (``charges.to_recharge``'s ``per_cycle``).
+        """
+        runs = list(runs)
+        released = self.release(runs)
+        bs = self.block_size
+        for a, b in runs:
+            try:
+                os.posix_fadvise(self.fd, a * bs, (b - a) * bs, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass   # advice only: the reload then finds the pages still charged elsewhere
+            # Read them back at once: the pages are allocated (and charged) in this
+            # process's context before a guest that keeps reading them faults them first.
+            _read_exactly(self.fd, a * bs, min(b * bs, self.size) - a * bs)
+        return released
 
     def release_all(self) -> int:
         """Unlock and unmap everything. Returns bytes released."""

@@ -271,6 +271,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Pace of loading new regions (0 = unpaced), so a load burst does not starve "
             f"the guest's own I/O. 0, or from {format_size(MIN_LOAD_RATE)} (slower would "
             f"take hours per chunk) to {_EIB}.", group="budget"),
+    Setting("foreign_share", _float(0, 1), 0.1, "fraction", "of the group's limit",
+            "Most the daemon keeps locked while charged to a memory-limited cgroup other "
+            "than its own (a VM's), as a share of that group's limit; never past the "
+            "group's free headroom. Held pages over it are recharged to the daemon's group "
+            "by reloading them (see docs/architecture.md). From 0 to 1; 1 = no cap.",
+            group="budget"),
     Setting("status", _path, None, "path", "",
             "Write a JSON status file here every cycle (replaced atomically).", group="output"),
     Setting("heat_png", _path, None, "path", "",

@@ -540,6 +540,20 @@ def start_neighbour(cgroup: MemoryCgroup, path: str, rate: int, runtime: float =
 # --------------------------------------------------------------------------
 # holders: vmtouch -l (oracle / whole image) and the daemon
 
+ZONE_READER = ("import os, sys, time\n"
+               "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+               "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)\n"
+               "off, n, pause = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])\n"
+               "while True:\n"
+               "    for o in range(off, off + n, 1 << 20): os.pread(fd, 1 << 20, o)\n"
+               "    time.sleep(pause)\n")
+
+
+def zone_reader_argv(path: str, offset: int, length: int, pause: float = 0.1) -> list[str]:
+    """A guest that reads ``[offset, offset+length)`` of ``path`` over and over (no readahead)."""
+    return [sys.executable, "-c", ZONE_READER, path, str(offset), str(length), str(pause)]
+
+
 def vmlck(pid: int) -> int:
     """Bytes mlocked by a process (``VmLck`` of /proc/PID/status); 0 if it is gone."""
     try:
