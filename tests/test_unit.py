@@ -161,7 +161,7 @@ def test_notify_watchdog_restart():
 
 def test_hardening():
     assert set(one("CapabilityBoundingSet").split()) == {
-        "CAP_IPC_LOCK", "CAP_DAC_READ_SEARCH", "CAP_FOWNER"}
+        "CAP_IPC_LOCK", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_SYS_ADMIN"}
     assert "AmbientCapabilities" not in SERVICE and "User" not in SERVICE
     expected = {"LimitMEMLOCK": "infinity", "ProtectSystem": "strict", "ProtectHome": "yes",
                 "PrivateTmp": "yes", "NoNewPrivileges": "yes",
