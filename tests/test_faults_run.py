@@ -73,6 +73,21 @@ def stopped_cleanly(d: Daemon, within: float = 5.0) -> None:
     assert_clean(d.output())
 
 
+def reload_rejected(tmp_path, image, change, *args, status="status.json") -> str:
+    """Serve with a config file, ``change(cfg)``, SIGHUP: the reload is rejected, cycles go on."""
+    cfg = tmp_path / "vm.toml"
+    cfg.write_text('max_hold = "16M"\n')
+    d = serving(tmp_path, image, "--config", cfg, *args, status=status)
+    try:
+        change(cfg)
+        d.signal(signal.SIGHUP)
+        out = d.wait_output("reload rejected", timeout=10)
+        more_cycles(d)
+        return out
+    finally:
+        stopped_cleanly(d)
+
+
 # -- 3. signals: never a deadlock, never a lost stop ------------------------------------
 
 PHASES = {   # phase -> (module attribute to wrap, on which call)
@@ -157,16 +172,8 @@ for _phase in PHASES:
        "SIGTERM", "the reload is rejected, the old settings stay, SIGTERM still works",
        "`reload rejected`, more cycles, exit 0 within 5 s", "3")
 def _(tmp_path, image):
-    cfg = tmp_path / "vm.toml"
-    cfg.write_text('max_hold = "16M"\n')
-    d = serving(tmp_path, image, "--config", cfg, budget="16M")
-    try:
-        cfg.write_text('max_hold = "16M"\ninterval = nan\n')
-        d.signal(signal.SIGHUP)
-        d.wait_output("reload rejected")
-        more_cycles(d)
-    finally:
-        stopped_cleanly(d)
+    reload_rejected(tmp_path, image,
+                    lambda cfg: cfg.write_text('max_hold = "16M"\ninterval = nan\n'))
 
 
 @fault("sighup-flood", "2000 SIGHUPs as fast as another process can send them", "the "
@@ -251,17 +258,9 @@ fault("status-swapped-for-hardlink", "between two cycles the status file is repl
        "the reload is rejected, the old settings stay", "`reload rejected ... it is the disk "
        "image`", "1")
 def _(tmp_path, image):
-    cfg = tmp_path / "vm.toml"
-    cfg.write_text('max_hold = "16M"\n')
-    d = serving(tmp_path, image, "--config", cfg, status=None)
-    try:
-        cfg.write_text(f'max_hold = "16M"\nstatus = "{image}"\n')
-        d.signal(signal.SIGHUP)
-        out = d.wait_output("reload rejected")
-        assert "it is the disk image" in out
-        more_cycles(d)
-    finally:
-        stopped_cleanly(d)
+    out = reload_rejected(tmp_path, image, lambda cfg: cfg.write_text(
+        f'max_hold = "16M"\nstatus = "{image}"\n'), status=None)
+    assert "it is the disk image" in out
 
 
 @fault("output-dir-removed", "the output directory is removed while the daemon runs, then "
@@ -623,32 +622,13 @@ def _(tmp_path, image):
 @fault("config-gone-on-reload", "the config file is deleted, then SIGHUP", "the reload is "
        "rejected; the old settings stay", "`reload rejected`, more cycles")
 def _(tmp_path, image):
-    cfg = tmp_path / "vm.toml"
-    cfg.write_text('max_hold = "16M"\n')
-    d = serving(tmp_path, image, "--config", cfg)
-    try:
-        cfg.unlink()
-        d.signal(signal.SIGHUP)
-        d.wait_output("reload rejected")
-        more_cycles(d)
-    finally:
-        stopped_cleanly(d)
+    reload_rejected(tmp_path, image, lambda cfg: cfg.unlink())
 
 
 @fault("config-fifo-on-reload", "the config file is replaced by a FIFO, then SIGHUP",
        "no hang: the reload is rejected at once", "`reload rejected`, more cycles")
 def _(tmp_path, image):
-    cfg = tmp_path / "vm.toml"
-    cfg.write_text('max_hold = "16M"\n')
-    d = serving(tmp_path, image, "--config", cfg)
-    try:
-        cfg.unlink()
-        os.mkfifo(cfg)
-        d.signal(signal.SIGHUP)
-        d.wait_output("reload rejected", timeout=10)
-        more_cycles(d)
-    finally:
-        stopped_cleanly(d)
+    reload_rejected(tmp_path, image, lambda cfg: (cfg.unlink(), os.mkfifo(cfg)))
 
 
 @fault("budget-above-memory", "`--max-hold 64T`, above the host's memory", "a warning says "
