@@ -70,3 +70,30 @@ def test_a_group_at_its_limit_is_not_paced():
     runs = to_recharge(block_ino, block_bytes, np.ones(n, bool), np.zeros(n), [c],
                        per_cycle=MiB)
     assert runs == [(0, 8)]
+
+
+class FakeReader:
+    """memcg.MemcgReader at its seam: the charges of the sampled pages are given."""
+
+    def __init__(self, samples):
+        self.samples = np.asarray(samples, dtype=np.uint64)
+
+    def own(self):
+        from vmdisktouch.memcg import Group
+        return Group(ino=OWN, path="/daemon", limit=None, usage=0, unevictable=0)
+
+    def page_groups(self, addr, length, step):
+        return self.samples[:-(-length // (4096 * step))]
+
+
+def test_a_block_counts_only_its_foreign_pages():
+    from vmdisktouch.charge_tracker import STEP_PAGES, ChargeTracker
+
+    per_block = MiB // (4096 * STEP_PAGES)                     # 16 samples a block
+    block0 = [7] * 6 + [OWN] * 10                              # 6 of 16 pages the guest's
+    block1 = [0] * 16                                          # not present
+    block2 = [9] * 3 + [7] * 5 + [OWN] * 8                     # mostly group 7
+    t = ChargeTracker(FakeReader(block0 + block1 + block2), MiB, 4)
+    t._sample(0, 3, addr=0, length=3 * MiB)
+    assert t.ino[:3].tolist() == [7, 0, 7]
+    assert t.bytes[:3].tolist() == [6 * MiB // per_block, 0, 5 * MiB // per_block]

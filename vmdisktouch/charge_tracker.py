@@ -6,8 +6,9 @@ they stay held (a removed group's pages move to its parent: every
 ``RESAMPLE_SECONDS`` all held blocks are sampled again). A block is sampled
 every ``STEP_PAGES``-th page through the holder's own mapping
 (``memcg.MemcgReader.page_groups``: pagemap and kpagecgroup); it is
-attributed to the group most of its resident samples are charged to, with
-the bytes that share stands for. The groups' limits and what reclaim cannot
+attributed to the foreign group (not the daemon's own) most of its samples
+are charged to, with the bytes those samples stand for: a block half the
+guest's and half the daemon's counts its guest half. The groups' limits and what reclaim cannot
 take are read each cycle, for the few groups the held blocks are charged
 to. The decision (cap, what to recharge) is ``charges``.
 """
@@ -78,7 +79,7 @@ class ChargeTracker:
         padded[:min(inos.size, padded.size)] = inos[:padded.size]
         rows = padded.reshape(nb, per_block)
         for k in range(nb):
-            row = rows[k][rows[k] != 0]
+            row = rows[k][(rows[k] != 0) & (rows[k] != self.own_ino)]   # foreign charges only
             if not row.size:
                 self.ino[a + k], self.bytes[a + k] = 0, 0
                 continue
