@@ -49,7 +49,7 @@ Values are read fresh on each call; a read failure is a missing value.
 
 Cost, measured here (2 cores, 6.18, ext4; 1 GiB file read with readahead,
 mapped and mlocked: 262144 pages in ~1200 runs of consecutive PFNs; median
-of 20, two runs; ``.venv/bin/python tests/data/memcg/bench_page_groups.py``):
+of 20, two runs; ``.venv/bin/python benchmarks/bench_memcg.py``):
 ``page_groups`` 35-42 ms at step 1, 22-25 ms at step 16; ``page_mapcounts``
 38-48 ms and 28-32 ms. The pagemap pread is 1-2 ms; most of the rest is the
 kernel's lookup per PFN read (~70 ns: 19 ms for 262144 PFNs) and numpy. At

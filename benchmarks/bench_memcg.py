@@ -1,7 +1,7 @@
 """Time MemcgReader.page_groups / page_mapcounts over 1 GiB held (mapped and mlocked).
 
 Run as root from the project root:
-    .venv/bin/python tests/data/memcg/bench_page_groups.py [DIR]
+    .venv/bin/python benchmarks/bench_memcg.py [DIR]
 
 Writes a 1 GiB file of random data in DIR (default /var/tmp), drops it from
 the page cache, reads it back with readahead (so its page cache is allocated
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from tests.pagecache import evict, make_image, read_range  # noqa: E402
 from vmdisktouch import libc, memcg  # noqa: E402
