@@ -8,6 +8,7 @@ untouched. See ``tests/faultkit.py`` and ``docs/faults.md``.
 from __future__ import annotations
 
 import os
+import resource
 import stat
 import subprocess
 
@@ -176,6 +177,7 @@ def _(tmp_path, image):
        "RLIMIT_MEMLOCK 4M (`setpriv`, `prlimit`)", START,
        "exit 78, `above this process's lock limit`")
 def _(tmp_path, image):
+    assert resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] >= 4 * MiB   # lowered, never raised
     prefix = [require_tool("prlimit"), "--memlock=4194304:4194304",
               require_tool("setpriv"), "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"]
     r = vmdt("run", image, "--uri", "", "--max-hold", "8M", "--min-free", "0", prefix=prefix)
