@@ -33,6 +33,8 @@ import secrets
 import stat
 from typing import Callable
 
+from vmdisktouch.errors import file_kind
+
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -42,14 +44,9 @@ class OutputRefused(OSError):
 
 def target_problem(st: os.stat_result) -> str | None:
     """Why an existing output path must not be replaced (None: a regular file, fine)."""
-    mode = st.st_mode
-    if stat.S_ISREG(mode):
+    if stat.S_ISREG(st.st_mode):
         return None
-    kinds = [(stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
-    what = next((name for test, name in kinds if test(mode)), "not a regular file")
-    return f"it is {what}, not a regular file"
+    return f"it is {file_kind(st.st_mode)}, not a regular file"
 
 
 def write_bytes(path: str, data: bytes, mode: int = 0o644, *,

@@ -58,8 +58,10 @@ class ChargeTracker:
         """Forget released blocks; sample the newly held ones (all of them now and then)."""
         if not self.active:
             return
-        self.ino[~held_now] = 0
-        self.bytes[~held_now] = 0
+        charged = np.flatnonzero(self.ino)          # a few held blocks of a huge map
+        gone = charged[~held_now[charged]]
+        self.ino[gone] = 0
+        self.bytes[gone] = 0
         if self._sampled_at is None or now - self._sampled_at >= RESAMPLE_SECONDS \
                 or now < self._sampled_at:
             fresh, self._sampled_at = held_now, now
@@ -97,8 +99,12 @@ class ChargeTracker:
         """
         if not self.active:
             return []
+        charged = self.ino[self.ino != 0]
+        if not charged.size:                        # the common case: nothing foreign held
+            self.last = []
+            return []
         groups = {}
-        for ino in np.unique(self.ino[self.ino != 0]).tolist():
+        for ino in np.unique(charged).tolist():
             g = self.reader.group(int(ino))
             if g is not None:
                 pinned = (g.anon or 0) + (g.unevictable or 0)

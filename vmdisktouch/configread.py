@@ -17,7 +17,7 @@ import stat
 import tomllib
 from typing import Any, Iterable
 
-from vmdisktouch.errors import ConfigError
+from vmdisktouch.errors import ConfigError, file_kind
 from vmdisktouch.sizes import format_size
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -25,16 +25,13 @@ SHOWN_UNKNOWN_KEYS = 5        # the unknown keys the warning names (with a hint 
 _LONGEST_KEY_HINTED = 64      # longer keys get no did-you-mean (difflib is quadratic)
 
 _LINE_RE = re.compile(r"^(.*?)\s*\(at line (\d+), column (\d+)\)\s*$")
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"))
 
 
 def _refuse_unless_regular(path: str, mode: int) -> None:
     if stat.S_ISREG(mode):
         return
-    kind = next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
-    raise ConfigError(f"{path}: cannot read config file: it is {kind}, not a regular file")
+    raise ConfigError(f"{path}: cannot read config file: it is {file_kind(mode)}, "
+                      "not a regular file")
 
 
 def _cannot_read(path: str, exc: OSError) -> ConfigError:

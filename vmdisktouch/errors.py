@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import stat as _stat
 
 
 EX_ERROR = 1
@@ -86,3 +87,14 @@ def syscall_error(call: str, err: int, detail: str = "") -> SyscallError:
     if call.startswith("mlock") and err in (_errno.ENOMEM, _errno.EPERM, _errno.EAGAIN):
         return LockLimitError(call, err, detail)
     return SyscallError(call, err, detail)
+
+
+_KINDS = ((_stat.S_ISLNK, "a symbolic link"), (_stat.S_ISDIR, "a directory"),
+          (_stat.S_ISFIFO, "a FIFO"), (_stat.S_ISSOCK, "a socket"),
+          (_stat.S_ISCHR, "a character device"), (_stat.S_ISBLK, "a block device"),
+          (_stat.S_ISREG, "a regular file"))
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` is, for a message: "a FIFO", "a directory", ..."""
+    return next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
