@@ -31,6 +31,7 @@ One cycle (``DiskWatcher.tick``):
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -132,6 +133,31 @@ class CycleReport:
     size_bytes: int
 
 
+def _runs(mask_or_runs) -> list:
+    if isinstance(mask_or_runs, np.ndarray):
+        return [list(r) for r in regions.mask_runs(mask_or_runs)]
+    return [[int(a), int(b)] for a, b in mask_or_runs]
+
+
+class _Recorder:
+    """Each cycle's observation and decision as one gzip JSON line (VMDISKTOUCH_RECORD).
+
+    For the golden replay tests of the policy (tests/core/test_golden.py).
+    """
+
+    def __init__(self, path: str):
+        self.file = gzip.open(path, "wt")
+        self.cycle: dict = {}
+
+    def write(self) -> None:
+        self.file.write(json.dumps(self.cycle, separators=(",", ":")) + "\n")
+        self.file.flush()
+        self.cycle = {}
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class DiskWatcher:
     """Runs the vmdisktouch cycle on one open image."""
 
@@ -179,6 +205,8 @@ class DiskWatcher:
         self.hold_enabled = True
         self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
         self._released_between = 0               # by a reload or a size change
+        path = os.environ.get("VMDISKTOUCH_RECORD")
+        self.recorder = _Recorder(path) if path else None
 
     @staticmethod
     def _heat_params(config) -> heat.HeatParams:
@@ -259,6 +287,23 @@ class DiskWatcher:
             if rewritten is not None:
                 np.maximum(recent, rewritten, out=recent)
         self.last_rewritten = now_rewritten
+        rec = self.recorder.cycle if self.recorder else None
+        if rec is not None:
+            c = self.config
+            nz = np.flatnonzero(fraction)
+            rec.update(
+                t=t0, nblocks=n, size=self.size, enabled=self.hold_enabled,
+                settings=dict(block_size=self.block_size, max_hold=c.max_hold,
+                              interval=c.interval, rewritten_seconds=c.rewritten_seconds,
+                              foreign_share=c.foreign_share, amp_resident=c.amp_resident,
+                              sigma_resident=c.sigma_resident, amp_rewritten=c.amp_rewritten,
+                              sigma_rewritten=c.sigma_rewritten, decay=c.decay,
+                              threshold=c.threshold),
+                resident=[nz.tolist(), fraction[nz].astype(float).tolist()],
+                held=_runs(held_mask),
+                rewritten=[now_rewritten.blocks.tolist(),
+                           np.asarray(now_rewritten.values, dtype=float).tolist()],
+                skip_holes=self.holder.skip_holes, probes=[])
         dt = self.config.interval if self.last_time is None else max(t0 - self.last_time, 1e-3)
         self.last_time = t0
         self._note_released(self._held_after & ~held_mask, t0)   # between ticks: budget, stop
@@ -278,6 +323,8 @@ class DiskWatcher:
         targets = (regions.select(total, rewritten_heat, self.params.threshold, budget_blocks,
                                   held_mask, recent, candidates=cand)
                    if self.hold_enabled else [])
+        if rec is not None:
+            rec["targets"] = _runs(targets)
         result, held_now = self._hold(targets, recent, held_mask, t0)
         self.self_loaded = heat.self_loaded(self.self_loaded, fraction, held_mask, held_now)
         # Released although still a candidate: displaced by hotter regions (not a lease
@@ -306,6 +353,10 @@ class DiskWatcher:
             size_bytes=self.size,
         )
         self.last_report = report
+        if rec is not None:
+            rec.update(held_after=_runs(held_now), heat_sum=float(self.state.total.sum(dtype=np.float64)),
+                       red=_runs(self.red.runs()))
+            self.recorder.write()
         self._emit(report, fraction, held_now)
         return report
 
@@ -332,6 +383,8 @@ class DiskWatcher:
             self._note_lock_refusal(step.lock_refused)
             for a, b in self.holder.last_holes:
                 self.holes[a:b] = True
+            if self.recorder:
+                self.recorder.cycle.setdefault("holes_found", []).extend(_runs(self.holder.last_holes))
             held_now = runs_to_mask(self.holder.held_runs(), n)
             self.charges.update(self.holder, before, held_now, now)
             if not step.loaded_bytes:
@@ -364,6 +417,8 @@ class DiskWatcher:
                  "memory cgroup), not held, for %gs", self.image.path, format_size(released),
                  charges.CEDE_SECONDS)
         held_now = held_now & ~mask
+        if self.recorder:
+            self.recorder.cycle.setdefault("ceded", []).extend(_runs(runs))
         self.charges.update(self.holder, held_now, held_now, now)
         return held_now
 
@@ -424,6 +479,8 @@ class DiskWatcher:
         when it shrinks (something was punched), everything is forgotten.
         """
         stamp = self._allocation()
+        if self.recorder:
+            self.recorder.cycle["allocation"] = stamp
         if stamp != self.allocation:
             if stamp is None or self.allocation is None or stamp < self.allocation:
                 self.probed[:] = False
@@ -445,6 +502,8 @@ class DiskWatcher:
             return
         for a, b in regions.mask_runs(unknown):
             data = self.holder.data_runs((a, b))
+            if self.recorder:
+                self.recorder.cycle["probes"].append([a, b, _runs(data)])
             self.probed[a:b] = True
             pos = a
             for s, e in data + [(b, b)]:
@@ -512,6 +571,8 @@ class DiskWatcher:
                  r.cycle_seconds)
 
     def close(self) -> None:
+        if self.recorder:
+            self.recorder.close()
         self.holder.release_all()
         self.holder.close()
         self.sums.close()
