@@ -14,7 +14,7 @@ test: deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: deps
-	$(PY) -m vmdisktouch.demo
+	$(PY) -m tools.demo
 
 clean:
 	rm -rf $(VENV) demo-out *.egg-info build

@@ -38,8 +38,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.report import provenance, update_section  # noqa: E402
-from vmdisktouch import workload  # noqa: E402
-from vmdisktouch.workload import MiB, MemoryCgroup  # noqa: E402
+from tools import workload  # noqa: E402
+from tools.workload import MiB, MemoryCgroup  # noqa: E402
 
 ALLOCATOR = ("import mmap, sys, time\n"
              "n = int(sys.argv[1])\n"

@@ -62,7 +62,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
 
-from vmdisktouch import workload as wl  # noqa: E402
+from tools import workload as wl  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 MiB, GiB = wl.MiB, wl.GiB

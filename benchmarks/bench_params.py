@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import bench_hotzone as hz  # noqa: E402
 from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
-from vmdisktouch import workload as wl  # noqa: E402
+from tools import workload as wl  # noqa: E402
 
 MiB = wl.MiB
 CHART = os.path.join(ROOT, "docs", "img", "params.png")

@@ -44,7 +44,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.cached_state import cached  # noqa: E402
 from benchmarks.report import provenance, update_section  # noqa: E402
-from vmdisktouch import libc  # noqa: E402
+from vmdisktouch.system import libc  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
 MiB = 1 << 20

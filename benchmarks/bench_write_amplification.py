@@ -45,7 +45,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from vmdisktouch import holder, meminfo  # noqa: E402
+from vmdisktouch.system import holder, meminfo  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 MiB = 1 << 20

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from vmdisktouch import libc
+from vmdisktouch.system import libc
 
 MiB = 1 << 20
 

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.cached_state import cached  # noqa: E402
 from vmdisktouch import daemon, settings  # noqa: E402
-from vmdisktouch.image import open_image  # noqa: E402
+from vmdisktouch.system.image import open_image  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
 MiB = 1 << 20

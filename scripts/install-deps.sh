@@ -10,9 +10,9 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils fio vmtouch util-linux stress-ng
   time  # /usr/bin/time -v: peak RSS in benchmarks/bench_scan.py
   python3-libnbd libnbd-bin
-  python3-seccomp  # seccomp filters that emulate the unit's sandbox (tests/test_sandbox.py)
+  python3-seccomp  # seccomp filters that emulate the unit's sandbox (tests/e2e/test_sandbox.py)
   systemd
-  libxml2-utils  # xmllint, which virt-xml-validate runs (tests/test_unit.py)
+  libxml2-utils  # xmllint, which virt-xml-validate runs (tests/e2e/test_unit.py)
   # libvirt: the daemons (the tests start libvirtd and virtlogd themselves, see
   # tests/libvirt_env.py; no default network, so no dnsmasq), and what
   # `pip install libvirt-python` needs to build (it ships no wheels).

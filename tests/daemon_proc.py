@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from vmdisktouch import meminfo
+from vmdisktouch.system import meminfo
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

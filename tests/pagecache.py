@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 
-from vmdisktouch import libc
+from vmdisktouch.system import libc
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -34,7 +34,7 @@ settings from the unit file, then execs the command::
 --report FILE     Write what was applied and verified, as JSON.
 
 Any verification that fails exits 1 with a message; nothing is exec'd.
-The functions are also imported by tests/test_sandbox.py.
+The functions are also imported by tests/e2e/test_sandbox.py.
 """
 
 from __future__ import annotations

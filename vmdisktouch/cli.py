@@ -23,7 +23,7 @@ from vmdisktouch.errors import EX_ERROR, EX_SOFTWARE, EX_USAGE, VmdtError
 COMMANDS = {
     "snapshot": ("vmdisktouch.snapshot", "report page-cache residency of disk images"),
     "run": ("vmdisktouch.run", "keep the hot regions of a disk image in the page cache"),
-    "discover": ("vmdisktouch.discover", "list libvirt domains' disks and whether each is eligible"),
+    "discover": ("vmdisktouch.adapters.discover", "list libvirt domains' disks and whether each is eligible"),
     "unit-name": ("vmdisktouch.unitname", "print the systemd unit name that keeps a disk warm"),
 }
 

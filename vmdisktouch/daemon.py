@@ -42,11 +42,13 @@ from typing import Callable
 
 import numpy as np
 
-from vmdisktouch import charges, checksums, heat, holder, meminfo, outputs, regions, residency
-from vmdisktouch.charge_tracker import ChargeTracker
-from vmdisktouch.image import Image
-from vmdisktouch.residency_tracker import ResidencyTracker
-from vmdisktouch.runs import consecutive_runs
+from vmdisktouch.core import charges, heat, regions
+from vmdisktouch.system import checksums, holder, meminfo, residency
+from vmdisktouch.adapters import outputs
+from vmdisktouch.system.charge_tracker import ChargeTracker
+from vmdisktouch.system.image import Image
+from vmdisktouch.system.residency_tracker import ResidencyTracker
+from vmdisktouch.core.runs import consecutive_runs
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
@@ -56,7 +58,7 @@ def _memcg(reader):
     """The memory-cgroup reader to use, or None (logged once) where it cannot work."""
     if reader != "auto":
         return reader
-    from vmdisktouch import memcg
+    from vmdisktouch.system import memcg
     reader = memcg.MemcgReader()
     if not reader.available:
         log.info("not checking whose memory cgroup the held pages are charged to: %s",
@@ -552,7 +554,7 @@ class DiskWatcher:
             text = json.dumps(self.status_obj(r), indent=2) + "\n"
             self.outputs.write("status", c.status, text.encode())
         if c.heat_png or c.map_png:
-            from vmdisktouch import render  # PIL only when PNGs are asked for
+            from vmdisktouch.adapters import render  # PIL only when PNGs are asked for
             layout = render.Layout.fit(self.nblocks, blocks_per_pixel=c.blocks_per_pixel,
                                        width=c.width, aspect=c.aspect, scale=c.scale)
             if c.map_png:

@@ -40,11 +40,13 @@ import os
 import sys
 import time
 
-from vmdisktouch import configfile, meminfo, outputs, sdnotify, settings
+from vmdisktouch import configfile, settings
+from vmdisktouch.system import meminfo
+from vmdisktouch.adapters import outputs, sdnotify
 from vmdisktouch.errors import ConfigError, ImageGoneError, VmdtError
-from vmdisktouch.image import open_image
-from vmdisktouch.signals import LoopSignals
-from vmdisktouch.libvirt_disks import DEFAULT_URI
+from vmdisktouch.system.image import open_image
+from vmdisktouch.system.signals import LoopSignals
+from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
@@ -165,7 +167,7 @@ def _start(args, sig: LoopSignals) -> int:
     if config_path:
         log.info("settings from %s", config_path)
     if args.uri:
-        from vmdisktouch import lifecycle
+        from vmdisktouch.adapters import lifecycle
         lifecycle.require_eligible(args.path, args.uri, args.force)
 
     with open_image(args.path) as image:
@@ -189,7 +191,7 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
     domain = None
     try:
         if args.uri:
-            from vmdisktouch import lifecycle
+            from vmdisktouch.adapters import lifecycle
             domain = lifecycle.start_watcher(args.path, args.uri, sig)
 
         def reload() -> None:

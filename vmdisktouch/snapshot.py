@@ -28,9 +28,9 @@ import json
 import sys
 import time
 
-from vmdisktouch import residency
+from vmdisktouch.system import residency
 from vmdisktouch.errors import ConfigError, VmdtError
-from vmdisktouch.image import open_image
+from vmdisktouch.system.image import open_image
 from vmdisktouch.sizes import format_size, parse_size
 
 QCOW2_NOTE = ("qcow2 image: offsets are host-file offsets, not guest offsets "
@@ -185,8 +185,8 @@ def _scan_one(path: str, block_size: int, want_ranges: bool):
 
 
 def _write_png(path: str, res: residency.Residency, args) -> str:
-    from vmdisktouch import render  # PIL is only needed here
-    from vmdisktouch.atomic import write_png
+    from vmdisktouch.adapters import render  # PIL is only needed here
+    from vmdisktouch.adapters.atomic import write_png
 
     layout = render.Layout.fit(res.nblocks, blocks_per_pixel=args.blocks_per_pixel,
                                width=args.width)
@@ -200,7 +200,7 @@ def _write_png(path: str, res: residency.Residency, args) -> str:
 
 def _check_png_path(png: str, image_path: str) -> None:
     """Refuse a ``--png`` that is the image itself, or anything but a PNG or a new file."""
-    from vmdisktouch import outputs
+    from vmdisktouch.adapters import outputs
     image = outputs.Protected.of_path(image_path, f"the disk image {image_path}")
     problem = outputs.path_problem(png, "map_png", [image] if image else [])
     if problem:

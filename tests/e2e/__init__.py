@@ -1,0 +1,1 @@
+"""End to end: the daemon and the CLI as child processes, real QEMU, real libvirtd."""

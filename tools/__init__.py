@@ -1,0 +1,1 @@
+"""Harnesses outside the installed package: the demo and the fio/QEMU workloads."""

@@ -1,0 +1,1 @@
+"""Adapters to the world outside the kernel: libvirt, PNG files, sd_notify, atomic files."""

@@ -1,0 +1,203 @@
+"""The daemon's output files: checked before they are used, written without losing anything.
+
+Theory of operation
+-------------------
+``run`` writes up to three files every cycle (``--status``, ``--map-png``,
+``--heat-png``), each replaced atomically (``atomic``). A rename replaces
+whatever the path names, so a wrong path loses data: ``--status victim.img``
+once replaced the very disk image being served with a 529-byte JSON file.
+So an output path is checked at start and on every reload
+(``check_paths``), and refused, with the option named, when:
+
+* it is the image, or any alias of it: a hard link (same device and inode),
+  a symlink to it, or a device node of the same block device (same
+  ``st_rdev``) - or the config file;
+* it exists and is not a regular file (symlink, directory, device, FIFO,
+  socket): an output is never written through a symlink;
+* it exists and does not look like this kind of output (a status file
+  starts with ``{``, a PNG with the PNG signature; an empty file is fine):
+  the daemon replaces only what it could have written itself, so another
+  VM's image named by mistake is refused too;
+* two options name the same file;
+* its directory does not exist, is not a directory, or a file cannot be
+  created there (read-only or pseudo file system, no permission): a probe
+  file is created and removed, so the error comes at start, before
+  anything is held.
+
+At run time (``Outputs.write``) each write checks the target again, in the
+writer's own ``lstat``, when it is not the file the daemon wrote last
+(someone swapped it), and a failure of any kind (ENOSPC, EROFS, the directory removed, a
+refused target) is logged once per streak of failures of that output, with
+the count when it recovers, and counted in ``errors``: it never stops the
+holding. A full ``/run`` thus costs pictures, not the held memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+
+from vmdisktouch.adapters import atomic
+from vmdisktouch.errors import ConfigError
+
+log = logging.getLogger("vmdisktouch")
+
+# option key -> (flag, the first bytes its file starts with)
+OUTPUT_KEYS = {"status": ("--status", b"{"),
+               "map_png": ("--map-png", b"\x89PNG\r\n\x1a\n"),
+               "heat_png": ("--heat-png", b"\x89PNG\r\n\x1a\n")}
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A file outputs must never replace: its identity and what to call it."""
+    dev: int
+    ino: int
+    rdev: int          # a block device's device number, else 0
+    what: str
+
+    @classmethod
+    def of_fd(cls, fd: int, what: str) -> "Protected":
+        st = os.fstat(fd)
+        return cls(st.st_dev, st.st_ino, st.st_rdev if stat.S_ISBLK(st.st_mode) else 0, what)
+
+    @classmethod
+    def of_path(cls, path: str, what: str) -> "Protected | None":
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cls(st.st_dev, st.st_ino, st.st_rdev if stat.S_ISBLK(st.st_mode) else 0, what)
+
+    def matches(self, st: os.stat_result) -> bool:
+        if (st.st_dev, st.st_ino) == (self.dev, self.ino):
+            return True
+        return bool(self.rdev) and stat.S_ISBLK(st.st_mode) and st.st_rdev == self.rdev
+
+
+def _flag(key: str) -> str:
+    return OUTPUT_KEYS[key][0] if key in OUTPUT_KEYS else "--" + key.replace("_", "-")
+
+
+def path_problem(path: str, key: str, protected: list[Protected], *,
+                 probe_dir: bool = True) -> str | None:
+    """Why ``path`` must not be the output ``key`` (None: it may be written).
+
+    ``probe_dir``: also check that a file can be created in its directory.
+    """
+    try:
+        lst = os.lstat(path)
+    except FileNotFoundError:
+        lst = None
+    except OSError as exc:
+        return f"cannot check it: {exc.strerror or exc}"
+    if lst is not None:
+        try:
+            st = os.stat(path)          # what a symlink names, for the message
+        except OSError:
+            st = lst
+        for p in protected:
+            if p.matches(st) or p.matches(lst):
+                return f"it is {p.what}"
+        problem = atomic.target_problem(lst)
+        if problem:
+            return problem
+        magic = OUTPUT_KEYS.get(key, ("", b""))[1]
+        head = _head(path, len(magic))
+        if head is None:
+            return "it cannot be read to check what it is"
+        if head and magic and not head.startswith(magic[:len(head)]):
+            return (f"it exists and is not a file vmdisktouch writes (it does not start with "
+                    f"{magic!r}); remove it or choose another path")
+    return _directory_problem(path) if probe_dir else None
+
+
+def _head(path: str, n: int) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, n) if n else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _directory_problem(path: str) -> str | None:
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return f"its directory {directory} does not exist"
+    except NotADirectoryError:
+        return f"{directory} is not a directory"
+    except OSError as exc:
+        return f"its directory {directory} cannot be opened: {exc.strerror or exc}"
+    probe = f".vmdisktouch-probe.{secrets.token_hex(6)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
+        os.close(fd)
+        os.unlink(probe, dir_fd=dfd)
+    except OSError as exc:
+        return f"cannot create a file in {directory}: {exc.strerror or exc}"
+    finally:
+        os.close(dfd)
+    return None
+
+
+def check_paths(config, protected: list[Protected]) -> None:
+    """Refuse (``ConfigError``, naming the option) any output path that must not be written."""
+    seen: dict[tuple, str] = {}
+    for key in OUTPUT_KEYS:
+        path = config.get(key)
+        if not path:
+            continue
+        problem = path_problem(path, key, protected)
+        if problem:
+            raise ConfigError(f"refusing {_flag(key)} {path}: {problem}")
+        where = os.path.abspath(path)
+        parent = os.stat(os.path.dirname(where))
+        same = (parent.st_dev, parent.st_ino, os.path.basename(where))
+        if same in seen:
+            raise ConfigError(f"refusing {_flag(key)} {path}: {seen[same]} names the same file")
+        seen[same] = _flag(key)
+
+
+class Outputs:
+    """Writes the outputs of one daemon; a failure is logged once per streak and counted."""
+
+    def __init__(self, protected: list[Protected]):
+        self.protected = protected
+        self.errors = 0                       # failed writes, all outputs, since start
+        self._streak: dict[str, int] = {}     # key -> failures in a row
+        self._written: dict[str, tuple[int, int]] = {}   # key -> (dev, ino) written last
+
+    def write(self, key: str, path: str, data: bytes) -> bool:
+        """Replace ``path`` with ``data``; False (logged, counted) when it failed."""
+        try:
+            self._written[key] = atomic.write_bytes(
+                path, data, check=lambda st: self._problem(key, path, st))
+        except OSError as exc:
+            self.errors += 1
+            n = self._streak.get(key, 0) + 1
+            self._streak[key] = n
+            if n == 1:
+                log.warning("cannot write %s %s: %s; holding goes on (logged again when it "
+                            "works)", _flag(key), path, exc.strerror or exc)
+            return False
+        n = self._streak.pop(key, 0)
+        if n:
+            log.info("%s %s written again after %d failed writes", _flag(key), path, n)
+        return True
+
+    def _problem(self, key: str, path: str, st: os.stat_result) -> str | None:
+        """Why the existing regular file ``st`` at ``path`` must not be replaced now."""
+        if (st.st_dev, st.st_ino) == self._written.get(key):
+            return None                    # what this daemon wrote last: the common case
+        return path_problem(path, key, self.protected, probe_dir=False)

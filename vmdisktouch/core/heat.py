@@ -1,0 +1,395 @@
+"""The heat map: smoothed, feedback-suppressed, exponentially decaying.
+
+Theory of operation
+-------------------
+Pure core: numpy only (the smoothing is checked against scipy.ndimage).
+No file system, no clock: the measurements and the elapsed time ``dt`` are
+passed in, and ``step`` returns a new ``HeatState`` without touching its
+inputs. Every parameter comes in through ``HeatParams``; the defaults live
+in ``vmdisktouch.settings`` only.
+
+Per block ``i`` the state holds two float32 components,
+``heat_resident`` and ``heat_rewritten``; the heat the regions are cut from
+is their sum (``HeatState.total``). One cycle (``step``):
+
+1. Evidence of use. ``e_r[i]`` is the block's resident fraction (in [0, 1])
+   as the page cache reports it, except for the blocks the daemon holds:
+   those are all resident *because we hold them*, so their residency says
+   nothing about the guest and is replaced by 0 (feedback suppression;
+   without it a held region would keep itself hot for ever, and through
+   the smoothing heat its neighbours, and the holds would creep over the
+   whole disk). A caller that knows something about the guest's use of a
+   held block (an accessed bit, say) may pass it as ``held_activity``
+   (in [0, 1]); it then replaces the 0 on held blocks. ``e_w[i]`` is 1 for
+   a block rewritten since the last cycle (found by checksums of held
+   blocks), else 0.
+
+2. Smoothing. ``s_r = A_r * G_{sigma_r} * e_r`` and
+   ``s_w = A_w * G_{sigma_w} * e_w``, with ``G`` the discrete Gaussian of
+   ``scipy.ndimage.gaussian_filter1d`` (radius 4 sigma) in ``mode="constant"``
+   (beyond the ends of the image is nothing: the edges do not reflect).
+   ``smooth`` computes exactly that kernel with shifted numpy sums, 5x
+   faster than scipy's float32 path; a test checks it against scipy.
+   Normalisation: the kernel sums to 1, so the filter preserves mass.
+   A wide, fully resident region reaches exactly ``A`` in its interior
+   (blocks more than 4 sigma from its ends); a single isolated fully
+   resident block gets a peak of ``A * w0`` with
+   ``w0 = 1 / sum_x exp(-x^2 / 2 sigma^2) ~= 1 / (sigma * sqrt(2 pi))``
+   (0.1995 for sigma = 2), its mass ``A`` spread over its neighbours.
+   With A_r = 1, sigma_r = 2, a threshold of 0.2 would treat a lone
+   resident block as noise (just under it) and two adjacent ones (0.376
+   each) as heat. The default threshold is lower, 0.05: under memory
+   pressure a guest's hot blocks are only partly resident (about 17 % in
+   the demo's scenario), and at 0.2 nothing reached the threshold, so
+   nothing was held (docs/benchmarks.md, section hotzone).
+   ``sigma = 0`` means no smoothing (``s = A * e``). The cost is
+   proportional to sigma (17 taps at sigma 2: ~2.5 ms per million blocks).
+   Sparse evidence (its reach, ``2r + 1`` blocks around each nonzero block,
+   at most a ``SPARSE_RATIO``-th of the map) is smoothed over that reach
+   only, gathered end to end (``_reach``): the same values, exactly, for
+   the cost of the few thousand blocks a guest has cached in a 1 TiB image
+   instead of its million.
+
+3. Folding. With ``k = exp(-decay * dt)`` each component is an exponential
+   moving average of its smoothed input,
+   ``H <- k * H + (1 - k) * s``; a steady input ``s`` is approached with
+   time constant ``1 / decay`` seconds, whatever the cycle length.
+   ``decay = 0`` gives ``k = 1``: the map is frozen (nothing heats, nothing
+   cools); use a positive decay. Values below ``FLUSH_BELOW`` are set to
+   0 so that long-cold blocks do not become float32 subnormals (slow on
+   x86) and the map keeps exact zeros.
+
+Blocks the daemon loaded
+------------------------
+Feedback suppression covers more than the blocks held now. A block the
+daemon loaded while the guest had not cached it (its shoulders: the
+smoothing makes a region wider than the guest's cached extent) stays cached
+after its release, and its residency would then heat it as if the guest
+used it: measured on a 1 TiB image with 1000 cached extents, held regions
+grew by the smoothing's reach (~9 blocks) every cycle and the cached total
+rose from 1000 MiB to 1.6 GiB in 8 cycles. ``self_loaded`` keeps such
+blocks marked until the kernel evicts them; the daemon passes
+``held | self_loaded`` as ``held_mask``.
+
+Blocks the daemon released
+--------------------------
+Right after a release a block is still cached *because we held it*: munlock
+leaves the pages in the page cache, and the kernel has not yet had the
+chance to reclaim those the guest no longer uses. When the block was let go
+because hotter regions took its place in the budget (displaced: it was still
+a candidate), that residency would win it the rematch at once: measured on
+the moved hot zones of docs/benchmarks.md (hotzone-move), an old zone cut by
+half when a new zone outranked it came back whole two cycles later on the
+full residency its own hold had kept (177 MiB reloaded), and the second new
+zone was held only 35 s after the move (55 s to 90 % of the oracle in that
+run, 31 s in another). So a displaced block's residency is suppressed for
+``RELEASED_GRACE`` (20 s, four cycles at the defaults) after the release,
+as if it were still held: under memory pressure, where holding matters,
+that is time for reclaim to take what the guest left, and what is still
+cached after it is the guest's. Blocks released because their lease ran out
+(no longer candidates) are not suppressed: their renewal, below, is the
+point of the lease. Releases between cycles (a smaller budget on reload,
+the domain stopped) count as displacements.
+
+Held regions: decay, hysteresis and renewal
+-------------------------------------------
+Because a held block's residency input is 0, its resident heat, absent
+other evidence, decays as ``H(t) = H0 * exp(-decay * t)``: a held region
+cools over ~1/decay seconds (10 s at the default 0.1/s). Smoothing may
+still carry a little heat into a held block's edge from guest-resident
+*unheld* neighbours: that is genuine evidence of use nearby. The things
+that keep a held region held are
+
+* rewrites: the checksums of held blocks are the one thing we can observe
+  of the guest inside a held region. The fraction of a block rewritten
+  (in sixteenths, see ``checksums``) feeds ``heat_rewritten`` (A_w = 1 by
+  default, so one cycle that rewrites a wide region all over adds
+  ``1 - k``, ~0.39 at 5 s cycles; steady rewriting of f of every block
+  holds it near f). A_w was 4 until the moved hot zones of
+  docs/benchmarks.md (hotzone-move), measured side by side in one run,
+  were followed in 40 s at 4 (93 % of the oracle) and 29 s at 1 (101 %);
+* ``held_activity`` when the caller has it;
+* hysteresis in ``regions.select``: a held run stays a candidate while its
+  mean heat is at least ``threshold * regions.HOLD_FRACTION``;
+* incumbency in ``regions.select``: the resident heat of held blocks
+  weighs 16 times in the ranking, so equal unheld candidates do not
+  displace a hold every cycle.
+
+Rewrites of a block in this cycle or the one before also put its region in
+the first class of ``regions.select``; once the guest stops writing there,
+the region competes on its (decaying) heat like any other.
+
+A held region that is only read, never written, therefore cools from ~A_r
+to threshold/2 (ln(40)/decay = 37 s at the defaults; ~17 s for the ~0.14
+mean of a lone cached block's region) and is released. Release does not
+evict it: munlock leaves the pages in the page cache, and from the next
+cycle the residency of its guest-cached blocks counts again (its
+self-loaded shoulders stay suppressed). If the guest still uses it (or
+memory is plentiful) it stays resident, its heat climbs back over the
+threshold within a cycle and it is held again, unless hotter candidates
+fill the budget first; relocking cached pages reads nothing from disk,
+waits for no pacing (``holder``) and, while the file is unwritten, hashes
+nothing (``checksums.baseline``). If
+the guest no longer uses it, the kernel evicts it under pressure and it
+stays released. So a read-only hold behaves as a lease, renewed about every
+40 s by probing the page cache; this trades a short unlocked window per
+lease for never holding dead data for ever, and it is the price of a
+residency signal we cannot read for held pages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from vmdisktouch.core.runs import run_indices
+
+DTYPE = np.float32
+FLUSH_BELOW = 1e-20   # heat below this is set to 0 (no subnormals; far below any threshold)
+SPARSE_RATIO = 4      # smooth only the reach of the evidence when it covers <= 1/4 of the map
+TRUNCATE = 4.0        # Gaussian kernel radius in sigmas (gaussian_filter1d's default)
+
+
+@dataclass(frozen=True)
+class HeatParams:
+    """Parameters of the heat map. Defaults live in ``vmdisktouch.settings``."""
+
+    amp_resident: float      # A_r: heat of a wide fully resident region at steady state
+    sigma_resident: float    # blocks; 0 = no smoothing
+    amp_rewritten: float     # A_w: heat of a wide region rewritten every cycle
+    sigma_rewritten: float   # blocks; 0 = no smoothing
+    decay: float             # 1/s: heat relaxes with time constant 1/decay
+    threshold: float         # heat at or above which blocks form candidate regions
+
+    def __post_init__(self):
+        for name in ("amp_resident", "sigma_resident", "amp_rewritten",
+                     "sigma_rewritten", "decay", "threshold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+                raise ValueError(f"heat parameter {name} must be a number, not {v!r}")
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"heat parameter {name} must be finite and >= 0, not {v!r}")
+        if self.threshold <= 0:
+            raise ValueError(f"heat parameter threshold must be > 0, not {self.threshold!r}")
+
+
+@dataclass
+class HeatState:
+    """Per-block heat: two float32 components of equal length."""
+
+    heat_resident: np.ndarray
+    heat_rewritten: np.ndarray
+
+    def __post_init__(self):
+        self.heat_resident = np.asarray(self.heat_resident, dtype=DTYPE)
+        self.heat_rewritten = np.asarray(self.heat_rewritten, dtype=DTYPE)
+        if self.heat_resident.shape != self.heat_rewritten.shape or self.heat_resident.ndim != 1:
+            raise ValueError("heat components must be 1-D arrays of the same length")
+
+    @property
+    def nblocks(self) -> int:
+        return int(self.heat_resident.size)
+
+    @property
+    def total(self) -> np.ndarray:
+        """Heat per block: resident plus rewritten component (a new float32 array)."""
+        return self.heat_resident + self.heat_rewritten
+
+
+def new_state(nblocks: int) -> HeatState:
+    """A cold map of ``nblocks`` blocks."""
+    n = _count(nblocks)
+    return HeatState(np.zeros(n, DTYPE), np.zeros(n, DTYPE))
+
+
+def resize_state(state: HeatState, nblocks: int) -> HeatState:
+    """The map of an image that grew or shrank: common prefix kept, new blocks cold."""
+    n = _count(nblocks)
+    keep = min(n, state.nblocks)
+    out = new_state(n)
+    out.heat_resident[:keep] = state.heat_resident[:keep]
+    out.heat_rewritten[:keep] = state.heat_rewritten[:keep]
+    return out
+
+
+def gaussian_weights(sigma: float, truncate: float = TRUNCATE) -> np.ndarray:
+    """One side ``w[0..r]`` of the unit-sum discrete Gaussian of ``gaussian_filter1d``.
+
+    Same radius ``r = int(truncate * sigma + 0.5)`` and weights
+    ``exp(-x^2 / 2 sigma^2)`` normalised so that ``w[0] + 2 * sum(w[1:]) == 1``.
+    """
+    r = int(truncate * float(sigma) + 0.5)
+    x = np.arange(r + 1, dtype=np.float64)
+    w = np.exp(-0.5 * (x / float(sigma)) ** 2) if r else np.ones(1)
+    return w / (w[0] + 2.0 * w[1:].sum())
+
+
+def smooth(evidence: np.ndarray, sigma: float, amp: float) -> np.ndarray:
+    """``amp`` times the unit-sum Gaussian of width ``sigma`` (blocks) over ``evidence``.
+
+    Equal (to float32 rounding) to ``amp * scipy.ndimage.gaussian_filter1d(
+    evidence, sigma, mode="constant")``: outside the image is cold. It is
+    computed as a symmetric sum of shifted copies, which is ~5x faster than
+    ``gaussian_filter1d`` on float32 (2.5 ms instead of 12 ms per million
+    blocks at sigma 2); the tests check the two agree. ``sigma == 0``: no
+    smoothing. Returns a new float32 array.
+    """
+    x = np.asarray(evidence, dtype=DTYPE)
+    n = x.size
+    if sigma <= 0 or n == 0:
+        return x * DTYPE(amp)
+    w = (gaussian_weights(sigma) * amp).astype(DTYPE)
+    r = w.size - 1
+    if r == 0:
+        return x * w[0]
+    support = np.flatnonzero(x != 0)
+    if support.size * (2 * r + 1) * SPARSE_RATIO <= n:
+        # Sparse evidence: smooth only the blocks within r of it (exact, see _reach).
+        out = np.zeros(n, DTYPE)
+        if support.size:
+            idx = _reach(support, r, n)
+            out[idx] = _shifted_sum(x[idx], w)
+        return out
+    return _shifted_sum(x, w)
+
+
+def _reach(support: np.ndarray, r: int, n: int) -> np.ndarray:
+    """Sorted blocks within ``r`` of the sorted ``support``, clipped to ``[0, n)``.
+
+    They form runs ``[s - r, s + r]`` merged where they overlap or touch.
+    Laid end to end, each run keeps the ``r`` zero blocks of evidence next to
+    its outermost evidence, so a Gaussian of radius ``r`` over the
+    concatenation never reaches across from one run into the next: smoothing
+    the gathered blocks gives exactly the full map's values there, and the
+    full map is 0 everywhere else.
+    """
+    lo = np.maximum(support - r, 0)
+    hi = np.minimum(support + r + 1, n)
+    brk = np.flatnonzero(lo[1:] > hi[:-1]) + 1
+    starts = lo[np.concatenate(([0], brk))]
+    stops = hi[np.concatenate((brk - 1, [support.size - 1]))]
+    return run_indices(starts, stops)
+
+
+def _shifted_sum(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``sum_j w[|j|] * x[i + j]`` for ``|j| <= r``, zero beyond the ends (float32)."""
+    n = x.size
+    r = w.size - 1
+    padded = np.zeros(n + 2 * r, DTYPE)
+    padded[r:r + n] = x
+    out = x * w[0]
+    pair = np.empty(n, DTYPE)
+    for j in range(1, r + 1):
+        np.add(padded[r - j:r - j + n], padded[r + j:r + j + n], out=pair)
+        pair *= w[j]
+        out += pair
+    return out
+
+
+def decay_factor(decay: float, dt: float) -> float:
+    """``k = exp(-decay * dt)``: the weight the old heat keeps over ``dt`` seconds."""
+    return math.exp(-decay * dt)
+
+
+def step(state: HeatState, resident_fraction, held_mask, rewritten_mask, dt: float,
+         params: HeatParams, held_activity=None) -> HeatState:
+    """Fold one cycle's measurements into the heat map; returns a new state.
+
+    ``resident_fraction``: per block, in [0, 1]. ``held_mask``: bool per block,
+    the blocks the daemon holds (their residency is ignored), or None.
+    ``rewritten_mask``: bool (or [0, 1]) per block rewritten since the last
+    cycle, or None. ``dt``: seconds since the last step (>= 0).
+    ``held_activity``: optional per-block guest activity in [0, 1], used in
+    place of residency on held blocks (see the module docstring).
+    """
+    n = state.nblocks
+    if isinstance(dt, bool) or not isinstance(dt, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(dt) or dt < 0:
+        raise ValueError(f"dt must be finite and >= 0, not {dt!r}")
+
+    evidence = _per_block(resident_fraction, n, "resident_fraction")
+    held = None if held_mask is None else _mask(held_mask, n, "held_mask")
+    if held is not None and held.any():
+        if held_activity is None:
+            np.copyto(evidence, 0.0, where=held)
+        else:
+            np.copyto(evidence, _per_block(held_activity, n, "held_activity"), where=held)
+
+    k = decay_factor(params.decay, float(dt))
+    heat_r = _fold(state.heat_resident, evidence, params.sigma_resident,
+                   params.amp_resident, k)
+
+    if rewritten_mask is None:
+        rewritten = None
+    else:
+        rewritten = _per_block(rewritten_mask, n, "rewritten_mask")
+        if not rewritten.any():
+            rewritten = None
+    heat_w = _fold(state.heat_rewritten, rewritten, params.sigma_rewritten,
+                   params.amp_rewritten, k)
+    return HeatState(heat_r, heat_w)
+
+
+GUEST_RESIDENT = 0.5   # a block at least this resident before we loaded it was the guest's
+RELEASED_GRACE = 20.0  # seconds a displaced block's residency is not the guest's (see above)
+
+
+def self_loaded(previous, resident_fraction, held_before, held_after) -> np.ndarray:
+    """Blocks whose residency the daemon itself caused; suppress them as if held.
+
+    A block the daemon loads while it was less than ``GUEST_RESIDENT``
+    resident is in the cache because of the daemon. When it is released,
+    ``munlock`` leaves it cached, and from then on its residency would look
+    like the guest's use: the region would be taken again, wider by the
+    smoothing's reach each time, and the holds would creep over the disk
+    lease after lease. Such a block stays marked while it is held or still
+    resident; once the kernel has evicted it (below ``GUEST_RESIDENT``),
+    residency there is the guest's again.
+
+    ``resident_fraction``: this cycle's scan, taken before the holder acted.
+    ``held_before`` / ``held_after``: held blocks before and after it acted.
+    """
+    frac = np.asarray(resident_fraction)
+    guest = frac >= GUEST_RESIDENT
+    before = np.asarray(held_before, dtype=bool)
+    after = np.asarray(held_after, dtype=bool)
+    prev = np.zeros(frac.shape, bool) if previous is None else np.asarray(previous, dtype=bool)
+    return (prev & (after | guest)) | (after & ~before & ~guest)
+
+
+# -- helpers ---------------------------------------------------------------
+
+def _fold(old: np.ndarray, evidence, sigma: float, amp: float, k: float) -> np.ndarray:
+    """``k * old + (1 - k) * smooth(evidence)``, float32, subnormals flushed."""
+    if evidence is None or amp == 0 or k == 1.0:
+        out = old * DTYPE(k)                       # no input: pure decay
+    else:
+        out = smooth(evidence, sigma, amp * (1.0 - k))
+        out += DTYPE(k) * old
+    np.multiply(out, out >= FLUSH_BELOW, out=out)   # branch-free flush
+    return out
+
+
+def _count(nblocks) -> int:
+    if isinstance(nblocks, bool) or int(nblocks) != nblocks or nblocks < 0:
+        raise ValueError(f"nblocks must be a whole number >= 0, not {nblocks!r}")
+    return int(nblocks)
+
+
+def _per_block(values, n: int, name: str) -> np.ndarray:
+    """A new float32 per-block array in [0, 1] (NaN -> 0); the caller's is never modified."""
+    a = np.array(values, dtype=DTYPE)          # always a copy
+    if a.shape != (n,):
+        raise ValueError(f"{name} has shape {a.shape}, expected ({n},)")
+    np.copyto(a, 0.0, where=~(a >= 0))         # NaN, -inf and negatives
+    np.minimum(a, 1.0, out=a)                  # +inf and above 1
+    return a
+
+
+def _mask(values, n: int, name: str) -> np.ndarray:
+    a = np.asarray(values, dtype=bool)
+    if a.shape != (n,):
+        raise ValueError(f"{name} has shape {a.shape}, expected ({n},)")
+    return a

@@ -1,0 +1,130 @@
+"""The daemon's view of whose memory cgroup its held blocks are charged to.
+
+Each held block is sampled once, right after it is loaded: its pages are
+locked, so reclaim never takes them and their charge cannot change while
+they stay held (a removed group's pages move to its parent: every
+``RESAMPLE_SECONDS`` all held blocks are sampled again). A block is sampled
+every ``STEP_PAGES``-th page through the holder's own mapping
+(``memcg.MemcgReader.page_groups``: pagemap and kpagecgroup); it is
+attributed to the foreign group (not the daemon's own) most of its samples
+are charged to, with the bytes those samples stand for: a block half the
+guest's and half the daemon's counts its guest half. The groups' limits and what reclaim cannot
+take are read each cycle, for the few groups the held blocks are charged
+to. The decision (cap, what to recharge) is ``charges``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from vmdisktouch.core import charges
+from vmdisktouch.system import libc
+from vmdisktouch.core.charges import GroupCharge, GroupFigures
+
+log = logging.getLogger("vmdisktouch")
+
+STEP_PAGES = 16            # one sample per 64 KiB
+RESAMPLE_SECONDS = 60.0
+
+
+class ChargeTracker:
+    """Per-block charge of the held blocks, and the runs to recharge each cycle."""
+
+    def __init__(self, reader, block_size: int, nblocks: int):
+        self.reader = reader           # memcg.MemcgReader, or None when not available
+        self.block_size = block_size
+        self.ino = np.zeros(nblocks, dtype=np.uint64)
+        self.bytes = np.zeros(nblocks, dtype=np.int64)
+        self.recharged = 0             # bytes dropped to be reloaded under our charge
+        self.last: list[GroupCharge] = []
+        self._sampled_at: float | None = None
+        own = reader.own() if reader is not None else None
+        self.own_ino = own.ino if own is not None else 0
+
+    @property
+    def active(self) -> bool:
+        return self.reader is not None
+
+    def resize(self, nblocks: int) -> None:
+        for name in ("ino", "bytes"):
+            old = getattr(self, name)
+            new = np.zeros(nblocks, dtype=old.dtype)
+            k = min(nblocks, old.size)
+            new[:k] = old[:k]
+            setattr(self, name, new)
+
+    def update(self, holder, held_before: np.ndarray, held_now: np.ndarray, now: float) -> None:
+        """Forget released blocks; sample the newly held ones (all of them now and then)."""
+        if not self.active:
+            return
+        charged = np.flatnonzero(self.ino)          # a few held blocks of a huge map
+        gone = charged[~held_now[charged]]
+        self.ino[gone] = 0
+        self.bytes[gone] = 0
+        if self._sampled_at is None or now - self._sampled_at >= RESAMPLE_SECONDS \
+                or now < self._sampled_at:
+            fresh, self._sampled_at = held_now, now
+        else:
+            fresh = held_now & ~held_before
+        if fresh.any():
+            from vmdisktouch.core.regions import mask_runs
+            for a, b, addr, length in holder.mappings(mask_runs(fresh)):
+                self._sample(a, b, addr, length)
+
+    def _sample(self, a: int, b: int, addr: int, length: int) -> None:
+        page = libc.PAGE_SIZE
+        inos = self.reader.page_groups(addr, length, STEP_PAGES)
+        per_block = max(1, self.block_size // (page * STEP_PAGES))
+        nb = b - a
+        padded = np.zeros(nb * per_block, dtype=np.uint64)
+        padded[:min(inos.size, padded.size)] = inos[:padded.size]
+        rows = padded.reshape(nb, per_block)
+        for k in range(nb):
+            row = rows[k][(rows[k] != 0) & (rows[k] != self.own_ino)]   # foreign charges only
+            if not row.size:
+                self.ino[a + k], self.bytes[a + k] = 0, 0
+                continue
+            values, counts = np.unique(row, return_counts=True)
+            top = int(np.argmax(counts))
+            self.ino[a + k] = values[top]
+            block_len = min(self.block_size, length - k * self.block_size)
+            self.bytes[a + k] = int(block_len * counts[top] / per_block)
+
+    def plan(self, quiet: np.ndarray, heat: np.ndarray, share: float,
+             per_cycle: int, count: bool = True) -> list[tuple[int, int]]:
+        """The runs over a cap to move now (``charges.to_recharge``); ``last`` keeps the figures.
+
+        ``count``: they will be recharged (counted in ``recharged``), not just released.
+        """
+        if not self.active:
+            return []
+        charged = self.ino[self.ino != 0]
+        if not charged.size:                        # the common case: nothing foreign held
+            self.last = []
+            return []
+        groups = {}
+        for ino in np.unique(charged).tolist():
+            g = self.reader.group(int(ino))
+            if g is not None:
+                pinned = (g.anon or 0) + (g.unevictable or 0)
+                groups[int(ino)] = GroupFigures(g.ino, g.path, g.limit, pinned)
+        self.last = charges.charges(self.ino, self.bytes, groups, self.own_ino, share)
+        over = [c for c in self.last if c.excess > 0]
+        if not over:
+            return []
+        runs = charges.to_recharge(self.ino, self.bytes, quiet, heat, over, per_cycle)
+        if count:
+            self.recharged += sum(int(self.bytes[a:b].sum()) for a, b in runs)
+        return runs
+
+    def status(self) -> dict:
+        """For the status JSON: held bytes per foreign group, their caps, what was recharged."""
+        return {
+            "available": self.active,
+            "groups": [{"group": c.group.path, "limit_bytes": c.group.limit,
+                        "held_bytes": c.held, "cap_bytes": c.cap, "at_limit": c.at_limit}
+                       for c in self.last],
+            "recharged_bytes": self.recharged,
+        }

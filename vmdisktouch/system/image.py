@@ -1,0 +1,206 @@
+"""Opening and validating disk images: regular files and block devices.
+
+An ``Image`` is an open, read-only file descriptor on a raw or qcow2 image
+(or an LVM volume / loop device), with its size and identity. Everything
+that can be wrong with a path a user gives is turned into an ``ImageError``
+with a one-line message here, before any scanning starts.
+
+Hazards handled (see FIELD-NOTES): block devices report ``st_size == 0`` so
+their size comes from ``ioctl(BLKGETSIZE64)``; files on pseudo filesystems
+(/proc, /sys) are refused; FIFOs are never opened (opening one blocks); the
+image is opened ``O_RDONLY`` (plus ``O_NOATIME`` where allowed), so nothing,
+not even atime, is written to it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import stat
+import struct
+from dataclasses import dataclass
+
+from vmdisktouch.errors import ImageError, ImageGoneError, VmdtError
+
+BLKGETSIZE64 = 0x80081272
+QCOW2_MAGIC = b"QFI\xfb"
+
+# statfs(2) f_type values of filesystems that hold no disk images.
+_PSEUDO_FS = {
+    0x9FA0: "proc", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
+    0x73636673: "securityfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2",
+    0x1CD1: "devpts", 0x62656570: "configfs", 0xCAFE4A11: "bpf",
+    0x6165676C: "pstore", 0xDE5E81E4: "efivarfs",
+}
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_fstatfs = _libc.fstatfs
+_fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+
+
+def _fs_type(fd: int) -> int | None:
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86_64
+    if _fstatfs(fd, buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value
+
+
+@dataclass(frozen=True)
+class ImageIdentity:
+    dev: int
+    ino: int
+
+
+class Image:
+    """A disk image opened read-only. Use as a context manager or call close()."""
+
+    def __init__(self, path: str, fd: int, kind: str, size: int, fmt: str,
+                 identity: ImageIdentity):
+        self.path = path
+        self.fd = fd
+        self.kind = kind          # "file" or "block"
+        self.size = size
+        self.format = fmt         # "raw" or "qcow2"
+        self.identity = identity
+
+    def __enter__(self) -> "Image":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def current_size(self) -> int:
+        """Re-read the size (the image may have been truncated or grown)."""
+        return size_of_fd(self.fd, self.kind)
+
+    def check_identity(self) -> None:
+        """Raise ImageGoneError if the path was deleted or now names another file."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise ImageGoneError(f"{self.path}: image was deleted") from None
+        except OSError as exc:
+            raise ImageGoneError(f"{self.path}: cannot stat image: {exc.strerror}") from None
+        if (st.st_dev, st.st_ino) != (self.identity.dev, self.identity.ino):
+            raise ImageGoneError(f"{self.path}: image was replaced by another file")
+        if self.kind == "file" and os.fstat(self.fd).st_nlink == 0:
+            raise ImageGoneError(f"{self.path}: image was deleted")
+
+
+def size_of_fd(fd: int, kind: str) -> int:
+    if kind == "block":
+        buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
+        return struct.unpack("Q", buf)[0]
+    return os.fstat(fd).st_size
+
+
+def _open_readonly(path: str) -> int:
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    try:
+        return os.open(path, flags | os.O_NOATIME)
+    except PermissionError as exc:
+        if exc.errno != errno.EPERM:  # O_NOATIME needs ownership; EACCES is real
+            raise
+        return os.open(path, flags)
+
+
+def _first_page_cached(fd: int, size: int) -> bool:
+    """Whether page 0 of ``fd`` is in the page cache (mincore on a one-page mapping)."""
+    import numpy as np
+
+    from vmdisktouch.system import libc
+    length = min(size, libc.PAGE_SIZE)
+    addr = libc.mmap_file(fd, 0, length)
+    try:
+        return bool(libc.mincore(addr, length, np.zeros(1, np.uint8))[0] & 1)
+    finally:
+        libc.munmap(addr, length)
+
+
+def read_magic(fd: int, size: int) -> bytes:
+    """The first 4 bytes, read without changing what the page cache holds.
+
+    A plain read would cache page 0 and start readahead, and a snapshot would
+    then count pages it brought in itself. So: no readahead on this open file
+    (FADV_RANDOM applies to this file description only), and when page 0 was
+    not cached before, it is dropped again after the read.
+    """
+    try:
+        was_cached = _first_page_cached(fd, size)
+    except (OSError, VmdtError):
+        was_cached = True              # cannot tell: leave the cache alone
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    try:
+        head = os.pread(fd, 4, 0)
+        if not was_cached:
+            # The whole page: the kernel keeps a partially covered last page.
+            os.posix_fadvise(fd, 0, os.sysconf("SC_PAGE_SIZE"), os.POSIX_FADV_DONTNEED)
+    finally:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+    return head
+
+
+def open_image(path: str) -> Image:
+    """Open ``path`` as a disk image, or raise ImageError saying what is wrong."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ImageError(f"{path}: no such file or directory") from None
+    except PermissionError:
+        raise ImageError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise ImageError(f"{path}: {exc.strerror}") from None
+
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        raise ImageError(f"{path}: is a directory, not a disk image")
+    if stat.S_ISFIFO(mode):
+        raise ImageError(f"{path}: is a FIFO; only regular files and block devices are supported")
+    if stat.S_ISCHR(mode):
+        raise ImageError(f"{path}: is a character device; only regular files and block devices are supported")
+    if stat.S_ISSOCK(mode):
+        raise ImageError(f"{path}: is a socket; only regular files and block devices are supported")
+    if not (stat.S_ISREG(mode) or stat.S_ISBLK(mode)):
+        raise ImageError(f"{path}: unsupported file type")
+    kind = "block" if stat.S_ISBLK(mode) else "file"
+
+    try:
+        fd = _open_readonly(path)
+    except PermissionError:
+        raise ImageError(f"{path}: permission denied (cannot open for reading)") from None
+    except OSError as exc:
+        raise ImageError(f"{path}: cannot open: {exc.strerror}") from None
+
+    try:
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~os.O_NONBLOCK)  # only needed for open()
+        fs = _fs_type(fd)
+        if fs in _PSEUDO_FS:
+            raise ImageError(f"{path}: is on the {_PSEUDO_FS[fs]} pseudo filesystem, not a disk image")
+        try:
+            size = size_of_fd(fd, kind)
+        except OSError as exc:
+            raise ImageError(f"{path}: cannot read size: {exc.strerror}") from None
+        if size == 0:
+            raise ImageError(f"{path}: is empty (size 0)")
+        try:
+            head = read_magic(fd, size)
+        except OSError as exc:
+            raise ImageError(f"{path}: cannot read: {exc.strerror}") from None
+        fmt = "qcow2" if head == QCOW2_MAGIC else "raw"
+        fst = os.fstat(fd)
+        return Image(path, fd, kind, size, fmt, ImageIdentity(fst.st_dev, fst.st_ino))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+__all__ = ["Image", "ImageIdentity", "open_image", "size_of_fd", "ImageGoneError"]
