@@ -204,17 +204,6 @@ def test_a_held_region_does_not_heat_its_neighbours():
     assert not s.total.any()
 
 
-def test_held_activity_replaces_residency_on_held_blocks():
-    n = 200
-    held = np.zeros(n, bool)
-    held[50:150] = True
-    activity = held.astype(np.float32)
-    s = heat.HeatState(np.where(held, 1.0, 0.0).astype(np.float32), zeros(n))
-    for _ in range(50):
-        s = heat.step(s, held.astype(np.float32), held, None, 5.0, P, held_activity=activity)
-    np.testing.assert_allclose(s.total[60:140], 1.0, rtol=1e-5)   # kept warm, not decayed
-
-
 def test_rewrites_keep_a_held_region_hot():
     n = 200
     held = np.zeros(n, bool)
@@ -245,10 +234,9 @@ def test_step_never_mutates_its_inputs():
     frac = rng.random(n).astype(np.float32)
     held = rng.random(n) < 0.3
     rw = rng.random(n) < 0.1
-    act = rng.random(n).astype(np.float32)
-    copies = [a.copy() for a in (s.heat_resident, s.heat_rewritten, frac, held, rw, act)]
-    out = heat.step(s, frac, held, rw, 5.0, P, held_activity=act)
-    for a, b in zip((s.heat_resident, s.heat_rewritten, frac, held, rw, act), copies):
+    copies = [a.copy() for a in (s.heat_resident, s.heat_rewritten, frac, held, rw)]
+    out = heat.step(s, frac, held, rw, 5.0, P)
+    for a, b in zip((s.heat_resident, s.heat_rewritten, frac, held, rw), copies):
         np.testing.assert_array_equal(a, b)
     assert out.heat_resident is not s.heat_resident
     assert out.heat_resident.dtype == np.float32 and out.heat_rewritten.dtype == np.float32
@@ -295,55 +283,3 @@ def test_a_million_block_step_runs():
         s = heat.step(s, frac, held, rw, 5.0, P)
     assert s.nblocks == n and np.isfinite(s.total).all()
     assert s.heat_rewritten[5500] > 0
-
-
-# -- blocks the daemon loaded ----------------------------------------------
-
-def test_self_loaded_marks_only_what_the_daemon_brought_into_the_cache():
-    frac = np.array([0.0, 1.0, 0.2, 0.0, 0.9], np.float32)      # scanned before the load
-    before = np.array([0, 0, 0, 0, 0], bool)
-    after = np.array([1, 1, 1, 0, 0], bool)                       # blocks 0-2 loaded now
-    marked = heat.self_loaded(None, frac, before, after)
-    assert marked.tolist() == [True, False, True, False, False]   # 1 was the guest's
-
-
-def test_self_loaded_lasts_while_held_or_cached_and_ends_at_eviction():
-    n = 3
-    marked = np.array([True, True, True])
-    held = np.array([True, False, False])
-    # Block 0 still held, block 1 released but still cached, block 2 evicted.
-    frac = np.array([1.0, 1.0, 0.1], np.float32)
-    out = heat.self_loaded(marked, frac, held, held)
-    assert out.tolist() == [True, True, False]
-    # Once evicted, residency there is the guest's again: a re-read is evidence.
-    out2 = heat.self_loaded(out, np.array([1.0, 0.0, 1.0], np.float32), held, held)
-    assert out2.tolist() == [True, False, False]
-    assert heat.self_loaded(None, np.zeros(n, np.float32), np.zeros(n, bool),
-                            np.zeros(n, bool)).tolist() == [False] * n
-
-
-def test_released_shoulders_do_not_heat_their_region_wider():
-    """A lone guest block held with its shoulders, released, still cached: no creep."""
-    p = params(decay=0.1, threshold=0.05)
-    n = 200
-    guest = np.zeros(n, np.float32)
-    guest[100] = 1.0
-    state = heat.new_state(n)
-    for _ in range(20):                                           # its steady state
-        state = heat.step(state, guest, None, None, 5.0, p)
-    region = np.flatnonzero(state.total >= p.threshold)
-    assert region.size > 1
-    held = np.zeros(n, bool)
-    held[region] = True
-    marked = heat.self_loaded(None, guest, np.zeros(n, bool), held)
-    assert marked.sum() == region.size - 1                        # all but the guest's block
-    cached = guest.copy()
-    cached[region] = 1.0                                          # after the load, and after
-    released = np.zeros(n, bool)                                  # its release: still cached
-    marked = heat.self_loaded(marked, cached, held, released)
-    for _ in range(10):
-        state = heat.step(state, cached, released | marked, None, 5.0, p)
-    wider = np.flatnonzero(state.total >= p.threshold)
-    assert set(wider) <= set(region), (region, wider)
-    unmarked = heat.step(state, cached, released, None, 5.0, p)
-    assert np.flatnonzero(unmarked.total >= p.threshold).size > region.size   # the creep

@@ -1,10 +1,25 @@
-"""Regions on synthetic heat maps: threshold, ranking, budget, hysteresis, plan."""
+"""Regions on synthetic heat maps: threshold, ranking, budget, hysteresis."""
 
 import numpy as np
 import pytest
 
 from vmdisktouch.core import regions
-from vmdisktouch.core.regions import HOLD_FRACTION, find_regions, plan, select
+from vmdisktouch.core.policy import HOLD_FRACTION, INCUMBENT_WEIGHT, SELECT_RULES
+
+
+def select(heat, rewritten, threshold, budget, held=None, recent=None, candidates=None):
+    """``regions.select`` with the policy's rules."""
+    return regions.select(heat, rewritten, threshold, budget, SELECT_RULES, held, recent,
+                          candidates=candidates)
+
+
+def candidate_mask(heat, threshold, held=None):
+    return regions.candidate_mask(heat, threshold, held, SELECT_RULES)
+
+
+def find_regions(heat, threshold):
+    """Runs of blocks at or above the threshold (NaN is never hot)."""
+    return regions.mask_runs(np.asarray(heat) >= threshold)
 
 THR = 0.2
 
@@ -21,7 +36,7 @@ def total_len(runs):
     return sum(e - s for s, e in runs)
 
 
-# -- find_regions ---------------------------------------------------------
+# -- runs at the threshold ---------------------------------------------------------
 
 def test_find_regions_cuts_at_the_threshold_inclusive():
     h = np.array([0, 0.2, 0.3, 0.1, 0.5, 0.19, 0.2], np.float32)
@@ -200,7 +215,7 @@ def test_the_budget_is_never_exceeded_and_runs_never_overlap():
             assert 0 <= s < e <= n
             mask[s:e] += 1
         assert mask.max(initial=0) <= 1                      # no overlap
-        cand = regions.candidate_mask(h, THR, held)
+        cand = candidate_mask(h, THR, held)
         assert cand[mask.astype(bool)].all()                  # only candidate blocks
         # the budget is used up whenever the candidates cover it
         assert total_len(out) == min(budget, int(cand.sum()))
@@ -229,54 +244,6 @@ def test_hysteresis_applies_only_to_held_blocks():
     assert sorted(select(h, None, THR, 100, held)) == [(10, 20), (30, 40)]
 
 
-# -- plan -----------------------------------------------------------------
-
-def test_plan_releases_what_is_no_longer_wanted_and_loads_what_is_new():
-    rel, load = plan([(0, 10), (20, 30)], [(5, 25), (40, 50)])
-    assert rel == [(0, 5), (25, 30)]
-    assert load == [(10, 20), (40, 50)]
-
-
-def test_plan_keeps_the_target_priority_order_and_loads_once():
-    rel, load = plan([], [(40, 50), (0, 10), (45, 60)])
-    assert rel == []
-    assert load == [(40, 50), (0, 10), (50, 60)]
-
-
-def test_plan_identity_and_empty():
-    assert plan([(3, 7)], [(3, 7)]) == ([], [])
-    assert plan([(3, 7)], []) == ([(3, 7)], [])
-    assert plan([], []) == ([], [])
-
-
-def test_plan_matches_a_mask_model():
-    rng = np.random.default_rng(7)
-    for _ in range(200):
-        n = 100
-
-        def runs():
-            out = []
-            for _ in range(int(rng.integers(0, 6))):
-                s = int(rng.integers(0, n))
-                out.append((s, int(rng.integers(s, n + 1))))
-            return out
-
-        cur, tgt = runs(), runs()
-        mc, mt = np.zeros(n, bool), np.zeros(n, bool)
-        for s, e in cur:
-            mc[s:e] = True
-        for s, e in tgt:
-            mt[s:e] = True
-        rel, load = plan(cur, tgt)
-        mr, ml = np.zeros(n, int), np.zeros(n, int)
-        for s, e in rel:
-            mr[s:e] += 1
-        for s, e in load:
-            ml[s:e] += 1
-        np.testing.assert_array_equal(mr, (mc & ~mt).astype(int))
-        np.testing.assert_array_equal(ml, (mt & ~mc).astype(int))
-
-
 # -- scale ----------------------------------------------------------------
 
 def test_a_million_block_selection_runs():
@@ -288,8 +255,7 @@ def test_a_million_block_selection_runs():
     held[1000:30000] = True
     out = select(h, h * 0.01, THR, 40000, held, h > 0.95)
     assert 0 < total_len(out) <= 40000
-    rel, load = plan([(1000, 30000)], out)
-    assert 29000 - total_len(rel) + total_len(load) == total_len(out)
+    assert all(h[a:b].min() >= THR * HOLD_FRACTION for a, b in out)
 
 
 # -- select: incumbency ---------------------------------------------------
@@ -306,7 +272,7 @@ def test_a_held_region_keeps_its_place_against_an_equal_unheld_one():
 def test_a_much_hotter_challenger_displaces_a_held_region():
     held = np.zeros(100, bool)
     held[10:20] = True
-    weak = regions.INCUMBENT_WEIGHT * 0.3
+    weak = INCUMBENT_WEIGHT * 0.3
     assert select(heatmap(100, (10, 20, 0.3), (50, 60, weak * 0.9)), None, THR, 10,
                   held) == [(10, 20)]
     assert select(heatmap(100, (10, 20, 0.3), (50, 60, weak * 1.1)), None, THR, 10,
@@ -366,6 +332,6 @@ def test_a_precomputed_candidate_mask_selects_the_same_runs():
     heat = (rng.random(5000) * (rng.random(5000) < 0.2)).astype(np.float32)
     held = np.zeros(5000, dtype=bool)
     held[100:140] = True
-    cand = regions.candidate_mask(heat, 0.3, held)
+    cand = candidate_mask(heat, 0.3, held)
     assert select(heat, None, 0.3, 200, held, candidates=cand) == select(heat, None, 0.3, 200, held)
     assert select(heat, None, 0.3, 200, held, candidates=np.zeros(5000, bool)) == []

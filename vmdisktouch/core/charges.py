@@ -47,7 +47,7 @@ all the excess moves at once, because the VM needs the memory now.
 A guest that reads a block again between its drop and the reload faults it
 back in charged to its own group (a page has one owner: whoever faults it
 first). What is still over the cap right after the reload is released,
-not dropped, and left out of the selection for ``CEDE_SECONDS``: the
+not dropped, and left out of the selection for ``policy.CEDE_SECONDS``: the
 guest's own cache keeps what it reads that often, where it is charged
 anyway.
 
@@ -63,11 +63,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmdisktouch.core.policy import AT_LIMIT_FRACTION, RESERVE_FRACTION
 from vmdisktouch.core.runs import Run, consecutive_runs
-
-RESERVE_FRACTION = 1 / 16    # of a group's limit, kept free for reclaim (see the rule)
-CEDE_SECONDS = 60.0          # a block the guest re-faulted during its recharge is left alone
-AT_LIMIT_FRACTION = 1 / 32   # a group whose headroom is below this share of its limit is at it
 
 
 @dataclass(frozen=True)

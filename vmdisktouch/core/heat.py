@@ -18,11 +18,8 @@ is their sum (``HeatState.total``). One cycle (``step``):
    nothing about the guest and is replaced by 0 (feedback suppression;
    without it a held region would keep itself hot for ever, and through
    the smoothing heat its neighbours, and the holds would creep over the
-   whole disk). A caller that knows something about the guest's use of a
-   held block (an accessed bit, say) may pass it as ``held_activity``
-   (in [0, 1]); it then replaces the 0 on held blocks. ``e_w[i]`` is 1 for
-   a block rewritten since the last cycle (found by checksums of held
-   blocks), else 0.
+   whole disk). ``e_w[i]`` is the fraction of a block rewritten since the
+   last cycle (found by checksums of held blocks), else 0.
 
 2. Smoothing. ``s_r = A_r * G_{sigma_r} * e_r`` and
    ``s_w = A_w * G_{sigma_w} * e_w``, with ``G`` the discrete Gaussian of
@@ -59,37 +56,13 @@ is their sum (``HeatState.total``). One cycle (``step``):
    0 so that long-cold blocks do not become float32 subnormals (slow on
    x86) and the map keeps exact zeros.
 
-Blocks the daemon loaded
-------------------------
-Feedback suppression covers more than the blocks held now. A block the
-daemon loaded while the guest had not cached it (its shoulders: the
-smoothing makes a region wider than the guest's cached extent) stays cached
-after its release, and its residency would then heat it as if the guest
-used it: measured on a 1 TiB image with 1000 cached extents, held regions
-grew by the smoothing's reach (~9 blocks) every cycle and the cached total
-rose from 1000 MiB to 1.6 GiB in 8 cycles. ``self_loaded`` keeps such
-blocks marked until the kernel evicts them; the daemon passes
-``held | self_loaded`` as ``held_mask``.
-
-Blocks the daemon released
---------------------------
-Right after a release a block is still cached *because we held it*: munlock
-leaves the pages in the page cache, and the kernel has not yet had the
-chance to reclaim those the guest no longer uses. When the block was let go
-because hotter regions took its place in the budget (displaced: it was still
-a candidate), that residency would win it the rematch at once: measured on
-the moved hot zones of docs/benchmarks.md (hotzone-move), an old zone cut by
-half when a new zone outranked it came back whole two cycles later on the
-full residency its own hold had kept (177 MiB reloaded), and the second new
-zone was held only 35 s after the move (55 s to 90 % of the oracle in that
-run, 31 s in another). So a displaced block's residency is suppressed for
-``RELEASED_GRACE`` (20 s, four cycles at the defaults) after the release,
-as if it were still held: under memory pressure, where holding matters,
-that is time for reclaim to take what the guest left, and what is still
-cached after it is the guest's. Blocks released because their lease ran out
-(no longer candidates) are not suppressed: their renewal, below, is the
-point of the lease. Releases between cycles (a smaller budget on reload,
-the domain stopped) count as displacements.
+Blocks the daemon loaded or released
+------------------------------------
+Held blocks are not the only ones whose residency is the daemon's doing:
+blocks it loaded for the guest's neighbours, and blocks it just released,
+are suppressed too. Which blocks, and for how long, is the policy's rule
+(``policy``: ``self_loaded``, ``RELEASED_GRACE``); ``step`` takes the union
+as ``held_mask``.
 
 Held regions: decay, hysteresis and renewal
 -------------------------------------------
@@ -108,9 +81,8 @@ that keep a held region held are
   holds it near f). A_w was 4 until the moved hot zones of
   docs/benchmarks.md (hotzone-move), measured side by side in one run,
   were followed in 40 s at 4 (93 % of the oracle) and 29 s at 1 (101 %);
-* ``held_activity`` when the caller has it;
 * hysteresis in ``regions.select``: a held run stays a candidate while its
-  mean heat is at least ``threshold * regions.HOLD_FRACTION``;
+  mean heat is at least ``threshold * policy.HOLD_FRACTION``;
 * incumbency in ``regions.select``: the resident heat of held blocks
   weighs 16 times in the ranking, so equal unheld candidates do not
   displace a hold every cycle.
@@ -294,15 +266,13 @@ def decay_factor(decay: float, dt: float) -> float:
 
 
 def step(state: HeatState, resident_fraction, held_mask, rewritten_mask, dt: float,
-         params: HeatParams, held_activity=None) -> HeatState:
+         params: HeatParams) -> HeatState:
     """Fold one cycle's measurements into the heat map; returns a new state.
 
     ``resident_fraction``: per block, in [0, 1]. ``held_mask``: bool per block,
     the blocks the daemon holds (their residency is ignored), or None.
     ``rewritten_mask``: bool (or [0, 1]) per block rewritten since the last
     cycle, or None. ``dt``: seconds since the last step (>= 0).
-    ``held_activity``: optional per-block guest activity in [0, 1], used in
-    place of residency on held blocks (see the module docstring).
     """
     n = state.nblocks
     if isinstance(dt, bool) or not isinstance(dt, (int, float, np.floating, np.integer)) \
@@ -312,10 +282,7 @@ def step(state: HeatState, resident_fraction, held_mask, rewritten_mask, dt: flo
     evidence = _per_block(resident_fraction, n, "resident_fraction")
     held = None if held_mask is None else _mask(held_mask, n, "held_mask")
     if held is not None and held.any():
-        if held_activity is None:
-            np.copyto(evidence, 0.0, where=held)
-        else:
-            np.copyto(evidence, _per_block(held_activity, n, "held_activity"), where=held)
+        np.copyto(evidence, 0.0, where=held)
 
     k = decay_factor(params.decay, float(dt))
     heat_r = _fold(state.heat_resident, evidence, params.sigma_resident,
@@ -330,33 +297,6 @@ def step(state: HeatState, resident_fraction, held_mask, rewritten_mask, dt: flo
     heat_w = _fold(state.heat_rewritten, rewritten, params.sigma_rewritten,
                    params.amp_rewritten, k)
     return HeatState(heat_r, heat_w)
-
-
-GUEST_RESIDENT = 0.5   # a block at least this resident before we loaded it was the guest's
-RELEASED_GRACE = 20.0  # seconds a displaced block's residency is not the guest's (see above)
-
-
-def self_loaded(previous, resident_fraction, held_before, held_after) -> np.ndarray:
-    """Blocks whose residency the daemon itself caused; suppress them as if held.
-
-    A block the daemon loads while it was less than ``GUEST_RESIDENT``
-    resident is in the cache because of the daemon. When it is released,
-    ``munlock`` leaves it cached, and from then on its residency would look
-    like the guest's use: the region would be taken again, wider by the
-    smoothing's reach each time, and the holds would creep over the disk
-    lease after lease. Such a block stays marked while it is held or still
-    resident; once the kernel has evicted it (below ``GUEST_RESIDENT``),
-    residency there is the guest's again.
-
-    ``resident_fraction``: this cycle's scan, taken before the holder acted.
-    ``held_before`` / ``held_after``: held blocks before and after it acted.
-    """
-    frac = np.asarray(resident_fraction)
-    guest = frac >= GUEST_RESIDENT
-    before = np.asarray(held_before, dtype=bool)
-    after = np.asarray(held_after, dtype=bool)
-    prev = np.zeros(frac.shape, bool) if previous is None else np.asarray(previous, dtype=bool)
-    return (prev & (after | guest)) | (after & ~before & ~guest)
 
 
 # -- helpers ---------------------------------------------------------------

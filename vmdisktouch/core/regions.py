@@ -7,8 +7,8 @@ half-open block interval ``(start, stop)``.
 
 Candidates. A block is a candidate when its heat is at or above the
 threshold. A run of blocks the daemon already holds stays a candidate, as a
-whole, while its mean heat is at least ``threshold * HOLD_FRACTION``
-(hysteresis, ``HOLD_FRACTION = 0.5``): feedback suppression makes a held
+whole, while its mean heat is at least ``threshold * hold_fraction``
+(hysteresis; 0.5, ``policy.HOLD_FRACTION``): feedback suppression makes a held
 block's heat decay (see ``heat``), and without a lower release level a
 region hovering at the threshold would be released and reloaded on
 alternate cycles. The mean, not each block: the shoulders of a held region
@@ -18,15 +18,15 @@ they free would be refilled with fragments of other regions every cycle. Half th
 (69 s at the defaults) of extra decay before release, and far enough below
 the threshold that a region re-held after a release (at ~threshold) is not
 dropped again on the next cycle. Maximal runs of candidate blocks are the
-*regions* (``find_regions`` finds runs with ``np.diff``/``flatnonzero``,
-with no Python loop per block).
+*regions* (found with ``np.diff``/``flatnonzero``, with no Python loop
+per block).
 
 Ranking. Regions go into a priority queue (``heapq``), highest first:
 
 1. regions the guest is rewriting *now*: ``recent_rewrites`` is, per
    block, the fraction of it rewritten in this cycle or the one before (the
    daemon's checksums, in sixteenths of a block), and a region is in this
-   class when its mean is at least ``REWRITTEN_DENSITY`` (1/16: as many
+   class when its mean is at least ``rewritten_density`` (1/16: as many
    rewritten sixteenths as blocks). They rank among themselves by their
    summed ``rewritten_heat``. Data the guest writes through the host cache
    is data it is working on right now. Recency and density, not the size
@@ -42,7 +42,7 @@ Ranking. Regions go into a priority queue (``heapq``), highest first:
    because it serves more of the guest's I/O per cycle.
 
 Incumbency. In both classes the *resident* heat of a held block counts
-``INCUMBENT_WEIGHT`` (16) times in the sums that rank regions and place
+``incumbent_weight`` (16) times in the sums that rank regions and place
 windows (not in the cut at the threshold). Feedback suppression makes a
 held block's resident heat decay while an equally used unheld block keeps
 its heat, so without a weight a full budget would swap its holds for equal
@@ -70,8 +70,8 @@ original region. The rest of a cut region is not held this cycle. Each cut
 shortens the window, so this ends; the result is the greedy "hottest
 first" fill of the budget, and the budget is used entirely whenever the
 candidates cover it. A cut window may move by a block or two between
-cycles as the heat shifts; ``plan`` then loads and releases only those
-blocks.
+cycles as the heat shifts; the holder then loads and releases only
+those blocks.
 
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
 region sums) plus O(R) Python for R regions to build the queue: ~4 ms per
@@ -81,22 +81,29 @@ pathological case of a noise map cut into 260 000 regions.
 The output runs are disjoint and not adjacent (regions are separated by at
 least one non-candidate block, windows lie inside their region) and come
 in priority order: the holder loads them in that order and sheds from the
-end under memory pressure. ``plan`` turns the current and the target runs
-into block runs to release and to load.
+end under memory pressure.
+
+The three constants (``Rules``) are the policy's; ``policy`` passes them
+and states their values and reasons in its rules table.
 """
 
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.core.runs import Run, merge_runs, run_indices, subtract
+from vmdisktouch.core.runs import Run, run_indices
 
-HOLD_FRACTION = 0.5        # held blocks stay candidates while heat >= threshold * this
-INCUMBENT_WEIGHT = 16.0    # a held block's resident heat counts this many times when ranking
-REWRITTEN_DENSITY = 1 / 16  # first class: mean recent rewritten fraction at least this
 
+
+@dataclass(frozen=True)
+class Rules:
+    """The selection's constants; their values and reasons are ``policy``'s rules table."""
+    hold_fraction: float       # held runs stay candidates while mean heat >= threshold * this
+    incumbent_weight: float    # a held block's resident heat counts this many times
+    rewritten_density: float   # first class: mean recent rewritten fraction at least this
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
     """Maximal runs of True in a 1-D boolean mask."""
@@ -104,14 +111,9 @@ def mask_runs(mask: np.ndarray) -> list[Run]:
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
-def find_regions(heat: np.ndarray, threshold: float) -> list[Run]:
-    """Contiguous runs of blocks with ``heat >= threshold`` (NaN is never hot)."""
-    return mask_runs(np.asarray(heat) >= threshold)
-
-
-def candidate_mask(heat: np.ndarray, threshold: float, held_mask=None) -> np.ndarray:
+def candidate_mask(heat: np.ndarray, threshold: float, held_mask, rules: Rules) -> np.ndarray:
     """Blocks at or above the threshold, and whole held runs whose mean heat is at or above
-    ``threshold * HOLD_FRACTION``."""
+    ``threshold * rules.hold_fraction``."""
     heat = np.asarray(heat)
     cand = heat >= threshold
     if held_mask is not None:
@@ -122,14 +124,14 @@ def candidate_mask(heat: np.ndarray, threshold: float, held_mask=None) -> np.nda
         if edges.size:
             starts, stops = edges[0::2], edges[1::2]
             means = _segment_sums(heat, edges) / (stops - starts)
-            keep = means >= threshold * HOLD_FRACTION
+            keep = means >= threshold * rules.hold_fraction
             for a, b in zip(starts[keep].tolist(), stops[keep].tolist()):
                 cand[a:b] = True
     return cand
 
 
 def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
-           held_mask=None, recent_rewrites=None, candidates=None) -> list[Run]:
+           rules: Rules, held_mask=None, recent_rewrites=None, candidates=None) -> list[Run]:
     """Runs to hold, highest priority first; their lengths sum to at most ``budget_blocks``.
 
     ``total_heat``: heat per block (``HeatState.total``). ``rewritten_heat``:
@@ -137,7 +139,7 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
     ``held_mask``: blocks held now (hysteresis, incumbency), or None.
     ``recent_rewrites``: per block, the fraction rewritten recently (bool or
     [0, 1]; the first class), or None. ``candidates``: ``candidate_mask(total_heat,
-    threshold, held_mask)`` when the caller has it already, or None.
+    threshold, held_mask, rules)`` when the caller has it already, or None.
     """
     heat = np.asarray(total_heat)
     if heat.ndim != 1:
@@ -151,7 +153,7 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
         return []
 
     if candidates is None:
-        candidates = candidate_mask(heat, threshold, held_mask)
+        candidates = candidate_mask(heat, threshold, held_mask, rules)
     edges = _edges(_same_shape(candidates, heat, "candidates"))
     if not edges.size:
         return []
@@ -162,12 +164,12 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
               else _same_shape(recent_rewrites, heat, "recent_rewrites").astype(np.float32))
     if recent is not None and not recent.any():
         recent = None
-    # Ranking heat: the resident part of held blocks counts INCUMBENT_WEIGHT times.
+    # Ranking heat: the resident part of held blocks counts rules.incumbent_weight times.
     rank_heat = heat
     if held_mask is not None and np.any(held_mask):
         resident = heat if w is None else heat - w
         rank_heat = heat + np.where(np.asarray(held_mask, dtype=bool),
-                                    resident * np.float32(INCUMBENT_WEIGHT - 1), np.float32(0))
+                                    resident * np.float32(rules.incumbent_weight - 1), np.float32(0))
 
     # Queue entries: (class, -score, -total, start, stop, region start, region stop);
     # class -1 = rewritten now (scored by rewritten sum), 0 = other (scored by total).
@@ -176,7 +178,7 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
         is_rew = np.zeros(totals.size, dtype=bool)
         score = totals
     else:
-        is_rew = _segment_sums(recent, edges) >= REWRITTEN_DENSITY * (stops - starts)
+        is_rew = _segment_sums(recent, edges) >= rules.rewritten_density * (stops - starts)
         rewritten = np.zeros_like(totals) if w is None else _segment_sums(w, edges)
         score = np.where(is_rew, rewritten, totals)
     s_list, e_list = starts.tolist(), stops.tolist()
@@ -187,7 +189,7 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
     def window_entry(start: int, stop: int, rstart: int, rstop: int):
         total = float(rank_heat[start:stop].sum(dtype=np.float64))
         if recent is not None and \
-                recent[start:stop].sum(dtype=np.float64) >= REWRITTEN_DENSITY * (stop - start):
+                recent[start:stop].sum(dtype=np.float64) >= rules.rewritten_density * (stop - start):
             rew = 0.0 if w is None else float(w[start:stop].sum(dtype=np.float64))
             return (-1, -rew, -total, start, stop, rstart, rstop)
         return (0, -total, -total, start, stop, rstart, rstop)
@@ -204,33 +206,6 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
         s = _hottest_window(rank_heat, rstart, rstop, left)
         heapq.heappush(queue, window_entry(s, s + left, rstart, rstop))
     return out
-
-
-def plan(current_runs, target_runs) -> tuple[list[Run], list[Run]]:
-    """Block runs to release and to load to go from ``current_runs`` to ``target_runs``.
-
-    ``to_release``: the parts of the current runs outside every target run,
-    sorted by start. ``to_load``: the parts of the target runs not held now,
-    in the order of ``target_runs`` (priority order). Inputs may overlap or
-    touch; empty runs are ignored.
-    """
-    current = merge_runs(current_runs)
-    target = merge_runs(target_runs)
-    to_release = [piece for run in current for piece in subtract(run, target)]
-    to_load: list[Run] = []
-    covered = current
-    for start, stop in target_runs:
-        if stop > start:
-            pieces = subtract((int(start), int(stop)), covered)
-            if pieces:
-                to_load.extend(pieces)
-                covered = merge_runs(covered + pieces)   # overlapping targets load once
-    return to_release, to_load
-
-
-def runs_length(runs) -> int:
-    """Total number of blocks in ``runs``."""
-    return sum(stop - start for start, stop in runs)
 
 
 # -- helpers ---------------------------------------------------------------

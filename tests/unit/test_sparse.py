@@ -1,12 +1,12 @@
-"""The daemon's sparse per-block values (rewrites, red blocks): pure, on synthetic data."""
+"""Sparse per-block values (rewrites, red blocks): pure, on synthetic data."""
 
 import numpy as np
 
-from vmdisktouch.daemon import _Sparse
+from vmdisktouch.core.sparse import Sparse
 
 
 def sparse(blocks, values):
-    return _Sparse(np.asarray(blocks, dtype=np.intp), np.asarray(values, dtype=float))
+    return Sparse(np.asarray(blocks, dtype=np.intp), np.asarray(values, dtype=float))
 
 
 def test_merged_keeps_both_sets_and_the_newer_value_where_both_have_one():

@@ -1,0 +1,324 @@
+"""The policy: which blocks to hold, from one cycle's observation and its own memory.
+
+Theory of operation
+-------------------
+Everything that decides what is held lives in this module, the way a state
+machine's rules live in one file: the rules table below, and ``Policy``,
+which applies them. It is pure (numpy only): the daemon observes the image,
+asks ``decide`` for a plan, has the holder carry it out, and tells
+``settle`` what was held in the end. Nothing here reads a file, a clock or
+a page-cache bit; the same observations give the same plans, which is what
+the golden replay tests (``tests/unit/test_golden.py``) check.
+
+One cycle:
+
+``decide(observation, probe) -> Plan``
+
+1. Rewrites. The blocks whose checksums changed (``Observation.rewritten``,
+   the fraction of each block rewritten) are shown red for
+   ``rewritten_seconds``; those of this cycle and the last are ``recent``,
+   the first class of the selection.
+2. Suppression. The residency of a block is not the guest's, and is
+   replaced by 0 in the heat step, when the block is held now, when the
+   daemon itself brought it into the cache (``self_loaded``, below), or
+   when it was displaced from the hold less than ``RELEASED_GRACE`` ago.
+3. Heat. ``heat.step`` smooths residency and rewrites and folds them into
+   the decaying map over the time since the last cycle.
+4. Holes. Blocks known to be holes of a sparse file are cut out of the
+   heat: holding them would spend the budget on zeros. Candidate blocks not
+   probed yet are probed first (``probe``: the image's SEEK_DATA/SEEK_HOLE),
+   so the budget goes to data from the first cycle. What is known holds
+   while the file's allocated size is unchanged (see ``_without_holes``).
+5. Cede. Blocks ceded to a guest's own cache (see ``settle``) are cut out
+   for ``CEDE_SECONDS``.
+6. Select. ``regions.select`` cuts the map at the threshold, keeps held
+   runs while their mean heat is at least ``HOLD_FRACTION`` of it, ranks
+   the runs (rewritten ones first, held resident heat weighed
+   ``INCUMBENT_WEIGHT`` times) and fills the budget: the plan's targets,
+   highest priority first. The holder loads them in that order and, under
+   memory pressure, sheds from the end. While holding is off (the domain is
+   shut off) the plan is empty and everything is released.
+
+``settle(held, holes, ceded)`` after the holder acted:
+
+* ``self_loaded``: a block the daemon loaded while the guest had less than
+  ``GUEST_RESIDENT`` of it cached stays marked until the kernel evicts it;
+* displaced blocks (released while still candidates) start their grace;
+* holes the holder met and blocks ceded in the recharge are remembered.
+
+Blocks the daemon loaded
+^^^^^^^^^^^^^^^^^^^^^^^^
+A block loaded while the guest had not cached it (a region's shoulders:
+the smoothing makes a region wider than the guest's cached extent) stays
+cached after its release, and its residency would then heat it as if the
+guest used it: measured on a 1 TiB image with 1000 cached extents, held
+regions grew by the smoothing's reach (~9 blocks) every cycle and the
+cached total rose from 1000 MiB to 1.6 GiB in 8 cycles.
+
+Blocks the daemon released
+^^^^^^^^^^^^^^^^^^^^^^^^^^
+Right after a release a block is still cached *because we held it*. When
+it was let go because hotter regions took its place (displaced: still a
+candidate), that residency would win it the rematch at once: on the moved
+hot zones of docs/benchmarks.md (hotzone-move) an old zone cut by half came
+back whole two cycles later (177 MiB reloaded), and the second new zone was
+held only 35 s after the move. So a displaced block's residency is
+suppressed for ``RELEASED_GRACE`` (four cycles at the defaults): time for
+reclaim to take what the guest left. Blocks released because their lease
+ran out (no longer candidates) are not suppressed: their renewal is the
+point of the lease (see ``heat``). Releases between cycles (a smaller
+budget on reload, the domain stopped) count as displacements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from vmdisktouch.core import heat, regions
+from vmdisktouch.core.runs import Run
+from vmdisktouch.core.sparse import Sparse
+
+# -- the rules --------------------------------------------------------------
+# Every constant the policy decides with. Settings (budget, threshold, the
+# heat parameters) are the operator's; these are the policy's own.
+#
+#   rule               value  meaning
+#   INCUMBENT_WEIGHT   16     a held block's resident heat counts 16 times when runs are
+#                             ranked: an equal unheld candidate does not displace a hold
+#   HOLD_FRACTION      0.5    a held run stays a candidate while its mean heat is at least
+#                             threshold x 0.5 (hysteresis: the read-only lease, see heat)
+#   REWRITTEN_DENSITY  1/16   a run is first class when its blocks were rewritten, on
+#                             average, at least 1/16 in this cycle or the last
+#   GUEST_RESIDENT     0.5    a block at least half resident before we loaded it was the
+#                             guest's; below, its residency after the load is ours
+#   RELEASED_GRACE     20 s   a displaced block's residency is ours for this long
+#   CEDE_SECONDS       60 s   a block the guest faulted back during its recharge is left
+#                             to the guest's own cache (and memory cgroup) this long
+#   RESERVE_FRACTION   1/16   of a memory-limited group's limit, kept free for its reclaim
+#                             when its cap is computed (``charges``)
+#   AT_LIMIT_FRACTION  1/32   a group with less headroom than this share of its limit is
+#                             at it: all its excess is recharged at once (``charges``)
+
+INCUMBENT_WEIGHT = 16.0
+HOLD_FRACTION = 0.5
+REWRITTEN_DENSITY = 1 / 16
+GUEST_RESIDENT = 0.5
+RELEASED_GRACE = 20.0
+CEDE_SECONDS = 60.0
+RESERVE_FRACTION = 1 / 16
+AT_LIMIT_FRACTION = 1 / 32
+
+SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
+                             rewritten_density=REWRITTEN_DENSITY)
+
+Probe = Callable[[Run], list[Run]]   # the data runs of a block run (SEEK_DATA/SEEK_HOLE)
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """The operator's settings the policy uses (``vmdisktouch.settings`` defines them)."""
+    heat: heat.HeatParams
+    budget_blocks: int
+    interval: float              # seconds; the first cycle's time step
+    rewritten_seconds: float     # how long a rewritten block is shown red
+
+    @classmethod
+    def of(cls, config) -> "PolicyParams":
+        return cls(
+            heat.HeatParams(amp_resident=config.amp_resident,
+                            sigma_resident=config.sigma_resident,
+                            amp_rewritten=config.amp_rewritten,
+                            sigma_rewritten=config.sigma_rewritten,
+                            decay=config.decay, threshold=config.threshold),
+            budget_blocks=config.max_hold // config.block_size,
+            interval=config.interval, rewritten_seconds=config.rewritten_seconds)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one cycle saw of the image, before anything was changed."""
+    now: float                   # seconds, any monotonic origin
+    resident: np.ndarray         # per block: the fraction in the page cache
+    held: np.ndarray             # per block (bool): held by the daemon now
+    rewritten: Sparse            # held blocks whose checksum changed: the fraction rewritten
+    allocation: int | None       # the file's allocated size (st_blocks); None: no holes
+    holding: bool = True         # False while the owning domain is shut off
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to hold: ``targets`` in priority order (the holder sheds from the end)."""
+    targets: list[Run]
+    heat: np.ndarray             # the heat map after this cycle's step
+    recent: np.ndarray | None    # rewritten fraction in this cycle or the last (None: none)
+    candidates: np.ndarray       # blocks that may be held (threshold and hysteresis)
+
+    def quiet(self) -> np.ndarray:
+        """Blocks not rewritten lately: where a recharge disturbs the guest least."""
+        if self.recent is None:
+            return np.ones(self.heat.size, dtype=bool)
+        return self.recent <= 0
+
+
+class Policy:
+    """The policy's memory of one image and the rules that use it."""
+
+    def __init__(self, nblocks: int, params: PolicyParams, *, sparse_file: bool):
+        self.params = params
+        self.sparse_file = sparse_file      # a regular file: it may have holes
+        self.nblocks = int(nblocks)
+        self.state = heat.new_state(self.nblocks)
+        self.last_rewritten = Sparse.empty()  # rewritten in the last cycle (fractions)
+        self.red = Sparse.empty()             # shown red: the time of the last rewrite
+        self.released = Sparse.empty()        # displaced: the time of the release
+        self.ceded = Sparse.empty()           # left to the guest's cache: the time
+        self.self_loaded = np.zeros(self.nblocks, dtype=bool)
+        self.held_after = np.zeros(self.nblocks, dtype=bool)  # held when the last cycle ended
+        self.holes = np.zeros(self.nblocks, dtype=bool)       # known holes
+        self.probed = np.zeros(self.nblocks, dtype=bool)      # data or hole known
+        self.allocation: int | None = None
+        self.last_time: float | None = None
+        self._pending: tuple[Observation, np.ndarray] | None = None
+
+    # -- one cycle ---------------------------------------------------------
+
+    def decide(self, obs: Observation, probe: Probe) -> Plan:
+        """The plan for this cycle (steps 1-6 of the module docstring)."""
+        n, p, now = self.nblocks, self.params, obs.now
+        held = np.asarray(obs.held, dtype=bool)
+        recent, rewritten = self._rewrites(obs.rewritten, now)
+        dt = p.interval if self.last_time is None else max(now - self.last_time, 1e-3)
+        self.last_time = now
+        self._note_released(self.held_after & ~held, now)     # between cycles
+        suppressed = held | self.self_loaded
+        suppressed[self.released.blocks] = True
+        self.state = heat.step(self.state, obs.resident, suppressed, rewritten, dt, p.heat)
+
+        total = self.state.total
+        cut, rewritten_heat = self._without_holes(total, self.state.heat_rewritten, held,
+                                                  obs, probe)
+        self.ceded = self.ceded.newer_than(now, CEDE_SECONDS)
+        if self.ceded.blocks.size:
+            keep = np.ones(n, dtype=np.float32)
+            keep[self.ceded.blocks] = 0
+            cut, rewritten_heat = cut * keep, rewritten_heat * keep
+        cand = regions.candidate_mask(cut, p.heat.threshold, held, SELECT_RULES)
+        targets = (regions.select(cut, rewritten_heat, p.heat.threshold, p.budget_blocks,
+                                  SELECT_RULES, held, recent, candidates=cand)
+                   if obs.holding else [])
+        self._pending = (obs, cand)
+        return Plan(targets, total, recent, cand)
+
+    def settle(self, held: np.ndarray, *, holes: list[Run] = (), ceded: list[Run] = ()) -> None:
+        """What the holder holds after carrying out the last plan, and what it learned."""
+        obs, cand = self._pending
+        self._pending = None
+        for a, b in holes:
+            self.holes[a:b] = True
+        for a, b in ceded:
+            blocks = np.arange(a, b)
+            self.ceded = self.ceded.merged(Sparse(blocks, np.full(blocks.size, obs.now)))
+        held = np.array(held, dtype=bool)          # the policy's own copy
+        self.self_loaded = self_loaded(self.self_loaded, obs.resident, obs.held, held)
+        self._note_released(obs.held & ~held & cand, obs.now)
+        self.held_after = held
+
+    def resize(self, nblocks: int) -> None:
+        """The image grew or shrank: keep what is known of the common prefix."""
+        n = int(nblocks)
+        self.state = heat.resize_state(self.state, n)
+        self.last_rewritten = self.last_rewritten.below(n)
+        self.red = self.red.below(n)
+        self.released = self.released.below(n)
+        self.ceded = self.ceded.below(n)
+        self.self_loaded = _resized(self.self_loaded, n)
+        self.held_after = _resized(self.held_after, n)
+        self.holes = np.zeros(n, dtype=bool)
+        self.probed = np.zeros(n, dtype=bool)
+        self.nblocks = n
+
+    # -- the steps ---------------------------------------------------------
+
+    def _rewrites(self, now_rewritten: Sparse, now: float):
+        """(recent, rewritten): the first class of the selection and this cycle's rewrites."""
+        n = self.nblocks
+        self.red = self.red.merged(Sparse(now_rewritten.blocks,
+                                          np.full(now_rewritten.blocks.size, now)))
+        self.red = self.red.newer_than(now, self.params.rewritten_seconds)
+        rewritten = now_rewritten.dense(n)
+        recent = None
+        if rewritten is not None or self.last_rewritten.blocks.size:
+            recent = self.last_rewritten.dense(n, always=True)
+            if rewritten is not None:
+                np.maximum(recent, rewritten, out=recent)
+        self.last_rewritten = now_rewritten
+        return recent, rewritten
+
+    def _note_released(self, mask: np.ndarray, now: float) -> None:
+        """Remember the blocks of ``mask`` as released at ``now``; forget those past the grace."""
+        if mask.any():
+            self.released = self.released.merged(Sparse.of_mask(mask, now))
+        self.released = self.released.newer_than(now, RELEASED_GRACE)
+
+    def _without_holes(self, total, rewritten_heat, held, obs: Observation, probe: Probe):
+        """The heat maps with the blocks known to be holes cut out (set to 0).
+
+        Every candidate block whose state is not known yet is probed before
+        the selection (a few ``lseek`` calls per candidate run, once).
+        Learning the holes only from what the holder was given left the
+        budget two-thirds empty: on a 1 TiB thin image with 1000 cached 1 MiB
+        extents and a 256 MiB budget each selected region was an extent and
+        4 blocks of hole around it (docs/benchmarks.md, daemon-cost).
+
+        What is known holds while the allocated size is unchanged. When it
+        grows (the guest filled a hole) the known holes are probed again as
+        they become candidates; when it shrinks (something was punched),
+        everything is forgotten.
+        """
+        stamp = obs.allocation
+        if stamp != self.allocation:
+            if stamp is None or self.allocation is None or stamp < self.allocation:
+                self.probed[:] = False
+            else:
+                self.probed &= ~self.holes
+            self.holes[:] = False
+            self.allocation = stamp
+        if self.sparse_file and obs.holding:
+            unknown = regions.candidate_mask(total, self.params.heat.threshold, held,
+                                             SELECT_RULES) & ~self.probed
+            for a, b in (regions.mask_runs(unknown) if unknown.any() else []):
+                self.probed[a:b] = True
+                pos = a
+                for s, e in probe((a, b)) + [(b, b)]:
+                    self.holes[pos:s] = True
+                    pos = e
+        if not self.holes.any():
+            return total, rewritten_heat
+        keep = ~self.holes
+        return total * keep, rewritten_heat * keep
+
+
+def self_loaded(previous, resident, held_before, held_after) -> np.ndarray:
+    """Blocks whose residency the daemon itself caused; suppressed as if held.
+
+    A block loaded while less than ``GUEST_RESIDENT`` resident is marked;
+    it stays marked while it is held or still resident, and once the kernel
+    has evicted it (below ``GUEST_RESIDENT``) residency there is the
+    guest's again. ``resident``: this cycle's scan, taken before the holder
+    acted; ``held_before``/``held_after``: held before and after it acted.
+    """
+    guest = np.asarray(resident) >= GUEST_RESIDENT
+    before = np.asarray(held_before, dtype=bool)
+    after = np.asarray(held_after, dtype=bool)
+    prev = np.zeros(guest.shape, bool) if previous is None else np.asarray(previous, dtype=bool)
+    return (prev & (after | guest)) | (after & ~before & ~guest)
+
+
+def _resized(a: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=a.dtype)
+    k = min(n, a.size)
+    out[:k] = a[:k]
+    return out
