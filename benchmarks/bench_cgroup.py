@@ -38,8 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.report import provenance, update_section  # noqa: E402
-from tools import workload  # noqa: E402
-from tools.workload import MiB, MemoryCgroup  # noqa: E402
+from tools.cgroup import MemoryCgroup  # noqa: E402
+from tools.common import MiB  # noqa: E402
+from tools.daemon_proc import DaemonProc  # noqa: E402
+from tools.holders import zone_reader_argv  # noqa: E402
+from tools.images import evict, make_image  # noqa: E402
 
 ALLOCATOR = ("import mmap, sys, time\n"
              "n = int(sys.argv[1])\n"
@@ -50,21 +53,19 @@ ALLOCATOR = ("import mmap, sys, time\n"
 
 
 def run_scenario(name: str, image: str, args, tmp: str) -> dict:
-    workload.evict(image)
+    evict(image)
     zone = (64 * MiB, args.zone)
     out = {"scenario": name, "samples": []}
     with MemoryCgroup(f"bench-{name}", args.limit) as cg:
-        cg.popen(workload.zone_reader_argv(image, *zone))
+        cg.popen(zone_reader_argv(image, *zone))
         time.sleep(args.warm)
         daemon = None
         if name != "none":
             extra = ["--uri", "", "--min-free", "0"]
             if name == "nocap":
                 extra += ["--foreign-share", "1"]
-            daemon = workload.Daemon(image, 512 * MiB, interval=2.0,
-                                     status=os.path.join(tmp, f"{name}.json"),
-                                     log_path=os.path.join(tmp, f"{name}.log"),
-                                     extra=extra).start()
+            daemon = DaemonProc(tmp, image, *extra, max_hold=512 * MiB, interval=2.0,
+                                status=f"{name}.json", log=f"{name}.log")
         t0 = time.monotonic()
         alloc = None
         alloc_rc = None
@@ -76,13 +77,13 @@ def run_scenario(name: str, image: str, args, tmp: str) -> dict:
             if alloc is not None and alloc_rc is None:
                 alloc_rc = alloc.poll()
             out["samples"].append((round(t, 1), cg.unevictable_bytes(),
-                                   daemon.held_bytes() if daemon else 0))
+                                   daemon.vmlck() if daemon else 0))
             time.sleep(0.5)
         if alloc is not None and alloc_rc is None:
             alloc_rc = alloc.wait(timeout=30)
         out["alloc_rc"] = alloc_rc
         out["oom_kills"] = cg.oom_kills()
-        status = daemon.status() if daemon else None
+        status = daemon.read_status() if daemon else None
         out["recharged"] = (status or {}).get("charges", {}).get("recharged_bytes", 0)
         if daemon:
             daemon.stop()
@@ -121,7 +122,7 @@ def main() -> int:
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-cgroup-", dir="/var/tmp") as tmp:
-        image = workload.make_image(os.path.join(tmp, "disk.img"), 1 << 30)
+        image = make_image(os.path.join(tmp, "disk.img"), 1 << 30)
         results = [run_scenario(name, image, args, tmp)
                    for name in ("none", "nocap", "vmdisktouch")]
     text = table(results, args)

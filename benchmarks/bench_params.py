@@ -30,9 +30,10 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import bench_hotzone as hz  # noqa: E402
 from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
-from tools import workload as wl  # noqa: E402
+from tools.common import MiB  # noqa: E402
+from tools.images import make_image  # noqa: E402
+from tools.stats import first_time_at_or_above  # noqa: E402
 
-MiB = wl.MiB
 CHART = os.path.join(ROOT, "docs", "img", "params.png")
 
 # (name, extra arguments of vmdisktouch run); the first is the defaults.
@@ -110,8 +111,8 @@ def main() -> int:
     b = hz.Bench(sa)
     steady_from = a.duration / 2
     try:
-        wl.make_image(b.image, b.size)
-        wl.make_image(b.nb_file, b.nb_size)
+        make_image(b.image, b.size)
+        make_image(b.nb_file, b.nb_size)
         base = {}
         for name in ("none", "oracle"):
             hz.say(f"\n== {hz.LABELS[name]}")
@@ -124,7 +125,7 @@ def main() -> int:
             hz.say(f"\n== vmdisktouch {args or '(defaults)'}")
             r = b.run("vmdisktouch")
             med = statistics.median(r.steady(steady_from)) if r.steady(steady_from) else 0.0
-            t90 = wl.first_time_at_or_above(hz.rolling_median(r.series()), 0.9 * base["oracle"],
+            t90 = first_time_at_or_above(hz.rolling_median(r.series()), 0.9 * base["oracle"],
                                              hold=1)
             held = statistics.median([x.held for x in r.samples if x.t >= steady_from] or [0])
             loaded, cycles = hz.steady_loaded(r, steady_from)

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tests.daemon_proc import ROOT
+from tools.common import ROOT
 from tests.pagecache import evict
 
 MiB = 1 << 20

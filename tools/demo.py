@@ -21,7 +21,7 @@ on the way out, also on Ctrl-C or an error; the PNGs and the status JSON are
 kept. The budget is kept below the group's limit with a margin: pages the
 workload faulted in stay charged to its group when the daemon mlocks them,
 and held pages filling the group would OOM-kill the workload (see
-``tools.workload``); the demo reports that charge and checks for OOM kills.
+``tools.cgroup``); the demo reports that charge and checks for OOM kills.
 """
 
 from __future__ import annotations
@@ -32,11 +32,14 @@ import signal
 import sys
 import time
 
-from tools import workload as wl
+from tools.cgroup import MemoryCgroup, check_budget_vs_limit
+from tools.common import GiB, MiB, require_tool, stop_process
+from tools.daemon_proc import DaemonProc
+from tools.fio import FioJob, FioRun, Interval, start_neighbour
+from tools.images import evict, make_image, resident_bytes
+from tools.stats import steady_median
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.sizes import parse_size
-
-MiB, GiB = wl.MiB, wl.GiB
 
 
 def say(msg: str = "") -> None:
@@ -60,15 +63,15 @@ class Demo:
         self.limit = self.budget + 256 * MiB
         self.neighbour_size = 1 * GiB
         self.neighbour_rate = 200 * MiB
-        self.cgroup: wl.MemoryCgroup | None = None
+        self.cgroup: MemoryCgroup | None = None
         self.neighbour = None
-        self.fio: wl.FioRun | None = None
-        self.daemon: wl.Daemon | None = None
+        self.fio: FioRun | None = None
+        self.daemon: DaemonProc | None = None
 
     # -- helpers --
     def hot_cached(self) -> int:
         try:
-            return wl.resident_bytes(self.image, self.hot_off, self.hot_len)
+            return resident_bytes(self.image, self.hot_off, self.hot_len)
         except OSError:
             return 0
 
@@ -78,51 +81,49 @@ class Demo:
         a, b = self.hot_off, self.hot_off + self.hot_len
         return sum(max(0, min(b, off + n) - max(a, off)) for off, n in status.get("regions", []))
 
-    def run_phase(self, name: str, seconds: float, with_daemon: bool) -> list[wl.Interval]:
-        wl.evict(self.image)
-        wl.evict(self.neighbour_file)
-        self.cgroup = wl.MemoryCgroup("demo", self.limit).create()
-        self.neighbour = wl.start_neighbour(self.cgroup, self.neighbour_file, self.neighbour_rate,
+    def run_phase(self, name: str, seconds: float, with_daemon: bool) -> list[Interval]:
+        evict(self.image)
+        evict(self.neighbour_file)
+        self.cgroup = MemoryCgroup("demo", self.limit).create()
+        self.neighbour = start_neighbour(self.cgroup, self.neighbour_file, self.neighbour_rate,
                                             size=self.neighbour_size)
         held_at: list[float] = []   # phase time when the daemon covered >= 90 % of the hot zone
 
-        def on_interval(iv: wl.Interval) -> None:
+        def on_interval(iv: Interval) -> None:
             try:
                 show(iv)
             except Exception as exc:  # noqa: BLE001 - never kill the reader thread
                 say(f"  [{name}] t={iv.t:5.1f}s  IOPS {iv.iops:7.0f}  ({exc})")
 
-        def show(iv: wl.Interval) -> None:
+        def show(iv: Interval) -> None:
             line = (f"  [{name}] t={iv.t:5.1f}s  IOPS {iv.iops:7.0f} "
                     f"(read {iv.read_iops:6.0f}, write {iv.write_iops:5.0f})  "
                     f"hot zone cached {self.hot_cached() / MiB:4.0f} MiB")
             if self.daemon:
-                st = self.daemon.status()
+                st = self.daemon.read_status()
                 hh = self.held_in_hot(st)
                 if hh >= 0.9 * self.hot_len and not held_at:
                     held_at.append(iv.t)
                 line += (f"  daemon: cycle {st['cycle'] if st else 0:3d}, held "
-                         f"{self.daemon.held_bytes() / MiB:4.0f} MiB "
+                         f"{self.daemon.vmlck() / MiB:4.0f} MiB "
                          f"({hh / MiB:.0f} MiB in the hot zone)")
             say(line)
 
         if with_daemon:
-            d = wl.Daemon(self.image, self.budget, interval=2.0,
-                          status=os.path.join(self.out, "status.json"),
-                          heat_png=os.path.join(self.out, "heat.png"),
-                          map_png=os.path.join(self.out, "map.png"),
-                          log_path=os.path.join(self.out, "daemon.log"),
-                          extra=self.args.daemon_args.split())
-            say(f"  starting: vmdisktouch {' '.join(d.argv[3:])}")
-            self.daemon = d.start()
-        job = wl.FioJob(self.image, self.size, [(self.hot_off, self.hot_len)],
+            self.daemon = DaemonProc(self.out, self.image,
+                                     "--heat-png", os.path.join(self.out, "heat.png"),
+                                     "--map-png", os.path.join(self.out, "map.png"),
+                                     *self.args.daemon_args.split(),
+                                     max_hold=self.budget, interval=2.0)
+            say(f"  started: vmdisktouch {' '.join(self.daemon.argv[3:])}")
+        job = FioJob(self.image, self.size, [(self.hot_off, self.hot_len)],
                         runtime=seconds, seed=20241122, name="guest")
-        self.fio = wl.FioRun(job, self.cgroup, on_interval=on_interval,
+        self.fio = FioRun(job, self.cgroup, on_interval=on_interval,
                              stderr_path=os.path.join(self.out, "fio.err")).start()
         deadline = time.monotonic() + seconds + 30
         while self.fio.proc.poll() is None:
             if self.daemon and not self.daemon.alive():
-                raise VmdtError(f"the daemon exited ({self.daemon.proc.returncode}): "
+                raise VmdtError(f"the daemon exited ({self.daemon.returncode()}): "
                                 f"{self.daemon.log_tail(1) or 'see demo-out/daemon.log'}")
             if time.monotonic() > deadline:
                 raise VmdtError("fio did not finish in time")
@@ -141,7 +142,7 @@ class Demo:
         if c["oom_kills"]:
             raise VmdtError(f"the workload's cgroup had {c['oom_kills']} OOM kill(s): held pages "
                             "charged to it filled its limit")
-        wl.stop_process(self.neighbour)
+        stop_process(self.neighbour)
         self.neighbour = None
         self.held_at = held_at[0] if held_at else None
         return self.fio.intervals
@@ -149,7 +150,7 @@ class Demo:
     def cleanup(self) -> None:
         if self.fio:
             self.fio.stop()
-        wl.stop_process(self.neighbour)
+        stop_process(self.neighbour)
         if self.daemon:
             self.daemon.stop()
         if self.cgroup:
@@ -171,16 +172,16 @@ class Demo:
     def run(self) -> int:
         t_start = time.monotonic()
         os.makedirs(self.out, exist_ok=True)
-        wl.require_tool("fio")
-        wl.check_budget_vs_limit(self.budget, self.limit)
-        probe = wl.MemoryCgroup("probe", self.limit).create()
+        require_tool("fio")
+        check_budget_vs_limit(self.budget, self.limit)
+        probe = MemoryCgroup("probe", self.limit).create()
         probe.cleanup()
         say(f"vmdisktouch demo: image {self.size / GiB:.1f} GiB, hot zone {self.hot_len / MiB:.0f} MiB "
             f"at {self.hot_off / MiB:.0f} MiB (90 % of accesses), budget {self.budget / MiB:.0f} MiB, "
             f"cgroup limit {self.limit / MiB:.0f} MiB")
         say(f"writing {self.image} ...")
-        wl.make_image(self.image, self.size)
-        wl.make_image(self.neighbour_file, self.neighbour_size)
+        make_image(self.image, self.size)
+        make_image(self.neighbour_file, self.neighbour_size)
         say(f"  done in {time.monotonic() - t_start:.1f} s")
 
         p1, p2 = self.args.phase1, self.args.phase2
@@ -193,13 +194,13 @@ class Demo:
         after = self.run_phase("vmdisktouch", p2, with_daemon=True)
         c2 = self.phase_counters
         held_at = self.held_at
-        st = self.daemon.status() or {}
+        st = self.daemon.read_status() or {}
         self.end_phase()
 
         warm = self.args.warmup
-        b = wl.steady_median([iv.iops for iv in before if iv.t >= warm], 0)
+        b = steady_median([iv.iops for iv in before if iv.t >= warm], 0)
         start2 = max(warm, (held_at or 0) + 4) if held_at is not None else p2 * 2 / 3
-        a = wl.steady_median([iv.iops for iv in after if iv.t >= start2], 0)
+        a = steady_median([iv.iops for iv in after if iv.t >= start2], 0)
         say("\nsummary")
         say(f"  no daemon:   median {b:7.0f} IOPS (t >= {warm:.0f} s)")
         if held_at is not None:

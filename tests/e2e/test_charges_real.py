@@ -15,9 +15,10 @@ import time
 
 import pytest
 
-from tests.daemon_proc import Daemon
 from tests.pagecache import data_image
-from tools.workload import MemoryCgroup, zone_reader_argv
+from tools.cgroup import MemoryCgroup
+from tools.daemon_proc import DaemonProc
+from tools.holders import zone_reader_argv
 
 MiB = 1 << 20
 ZONE = (16 * MiB, 64 * MiB)
@@ -48,7 +49,7 @@ def test_a_limited_group_keeps_at_most_its_cap_pinned_and_the_rest_is_recharged(
     with MemoryCgroup("charges", 256 * MiB) as cg:
         start_reader(cg, image)
         time.sleep(2)                                   # the zone is the group's cache now
-        d = Daemon(tmp_path, image, *ARGS)
+        d = DaemonProc(tmp_path, image, *ARGS)
         try:
             st = d.wait_status(lambda s: s["held_bytes"] >= ZONE[1] // 2
                                and s["charges"]["recharged_bytes"] > 0,
@@ -79,7 +80,7 @@ def test_an_unlimited_group_is_left_alone(tmp_path, image):
     with MemoryCgroup("charges-free", 1 << 62) as cg:
         start_reader(cg, image)
         time.sleep(2)
-        d = Daemon(tmp_path, image, *ARGS)
+        d = DaemonProc(tmp_path, image, *ARGS)
         try:
             st = d.wait_status(lambda s: s["held_bytes"] >= ZONE[1], "the zone held",
                                timeout=60)
@@ -102,7 +103,7 @@ def test_a_group_removed_while_its_pages_are_held(tmp_path, image):
     try:
         start_reader(cg, image)
         time.sleep(2)
-        d = Daemon(tmp_path, image, *ARGS)
+        d = DaemonProc(tmp_path, image, *ARGS)
         try:
             d.wait_status(lambda s: s["held_bytes"] >= ZONE[1] and group_entry(s, cg),
                           "the zone held, charged to the group", timeout=60)

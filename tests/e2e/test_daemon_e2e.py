@@ -36,9 +36,7 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -49,6 +47,8 @@ from PIL import Image
 
 from tests.pagecache import PAGE, evict, fincore_pages, read_range, require_tool
 from tests.qemu_vm import QemuVM
+from tools.daemon_proc import DaemonProc, env_without_systemd
+from tools.procfs import vmlck
 from vmdisktouch.system import residency
 
 MiB = 1 << 20
@@ -124,17 +124,6 @@ def sha256(path) -> str:
     return h.hexdigest()
 
 
-def vmlck_kib(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmLck:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return None        # gone, or a zombie (no Vm* lines)
-
-
 class Workload:
     """A guest stand-in: re-reads ``zones`` continuously, evicts the rest every ``evict_every`` s."""
 
@@ -199,11 +188,11 @@ class Workload:
         self._thread.join(timeout=30)
 
 
-class Daemon:
-    """``vmdisktouch run`` in a subprocess, watched by a 10 ms poller thread.
+class Daemon(DaemonProc):
+    """``vmdisktouch run`` in a subprocess (``DaemonProc``), watched by a 10 ms poller thread.
 
     The poller keeps every status it sees (``history``, by cycle) and the
-    largest ``VmLck`` of the process (``max_vmlck``, KiB). ``kill`` (called by
+    largest ``VmLck`` of the process (``max_vmlck``, bytes). ``kill`` (called by
     the fixture in any case) SIGKILLs the process by PID and reaps it.
     """
 
@@ -216,22 +205,13 @@ class Daemon:
         self.interval = interval
         self.dir = tmp_path / "out"
         self.dir.mkdir(exist_ok=True)
-        self.status_path = self.dir / "status.json"
         self.map_png = self.dir / "map.png"
         self.heat_png = self.dir / "heat.png"
         if pngs:
             extra = ("--map-png", str(self.map_png), "--heat-png", str(self.heat_png), *extra)
-        self.stdout = open(tmp_path / "daemon.stdout", "w+")
-        self.stderr = open(tmp_path / "daemon.stderr", "w+")
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("JOURNAL_STREAM", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-        self.argv = [sys.executable, "-m", "vmdisktouch", "run", image,
-                     "--max-hold", str(budget), "--interval", str(interval),
-                     "--status", str(self.status_path), *extra]
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self.stdout,
-                                     stderr=self.stderr, cwd=ROOT, env=env,
-                                     start_new_session=True)
-        self.pid = self.proc.pid
+        super().__init__(tmp_path, image, *extra, max_hold=budget, interval=interval,
+                         status="out/status.json", log="daemon.stdout", err_log="daemon.stderr",
+                         env=env_without_systemd())
         self.history: dict[int, dict] = {}
         self.bad_status: list[str] = []
         self.max_vmlck = 0
@@ -244,9 +224,9 @@ class Daemon:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            kib = vmlck_kib(self.pid)
-            if kib is not None:
-                self.max_vmlck = max(self.max_vmlck, kib)
+            held = vmlck(self.pid, missing=None)
+            if held is not None:
+                self.max_vmlck = max(self.max_vmlck, held)
                 self.vmlck_samples += 1
             try:
                 text = self.status_path.read_text()
@@ -267,10 +247,6 @@ class Daemon:
     def cycle(self) -> int:
         st = self.latest()
         return st["cycle"] if st else 0
-
-    def err(self) -> str:
-        self.stderr.flush()
-        return Path(self.stderr.name).read_text()
 
     def wait(self, pred, what: str, timeout: float = 45.0, alive: bool = True) -> dict:
         """The latest status once ``pred(status)`` holds; fails if the daemon dies first."""
@@ -302,8 +278,8 @@ class Daemon:
 
     def assert_within_budget(self) -> None:
         assert self.vmlck_samples > 50, f"only {self.vmlck_samples} VmLck samples"
-        assert self.max_vmlck * 1024 <= self.budget, \
-            f"VmLck reached {self.max_vmlck} KiB, over the budget of {self.budget // 1024} KiB"
+        assert self.max_vmlck <= self.budget, \
+            f"VmLck reached {self.max_vmlck // 1024} KiB, over the budget of {self.budget // 1024} KiB"
         over = {c: s["held_bytes"] for c, s in self.history.items()
                 if s["held_bytes"] > self.budget}
         assert not over, f"status held_bytes over the budget {self.budget}: {over}"
@@ -321,27 +297,13 @@ class Daemon:
 
     # -- ending -----------------------------------------------------------------
 
-    def terminate(self, timeout: float = 5.0) -> tuple[int | None, float]:
-        """SIGTERM by PID; (exit status or None if still running after ``timeout``, seconds)."""
-        t0 = time.monotonic()
-        os.kill(self.pid, signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        return rc, time.monotonic() - t0
-
     def kill(self) -> None:
         """SIGKILL by PID if still running, reap, stop the poller. Idempotent."""
         try:
-            if self.proc.poll() is None:
-                os.kill(self.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+            super().kill()
         finally:
             self._stop.set()
             self._poller.join(timeout=10)
-            self.stdout.close()
-            self.stderr.close()
 
 
 @pytest.fixture
@@ -454,7 +416,7 @@ def test_vmlck_never_exceeds_the_budget_while_holds_move(image, daemons):
         w.stop()
     assert d.proc.poll() is None, d.err()[-3000:]
     d.assert_within_budget()
-    assert d.max_vmlck * 1024 == budget, f"VmLck peaked at {d.max_vmlck} KiB"
+    assert d.max_vmlck == budget, f"VmLck peaked at {d.max_vmlck // 1024} KiB"
     zones_held = {name for name, z in (("a", a), ("b", b), ("c", c))
                   if any(intersects(s["regions"], z) for s in d.history.values())}
     assert len(zones_held) >= 2, f"holds never moved: {zones_held}"
@@ -609,11 +571,11 @@ def test_sigterm_exits_zero_and_leaves_nothing_locked(image, daemons):
         st = d.wait_held(HOT)
         w.stop()
     held = st["regions"]
-    assert vmlck_kib(d.pid) * 1024 >= sum(n for _, n in held)
+    assert vmlck(d.pid) >= sum(n for _, n in held)
     rc, secs = d.terminate(timeout=5)
     assert rc == 0, f"SIGTERM: exit status {rc} after {secs:.1f}s; stderr:\n{d.err()[-3000:]}"
     assert secs < 5
-    assert vmlck_kib(d.pid) is None                     # gone, and reaped
+    assert vmlck(d.pid, missing=None) is None                     # gone, and reaped
     evict(image)
     counts = block_pages(image)
     for off, n in held:
@@ -636,12 +598,12 @@ def test_sigterm_in_the_middle_of_a_paced_load(image, daemons):
     with Workload(image, [hot], per_mib=256 << 10) as w:
         d = daemons(image, *STABLE, "--load-rate", "8M", budget=128 * MiB)
         deadline = time.monotonic() + 45
-        while not (d.max_vmlck >= 32 * 1024 and (vmlck_kib(d.pid) or 0) < 64 * 1024):
+        while not (d.max_vmlck >= 32 * MiB and vmlck(d.pid) < 64 * MiB):
             assert d.proc.poll() is None, d.err()[-3000:]
             assert time.monotonic() < deadline, "no paced load seen"
             time.sleep(0.01)
         time.sleep(0.3)
-        mid_load = vmlck_kib(d.pid)
+        mid_load = vmlck(d.pid) // 1024
         reported = d.latest()["held_bytes"] if d.history else 0
         rc, secs = d.terminate(timeout=5)
         w.stop()

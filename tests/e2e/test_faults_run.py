@@ -24,11 +24,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.daemon_proc import ROOT, Daemon
 from tests.faultkit import EX_TEMPFAIL, MiB, TABLE, Untouched, assert_clean, fault
 from tests.pagecache import data_image, read_range, require_tool
+from tools.common import ROOT
+from tools.daemon_proc import DaemonProc
+from tools.procfs import vmlck
 from vmdisktouch.system import checksums, holder, libc
-from vmdisktouch import daemon, errors, settings
+from vmdisktouch import errors, settings
+from vmdisktouch.build import build
 from vmdisktouch.system.image import open_image
 
 HOT = (8 * MiB, 6 * MiB)
@@ -36,9 +39,9 @@ FAST = ("--uri", "", "--min-free", "0", "--interval", "0.2", "--decay", "1")
 SERVE = "the daemon keeps cycling and holding; the image is untouched"
 
 
-def serving(tmp_path, image, *args, budget="16M", **kw) -> Daemon:
+def serving(tmp_path, image, *args, budget="16M", **kw) -> DaemonProc:
     """A daemon holding the hot zone (the test reads it until it is held)."""
-    d = Daemon(tmp_path, image, "--max-hold", budget, *FAST, *args, **kw)
+    d = DaemonProc(tmp_path, image, "--max-hold", budget, *FAST, *args, **kw)
     try:
         d.wait_output("cycle 1:", "the first cycle")
         hold(d, image)
@@ -48,7 +51,7 @@ def serving(tmp_path, image, *args, budget="16M", **kw) -> Daemon:
     return d
 
 
-def hold(d: Daemon, image, timeout: float = 30.0) -> None:
+def hold(d: DaemonProc, image, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while d.vmlck() == 0:
         assert time.monotonic() < deadline, f"nothing held; log:\n{d.output()[-2000:]}"
@@ -57,7 +60,7 @@ def hold(d: Daemon, image, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def more_cycles(d: Daemon, n: int = 3, timeout: float = 20.0) -> None:
+def more_cycles(d: DaemonProc, n: int = 3, timeout: float = 20.0) -> None:
     target = d.cycles_logged() + n
     deadline = time.monotonic() + timeout
     while d.cycles_logged() < target:
@@ -66,7 +69,7 @@ def more_cycles(d: Daemon, n: int = 3, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def stopped_cleanly(d: Daemon, within: float = 5.0) -> None:
+def stopped_cleanly(d: DaemonProc, within: float = 5.0) -> None:
     t0 = time.monotonic()
     rc = d.stop()
     assert rc == 0, d.output()[-2000:]
@@ -234,8 +237,8 @@ def _swap_status(make):
         d = serving(tmp_path, image)
         try:
             d.wait_status(lambda s: True, "a status file")
-            os.unlink(d.status)
-            make(image, d.status)
+            os.unlink(d.status_path)
+            make(image, d.status_path)
             more_cycles(d, 4)
             out = d.output()
             assert out.count("cannot write --status") == 1, out[-2000:]
@@ -281,7 +284,7 @@ def _(tmp_path, image):
         assert d.vmlck() > 0
         out.mkdir()
         d.wait_output("written again")
-        assert json.loads(d.status.read_text())["output_errors"] >= 2
+        assert json.loads(d.status_path.read_text())["output_errors"] >= 2
     finally:
         stopped_cleanly(d)
 
@@ -308,7 +311,7 @@ def _(tmp_path, image):
             more_cycles(d, 3)
             out = d.output()
             assert out.count("cannot write --map-png") == 1 and "No space left" in out
-            assert json.loads(d.status.read_text())["output_errors"] >= 2
+            assert json.loads(d.status_path.read_text())["output_errors"] >= 2
             assert d.vmlck() > 0
         finally:
             stopped_cleanly(d)
@@ -325,14 +328,14 @@ def _(tmp_path, image):
     other.write_text("{}\n")
     try:
         d.wait_status(lambda s: True, "a status file")
-        subprocess.run(["mount", "--bind", str(other), str(d.status)], check=True)
+        subprocess.run(["mount", "--bind", str(other), str(d.status_path)], check=True)
         try:
             more_cycles(d, 3)
             out = d.output()
             assert out.count("cannot write --status") == 1 and "busy" in out, out[-1500:]
             assert d.vmlck() > 0
         finally:
-            subprocess.run(["umount", str(d.status)], check=True)
+            subprocess.run(["umount", str(d.status_path)], check=True)
     finally:
         stopped_cleanly(d)
 
@@ -455,7 +458,7 @@ def _(tmp_path, image):
     assert limit >= 4 * MiB, f"RLIMIT_MEMLOCK hard limit {hard} is too low for this row"
     prefix = [require_tool("prlimit"), f"--memlock={limit}:{limit}",   # lowering: always allowed
               require_tool("setpriv"), "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"]
-    d = Daemon(tmp_path, image, "--max-hold", str(limit), *FAST, prefix=prefix)
+    d = DaemonProc(tmp_path, image, "--max-hold", str(limit), *FAST, prefix=prefix)
     try:
         d.wait_output("cycle 1:")
         subprocess.run([require_tool("prlimit"), "--pid", str(d.pid),
@@ -473,7 +476,7 @@ def _(tmp_path, image):
 def _watcher(image, budget="16M", **kw):
     cfg = settings.resolve({"max_hold": budget, "interval": 1.0, "min_free": 0, "decay": 1.0,
                             **kw})
-    return daemon.DiskWatcher(open_image(image), cfg)
+    return build(open_image(image), cfg)
 
 
 @fault("mlock-fails-half-way", "in-process: `mlock` refuses (ENOMEM) the second 32 MiB "
@@ -491,23 +494,19 @@ def _(tmp_path, image):
         real(addr, length)
 
     h = holder.Holder(fd, 64 * MiB, MiB, 64 * MiB, 0, mem_available=lambda: 1 << 50)
-    base = libc_vmlck()
+    base = vmlck()
     libc.mlock = mlock
     try:
         r = h.apply([(0, 64)])
         assert r.lock_refused and "CAP_IPC_LOCK" in r.lock_refused
-        assert h.held_bytes() == 32 * MiB == libc_vmlck() - base
+        assert h.held_bytes() == 32 * MiB == vmlck() - base
         assert h.apply([(0, 64)]).loaded_bytes == 0 and calls[0] == 2    # capped: no retry
     finally:
         libc.mlock = real
         h.close()
         os.close(fd)
-    assert libc_vmlck() == base
+    assert vmlck() == base
 
-
-def libc_vmlck() -> int:
-    from vmdisktouch.system import meminfo
-    return meminfo.vm_locked()
 
 
 @fault("image-shrinks-before-lock", "in-process: the image is truncated to 4 MiB between "
@@ -616,7 +615,7 @@ def _(tmp_path, image):
 @fault("libvirt-unreachable", "`--uri qemu+unix:///system?socket=/nonexistent`", SERVE +
        " as a disk outside libvirt", "holds, exits 0 on SIGTERM")
 def _(tmp_path, image):
-    d = Daemon(tmp_path, image, "--max-hold", "16M", *FAST[2:],
+    d = DaemonProc(tmp_path, image, "--max-hold", "16M", *FAST[2:],
                "--uri", "qemu+unix:///system?socket=/nonexistent")
     try:
         hold(d, image)

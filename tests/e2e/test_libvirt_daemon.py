@@ -21,8 +21,8 @@ import time
 import pytest
 
 from tests.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
-from tests.daemon_proc import Daemon
 from tests.pagecache import data_image, read_range
+from tools.daemon_proc import DaemonProc
 
 MiB = 1 << 20
 HOT = (32 * MiB, 16 * MiB)    # the zone the "guest" keeps reading
@@ -36,10 +36,10 @@ def image(path, size=256 * MiB) -> str:
 
 @pytest.fixture
 def daemons():
-    started: list[Daemon] = []
+    started: list[DaemonProc] = []
 
     def start(tmp_path, path, *extra):
-        d = Daemon(tmp_path, path, *FAST, *extra)
+        d = DaemonProc(tmp_path, path, *FAST, *extra)
         started.append(d)
         return d
 

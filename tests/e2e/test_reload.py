@@ -13,19 +13,11 @@ import signal
 
 import pytest
 
-from tests.daemon_proc import Daemon
 from tests.pagecache import data_image, read_range
+from tools.daemon_proc import DaemonProc
 
 MiB = 1 << 20
 HOT = (64 * MiB, 32 * MiB)
-
-
-def vmlck_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmLck:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmLck line")
 
 
 def write_config(path, status, *, max_hold: str, decay: float, extra: str = "") -> None:
@@ -44,7 +36,7 @@ def test_sighup_reload_keeps_the_holds_and_applies_the_new_settings(tmp_path, im
     status = tmp_path / "status.json"
     # A fast heat (decay 1/s) so the zone is held within seconds.
     write_config(cfg, status, max_hold="64M", decay=1.0)
-    d = Daemon(tmp_path, image, "--config", str(cfg), "--uri", "")
+    d = DaemonProc(tmp_path, image, "--config", str(cfg), "--uri", "")
     try:
         st = d.wait_status(lambda s: s["held_bytes"] >= 16 * MiB, "a hold of the hot zone",
                            timeout=60, drive=lambda: read_range(image, *HOT))
@@ -64,7 +56,7 @@ def test_sighup_reload_keeps_the_holds_and_applies_the_new_settings(tmp_path, im
                                                for o, n in held)
                        for r in held_before), (held_before, st["regions"])
             assert st["released_bytes"] == 0, st
-            assert vmlck_bytes(d.pid) <= 96 * MiB
+            assert d.vmlck() <= 96 * MiB
         assert "reloaded settings from" in d.output()
 
         # 2. A smaller budget: released down to it at once, the rest kept.
@@ -72,7 +64,7 @@ def test_sighup_reload_keeps_the_holds_and_applies_the_new_settings(tmp_path, im
         d.signal(signal.SIGHUP)
         st = d.wait_status(lambda s: s["budget_bytes"] == 8 * MiB, "the smaller budget")
         assert 0 < st["held_bytes"] <= 8 * MiB, st
-        assert vmlck_bytes(d.pid) <= 8 * MiB
+        assert d.vmlck() <= 8 * MiB
         kept = st["regions"]
         assert all(any(o <= r[0] and r[0] + r[1] <= o + n for o, n in held_before)
                    for r in kept), "the kept holds are part of the old ones"

@@ -38,10 +38,11 @@ import time
 import pytest
 
 from tests import sandbox_exec as sx
-from tests.daemon_proc import Daemon
 from tests.libvirt_env import URI as LIBVIRT_URI
 from tests.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
 from tests.pagecache import data_image, read_range, require_tool
+from tools.daemon_proc import DaemonProc
+from tools.procfs import status_fields as proc_status
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "tests" / "sandbox_exec.py"
@@ -68,35 +69,20 @@ def require_seccomp():
                     "(Debian package python3-seccomp)")
 
 
-class SandboxedDaemon(Daemon):
+class SandboxedDaemon(DaemonProc):
     """``sandbox_exec.py FLAGS -- python -m vmdisktouch run IMG ...``: the launcher execs
     the daemon, so ``pid`` is the daemon's. The arguments are the unit's ExecStart
     outputs (status, block map, heat map) with a short interval and a small budget."""
 
     def __init__(self, tmp_path, path, flags, *extra, uri=""):
-        self.status = tmp_path / "status.json"
         self.report = tmp_path / "sandbox.json"
-        self.log = open(tmp_path / "daemon.log", "w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(LAUNCHER), *flags, "--report", str(self.report), "--",
-             sys.executable, "-m", "vmdisktouch", "run", str(path), "--uri", uri,
-             "--max-hold", "32M", "--min-free", "0", "--interval", "0.3",
-             "--status", str(self.status), "--map-png", str(tmp_path / "map.png"),
-             "--heat-png", str(tmp_path / "heat.png"), *extra],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def output(self) -> str:
-        if not self.log.closed:             # stop() closes it; the file stays
-            self.log.flush()
-        return pathlib.Path(self.log.name).read_text()
+        super().__init__(tmp_path, path, "--uri", uri, "--min-free", "0",
+                         "--map-png", tmp_path / "map.png", "--heat-png", tmp_path / "heat.png",
+                         *extra, max_hold="32M", interval=0.3,
+                         prefix=(sys.executable, LAUNCHER, *flags, "--report", self.report, "--"))
 
     def sandbox_report(self) -> dict:
         return json.loads(self.report.read_text())
-
-
-def proc_status(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/status") as f:
-        return {k: v.strip() for k, _, v in (line.partition(":") for line in f)}
 
 
 @pytest.fixture
@@ -128,7 +114,7 @@ def serve_and_stop(d: SandboxedDaemon, image, checks=None) -> dict:
     status = proc_status(d.pid)
     assert int(status["VmLck"].split()[0]) > 0, status["VmLck"]
     for png in ("map.png", "heat.png"):
-        assert (d.status.parent / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (d.status_path.parent / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if checks:
         checks(status)
     rc = d.stop()
@@ -304,7 +290,7 @@ def test_without_syscall_error_number_the_daemon_is_killed(tmp_path, image, daem
     d = daemons(tmp_path, image, KILL)
     d.proc.wait(timeout=60)
     assert d.proc.returncode == -signal.SIGSYS, (d.proc.returncode, d.output()[-2000:])
-    assert not d.status.exists() and d.output() == ""        # dead before its first log line
+    assert not d.status_path.exists() and d.output() == ""        # dead before its first log line
     # one library at a time, killing filter against the unit's EPERM
     assert probe_rc(KILL, "import numpy") == -signal.SIGSYS                   # mbind
     mbind_ok = ["--unit", str(unit_allowing(tmp_path, "mbind"))]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tools.workload import FioJob, WorkloadError
+from tools.common import WorkloadError
+from tools.fio import FioJob
 
 MiB = 1 << 20
 

@@ -1,0 +1,44 @@
+"""What every harness module shares: sizes, the harness's error, finding and stopping a tool."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+
+from vmdisktouch.errors import VmdtError
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+PAGE = os.sysconf("SC_PAGE_SIZE")
+ROOT = pathlib.Path(__file__).resolve().parent.parent   # the checkout tools/ belongs to
+
+class WorkloadError(VmdtError):
+    """The workload harness cannot run (no cgroup v1 memory controller, no fio...)."""
+
+
+def require_tool(name: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        raise WorkloadError(f"{name} is not installed (Debian package: {name}; `make deps` installs it)")
+    return path
+
+
+def stop_process(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: float = 10.0) -> int | None:
+    """Signal one child we started, wait, SIGKILL it if it does not exit."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        return proc.wait(5)
+    except subprocess.TimeoutExpired:
+        return None
+
