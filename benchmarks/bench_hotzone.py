@@ -46,6 +46,7 @@ to no daemon in the same seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -62,16 +63,23 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
 
-from tools import workload as wl  # noqa: E402
+from tools.cgroup import MemoryCgroup, check_budget_vs_limit  # noqa: E402
+from tools.common import GiB, MiB, stop_process  # noqa: E402
+from tools.daemon_proc import DaemonProc  # noqa: E402
+from tools.fio import FioJob, FioRun, parse_iops_log, start_neighbour  # noqa: E402
+from tools.holders import VmtouchLock  # noqa: E402
+from tools.images import evict, make_image, resident_bytes  # noqa: E402
+from tools.stats import first_time_at_or_above  # noqa: E402
+from tools.worktree import rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
-MiB, GiB = wl.MiB, wl.GiB
-SCENARIOS = ("none", "whole", "oracle", "vmdisktouch", "tuned")
+SCENARIOS = ("none", "whole", "oracle", "vmdisktouch", "tuned", "rev")
+DAEMONS = ("vmdisktouch", "tuned", "rev")      # the scenarios that run the daemon
 LABELS = {"none": "no daemon", "whole": "vmtouch -l whole image",
           "oracle": "vmtouch -l hot zone (oracle)", "vmdisktouch": "vmdisktouch (1.25 x hot zone)",
-          "tuned": "vmdisktouch, --tuned-args"}
+          "tuned": "vmdisktouch, --tuned-args", "rev": "vmdisktouch @REV (--compare-rev)"}
 COLOURS = {"none": (200, 60, 50), "whole": (140, 140, 140), "oracle": (40, 110, 200),
-           "vmdisktouch": (20, 160, 80), "tuned": (230, 150, 20)}
+           "vmdisktouch": (20, 160, 80), "tuned": (230, 150, 20), "rev": (150, 60, 170)}
 
 
 def say(msg: str = "") -> None:
@@ -116,7 +124,7 @@ class Bench:
         self.hot_off = self.size // 4 // MiB * MiB
         self.budget = int(self.hot_len * 1.25) // MiB * MiB
         self.variant = a.variant
-        self.statuses: list[dict] = []   # --keep-log: the daemon's status of each cycle
+        self.statuses: list[dict] = []   # --keep-log: the daemon's status of each cycle (current code)
         self.read_mix = 50 if a.variant == "write50" else 80
         self.shares = None
         mib = lambda x: int(x) // MiB * MiB  # noqa: E731
@@ -140,23 +148,24 @@ class Bench:
                        else [zones[0], (zones[1][0], self.budget - zones[0][1])]
                        for zones in self.phases]
         self.limit = parse_size(a.limit) if a.limit else self.budget + 256 * MiB
-        wl.check_budget_vs_limit(self.budget, self.limit)
+        check_budget_vs_limit(self.budget, self.limit)
         self.nb_size = parse_size(a.neighbour_size)
         self.nb_rate = parse_size(a.neighbour_rate)
         self.tmp = tempfile.mkdtemp(prefix="vmdt-hotzone-", dir=a.tmpdir)
         self.image = os.path.join(self.tmp, "disk.raw")
         self.nb_file = os.path.join(self.tmp, "neighbour.raw")
         self.live: list = []         # things to stop on the way out
-        self.cgroup: wl.MemoryCgroup | None = None
+        self.cgroup: MemoryCgroup | None = None
+        self.rev_tree = None         # --compare-rev: the worktree the 'rev' scenario runs from
 
     # -- scenario --
     def hot_cached(self) -> int:
-        return wl.resident_bytes(self.image, self.hot_off, self.hot_len)
+        return resident_bytes(self.image, self.hot_off, self.hot_len)
 
     def lock_oracle(self, phase: int) -> list:
         locks = []
         for off, length in self.oracle[phase]:
-            lock = wl.VmtouchLock(self.image, off, length)
+            lock = VmtouchLock(self.image, off, length)
             self.live.append(lock)
             lock.start()
             locks.append(lock)
@@ -164,14 +173,14 @@ class Bench:
 
     def run(self, name: str) -> Result:
         a = self.a
-        wl.evict(self.image)
-        wl.evict(self.nb_file)
-        self.cgroup = cg = wl.MemoryCgroup(f"bench-{name}", self.limit).create()
+        evict(self.image)
+        evict(self.nb_file)
+        self.cgroup = cg = MemoryCgroup(f"bench-{name}", self.limit).create()
         holders: list = []
         lock_s = None
         try:
             if name == "whole":
-                holders = [wl.VmtouchLock(self.image, 0, self.size)]
+                holders = [VmtouchLock(self.image, 0, self.size)]
                 self.live.append(holders[0])
                 lock_s = holders[0].start()
             elif name == "oracle":
@@ -182,17 +191,18 @@ class Bench:
                 say(f"  vmtouch -l locked {sum(h.length for h in holders) / MiB:.0f} MiB "
                     f"in {lock_s:.1f} s")
             daemon = None
-            if name in ("vmdisktouch", "tuned"):
-                extra = (a.daemon_args if name == "vmdisktouch" else a.tuned_args).split()
-                daemon = wl.Daemon(self.image, self.budget, interval=a.interval,
-                                   status=os.path.join(self.tmp, "status.json"),
-                                   log_path=os.path.join(self.tmp, "daemon.log"), extra=extra)
+            if name in DAEMONS:
+                extra = (a.tuned_args if name == "tuned" else a.daemon_args).split()
+                cwd = self.rev_tree.path if name == "rev" else ROOT
+                daemon = DaemonProc(self.tmp, self.image, *extra, max_hold=self.budget,
+                                    interval=a.interval, cwd=cwd,
+                                    status="status.json" if name == "vmdisktouch" else f"status-{name}.json",
+                                    log="daemon-rev.log" if name == "rev" else "daemon.log")
                 self.live.append(daemon)
                 holders = [daemon]
-                say(f"  {' '.join(daemon.argv[3:])}")
-                daemon.start()
+                say(f"  {' '.join(daemon.argv[3:])}  (cwd {daemon.proc_cwd()})")
             if self.nb_rate:
-                nb = wl.start_neighbour(cg, self.nb_file, self.nb_rate, size=self.nb_size,
+                nb = start_neighbour(cg, self.nb_file, self.nb_rate, size=self.nb_size,
                                         pattern=a.neighbour_pattern)
                 self.live.append(nb)
             samples: list[Sample] = []
@@ -202,13 +212,13 @@ class Bench:
             def sample():
                 while not stop.wait(1.0):
                     try:
-                        st = daemon.status() if daemon else None
-                        if st and getattr(self.a, "keep_log", None) and \
+                        st = daemon.read_status() if daemon else None
+                        if st and name != "rev" and getattr(self.a, "keep_log", None) and \
                                 st.get("cycle") != (self.statuses[-1:] or [{}])[0].get("cycle"):
                             self.statuses.append(dict(st, t=time.monotonic() - t0))
                         samples.append(Sample(
                             t=time.monotonic() - t0,
-                            held=sum(h.held_bytes() for h in holders),
+                            held=sum(h.vmlck() for h in holders),
                             cg_usage=cg.usage(), cg_unevictable=cg.unevictable_bytes(),
                             hot_cached=self.hot_cached(),
                             status_held=(st or {}).get("held_bytes", 0),
@@ -232,7 +242,7 @@ class Bench:
                     holders = self.lock_oracle(k)
                     say(f"  moved: vmtouch -l locked the new zones in {time.monotonic() - t:.1f} s")
                 log_prefix = os.path.join(self.tmp, f"fio-{name}-{k}")
-                job = wl.FioJob(self.image, self.size, zones, runtime=phase_len,
+                job = FioJob(self.image, self.size, zones, runtime=phase_len,
                                 seed=20241122 + k, iops_log=log_prefix, name=f"guest-{name}",
                                 read_mix=self.read_mix, zone_shares=self.shares)
                 offset = time.monotonic() - t0
@@ -243,13 +253,13 @@ class Bench:
                         held = samples[-1].held if samples else 0
                         say(f"  [{name}] t={t:5.0f}s IOPS {iv.iops:7.0f}  held {held / MiB:5.0f} MiB")
 
-                fio = wl.FioRun(job, cg, on_interval=on_interval,
+                fio = FioRun(job, cg, on_interval=on_interval,
                                 stderr_path=os.path.join(self.tmp, "fio.err"))
                 self.live.append(fio)
                 fio.start()
                 while fio.proc.poll() is None:
                     if daemon and not daemon.alive():
-                        error = f"daemon exited ({daemon.proc.returncode}): {daemon.log_tail(1)}"
+                        error = f"daemon exited ({daemon.returncode()}): {daemon.log_tail(1)}"
                         break
                     time.sleep(0.5)
                 fio.stop()
@@ -257,7 +267,7 @@ class Bench:
                 if not error and fio.proc.returncode != 0:
                     error = f"fio exited {fio.proc.returncode}"
                 try:
-                    part = wl.parse_iops_log(log_prefix)
+                    part = parse_iops_log(log_prefix)
                 except FileNotFoundError:
                     part = []
                 if len(part) < 0.8 * len(fio.intervals):   # fall back to the live JSON intervals
@@ -274,7 +284,7 @@ class Bench:
             stop.set()
             th.join(5)
             counters = cg.counters()
-            status = daemon.status() if daemon else None
+            status = daemon.read_status() if daemon else None
             if counters["oom_kills"]:
                 error = (error or "") + f" OOM kills in the workload's group: {counters['oom_kills']}"
             return Result(name, iops, samples, lock_s, counters, status, error, lat)
@@ -301,10 +311,10 @@ class Bench:
 
 def stop_thing(x) -> None:
     try:
-        if isinstance(x, (wl.VmtouchLock, wl.Daemon, wl.FioRun)):
+        if isinstance(x, (VmtouchLock, DaemonProc, FioRun)):
             x.stop()
         else:
-            wl.stop_process(x)
+            stop_process(x)
     except Exception as exc:  # noqa: BLE001 - keep cleaning up
         print(f"warning: cleanup: {exc}", file=sys.stderr)
 
@@ -442,6 +452,32 @@ def steady_loaded(r: Result, steady_from: float) -> tuple[int, int]:
     return sum(per_cycle.values()), len(per_cycle)
 
 
+def compare_lines(a, results: dict[str, Result], steady_from: float) -> list[str]:
+    """--compare-rev: the current code ÷ the daemon of REV, run side by side in this run."""
+    if not {"vmdisktouch", "rev"} <= set(results):
+        return []
+    cur, old = results["vmdisktouch"], results["rev"]
+
+    def median(values):
+        return statistics.median(values) if values else float("nan")
+
+    def ratio(x, y):
+        return f"{x / y:.3f}" if y else "—"
+
+    iops = [median(r.steady(steady_from)) for r in (cur, old)]
+    held = [median([x.held for x in r.samples if x.t >= steady_from]) for r in (cur, old)]
+    loaded = [steady_loaded(r, steady_from)[0] for r in (cur, old)]
+    tl = [loading_window(r) for r in (cur, old)]
+    fmt_t = [f"{t:.0f} s" if t is not None else "never" for t in tl]
+    return [f"Side by side with `{a.compare_rev}` ({a.compare_rev_sha[:10]}), in this run, same "
+            f"image, arguments and fio seed (current ÷ {a.compare_rev}):", "",
+            f"- steady median IOPS: {iops[0]:,.0f} / {iops[1]:,.0f} = **{ratio(*iops)}**;",
+            f"- held (median, steady): {held[0] / MiB:.0f} / {held[1] / MiB:.0f} MiB "
+            f"= {ratio(*held)};",
+            f"- loaded in the steady window: {loaded[0] / MiB:.0f} / {loaded[1] / MiB:.0f} MiB;",
+            f"- time to hold 90 % of its steady bytes: {fmt_t[0]} / {fmt_t[1]}.", ""]
+
+
 def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -> tuple[str, dict]:
     a = b.a
     steady_from = steady_start(a)
@@ -450,10 +486,10 @@ def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -
            for n, r in results.items()}
     none, oracle = med.get("none"), med.get("oracle")
     figures = {"median_iops": med}
-    for n in ("vmdisktouch", "tuned"):
+    for n in DAEMONS:
         if n in results and oracle:
             after = rolling_median([(t, v) for t, v in results[n].series() if t > moved_at])
-            t90 = wl.first_time_at_or_above(after, 0.9 * oracle, hold=1)
+            t90 = first_time_at_or_above(after, 0.9 * oracle, hold=1)
             figures[n] = {"t90": None if t90 is None else t90 - moved_at,
                           "over_oracle": med[n] / oracle, "over_none": med[n] / none}
 
@@ -492,7 +528,7 @@ def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -
             f"{'—' if r.lock_seconds is None else f'{r.lock_seconds:.1f} s'} |"
             + (f" **error: {r.error}**" if r.error else ""))
     lines.append("")
-    for n in ("vmdisktouch", "tuned"):
+    for n in DAEMONS:
         if n not in figures:
             continue
         f = figures[n]
@@ -526,6 +562,7 @@ def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -
                          f"{st.get('held_bytes', 0) / MiB:.0f} MiB in {len(st.get('regions', []))} "
                          f"regions, last cycle {st.get('cycle_seconds', 0):.3f} s.")
         lines.append("")
+    lines += compare_lines(a, results, steady_from)
     lines += [f"![IOPS and held bytes over time]({chart_rel})", ""]
     # per-interval IOPS, 10 s means
     lines += ["<details><summary>IOPS per 10 s interval (mean of the per-second IOPS)</summary>", "",
@@ -555,7 +592,12 @@ def main(argv=None) -> int:
     p.add_argument("--tuned-args", default="", help="arguments of a fifth scenario 'tuned': "
                    "vmdisktouch with these extra options (e.g. '--decay 0.1 --threshold 0.05')")
     p.add_argument("--scenarios", default=None, help="comma-separated subset of "
-                   + ",".join(SCENARIOS) + " (default: all; 'tuned' only with --tuned-args)")
+                   + ",".join(SCENARIOS) + " (default: all; 'tuned' only with --tuned-args, "
+                   "'rev' only with --compare-rev)")
+    p.add_argument("--compare-rev", metavar="REV",
+                   help="also run the daemon of commit REV (a temporary git worktree, removed "
+                        "afterwards) as scenario 'rev', next to the current code, with the "
+                        "same arguments; reports the ratio current / REV")
     p.add_argument("--quick", action="store_true", help="2G image, 45 s per scenario; not written to the docs")
     p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     p.add_argument("--keep-log", metavar="FILE",
@@ -575,24 +617,38 @@ def main(argv=None) -> int:
             a.chart = os.path.join(tempfile.gettempdir(), "hotzone-quick.png")
     if a.variant != "base" and a.chart == p.get_default("chart"):
         a.chart = os.path.join(ROOT, "docs", "img", f"hotzone-{a.variant}.png")
+    if a.no_doc and a.chart.startswith(os.path.join(ROOT, "docs") + os.sep):
+        a.chart = os.path.join(tempfile.gettempdir(), os.path.basename(a.chart))
     if a.scenarios is None:
         a.scenarios = ",".join(n for n in SCENARIOS if (n != "tuned" or a.tuned_args)
-                               and (n != "whole" or a.variant == "base"))
+                               and (n != "whole" or a.variant == "base")
+                               and (n != "rev" or a.compare_rev))
     names = [n for n in a.scenarios.split(",") if n]
+    if a.compare_rev and "rev" not in names:
+        names.append("rev")
     LABELS["tuned"] = f"vmdisktouch {a.tuned_args}"
+    LABELS["rev"] = f"vmdisktouch @{a.compare_rev}"
     for n in names:
         if n not in SCENARIOS:
             p.error(f"unknown scenario {n!r}")
+    if "rev" in names and not a.compare_rev:
+        p.error("scenario 'rev' needs --compare-rev REV")
     command = "python benchmarks/bench_hotzone.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     b = Bench(a)
+    stack = contextlib.ExitStack()
     try:
+        if a.compare_rev:
+            b.rev_tree = stack.enter_context(rev_worktree(a.compare_rev))
+            a.compare_rev_sha = b.rev_tree.sha
+            say(f"--compare-rev {a.compare_rev}: {b.rev_tree.sha[:10]} in {b.rev_tree.path}; "
+                f"python -m vmdisktouch there imports {b.rev_tree.check_imports()}")
         say(f"image {b.size / GiB:.1f} GiB, hot zone {b.hot_len / MiB:.0f} MiB at {b.hot_off / MiB:.0f} MiB, "
             f"budget {b.budget / MiB:.0f} MiB, cgroup limit {b.limit / MiB:.0f} MiB, "
             f"{a.duration:.0f} s per scenario; variant {a.variant}: phases "
             + " then ".join(", ".join(f"{o / MiB:.0f}+{n / MiB:.0f} MiB" for o, n in z)
                             for z in b.phases))
-        wl.make_image(b.image, b.size)
-        wl.make_image(b.nb_file, b.nb_size)
+        make_image(b.image, b.size)
+        make_image(b.nb_file, b.nb_size)
         results: dict[str, Result] = {}
         for n in names:
             say(f"\n== {LABELS[n]}")
@@ -602,6 +658,7 @@ def main(argv=None) -> int:
             say(f"  steady median {statistics.median(s) if s else float('nan'):,.0f} IOPS; "
                 f"cgroup {json.dumps(r.counters)}" + (f"; ERROR {r.error}" if r.error else ""))
         if not {"none", "oracle"} <= set(results):
+            say("\n".join(["", *compare_lines(a, results, steady_start(a))]))
             return 0
         chart_rel = os.path.relpath(a.chart, os.path.join(ROOT, "docs"))
         draw_chart(results, a.chart, a.duration, b.budget, b.hot_len, steady_start(a))
@@ -617,6 +674,7 @@ def main(argv=None) -> int:
         return 130
     finally:
         b.cleanup()
+        stack.close()
 
 
 if __name__ == "__main__":
