@@ -82,6 +82,12 @@ class LockLimitError(SyscallError):
         )
 
 
+class ClosedError(VmdtError):
+    """A part was used after its ``close()``: a bug in the caller."""
+
+    exit_code = EX_SOFTWARE
+
+
 def syscall_error(call: str, err: int, detail: str = "") -> SyscallError:
     """Translate an errno from ``call`` into the matching project exception."""
     if call.startswith("mlock") and err in (_errno.ENOMEM, _errno.EPERM, _errno.EAGAIN):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vmdisktouch.system.checksums import BlockChecksums
+from vmdisktouch.system.image import open_image
 
 MiB = 1 << 20
 BS = MiB
@@ -25,6 +26,34 @@ def image(tmp_path):
     os.close(wfd)
 
 
+def sums_of(path, **kw) -> BlockChecksums:
+    """Checksums of the image at ``path`` (they read on a descriptor of their own)."""
+    with open_image(str(path)) as img:
+        return BlockChecksums(img, BS, **kw)
+
+
+class FakeClock:
+    """The checksums' wall clock (ns), moved by the test instead of sleeping.
+
+    ``written()`` sets it to the file's last change (mtime or ctime: utime
+    cannot set ctime, so the clock follows the file): a write happens "now".
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.written()
+
+    def __call__(self) -> int:
+        return self.now
+
+    def written(self) -> None:
+        st = os.stat(self.path)
+        self.now = max(st.st_mtime_ns, st.st_ctime_ns)
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+
 def flip(rfd, wfd, offset, length):
     """Write the complement of what is there: a write that surely changes every byte."""
     old = os.pread(rfd, length, offset)
@@ -40,7 +69,7 @@ def changed_set(sums, blocks, size):
 def test_changes_detected_exactly_for_the_blocks_written(image, read_bytes):
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS, read_bytes=read_bytes)
+    sums = sums_of(path, read_bytes=read_bytes)
     every = np.arange(32)
     assert changed_set(sums, every, size) == set()          # first sight is not a change
     assert changed_set(sums, every, size) == set()          # nothing written
@@ -57,7 +86,7 @@ def test_the_fraction_of_a_block_rewritten_is_measured_in_sixteenths(image):
     """A hot zone's many writes and one stray write per block must not look alike."""
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
+    sums = sums_of(path)
     blocks = np.arange(4, 8)
     sums.update(blocks, size)
     part = BS // 16
@@ -74,7 +103,7 @@ def test_the_fraction_of_a_block_rewritten_is_measured_in_sixteenths(image):
 def test_result_is_aligned_with_the_given_order(image):
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
+    sums = sums_of(path)
     blocks = np.array([9, 2, 5, 2, 40, -1])                 # unsorted, duplicate, beyond, negative
     assert not sums.update(blocks, size).any()
     flip(rfd, wfd, 2 * BS + 100, 1)
@@ -84,7 +113,7 @@ def test_result_is_aligned_with_the_given_order(image):
 def test_a_block_not_seen_last_cycle_starts_fresh(image):
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
+    sums = sums_of(path)
     sums.update(np.arange(0, 5), size)
     os.pwrite(wfd, b"new", 6 * BS)      # block 6 is seen for the first time below
     os.pwrite(wfd, b"new", 2 * BS)      # block 2 was seen last cycle
@@ -104,7 +133,7 @@ def test_a_block_not_seen_last_cycle_starts_fresh(image):
 def test_truncation_between_size_check_and_read(image):
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
+    sums = sums_of(path)
     every = np.arange(32)
     sums.update(every, size)
 
@@ -132,7 +161,7 @@ def test_truncation_between_size_check_and_read(image):
 
 def test_growth_and_resize(image):
     path, rfd, wfd = image
-    sums = BlockChecksums(rfd, BS)
+    sums = sums_of(path)
     os.truncate(path, 10 * BS + 5)
     sums.update(np.arange(11), 10 * BS + 5)
     os.truncate(path, 12 * BS)                    # block 10 grows to full: not a rewrite
@@ -149,35 +178,36 @@ def test_baseline_makes_a_write_right_after_the_load_a_change(image):
     """Blocks 4-5 are taken into hold after this cycle's update; the guest writes at once."""
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
+    sums = sums_of(path)
     assert changed_set(sums, [1, 2], size) == set()
     sums.baseline([4, 5], size)                           # the load of this cycle
     os.pwrite(wfd, b"\x77" * 4096, 5 * BS + 4096)         # written before the next cycle
     flip(rfd, wfd, 2 * BS, 1)                    # and one of the older holds
     assert changed_set(sums, [1, 2, 4, 5], size) == {2, 5}
     # Without the baseline the same write would be the block's first hash, not a change.
-    fresh = BlockChecksums(rfd, BS)
+    fresh = sums_of(path)
     assert changed_set(fresh, [1, 2], size) == set()
     os.pwrite(wfd, b"\x78" * 4096, 5 * BS + 4096)
     assert changed_set(fresh, [1, 2, 4, 5], size) == set()
 
 
 def test_a_pass_is_skipped_only_while_the_file_is_provably_unwritten(image):
-    import time
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
+    clock = FakeClock(path)
+    sums = sums_of(path, clock=clock)
     every = np.arange(32)
     sums.update(every, size, skip_unwritten=True)
     assert not sums.skipped                                # nothing to compare with yet
     sums.update(every, size, skip_unwritten=True)
     assert not sums.skipped                                # the file was written < 1 s ago
-    time.sleep(1.2)
+    clock.advance(1.2)
     sums.update(every, size, skip_unwritten=True)          # stamp taken > 1 s after the write
     assert not sums.skipped
     assert not sums.update(every, size, skip_unwritten=True).any()
     assert sums.skipped                                    # unchanged and settled: skipped
     flip(rfd, wfd, 9 * BS + 5, 1)
+    clock.written()
     changed = sums.update(every, size, skip_unwritten=True)
     assert not sums.skipped and set(every[changed > 0].tolist()) == {9}
     assert not sums.update(every, size, skip_unwritten=True).any()
@@ -185,11 +215,11 @@ def test_a_pass_is_skipped_only_while_the_file_is_provably_unwritten(image):
 
 
 def test_a_skip_keeps_the_hashes_so_a_later_write_is_still_a_change(image):
-    import time
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
-    time.sleep(1.2)
+    clock = FakeClock(path)
+    sums = sums_of(path, clock=clock)
+    clock.advance(1.2)
     sums.update([3, 4], size, skip_unwritten=True)
     sums.update([3, 4], size, skip_unwritten=True)
     assert sums.skipped
@@ -199,11 +229,11 @@ def test_a_skip_keeps_the_hashes_so_a_later_write_is_still_a_change(image):
 
 def test_a_lease_renewed_on_an_unwritten_file_is_not_read_again(image, monkeypatch):
     """Blocks released and held again: their stored hashes serve while nothing was written."""
-    import time
     path, rfd, wfd = image
     size = os.path.getsize(path)
-    sums = BlockChecksums(rfd, BS)
-    time.sleep(1.2)
+    clock = FakeClock(path)
+    sums = sums_of(path, clock=clock)
+    clock.advance(1.2)
     sums.update([3, 4, 5], size, skip_unwritten=True)      # a pass: the stamp is settled
     sums.update([3], size, skip_unwritten=True)            # 4 and 5 released; pass skipped
     assert sums.skipped
@@ -214,6 +244,7 @@ def test_a_lease_renewed_on_an_unwritten_file_is_not_read_again(image, monkeypat
     sums.baseline([4, 5, 6], size)                         # 4 and 5 taken again, 6 is new
     assert read == [6]
     os.pwrite(wfd, b"\x42" * 10, 5 * BS)                  # the guest writes one of them
+    clock.written()
     assert (sums.update([3, 4, 5, 6], size, skip_unwritten=True) > 0).tolist() == \
         [False, False, True, False]
     read.clear()
@@ -229,7 +260,7 @@ def test_hashing_caches_nothing_beyond_the_blocks_hashed(image):
     path, rfd, wfd = image
     size = os.path.getsize(path)
     evict(path)
-    sums = BlockChecksums(rfd, BS)
+    sums = sums_of(path)
     sums.update([5, 6], size)
     sums.baseline([20], size)
     counts = residency.scan(rfd, size, BS).counts

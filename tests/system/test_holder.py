@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 
 from tests.pagecache import PAGE, evict, make_image, read_range
+from vmdisktouch.core.runs import (clip_runs, diff_runs, intersect, merge_runs, priority_pieces,
+                                   subtract)
+from vmdisktouch.errors import ClosedError
 from vmdisktouch.system import holder as holder_mod
 from vmdisktouch.system import libc, meminfo
-from vmdisktouch.system.holder import (ApplyResult, Holder, clip_runs, diff_runs, intersect, merge_runs,
-                                priority_pieces, subtract)
+from vmdisktouch.system.holder import ApplyResult, Holder
+from vmdisktouch.system.image import open_image
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -74,21 +77,27 @@ def img(tmp_path):
 
 @pytest.fixture
 def holders():
-    """Makes holders and closes them all at teardown; checks VmLck is back to its baseline."""
+    """Makes holders and closes them all at teardown; checks VmLck is back to its baseline.
+
+    A holder holds the image that ``fd`` is open on (opened again with ``open_image``).
+    """
     base = locked()
     made = []
 
     def make(fd, size, *, max_hold=64 * MiB, min_free=0, mem=lambda: PLENTY, rate=0,
              sleep=lambda s: None, block_size=BS, **kw):
-        h = Holder(fd, size, block_size, max_hold, min_free, mem_available=mem,
+        image = open_image(os.readlink(f"/proc/self/fd/{fd}"))
+        assert image.size == size
+        h = Holder(image, block_size, max_hold, min_free, mem_available=mem,
                    load_rate=rate, sleep=sleep, **kw)
-        made.append(h)
+        made.append((h, image))
         return h
 
     make.base = base
     yield make
-    for h in made:
+    for h, image in made:
         h.close()
+        image.close()
     assert locked() == base
 
 
@@ -459,10 +468,11 @@ def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):
         import os, resource
         from vmdisktouch.system.holder import Holder
         from vmdisktouch.system import meminfo
-        fd = os.open({path!r}, os.O_RDONLY)
+        from vmdisktouch.system.image import open_image
+        image = open_image({path!r})
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, 4 << 20))
         os.setgroups([]); os.setgid(65534); os.setuid(65534)     # drops CAP_IPC_LOCK
-        h = Holder(fd, 64 << 20, 1 << 20, 64 << 20, 0, mem_available=lambda: 1 << 50,
+        h = Holder(image, 1 << 20, 64 << 20, 0, mem_available=lambda: 1 << 50,
                    load_rate=0, sleep=lambda s: None, chunk_bytes=2 << 20)
         r = h.apply([(0, 16)])
         print("REFUSED", h.held_bytes(), meminfo.vm_locked("self"), h.lock_cap, r.lock_refused)
@@ -489,14 +499,15 @@ def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):
 
 def test_closed_holder_refuses_work(img):
     path, fd = img
-    h = Holder(fd, 64 * MiB, BS, 8 * MiB, 0, mem_available=lambda: PLENTY, load_rate=0,
-               sleep=lambda s: None)
-    h.apply([(0, 2)])
-    h.close()
-    h.close()
-    assert h.held_bytes() == 0
-    with pytest.raises(RuntimeError):
+    with open_image(path) as image:
+        h = Holder(image, BS, 8 * MiB, 0, mem_available=lambda: PLENTY, load_rate=0,
+                   sleep=lambda s: None)
         h.apply([(0, 2)])
+        h.close()
+        h.close()
+        assert h.held_bytes() == 0
+        with pytest.raises(ClosedError):
+            h.apply([(0, 2)])
 
 
 # -- holes of sparse files -------------------------------------------------

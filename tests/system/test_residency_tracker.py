@@ -16,6 +16,7 @@ import pytest
 
 from tests.pagecache import evict, fincore_pages, held, make_image, read_range
 from vmdisktouch.system import residency
+from vmdisktouch.system.image import open_image
 from vmdisktouch.system.residency_tracker import ResidencyTracker
 
 MiB = 1 << 20
@@ -26,9 +27,8 @@ RANGE = 64 * MiB
 @pytest.fixture
 def sparse(tmp_path):
     path = make_image(tmp_path / "disk.raw", 1 * GiB)           # 16 ranges of 64 MiB
-    fd = os.open(path, os.O_RDONLY)
-    yield path, fd
-    os.close(fd)
+    with open_image(str(path)) as img:
+        yield path, img
 
 
 def full_scan(fd, size):
@@ -36,8 +36,9 @@ def full_scan(fd, size):
 
 
 def test_first_scan_matches_a_full_scan_and_fincore(sparse):
-    path, fd = sparse
-    t = ResidencyTracker(fd, MiB, range_bytes=RANGE)
+    path, img = sparse
+    fd = img.fd
+    t = ResidencyTracker(img, MiB, range_bytes=RANGE)
     with held(path, [(3 * MiB, MiB), (200 * MiB + 4096, 8192), (900 * MiB, 5 * MiB)]):
         res = t.scan(GiB)
         np.testing.assert_array_equal(res.counts, full_scan(fd, GiB))
@@ -46,9 +47,10 @@ def test_first_scan_matches_a_full_scan_and_fincore(sparse):
 
 
 def test_only_changed_ranges_are_reread_and_the_result_stays_exact(sparse):
-    path, fd = sparse
+    path, img = sparse
+    fd = img.fd
     # ranges 5, 7 and 10: none of them is refreshed by turn in these 5 scans (turns 0-3)
-    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, refresh_every=100)
+    t = ResidencyTracker(img, MiB, range_bytes=RANGE, refresh_every=100)
     with held(path, [(330 * MiB, 2 * MiB), (500 * MiB, MiB)]):
         t.scan(GiB)
         res = t.scan(GiB)                                       # nothing changed
@@ -66,8 +68,9 @@ def test_only_changed_ranges_are_reread_and_the_result_stays_exact(sparse):
 
 
 def test_pages_moving_within_one_range_are_seen(sparse):
-    path, fd = sparse
-    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, refresh_every=3)
+    path, img = sparse
+    fd = img.fd
+    t = ResidencyTracker(img, MiB, range_bytes=RANGE, refresh_every=3)
     read_range(path, 130 * MiB, 4096)
     t.scan(GiB)
     os.posix_fadvise(fd, 130 * MiB, 4096, os.POSIX_FADV_DONTNEED)
@@ -89,8 +92,9 @@ def test_pages_moving_within_one_range_are_seen(sparse):
 
 
 def test_each_cached_range_is_reread_in_turn_and_a_size_change_rereads_all(sparse):
-    path, fd = sparse
-    t = ResidencyTracker(fd, MiB, range_bytes=RANGE, refresh_every=3)
+    path, img = sparse
+    fd = img.fd
+    t = ResidencyTracker(img, MiB, range_bytes=RANGE, refresh_every=3)
     # ranges 0 and 1 hold cached pages, range 9 (9 % 3 == 0, like range 0) too
     with held(path, [(10 * MiB, MiB), (100 * MiB, MiB), (600 * MiB, MiB)]):
         rereads, checked = [], []

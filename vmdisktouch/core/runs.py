@@ -2,7 +2,10 @@
 core (``regions``) and the holder.
 
 Lists of runs are kept sorted and disjoint where a function says so;
-``intersect`` and ``subtract`` bisect into them instead of scanning.
+``intersect`` and ``subtract`` bisect into them instead of scanning, so
+thousands of regions cost milliseconds. ``priority_pieces`` and
+``diff_runs`` turn the holder's targets and what it holds into what to
+release and what to load.
 """
 
 from __future__ import annotations
@@ -85,3 +88,53 @@ def run_indices(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.intp)
     offsets = np.concatenate(([0], np.cumsum(lengths[:-1])))
     return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.intp)
+
+
+def runs_to_mask(runs: Iterable[Run], nblocks: int) -> np.ndarray:
+    """A bool per block: True on the blocks of ``runs`` (clipped to ``nblocks``)."""
+    mask = np.zeros(nblocks, dtype=bool)
+    for start, stop in runs:
+        mask[start:min(stop, nblocks)] = True
+    return mask
+
+
+def page_round(n: int, page: int) -> int:
+    """``n`` rounded up to a multiple of ``page``."""
+    return -(-n // page) * page
+
+
+def priority_pieces(target_runs: Iterable[Run], nblocks: int) -> list[Run]:
+    """Disjoint pieces of the targets in priority order.
+
+    Each target run, clipped to ``[0, nblocks)``, minus everything an earlier
+    (higher-priority) target already covers. A target overlapped by an
+    earlier one can become several pieces; they keep its rank. Targets
+    from ``regions.select`` are disjoint already and come back unchanged.
+    """
+    runs = clip_runs(target_runs, nblocks)
+    ordered = sorted(runs)
+    if all(ordered[i][1] <= ordered[i + 1][0] for i in range(len(ordered) - 1)):
+        return runs
+    covered: list[Run] = []      # sorted, disjoint union of the targets so far
+    out: list[Run] = []
+    for a, b in runs:
+        out.extend(subtract((a, b), covered))
+        i = bisect.bisect_left(covered, (a, a))
+        if i and covered[i - 1][1] >= a:
+            i -= 1
+        j = i
+        lo, hi = a, b
+        while j < len(covered) and covered[j][0] <= b:
+            lo, hi = min(lo, covered[j][0]), max(hi, covered[j][1])
+            j += 1
+        covered[i:j] = [(lo, hi)]
+    return out
+
+
+def diff_runs(held: list[Run], pieces: list[Run]) -> tuple[list[Run], list[Run]]:
+    """(to release, to load): ``held`` (sorted, disjoint) parts outside ``pieces``, sorted;
+    ``pieces`` (disjoint, priority order) parts not held, in priority order."""
+    union = merge_runs(pieces)
+    to_release = [p for run in held for p in subtract(run, union)]
+    to_load = [p for run in pieces for p in subtract(run, held)]
+    return to_release, to_load

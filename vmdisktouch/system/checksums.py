@@ -16,10 +16,10 @@ look like the hot zone's writes, and the daemon kept the old zone. In parts
 the two differ by 50 times there (0.015 against 0.75 of the parts), as
 residency differs between a hot and a cold unheld block.
 
-- Data is read with ``os.preadv`` into one reusable buffer, never through
+- Data is read with ``preadv`` (``files.pread_into``) into one reusable buffer, never through
   the holding mapping: a truncated image would raise SIGBUS there, while a
   read just comes back short. The reads go through a descriptor of their
-  own (the same file, reopened through ``/proc/self/fd``) advised
+  own (the same file, reopened through ``/proc/self/fd``: ``files.reopen_random``) advised
   ``POSIX_FADV_RANDOM``: otherwise the kernel's readahead would cache up to
   8 MiB past every held region, the next cycle would take those pages for
   the guest's, and the holds would creep outwards cycle after cycle
@@ -46,7 +46,9 @@ may be coarse (one jiffy) on kernels without multigrain timestamps: a write
 in the same tick as our stat could leave mtime unchanged. So a skip also
 needs the stamp to be settled, its mtime and ctime more than
 ``SETTLED_NS`` (1 s) older than the moment it was taken: any later write
-then sets a newer time. Block devices (whose node's times do not follow
+then sets a newer time. "Now" is the injected ``clock`` (wall-clock ns,
+``time.time_ns`` by default: file times are wall-clock times). Block
+devices (``Image.is_regular`` False: their node's times do not follow
 writes) are always hashed.
 
 Storage is kept for the blocks hashed in the last pass only (the held
@@ -57,16 +59,17 @@ image size.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import time
+from typing import Callable
 
 import numpy as np
 import xxhash
 
-from vmdisktouch.errors import SyscallError
 from vmdisktouch.core.runs import consecutive_runs
+from vmdisktouch.errors import SyscallError
+from vmdisktouch.system import files
+from vmdisktouch.system.image import Image
 
 READ_BYTES = 8 << 20   # largest single read
 PARTS = 16             # hashes per block; a block's rewritten fraction is in 1/PARTS steps
@@ -74,10 +77,15 @@ SETTLED_NS = 1_000_000_000   # a stamp this much older than its stat cannot hide
 
 
 class BlockChecksums:
-    def __init__(self, fd: int, block_size: int, *, read_bytes: int = READ_BYTES):
+    """Part hashes of the held blocks of one image, read on a descriptor of their own."""
+
+    def __init__(self, image: Image, block_size: int, *, read_bytes: int = READ_BYTES,
+                 clock: Callable[[], int] = time.time_ns):
         if block_size <= 0:
             raise ValueError("block size must be positive")
-        self.fd = _reopen_random(fd)
+        self.regular = image.is_regular
+        self.clock = clock
+        self.fd = files.reopen_random(image.fd)
         self.block_size = int(block_size)
         self.part_size = -(-self.block_size // PARTS)
         self.read_blocks = max(1, int(read_bytes) // self.block_size)
@@ -118,13 +126,13 @@ class BlockChecksums:
 
     def _file_stamp(self) -> tuple[int, int, int, int] | None:
         """(mtime, ctime, size, now) of a regular file, in ns; None for anything else."""
+        if not self.regular:
+            return None
         try:
-            st = os.fstat(self.fd)
-        except OSError:
+            st = files.fstat(self.fd)
+        except SyscallError:
             return None
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        return st.st_mtime_ns, st.st_ctime_ns, st.st_size, time.time_ns()
+        return st.st_mtime_ns, st.st_ctime_ns, st.st_size, self.clock()
 
     def unwritten(self) -> bool:
         """True when the file was provably not written since the last hashing pass began."""
@@ -227,11 +235,7 @@ class BlockChecksums:
             want = min(n * bs, size - offset)
             if want <= 0:
                 return
-            try:
-                read = _preadv_full(self.fd, view[:want], offset)
-            except OSError as exc:
-                raise SyscallError("pread", exc.errno or errno.EIO,
-                                   f"offset {offset}, length {want}") from None
+            read = files.pread_into(self.fd, view[:want], offset)
             for k in range(n):
                 lo = k * bs
                 hi = min(lo + bs, want)
@@ -244,41 +248,6 @@ class BlockChecksums:
             if read < want:
                 return
             block += n
-
-
-def _reopen_random(fd: int) -> int:
-    """The same open file, read-only, on a new descriptor with readahead off.
-
-    ``O_NOATIME`` where permitted (the file's owner, or CAP_FOWNER): the
-    reads after a guest's write would otherwise update the image's atime
-    (relatime), a metadata write to the image.
-    """
-    path = f"/proc/self/fd/{fd}"
-    try:
-        try:
-            new = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOATIME)
-        except PermissionError as exc:
-            if exc.errno != errno.EPERM:
-                raise
-            new = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SyscallError("open", exc.errno or errno.EIO, path) from None
-    try:
-        os.posix_fadvise(new, 0, 0, os.POSIX_FADV_RANDOM)
-    except OSError:
-        pass   # advice only
-    return new
-
-
-def _preadv_full(fd: int, buf: memoryview, offset: int) -> int:
-    """Read into ``buf`` until it is full or the file ends; returns the bytes read."""
-    done = 0
-    while done < len(buf):
-        got = os.preadv(fd, [buf[done:]], offset + done)   # EINTR is retried (PEP 475)
-        if got == 0:
-            break
-        done += got
-    return done
 
 
 def _find(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

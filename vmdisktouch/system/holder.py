@@ -15,8 +15,8 @@ budget. ``apply`` turns what is held now into that target:
    with its own ``mmap`` (``MAP_SHARED``, ``PROT_READ``) of the file, marked
    ``MADV_RANDOM`` and locked with ``mlock`` in chunks of ``CHUNK_BYTES``
    (32 MiB, always whole blocks). Before its ``mlock`` each chunk is read
-   with ``POSIX_FADV_WILLNEED`` over exactly its bytes, in pieces of
-   ``WILLNEED_BYTES`` (128 KiB: the kernel caps one WILLNEED at the device's
+   with ``POSIX_FADV_WILLNEED`` over exactly its bytes (``files.read_ahead``,
+   in pieces of 128 KiB: the kernel caps one WILLNEED at the device's
    readahead size, and ``read_ahead_kb`` may be as small as that). ``mlock``
    then faults in pages that are already cached or under I/O; the holder
    never touches a page, so each page is read from disk once, in large
@@ -31,8 +31,8 @@ budget. ``apply`` turns what is held now into that target:
 3. Pace. With ``load_rate`` > 0, chunk ``k+1`` starts no earlier than
    ``chunk_k bytes / load_rate`` after chunk ``k`` started; the wait goes
    through the injected ``sleep``. When ``sleep`` returns True (it is
-   ``threading.Event.wait`` of the daemon's stop event) loading stops at once.
-   Only what comes from the disk is paced: each chunk is asked
+   ``threading.Event.wait`` of the daemon's stop event) loading stops at once;
+   the time is read from the injected ``clock`` (``pacing``). Only what comes from the disk is paced: each chunk is asked
    ``cachestat(2)`` first, its already cached bytes count for nothing, and a
    chunk that is all cached is neither waited for nor read ahead. A lease
    renewed (a region released and taken again while the guest keeps it
@@ -41,9 +41,8 @@ budget. ``apply`` turns what is held now into that target:
 4. Guards before every chunk: ``held + chunk <= max_hold`` and
    ``mem_available() - chunk >= min_free``. ``MemAvailable`` is read again
    once a chunk's worth (``CHUNK_BYTES``) has been locked since the last
-   read; in between, what was locked is subtracted from it. Reading
-   ``/proc/meminfo`` for each of 256 single-block regions cost ~15 ms of
-   system time per cycle. A chunk that does not fit is cut
+   read; in between, what was locked is subtracted from it (``pacing``).
+   A chunk that does not fit is cut
    to the whole blocks that fit; if not even one block fits, loading stops
    and everything not loaded in this call is reported as ``skipped_bytes``.
    The held total therefore never exceeds ``max_hold``, not even for one
@@ -56,23 +55,14 @@ budget. ``apply`` turns what is held now into that target:
    so ``MemAvailable`` rises at once. ``set_budget`` uses the same ordering to
    cut down to a new, smaller budget immediately.
 
-Mappings and ``vm.max_map_count``. Every held piece is its own mapping, and
-a fully locked mapping is one VMA (a chunk being locked adds one, briefly).
-The holder keeps at most ``MAX_SEGMENTS`` (4096, about 6 % of the default
-65530) mappings; a piece that would need one more is skipped (and counted
-in ``skipped_bytes``), which only happens with thousands of tiny scattered
-regions. Neighbours are merged: when a target run ends up made of more than
-``MAX_PIECES_PER_RUN`` (4) adjacent mappings (a region that grew or drifted
-a few blocks per cycle), they are replaced by one mapping of the whole run.
-The merge moves each piece's lock, one piece at a time, with ``munlock``
-of the old mapping, then ``mlock`` of the same pages in the new mapping,
-then ``munmap`` of the old: the pages are resident, so this reads nothing
-from disk, and the locked total (``VmLck``) never counts a page twice.
-
-Sizes. A mapping covers its block run clipped to the file size, rounded up
-to whole pages (block sizes are page multiples, so only the file's last
-block can be partial). ``held_bytes`` is the sum of the mapping lengths:
-exactly what is locked and what ``VmLck`` shows for these mappings.
+Mappings. Every held piece is its own mapping (``mappings``: map, lock,
+merge, split, unmap). The holder keeps at most ``MAX_SEGMENTS`` (4096,
+about 6 % of the default ``vm.max_map_count`` 65530) mappings; a piece
+that would need one more is skipped (and counted in ``skipped_bytes``),
+which only happens with thousands of tiny scattered regions. A target run
+made of more than ``MAX_PIECES_PER_RUN`` (4) adjacent mappings is merged
+into one. ``held_bytes`` is the sum of the mapping lengths: exactly what is
+locked and what ``VmLck`` shows for these mappings.
 
 Truncation. Touching a mapping beyond the end of the file raises SIGBUS.
 The holder never reads through its mappings (checksums use ``pread``, see
@@ -80,8 +70,8 @@ The holder never reads through its mappings (checksums use ``pread``, see
 end (and the old partial last block when the file grows) before the next
 cycle can lock anything there. ``mlock`` of a mapping that the file no
 longer covers fails with ENOMEM, which ``errors`` reports as a lock-limit
-error; the holder checks the file size and treats it as a failure of that
-one region instead.
+error; the holder asks the image whether it still reaches that far
+(``Image.covers``) and treats it as a failure of that one region instead.
 
 Errors. A failed ``mmap``/``mlock`` of one region releases that region and
 loading continues with the next (logged). ``LockLimitError`` from ``mlock``
@@ -97,92 +87,43 @@ limit (systemd: ``LimitMEMLOCK=infinity``) or grant ``CAP_IPC_LOCK``.
 Holes. A hole of a sparse regular file (or an unwritten extent) reads as
 zeros without any disk I/O, so holding it would spend the budget on
 nothing. ``apply`` cuts every target piece to the blocks that hold data,
-found with ``lseek(SEEK_DATA/SEEK_HOLE)`` (a few calls per region; at most
-``MAX_DATA_RUNS`` data runs per piece, the rest of a more fragmented piece
-is held whole). A block with any data is held whole. A hole the guest
+found by ``Image.data_runs`` (``lseek(SEEK_DATA/SEEK_HOLE)``, a few calls
+per region). A block with any data is held whole. A hole the guest
 writes later is data at the next cycle and is loaded then. ``last_holes``
 tells the daemon which target blocks were holes, so that it can give their
 share of the budget to data (see ``daemon``). Measured on a
 1 TiB sparse image with 1000 cached 1 MiB extents: the region shoulders the
 smoothing adds around each extent are holes there, and zero-filling them for
 ``mlock`` was most of the daemon's system time (docs/benchmarks.md,
-daemon-cost-profile). Block devices are taken as all data.
+daemon-cost-profile). Block devices (``Image.is_regular`` False: ``skip_holes``
+off) are taken as all data.
 
-The run arithmetic (clipping, priority pieces, the diff of held vs target)
-is plain functions at the top of this module, with no system calls; all of
-it bisects sorted run lists, so thousands of regions cost milliseconds.
+The run arithmetic (priority pieces, the diff of held vs target) is
+``core.runs``; the clock and ``sleep`` are passed in.
 """
 
 from __future__ import annotations
 
-import bisect
-import errno
 import logging
-import os
-import stat
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from vmdisktouch.system import libc
-from vmdisktouch.errors import LockLimitError, SyscallError
+from vmdisktouch.core.runs import (Run, clip_runs, diff_runs, intersect, merge_runs, page_round,
+                                   priority_pieces, subtract)
+from vmdisktouch.errors import ClosedError, LockLimitError, SyscallError
+from vmdisktouch.system import files, libc
+from vmdisktouch.system.image import Image
+from vmdisktouch.system.mappings import Mappings
+from vmdisktouch.system.pacing import MemGauge, Pacer
 
 log = logging.getLogger("vmdisktouch")
 
 MiB = 1 << 20
 CHUNK_BYTES = 32 * MiB       # mlock granularity of a load (whole blocks, at least one)
-WILLNEED_BYTES = 128 << 10   # one POSIX_FADV_WILLNEED: never above the kernel's cap on it
 MAX_SEGMENTS = 4096          # at most this many mappings (vm.max_map_count is 65530 by default)
 MAX_PIECES_PER_RUN = 4       # merge a target run's adjacent mappings beyond this many
-MAX_DATA_RUNS = 64           # per target piece: beyond this many data runs, hold the rest whole
 
-from vmdisktouch.core.runs import Run, clip_runs, intersect, merge_runs, subtract  # noqa: F401
-
-
-# -- pure run arithmetic ----------------------------------------------------
-
-def priority_pieces(target_runs: Iterable[Run], nblocks: int) -> list[Run]:
-    """Disjoint pieces of the targets in priority order.
-
-    Each target run, clipped to the file, minus everything an earlier
-    (higher-priority) target already covers. A target overlapped by an
-    earlier one can become several pieces; they keep its rank. Targets
-    from ``regions.select`` are disjoint already and come back unchanged.
-    """
-    runs = clip_runs(target_runs, nblocks)
-    ordered = sorted(runs)
-    if all(ordered[i][1] <= ordered[i + 1][0] for i in range(len(ordered) - 1)):
-        return runs
-    covered: list[Run] = []      # sorted, disjoint union of the targets so far
-    out: list[Run] = []
-    for a, b in runs:
-        out.extend(subtract((a, b), covered))
-        i = bisect.bisect_left(covered, (a, a))
-        if i and covered[i - 1][1] >= a:
-            i -= 1
-        j = i
-        lo, hi = a, b
-        while j < len(covered) and covered[j][0] <= b:
-            lo, hi = min(lo, covered[j][0]), max(hi, covered[j][1])
-            j += 1
-        covered[i:j] = [(lo, hi)]
-    return out
-
-
-def diff_runs(held: list[Run], pieces: list[Run]) -> tuple[list[Run], list[Run]]:
-    """(to release, to load): ``held`` (sorted, disjoint) parts outside ``pieces``, sorted;
-    ``pieces`` (disjoint, priority order) parts not held, in priority order."""
-    union = merge_runs(pieces)
-    to_release = [p for run in held for p in subtract(run, union)]
-    to_load = [p for run in pieces for p in subtract(run, held)]
-    return to_release, to_load
-
-
-def page_round(n: int, page: int = libc.PAGE_SIZE) -> int:
-    return -(-n // page) * page
-
-
-# -- the holder -----------------------------------------------------------
 
 @dataclass(frozen=True)
 class ApplyResult:
@@ -200,49 +141,43 @@ class ApplyResult:
                            later.lock_refused or self.lock_refused)
 
 
-@dataclass(eq=False)
-class _Segment:
-    """One mapping holding blocks ``[start, stop)``; ``addr`` maps block ``start``."""
-    start: int
-    stop: int
-    addr: int
-    length: int   # bytes mapped and locked (page-rounded, clipped to the file)
-
-
 class Holder:
-    """Holds block runs of one open image with mmap + mlock."""
+    """Holds block runs of one open image with mmap + mlock.
 
-    def __init__(self, fd: int, size: int, block_size: int, max_hold: int, min_free: int, *,
+    ``size`` is the image size the holds are fitted to: the image's at the
+    start, then what ``resize`` was last given.
+    """
+
+    def __init__(self, image: Image, block_size: int, max_hold: int, min_free: int, *,
                  mem_available: Callable[[], int], load_rate: int = 0,
                  sleep: Callable[[float], object] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic,
                  chunk_bytes: int = CHUNK_BYTES, max_segments: int = MAX_SEGMENTS,
                  max_pieces_per_run: int = MAX_PIECES_PER_RUN):
         if block_size < libc.PAGE_SIZE or block_size % libc.PAGE_SIZE:
             raise ValueError(f"block size must be a multiple of the page size ({libc.PAGE_SIZE})")
-        self.fd = fd
-        self.size = int(size)
+        self.image = image
+        self.fd = image.fd
+        self.size = int(image.size)
         self.block_size = int(block_size)
         self.max_hold = int(max_hold)
         self.min_free = int(min_free)
         self.mem_available = mem_available
         self.load_rate = int(load_rate)
         self.sleep = sleep
+        self.clock = clock
         self.chunk_blocks = max(1, int(chunk_bytes) // self.block_size)
         self.max_segments = int(max_segments)
         self.max_pieces_per_run = max(1, int(max_pieces_per_run))
-        self._segs: list[_Segment] = []      # sorted by start, disjoint
-        self._locked = 0                     # sum of the segments' lengths
+        self._maps = Mappings(self.fd, self.block_size)
         self._order: list[Run] = []          # target pieces of the last apply, priority order
         self._closed = False
         self._cap_warned = False
         self.last_holes: list[Run] = []      # target blocks the last apply found to be holes
         self.lock_cap: int | None = None     # bytes: the lock limit refused more (see Errors)
         self._lock_refused: str | None = None
-        self._cachestat = libc.CacheStatCaller(fd)   # what a load must read (see "Pace")
-        try:   # holes of a sparse regular file are never held (see "Holes" above)
-            self.skip_holes = stat.S_ISREG(os.fstat(fd).st_mode)
-        except OSError:
-            self.skip_holes = False
+        self._cachestat = libc.CacheStatCaller(self.fd)   # what a load must read (see "Pace")
+        self.skip_holes = image.is_regular   # holes of a sparse regular file are never held
 
     # -- queries -----------------------------------------------------------
 
@@ -252,22 +187,34 @@ class Holder:
 
     def held_runs(self) -> list[Run]:
         """Sorted block runs held now (adjacent mappings reported as one run)."""
-        return merge_runs((s.start, s.stop) for s in self._segs)
+        return self._maps.runs()
 
     def held_bytes(self) -> int:
         """Bytes locked now: the page-rounded lengths of the held mappings."""
-        return self._locked
+        return self._maps.locked
 
     def mapping_count(self) -> int:
         """Number of mappings (VMAs) the holder keeps."""
-        return len(self._segs)
+        return len(self._maps)
+
+    def data_runs(self, piece: Run) -> list[Run]:
+        """The blocks of ``piece`` that hold data: ``Image.data_runs`` at this block size."""
+        return self.image.data_runs(piece, self.block_size)
+
+    def mappings(self, runs: Iterable[Run]) -> list[tuple[int, int, int, int]]:
+        """``(start, stop, address, length)`` of the held parts of ``runs``, block-aligned.
+
+        The addresses are the holder's own mappings: what ``memcg`` samples to
+        learn whose memory cgroup the held pages are charged to.
+        """
+        return self._maps.parts(runs)
 
     # -- the cycle ---------------------------------------------------------
 
     def apply(self, target_runs: Iterable[Run]) -> ApplyResult:
         """Release what is not in ``target_runs``, then load the rest in priority order."""
         if self._closed:
-            raise RuntimeError("holder is closed")
+            raise ClosedError("holder is closed")
         pieces = priority_pieces(target_runs, self.nblocks)
         self.last_holes = []
         if self.skip_holes:
@@ -275,7 +222,7 @@ class Holder:
             pieces = [run for _, runs in data for run in runs]
             self.last_holes = [h for piece, runs in data for h in subtract(piece, runs)]
         to_release, to_load = diff_runs(self.held_runs(), pieces)
-        released = sum(self._release_range(a, b) for a, b in to_release)
+        released = self.release(to_release)
         self._order = pieces
         if self.held_bytes() > self.max_hold:            # budget lowered behind our back
             released += self._release_lowest(self.held_bytes() - self.max_hold)
@@ -284,7 +231,7 @@ class Holder:
         loaded, skipped, stopped = self._load(to_load)
         if not stopped:
             for run in pieces:
-                self._maybe_coalesce(run)
+                self._maps.coalesce(run, self.max_pieces_per_run)
         released += self._shed_to_floor()
         return ApplyResult(loaded, released, skipped, stopped, self._lock_refused)
 
@@ -300,7 +247,7 @@ class Holder:
         released = 0
         if new_size < old or (new_size > old and old % self.block_size):
             cut = min(old, new_size) // self.block_size
-            released = self._release_range(cut, max(self.nblocks, cut))
+            released = self._maps.release(cut, max(self.nblocks, cut))
         self.size = new_size
         self._order = clip_runs(self._order, self.nblocks)
         return released
@@ -316,29 +263,9 @@ class Holder:
             released += self._release_lowest(excess)
         return released + self._shed_to_floor()
 
-    def mappings(self, runs: Iterable[Run]) -> list[tuple[int, int, int, int]]:
-        """``(start, stop, address, length)`` of the held parts of ``runs``, block-aligned.
-
-        The addresses are the holder's own mappings: what ``memcg`` samples to
-        learn whose memory cgroup the held pages are charged to.
-        """
-        out = []
-        for a, b in runs:
-            i = max(bisect.bisect_right(self._segs, a, key=_start) - 1, 0)
-            while i < len(self._segs) and self._segs[i].start < b:
-                seg = self._segs[i]
-                lo, hi = max(a, seg.start), min(b, seg.stop)
-                if lo < hi:
-                    off = self._offset_in(seg.start, lo, seg.length)
-                    end = self._offset_in(seg.start, hi, seg.length) if hi < seg.stop \
-                        else seg.length
-                    out.append((lo, hi, seg.addr + off, end - off))
-                i += 1
-        return out
-
     def release(self, runs: Iterable[Run]) -> int:
         """Unlock and unmap the held blocks of ``runs``. Returns bytes released."""
-        return sum(self._release_range(a, b) for a, b in runs)
+        return sum(self._maps.release(a, b) for a, b in runs)
 
     def drop(self, runs: Iterable[Run]) -> int:
         """Release these held blocks, drop them from the page cache and read them back.
@@ -354,78 +281,35 @@ class Holder:
         released = self.release(runs)
         bs = self.block_size
         for a, b in runs:
-            try:
-                os.posix_fadvise(self.fd, a * bs, (b - a) * bs, os.POSIX_FADV_DONTNEED)
-            except OSError:
-                pass   # advice only: the reload then finds the pages still charged elsewhere
+            # Advice only: the reload then finds the pages still charged elsewhere.
+            files.drop_cache(self.fd, a * bs, (b - a) * bs)
             # Read them back at once: the pages are allocated (and charged) in this
             # process's context before a guest that keeps reading them faults them first.
-            _read_exactly(self.fd, a * bs, min(b * bs, self.size) - a * bs)
+            files.read_ahead(self.fd, a * bs, min(b * bs, self.size) - a * bs)
         return released
 
     def release_all(self) -> int:
         """Unlock and unmap everything. Returns bytes released."""
-        released = 0
-        while self._segs:
-            seg = self._segs.pop()
-            self._unmap(seg.addr, seg.length)
-            self._locked -= seg.length
-            released += seg.length
-        return released
+        return self._maps.release_all()
 
     def close(self) -> None:
         """Release everything; the holder cannot be used afterwards. Idempotent."""
         self.release_all()
         self._closed = True
 
-    # -- holes -------------------------------------------------------------
-
-    def data_runs(self, piece: Run) -> list[Run]:
-        """The blocks of ``piece`` that hold data (``SEEK_DATA``/``SEEK_HOLE``), in order.
-
-        Beyond ``MAX_DATA_RUNS`` runs the rest of the piece counts as data; a
-        failed ``lseek`` makes the rest count as data too (hold rather than guess).
-        """
-        bs = self.block_size
-        a, b = piece
-        end = min(b * bs, self.size)
-        out: list[Run] = []
-        pos = a * bs
-        while pos < end:
-            if len(out) >= MAX_DATA_RUNS:
-                out.append((pos // bs, b))            # too fragmented: the rest whole
-                break
-            try:
-                data = os.lseek(self.fd, pos, os.SEEK_DATA)
-                hole = os.lseek(self.fd, data, os.SEEK_HOLE)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:          # no data from pos to the end of the file
-                    break
-                return out + [(pos // bs, b)]         # cannot tell: hold it all
-            if data >= end:
-                break
-            start, stop = data // bs, min(-(-hole // bs), b)
-            out.append((start, stop))
-            pos = stop * bs
-        return out
-
     # -- loading -----------------------------------------------------------
-
-    def _offset_in(self, start: int, k: int, length: int) -> int:
-        """Byte offset of block ``k`` in a mapping of ``length`` bytes starting at block ``start``."""
-        return min((k - start) * self.block_size, length)
 
     def _span_length(self, start: int, stop: int) -> int:
         bs = self.block_size
-        return page_round(min(stop * bs, self.size) - start * bs)
+        return page_round(min(stop * bs, self.size) - start * bs, libc.PAGE_SIZE)
 
     def _load(self, to_load: list[Run]) -> tuple[int, int, bool]:
         """Load the pieces in order. Returns (bytes loaded, bytes skipped, stopped)."""
         loaded = 0
-        pace = _Pacer(self.load_rate, self.sleep)
-        gauge = _MemGauge(self.mem_available, self.chunk_blocks * self.block_size)
+        pace = Pacer(self.load_rate, self.sleep, self.clock)
+        gauge = MemGauge(self.mem_available, self.chunk_blocks * self.block_size)
         for a, b in to_load:
-            if len(self._segs) >= self.max_segments:
+            if len(self._maps) >= self.max_segments:
                 if not self._cap_warned:
                     log.warning("holder: %d mappings held, the cap; smaller scattered regions "
                                 "are skipped", self.max_segments)
@@ -438,31 +322,24 @@ class Holder:
         wanted = sum(self._span_length(a, b) for a, b in to_load)
         return loaded, wanted - loaded, pace.stopped
 
-    def _load_piece(self, a: int, b: int, pace: "_Pacer",
-                    gauge: "_MemGauge") -> tuple[int, bool]:
+    def _load_piece(self, a: int, b: int, pace: Pacer,
+                    gauge: MemGauge) -> tuple[int, bool]:
         """Map and lock blocks ``[a, b)`` chunk by chunk.
 
         Returns (bytes locked, keep going). Keep going is False when a guard
         stopped loading (budget, floor) or the daemon is stopping.
         """
         bs = self.block_size
+        maps = self._maps
         length = self._span_length(a, b)
-        try:
-            addr = libc.mmap_file(self.fd, a * bs, length)
-        except SyscallError as exc:
-            log.warning("holder: cannot map blocks %d-%d: %s; skipped", a, b, exc)
+        seg = maps.map(a, b, length)
+        if seg is None:
             return 0, True
-        try:
-            libc.madvise(addr, length, libc.MADV_RANDOM)
-        except SyscallError:
-            pass   # advice only
-        seg = _Segment(a, a, addr, 0)
-        self._insert(seg)
         pos, keep_going = a, True
         try:
             while pos < b:
                 n = min(self.chunk_blocks, b - pos)
-                nbytes = self._offset_in(a, pos + n, length) - seg.length
+                nbytes = maps.offset_in(a, pos + n, length) - seg.length
                 cold = self._uncached_bytes(a * bs + seg.length, nbytes)
                 if cold and not pace.wait():
                     keep_going = False
@@ -470,36 +347,34 @@ class Holder:
                 fit = min(self._lockable() - self.held_bytes(), gauge.get() - self.min_free)
                 if nbytes > fit:
                     n = min(n, max(fit, 0) // bs)
-                    nbytes = self._offset_in(a, pos + n, length) - seg.length
+                    nbytes = maps.offset_in(a, pos + n, length) - seg.length
                     keep_going = False
                     if n == 0:
                         break
                 if cold:
                     pace.start(min(cold, nbytes))
-                    _read_exactly(self.fd, a * bs + seg.length, nbytes)
+                    files.read_ahead(self.fd, a * bs + seg.length, nbytes)
                 try:
-                    libc.mlock(addr + seg.length, nbytes)
+                    maps.lock(seg, pos + n, nbytes)
                 except LockLimitError as exc:
-                    if self._file_covers(min(a * bs + seg.length + nbytes, self.size)):
+                    if self.image.covers(min(a * bs + seg.length + nbytes, self.size)):
                         self.lock_cap = self.held_bytes()
                         self._lock_refused = str(exc)
                         keep_going = False
                         break
-                    self._drop_segment(seg, length, f"blocks {a}-{b}: {exc} (file shrank)")
+                    maps.drop(seg, length, f"blocks {a}-{b}: {exc} (file shrank)")
                     return 0, True
                 except SyscallError as exc:
-                    self._drop_segment(seg, length, f"blocks {a}-{b}: {exc}")
+                    maps.drop(seg, length, f"blocks {a}-{b}: {exc}")
                     return 0, True
                 pos += n
-                seg.stop, seg.length = pos, seg.length + nbytes
-                self._locked += nbytes
                 gauge.took(nbytes)
                 if not keep_going:
                     break
         except BaseException:
-            self._trim_tail(seg, length)
+            maps.trim_tail(seg, length)
             raise
-        self._trim_tail(seg, length)
+        maps.trim_tail(seg, length)
         return seg.length, keep_going
 
     def _lockable(self) -> int:
@@ -512,118 +387,11 @@ class Holder:
             return length
         try:
             cached = self._cachestat.nr_cache(offset, length) * libc.PAGE_SIZE
-        except OSError:
+        except SyscallError:
             return length
         return max(length - cached, 0)
 
-    def _trim_tail(self, seg: _Segment, mapped: int) -> None:
-        """Unmap the part of a new mapping past its locked prefix (or all of it)."""
-        if seg.length < mapped:
-            libc.munmap(seg.addr + seg.length, mapped - seg.length)
-        if seg.length == 0:
-            self._segs.remove(seg)
-
-    def _drop_segment(self, seg: _Segment, mapped: int, why: str) -> None:
-        """Unmap a whole new mapping: a failed mlock may leave part of it marked locked."""
-        log.warning("holder: cannot lock %s; region released", why)
-        self._segs.remove(seg)
-        self._locked -= seg.length
-        self._unmap(seg.addr, mapped)
-
-    def _file_covers(self, end: int) -> bool:
-        """Whether the file still reaches byte ``end`` (the mlock error was not truncation)."""
-        try:
-            st = os.fstat(self.fd)
-            size = os.lseek(self.fd, 0, os.SEEK_END) if stat.S_ISBLK(st.st_mode) else st.st_size
-        except OSError:
-            return False
-        return size >= end
-
-    # -- merging -----------------------------------------------------------
-
-    def _maybe_coalesce(self, run: Run) -> None:
-        i = bisect.bisect_left(self._segs, run[0], key=_start)
-        segs = []
-        while i < len(self._segs) and self._segs[i].start < run[1]:
-            if self._segs[i].stop <= run[1]:
-                segs.append(self._segs[i])
-            i += 1
-        if len(segs) <= self.max_pieces_per_run:
-            return
-        group: list[_Segment] = []
-        for seg in segs + [None]:
-            if seg is not None and group and group[-1].stop == seg.start:
-                group.append(seg)
-                continue
-            if len(group) > 1:
-                self._merge(group)
-            group = [seg] if seg is not None else []
-
-    def _merge(self, group: list[_Segment]) -> None:
-        """Replace adjacent mappings by one; move the locks piece by piece (munlock first)."""
-        start, stop = group[0].start, group[-1].stop
-        length = sum(s.length for s in group)
-        try:
-            new = libc.mmap_file(self.fd, start * self.block_size, length)
-        except SyscallError as exc:
-            log.warning("holder: cannot merge blocks %d-%d: %s", start, stop, exc)
-            return
-        merged = _Segment(start, start, new, 0)
-        self._insert(merged)
-        for seg in group:
-            off = merged.length
-            libc.munlock(seg.addr, seg.length)
-            try:
-                libc.mlock(new + off, seg.length)
-            except SyscallError as exc:
-                log.warning("holder: cannot move the lock of blocks %d-%d: %s; released",
-                            seg.start, seg.stop, exc)
-                self._segs.remove(seg)
-                libc.munmap(seg.addr, seg.length)
-                self._locked -= seg.length
-                self._trim_tail(merged, length)
-                return
-            libc.munmap(seg.addr, seg.length)
-            self._segs.remove(seg)
-            merged.stop, merged.length = seg.stop, merged.length + seg.length
-
-    # -- releasing ---------------------------------------------------------
-
-    def _insert(self, seg: _Segment) -> None:
-        self._segs.insert(bisect.bisect_right(self._segs, seg.start, key=_start), seg)
-
-    def _unmap(self, addr: int, length: int) -> None:
-        try:
-            libc.munlock(addr, length)
-        except SyscallError as exc:   # munmap unlocks anyway
-            log.debug("holder: munlock failed: %s", exc)
-        libc.munmap(addr, length)
-
-    def _release_range(self, a: int, b: int) -> int:
-        """Unlock and unmap held blocks in ``[a, b)``, splitting mappings. Returns bytes."""
-        segs = self._segs
-        first = max(bisect.bisect_right(segs, a, key=_start) - 1, 0)
-        last = first
-        kept: list[_Segment] = []
-        released = 0
-        while last < len(segs) and segs[last].start < b:
-            seg = segs[last]
-            last += 1
-            lo, hi = max(a, seg.start), min(b, seg.stop)
-            if hi <= lo:
-                kept.append(seg)
-                continue
-            off_lo = self._offset_in(seg.start, lo, seg.length)
-            off_hi = self._offset_in(seg.start, hi, seg.length) if hi < seg.stop else seg.length
-            self._unmap(seg.addr + off_lo, off_hi - off_lo)
-            released += off_hi - off_lo
-            if lo > seg.start:
-                kept.append(_Segment(seg.start, lo, seg.addr, off_lo))
-            if hi < seg.stop:
-                kept.append(_Segment(hi, seg.stop, seg.addr + off_hi, seg.length - off_hi))
-        segs[first:last] = kept
-        self._locked -= released
-        return released
+    # -- shedding ----------------------------------------------------------
 
     def _lowest_first(self) -> list[Run]:
         """Held block runs, lowest priority first; within a run, highest blocks first."""
@@ -641,12 +409,12 @@ class Holder:
             if released >= nbytes:
                 break
             need_blocks = -(-(nbytes - released) // self.block_size)
-            released += self._release_range(max(a, b - need_blocks), b)
+            released += self._maps.release(max(a, b - need_blocks), b)
         return released
 
     def _shed_to_floor(self) -> int:
         released = 0
-        while self._segs:
+        while len(self._maps):
             deficit = self.min_free - self.mem_available()
             if deficit <= 0:
                 break
@@ -656,58 +424,3 @@ class Holder:
                      "regions", released)
         return released
 
-
-def _read_exactly(fd: int, offset: int, length: int) -> None:
-    """Start reading exactly this range before ``mlock`` faults it in (see step 2 above)."""
-    try:
-        for off in range(offset, offset + length, WILLNEED_BYTES):
-            os.posix_fadvise(fd, off, min(WILLNEED_BYTES, offset + length - off),
-                             os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass   # advice only: mlock still faults the pages in
-
-
-def _start(seg: _Segment) -> int:
-    return seg.start
-
-
-class _MemGauge:
-    """``MemAvailable`` read at most once per ``every`` bytes locked; locks in between subtracted."""
-
-    def __init__(self, read: Callable[[], int], every: int):
-        self.read = read
-        self.every = every
-        self.value: int | None = None
-        self.since = 0
-
-    def get(self) -> int:
-        if self.value is None or self.since >= self.every:
-            self.value, self.since = self.read(), 0
-        return self.value - self.since
-
-    def took(self, nbytes: int) -> None:
-        self.since += nbytes
-
-
-class _Pacer:
-    """Spaces chunk starts by ``bytes / rate``; ``wait`` is False once the daemon is stopping."""
-
-    def __init__(self, rate: int, sleep: Callable[[float], object]):
-        self.rate = rate
-        self.sleep = sleep
-        self.next_start: float | None = None
-        self.stopped = False
-
-    def wait(self) -> bool:
-        if self.stopped:
-            return False
-        if self.rate > 0 and self.next_start is not None:
-            delay = self.next_start - time.monotonic()
-            if delay > 0 and self.sleep(delay) is True:
-                self.stopped = True
-                return False
-        return True
-
-    def start(self, nbytes: int) -> None:
-        if self.rate > 0:
-            self.next_start = time.monotonic() + nbytes / self.rate

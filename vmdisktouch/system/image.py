@@ -1,9 +1,14 @@
 """Opening and validating disk images: regular files and block devices.
 
 An ``Image`` is an open, read-only file descriptor on a raw or qcow2 image
-(or an LVM volume / loop device), with its size and identity. Everything
-that can be wrong with a path a user gives is turned into an ``ImageError``
-with a one-line message here, before any scanning starts.
+(or an LVM volume / loop device). It alone keeps the image's facts: its
+size (``size``, re-read by ``refresh_size``), its kind (``is_regular``), its
+identity (``check_identity``), its allocation (``allocation``: ``st_blocks``)
+and where its data lies (``data_runs``: ``SEEK_DATA``/``SEEK_HOLE``); the
+holder, the checksums and the residency tracker are given the ``Image``
+and ask it. Everything that can be wrong with a path a user gives is
+turned into an ``ImageError`` with a one-line message here, before any
+scanning starts.
 
 Hazards handled (see FIELD-NOTES): block devices report ``st_size == 0`` so
 their size comes from ``ioctl(BLKGETSIZE64)``; files on pseudo filesystems
@@ -14,8 +19,6 @@ not even atime, is written to it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -23,7 +26,9 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from vmdisktouch.errors import ImageError, ImageGoneError, VmdtError
+from vmdisktouch.core.runs import Run
+from vmdisktouch.errors import ImageError, ImageGoneError, SyscallError, VmdtError, syscall_error
+from vmdisktouch.system import files, libc
 
 BLKGETSIZE64 = 0x80081272
 QCOW2_MAGIC = b"QFI\xfb"
@@ -35,17 +40,7 @@ _PSEUDO_FS = {
     0x1CD1: "devpts", 0x62656570: "configfs", 0xCAFE4A11: "bpf",
     0x6165676C: "pstore", 0xDE5E81E4: "efivarfs",
 }
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_fstatfs = _libc.fstatfs
-_fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
-
-
-def _fs_type(fd: int) -> int | None:
-    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86_64
-    if _fstatfs(fd, buf) != 0:
-        return None
-    return ctypes.c_long.from_buffer(buf).value
+MAX_DATA_RUNS = 64   # per probed run: beyond this many data runs, the rest counts as data
 
 
 @dataclass(frozen=True)
@@ -77,9 +72,69 @@ class Image:
             os.close(self.fd)
             self.fd = -1
 
+    @property
+    def is_regular(self) -> bool:
+        """A regular file (holes, mtime, st_blocks apply), not a block device."""
+        return self.kind == "file"
+
     def current_size(self) -> int:
-        """Re-read the size (the image may have been truncated or grown)."""
+        """Re-read the size (the image may have been truncated or grown); ``size`` is kept."""
         return size_of_fd(self.fd, self.kind)
+
+    def refresh_size(self) -> int:
+        """Re-read the size into ``size`` and return it."""
+        self.size = self.current_size()
+        return self.size
+
+    def covers(self, end: int) -> bool:
+        """Whether the image reaches byte ``end`` now (False when its size cannot be read)."""
+        try:
+            return self.current_size() >= end
+        except SyscallError:
+            return False
+
+    def allocation(self) -> int | None:
+        """``st_blocks`` of a regular file: it changes when a hole is filled or punched.
+
+        None for a block device, or when ``fstat`` fails.
+        """
+        if not self.is_regular:
+            return None
+        try:
+            return files.fstat(self.fd).st_blocks
+        except SyscallError:
+            return None
+
+    def data_runs(self, run: Run, block_size: int) -> list[Run]:
+        """The blocks of ``run`` that hold data (``SEEK_DATA``/``SEEK_HOLE``), in order.
+
+        Up to ``size``; a block with any data counts whole. Beyond
+        ``MAX_DATA_RUNS`` runs the rest of ``run`` counts as data; a failed
+        ``lseek`` makes the rest count as data too (hold rather than guess).
+        A block device has no holes to find: ask ``is_regular`` first.
+        """
+        bs = block_size
+        a, b = run
+        end = min(b * bs, self.size)
+        out: list[Run] = []
+        pos = a * bs
+        while pos < end:
+            if len(out) >= MAX_DATA_RUNS:
+                out.append((pos // bs, b))            # too fragmented: the rest whole
+                break
+            try:
+                data = files.seek(self.fd, pos, os.SEEK_DATA)
+                hole = files.seek(self.fd, data, os.SEEK_HOLE) if data is not None else None
+            except SyscallError:
+                return out + [(pos // bs, b)]         # cannot tell: hold it all
+            if data is None or hole is None:          # ENXIO: no data from pos to the end
+                break
+            if data >= end:
+                break
+            start, stop = data // bs, min(-(-hole // bs), b)
+            out.append((start, stop))
+            pos = stop * bs
+        return out
 
     def check_identity(self) -> None:
         """Raise ImageGoneError if the path was deleted or now names another file."""
@@ -91,32 +146,25 @@ class Image:
             raise ImageGoneError(f"{self.path}: cannot stat image: {exc.strerror}") from None
         if (st.st_dev, st.st_ino) != (self.identity.dev, self.identity.ino):
             raise ImageGoneError(f"{self.path}: image was replaced by another file")
-        if self.kind == "file" and os.fstat(self.fd).st_nlink == 0:
+        if self.is_regular and files.fstat(self.fd).st_nlink == 0:
             raise ImageGoneError(f"{self.path}: image was deleted")
 
 
 def size_of_fd(fd: int, kind: str) -> int:
+    """Bytes of a regular file (``st_size``) or a block device (``BLKGETSIZE64``)."""
     if kind == "block":
-        buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
+        try:
+            buf = fcntl.ioctl(fd, BLKGETSIZE64, b"\0" * 8)
+        except OSError as exc:
+            raise syscall_error("ioctl", exc.errno or errno.EIO, "BLKGETSIZE64") from None
         return struct.unpack("Q", buf)[0]
-    return os.fstat(fd).st_size
-
-
-def _open_readonly(path: str) -> int:
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
-    try:
-        return os.open(path, flags | os.O_NOATIME)
-    except PermissionError as exc:
-        if exc.errno != errno.EPERM:  # O_NOATIME needs ownership; EACCES is real
-            raise
-        return os.open(path, flags)
+    return files.fstat(fd).st_size
 
 
 def _first_page_cached(fd: int, size: int) -> bool:
     """Whether page 0 of ``fd`` is in the page cache (mincore on a one-page mapping)."""
     import numpy as np
 
-    from vmdisktouch.system import libc
     length = min(size, libc.PAGE_SIZE)
     addr = libc.mmap_file(fd, 0, length)
     try:
@@ -137,14 +185,14 @@ def read_magic(fd: int, size: int) -> bytes:
         was_cached = _first_page_cached(fd, size)
     except (OSError, VmdtError):
         was_cached = True              # cannot tell: leave the cache alone
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    files.advise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     try:
-        head = os.pread(fd, 4, 0)
+        head = files.pread(fd, 4, 0)
         if not was_cached:
             # The whole page: the kernel keeps a partially covered last page.
-            os.posix_fadvise(fd, 0, os.sysconf("SC_PAGE_SIZE"), os.POSIX_FADV_DONTNEED)
+            files.drop_cache(fd, 0, libc.PAGE_SIZE)
     finally:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+        files.advise(fd, 0, 0, os.POSIX_FADV_NORMAL)
     return head
 
 
@@ -173,7 +221,7 @@ def open_image(path: str) -> Image:
     kind = "block" if stat.S_ISBLK(mode) else "file"
 
     try:
-        fd = _open_readonly(path)
+        fd = files.open_noatime(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except PermissionError:
         raise ImageError(f"{path}: permission denied (cannot open for reading)") from None
     except OSError as exc:
@@ -182,21 +230,21 @@ def open_image(path: str) -> Image:
     try:
         fl = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~os.O_NONBLOCK)  # only needed for open()
-        fs = _fs_type(fd)
+        fs = libc.fs_type(fd)
         if fs in _PSEUDO_FS:
             raise ImageError(f"{path}: is on the {_PSEUDO_FS[fs]} pseudo filesystem, not a disk image")
         try:
             size = size_of_fd(fd, kind)
-        except OSError as exc:
-            raise ImageError(f"{path}: cannot read size: {exc.strerror}") from None
+        except SyscallError as exc:
+            raise ImageError(f"{path}: cannot read size: {os.strerror(exc.errno)}") from None
         if size == 0:
             raise ImageError(f"{path}: is empty (size 0)")
         try:
             head = read_magic(fd, size)
-        except OSError as exc:
-            raise ImageError(f"{path}: cannot read: {exc.strerror}") from None
+        except SyscallError as exc:
+            raise ImageError(f"{path}: cannot read: {os.strerror(exc.errno)}") from None
         fmt = "qcow2" if head == QCOW2_MAGIC else "raw"
-        fst = os.fstat(fd)
+        fst = files.fstat(fd)
         return Image(path, fd, kind, size, fmt, ImageIdentity(fst.st_dev, fst.st_ino))
     except BaseException:
         os.close(fd)

@@ -1,12 +1,13 @@
-"""Thin ctypes bindings for the memory and page-cache system calls.
+"""Thin ctypes bindings: the one module of the project that calls libc through ctypes.
 
-This is the only module that calls libc for mmap, munmap, mincore, mlock,
-mlock2, munlock, madvise and cachestat(2). Each wrapper returns raw data and
-turns a failure into a project exception exactly once (see ``errors``).
-Policy (what to map, when to lock) lives above this layer.
+mmap, munmap, mincore, mlock, munlock, madvise, fstatfs and cachestat(2).
+Each wrapper returns raw data and turns a failure into a project exception
+exactly once (``errors.syscall_error``). The calls that Python's ``os``
+module makes itself (lseek, posix_fadvise, pread, fstat) have their home in
+``files``. Policy (what to map, when to lock) lives above this layer.
 
-References: mmap(2), mincore(2), mlock(2), madvise(2), and cachestat(2)
-(Linux >= 6.5, syscall 451 on x86_64 and arm64).
+References: mmap(2), mincore(2), mlock(2), madvise(2), statfs(2) and
+cachestat(2) (Linux >= 6.5, syscall 451 on x86_64 and arm64).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import platform
 
 import numpy as np
 
-from vmdisktouch.errors import syscall_error
+from vmdisktouch.errors import SyscallError, syscall_error
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -28,7 +29,6 @@ MAP_SHARED = _mmap.MAP_SHARED
 MADV_DONTNEED = 4
 MADV_RANDOM = 1
 MADV_SEQUENTIAL = 2
-MLOCK_ONFAULT = 1
 
 # cachestat(2) syscall numbers. The generic table (arm64, riscv) uses 451 too.
 _CACHESTAT_NR = {"x86_64": 451, "aarch64": 451, "riscv64": 451}
@@ -49,9 +49,8 @@ _munlock_fn = _libc.munlock
 _munlock_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _madvise_fn = _libc.madvise
 _madvise_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_mlock2_fn = getattr(_libc, "mlock2", None)
-if _mlock2_fn is not None:
-    _mlock2_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+_fstatfs_fn = _libc.fstatfs
+_fstatfs_fn.argtypes = [ctypes.c_int, ctypes.c_void_p]
 _syscall_fn = _libc.syscall
 _syscall_fn.restype = ctypes.c_long
 
@@ -95,14 +94,6 @@ def mlock(addr: int, length: int) -> None:
         _fail("mlock", f"{length} bytes")
 
 
-def mlock_onfault(addr: int, length: int) -> None:
-    """mlock2(MLOCK_ONFAULT): lock pages as they become resident, fault nothing in."""
-    if _mlock2_fn is None:
-        raise syscall_error("mlock2", 38)  # ENOSYS
-    if _mlock2_fn(addr, length, MLOCK_ONFAULT) != 0:
-        _fail("mlock2", f"{length} bytes")
-
-
 def munlock(addr: int, length: int) -> None:
     if _munlock_fn(addr, length) != 0:
         _fail("munlock")
@@ -111,6 +102,14 @@ def munlock(addr: int, length: int) -> None:
 def madvise(addr: int, length: int, advice: int) -> None:
     if _madvise_fn(addr, length, advice) != 0:
         _fail("madvise")
+
+
+def fs_type(fd: int) -> int | None:
+    """``f_type`` of the filesystem ``fd`` is on (statfs(2)); None when fstatfs fails."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86_64
+    if _fstatfs_fn(fd, buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value
 
 
 class CacheStatRange(ctypes.Structure):
@@ -133,6 +132,7 @@ class CacheStatCaller:
     The scanner issues tens of thousands of calls per scan, so the structures
     are built once. ``available`` is False when the kernel lacks the syscall
     (ENOSYS) or refuses it for this file (EPERM: the caller may not write it).
+    A failed call raises ``SyscallError`` ("cachestat"), never a bare OSError.
     """
 
     def __init__(self, fd: int):
@@ -146,7 +146,7 @@ class CacheStatCaller:
         if self.available:
             try:
                 self.nr_cache(0, PAGE_SIZE)
-            except OSError:
+            except SyscallError:
                 self.available = False
 
     def nr_cache(self, offset: int, length: int) -> int:
@@ -155,8 +155,7 @@ class CacheStatCaller:
         rng.off = offset
         rng.len = length
         if _syscall_fn(self._nr, self.fd, self._range_ref, self._stat_ref, 0) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+            _fail("cachestat", f"offset {offset}, length {length}")
         return self._stat.nr_cache
 
     def record(self, offset: int, length: int) -> tuple[int, int, int, int, int]:
@@ -165,10 +164,3 @@ class CacheStatCaller:
         st = self._stat
         return (st.nr_cache, st.nr_dirty, st.nr_writeback, st.nr_evicted,
                 st.nr_recently_evicted)
-
-    def stat(self, offset: int, length: int) -> CacheStat:
-        """The full cachestat record (cached, dirty, writeback, evicted...)."""
-        self.nr_cache(offset, length)
-        out = CacheStat()
-        ctypes.pointer(out)[0] = self._stat
-        return out

@@ -41,7 +41,7 @@ mappings (VMAs) far below ``vm.max_map_count``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,7 +69,6 @@ class Residency:
     ranges: list[tuple[int, int]] | None = None   # merged [offset, length] byte ranges
     used_cachestat: bool = False
     partial_view: bool = False
-    extra: dict = field(default_factory=dict)
 
     @property
     def nblocks(self) -> int:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from vmdisktouch.system import libc, residency
+from vmdisktouch.system.image import Image
 
 RANGE_BYTES = 1 << 30
 REFRESH_EVERY = 12
@@ -54,10 +55,10 @@ VERIFY_BLOCKS = 32    # a refreshed range with more cached blocks than this is r
 class ResidencyTracker:
     """Scans one open image each cycle, re-reading only the ranges whose cachestat changed."""
 
-    def __init__(self, fd: int, block_size: int, *, range_bytes: int = RANGE_BYTES,
+    def __init__(self, image: Image, block_size: int, *, range_bytes: int = RANGE_BYTES,
                  refresh_every: int = REFRESH_EVERY):
         residency.validate_block_size(block_size)
-        self.fd = fd
+        self.fd = fd = image.fd
         self.block_size = int(block_size)
         self.range_bytes = max(range_bytes - range_bytes % block_size, block_size)
         self.refresh_every = max(1, int(refresh_every))
