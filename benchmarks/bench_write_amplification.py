@@ -46,6 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from vmdisktouch.system import holder, meminfo  # noqa: E402
+from vmdisktouch.system.image import open_image  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 MiB = 1 << 20
@@ -147,9 +148,9 @@ def run_case(name: str, path: str, a) -> dict:
                     raise RuntimeError(f"vmtouch exited: {proc.stderr.read().decode()}")
                 time.sleep(0.05)
         elif name == "vmdisktouch":
-            fd = os.open(path, os.O_RDONLY)
-            hold = (fd, holder.Holder(fd, os.fstat(fd).st_size, MiB, a.region, 0,
-                                      mem_available=meminfo.mem_available))
+            image = open_image(path)
+            hold = (image, holder.Holder(image, MiB, a.region, 0,
+                                         mem_available=meminfo.mem_available))
             hold[1].apply([(0, a.region // MiB)])
         load = time.monotonic() - t
         r = write_round(path, a.region, a.writes, a.disk)
@@ -161,7 +162,7 @@ def run_case(name: str, path: str, a) -> dict:
             proc.wait(timeout=10)
         if hold is not None:
             hold[1].close()
-            os.close(hold[0])
+            hold[0].close()
 
 
 def main() -> int:
