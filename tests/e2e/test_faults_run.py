@@ -100,7 +100,7 @@ PHASES = {   # phase -> (module attribute to wrap, on which call)
     "checksums": ("vmdisktouch.system.checksums:BlockChecksums.update", 3),
     "heat": ("vmdisktouch.core.heat:step", 3),
     "select": ("vmdisktouch.core.regions:select", 3),
-    "load": ("vmdisktouch.system.holder:_read_exactly", 1),
+    "load": ("vmdisktouch.system.files:read_ahead", 1),
     "emit": ("vmdisktouch.adapters.outputs:Outputs.write", 3),
     "reload": ("vmdisktouch.run:load_settings", 2),
     "wait": ("vmdisktouch.system.signals:LoopSignals.wait", 3),
@@ -348,7 +348,8 @@ def _(tmp_path, image):
 def _(tmp_path, image):
     fd = os.open(image, os.O_RDONLY)
     try:
-        sums = checksums.BlockChecksums(fd, MiB)
+        with open_image(image) as img:
+            sums = checksums.BlockChecksums(img, MiB)
         with open(image, "r+b") as f:     # the guest's write: mtime now
             f.seek(MiB)
             f.write(os.urandom(4096))
@@ -484,7 +485,7 @@ def _watcher(image, budget="16M", **kw):
        "reload, nothing stray stays locked", "held 32 MiB = VmLck, `lock_refused` set")
 def _(tmp_path, image):
     big = data_image(tmp_path / "big.img", 64 * MiB)
-    fd = os.open(big, os.O_RDONLY)
+    img = open_image(big)
     real, calls = libc.mlock, [0]
 
     def mlock(addr, length):
@@ -493,7 +494,7 @@ def _(tmp_path, image):
             raise errors.syscall_error("mlock", 12, f"{length} bytes")
         real(addr, length)
 
-    h = holder.Holder(fd, 64 * MiB, MiB, 64 * MiB, 0, mem_available=lambda: 1 << 50)
+    h = holder.Holder(img, MiB, 64 * MiB, 0, mem_available=lambda: 1 << 50)
     base = vmlck()
     libc.mlock = mlock
     try:
@@ -504,7 +505,7 @@ def _(tmp_path, image):
     finally:
         libc.mlock = real
         h.close()
-        os.close(fd)
+        img.close()
     assert vmlck() == base
 
 
@@ -513,14 +514,14 @@ def _(tmp_path, image):
        "the selection and the `mlock` of a region past that", "no SIGBUS; the region is "
        "dropped; the daemon goes on", "apply returns, held only what the file still covers")
 def _(tmp_path, image):
-    fd = os.open(image, os.O_RDONLY)
+    img = open_image(image)
     real = libc.mlock
 
     def mlock(addr, length):
         os.truncate(image, 4 * MiB)
         real(addr, length)
 
-    h = holder.Holder(fd, 32 * MiB, MiB, 32 * MiB, 0, mem_available=lambda: 1 << 50)
+    h = holder.Holder(img, MiB, 32 * MiB, 0, mem_available=lambda: 1 << 50)
     libc.mlock = mlock
     try:
         h.apply([(8, 16)])
@@ -528,7 +529,7 @@ def _(tmp_path, image):
     finally:
         libc.mlock = real
         h.close()
-        os.close(fd)
+        img.close()
     return "truncated"
 
 
