@@ -65,7 +65,6 @@ import shlex
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +75,9 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.cached_state import cached as cache_and_pin  # noqa: E402
 from benchmarks.report import provenance, update_section  # noqa: E402
+from tools.daemon_proc import DaemonProc  # noqa: E402
+from tools.procfs import memory_fields  # noqa: E402
+from tools.worktree import rev_worktree  # noqa: E402
 from vmdisktouch.system import libc  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
@@ -146,21 +148,7 @@ MEM_KEYS = ("VmRSS", "RssAnon", "RssFile", "VmLck", "VmHWM")
 
 
 def mem_status(pid: int) -> dict[str, int]:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in MEM_KEYS:
-                out[key] = int(rest.split()[0]) * 1024
-    return out
-
-
-def read_status(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    return memory_fields(pid, MEM_KEYS)
 
 
 # -- one case -----------------------------------------------------------------
@@ -169,43 +157,23 @@ class DaemonFailed(RuntimeError):
     pass
 
 
-def _log_tail(log_path: str, n: int = 20) -> str:
-    try:
-        with open(log_path) as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
-
-
-def stop_daemon(proc: subprocess.Popen) -> int:
-    """SIGTERM by PID; SIGKILL by PID if it has not exited after 30 s."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode
-
-
-def measure(proc: subprocess.Popen, status_path: str, log_path: str, duration: float,
-            wait_full: int | None, interval: float) -> dict:
+def measure(d: DaemonProc, duration: float, wait_full: int | None, interval: float) -> dict:
     """Wait for the first cycle (and a full budget), then sample for ``duration`` s."""
-    pid = proc.pid
+    pid = d.pid
+    read_status = d.read_status
 
     def check_alive():
-        if proc.poll() is not None:
-            raise DaemonFailed(f"daemon exited with {proc.returncode}:\n{_log_tail(log_path)}")
+        if not d.alive():
+            raise DaemonFailed(f"daemon exited with {d.returncode()}:\n{d.log_tail(20)}")
 
     deadline = time.monotonic() + 120
     st = None
     while st is None:
         check_alive()
         if time.monotonic() > deadline:
-            raise DaemonFailed(f"no status file after 120 s:\n{_log_tail(log_path)}")
+            raise DaemonFailed(f"no status file after 120 s:\n{d.log_tail(20)}")
         time.sleep(0.05)
-        st = read_status(status_path)
+        st = read_status()
     first = st
     if wait_full:
         deadline = time.monotonic() + 180
@@ -216,7 +184,7 @@ def measure(proc: subprocess.Popen, status_path: str, log_path: str, duration: f
                       f"{format_size(st['held_bytes'])}); sampling anyway", flush=True)
                 break
             time.sleep(0.2)
-            st = read_status(status_path) or st
+            st = read_status() or st
         else:
             print(f"    budget full at cycle {st['cycle']} (held "
                   f"{format_size(st['held_bytes'])}); sampling", flush=True)
@@ -235,14 +203,14 @@ def measure(proc: subprocess.Popen, status_path: str, log_path: str, duration: f
         if now >= next_mem:
             mem.append(mem_status(pid))
             next_mem += 1.0
-        s = read_status(status_path)
+        s = read_status()
         if s and s["cycle"] > start_cycle:
             cycles[s["cycle"]] = s
         time.sleep(min(0.1, max(0.0, t0 + duration - time.monotonic())))
     ticks1, ns1 = cpu_ticks(pid), cpu_ns(pid)
     wall = time.monotonic() - t0
     mem.append(mem_status(pid))
-    s = read_status(status_path)
+    s = read_status()
     if s and s["cycle"] > start_cycle:
         cycles[s["cycle"]] = s
     n_expected = int(duration // interval)
@@ -274,15 +242,18 @@ def measure(proc: subprocess.Popen, status_path: str, log_path: str, duration: f
 
 
 def run_case(label: str, size: int, extents: int, hot_regions: int, hot_size: int,
-             args) -> dict:
+             args, rev_tree=None) -> list[dict]:
+    """One case: the current daemon, then (``rev_tree``) the daemon of --compare-rev, on the same
+    cached state. One result per daemon."""
     duration = args.duration if size >= TiB or hot_regions else args.scale_duration
     runs, hot = layout(size, extents, hot_regions, hot_size, args.seed)
     cached = sum(n for _, n in runs) + sum(n for _, n in hot)
     tmp = tempfile.mkdtemp(prefix="bench-daemon-cost-", dir=args.dir)
     img = os.path.join(tmp, "disk.raw")
-    status = os.path.join(tmp, "status.json")
-    log_path = os.path.join(tmp, "daemon.log")
-    proc = None
+    daemons = [(label, None, ROOT)]
+    if rev_tree is not None:
+        daemons.append((f"{label}, {rev_tree.label}", rev_tree.rev, rev_tree.path))
+    results = []
     try:
         with open(img, "wb") as f:
             f.truncate(size)
@@ -290,23 +261,30 @@ def run_case(label: str, size: int, extents: int, hot_regions: int, hot_size: in
               + (f" + {hot_regions} x {format_size(hot_size)} hot regions" if hot_regions else "")
               + f" cached ({format_size(cached)}), sampling {duration:.0f} s", flush=True)
         with cache_and_pin(img, runs + hot, pin=not args.no_pin, write=True):
-            cmd = [sys.executable, "-m", "vmdisktouch", "run", img,
-                   "--max-hold", args.max_hold_text, "--interval", f"{args.interval:g}",
-                   "--status", status, *shlex.split(args.daemon_args)]
-            with open(log_path, "w") as log:
-                proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=log)
-            m = measure(proc, status, log_path, duration,
-                        args.max_hold if hot_regions else None, args.interval)
-            rc = stop_daemon(proc)
-            if rc != 0:
-                raise DaemonFailed(f"daemon exited {rc} on SIGTERM:\n{_log_tail(log_path)}")
+            for name, rev, cwd in daemons:
+                tag = "rev" if rev else "current"
+                d = DaemonProc(tmp, img, *shlex.split(args.daemon_args), max_hold=args.max_hold_text,
+                               interval=args.interval, status=f"status-{tag}.json",
+                               log=f"daemon-{tag}.log", cwd=cwd)
+                try:
+                    if rev:
+                        print(f"  {rev_tree.label} (cwd {d.proc_cwd()})", flush=True)
+                    m = measure(d, duration, args.max_hold if hot_regions else None, args.interval)
+                    rc = d.stop()
+                    if rc != 0:
+                        raise DaemonFailed(f"daemon exited {rc} on SIGTERM:\n{d.log_tail(20)}")
+                finally:
+                    d.stop()
+                m.update(label=name, rev=rev, size=size, extents=extents, hot_regions=hot_regions,
+                         hot_size=hot_size, cached=cached, duration=duration)
+                print_case(m)
+                results.append(m)
     finally:
-        if proc is not None:
-            stop_daemon(proc)
         shutil.rmtree(tmp, ignore_errors=True)
-    m.update(label=label, size=size, extents=extents, hot_regions=hot_regions,
-             hot_size=hot_size, cached=cached, duration=duration)
+    return results
+
+
+def print_case(m: dict) -> None:
     mm = m["mem_max"]
     print(f"    {m['cycles']} cycles: CPU {m['cpu_percent']:.3f} % (user "
           f"{m['cpu_user_percent']:.2f}, sys {m['cpu_sys_percent']:.2f}) "
@@ -317,7 +295,6 @@ def run_case(label: str, size: int, extents: int, hot_regions: int, hot_size: in
           f"VmHWM {mm['VmHWM'] / MiB:.1f} MiB, resident seen "
           f"{format_size(statistics.median(m['resident'])) if m['resident'] else '?'}",
           flush=True)
-    return m
 
 
 # -- report -------------------------------------------------------------------
@@ -362,6 +339,26 @@ def verdicts(r: dict) -> list[tuple[str, bool, str]]:
     ]
 
 
+COMPARED = (("CPU", lambda r: r["cpu_percent"]), ("cycle median", lambda r: r["cycle_median"]),
+            ("cycle max", lambda r: r["cycle_max"]),
+            ("RssAnon max", lambda r: r["mem_max"]["RssAnon"]),
+            ("VmHWM", lambda r: r["mem_max"]["VmHWM"]))
+
+
+def compare_text(results: list[dict], rev: str, sha: str) -> str:
+    """--compare-rev: each case's current figures ÷ those of REV's daemon on the same state."""
+    out = [f"Side by side with `{rev}` ({sha[:10]}): the same case, cached state and arguments, "
+           f"the daemon of {rev} right after the current one (current ÷ {rev}, < 1 is cheaper now):",
+           ""]
+    for cur, old in zip(results, results[1:]):
+        if cur["rev"] or not old["rev"]:
+            continue
+        parts = [f"{name} {f(cur) / f(old):.2f}" if f(old) else f"{name} —"
+                 for name, f in COMPARED]
+        out.append(f"- {cur['label']}: " + ", ".join(parts) + ".")
+    return "\n".join(out)
+
+
 def verdict_text(results: list[dict]) -> str:
     out = []
     for r in results:
@@ -376,6 +373,7 @@ def verdict_text(results: list[dict]) -> str:
 def draw_chart(results: list[dict], path: str) -> None:
     from PIL import Image, ImageDraw, ImageFont
 
+    results = [r for r in results if not r.get("rev")]     # --compare-rev: in the table only
     scaling = [r for r in results if not r["hot_regions"]]
     held = [r for r in results if r["hot_regions"]]
     if not scaling:
@@ -522,8 +520,12 @@ def main() -> int:
     ap.add_argument("--png", metavar="FILE",
                     help=f"where the chart goes (default {os.path.relpath(PNG, ROOT)}; "
                          "with --no-write, only when given)")
-    ap.add_argument("--no-write", action="store_true",
+    ap.add_argument("--no-write", "--no-doc", dest="no_write", action="store_true",
                     help="do not update docs/benchmarks.md (nor the default PNG)")
+    ap.add_argument("--compare-rev", metavar="REV",
+                    help="also run, in every case and on the same cached state, the daemon of "
+                         "commit REV (from a temporary git worktree, removed afterwards) and "
+                         "report the ratio current / REV")
     args = ap.parse_args()
     args.max_hold_text = args.max_hold
     args.max_hold = parse_size(args.max_hold)
@@ -535,21 +537,27 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
 
     results = []
-    for size in sizes:
-        ext = scaled_extents(size, args.extents)
-        results.append(run_case(f"{format_size(size)}iB scattered", size, ext, 0, 0, args))
-    if args.held_case:
-        size = max(sizes)
-        ext = scaled_extents(size, args.extents)
-        results.append(run_case(f"{format_size(size)}iB budget full", size, ext,
-                                args.hot_regions, args.hot_size, args))
+    with contextlib.ExitStack() as stack:
+        tree = None
+        if args.compare_rev:
+            tree = stack.enter_context(rev_worktree(args.compare_rev))
+            print(f"--compare-rev {args.compare_rev}: {tree.sha[:10]} in {tree.path}; python -m "
+                  f"vmdisktouch there imports {tree.check_imports()}", flush=True)
+        for size in sizes:
+            ext = scaled_extents(size, args.extents)
+            results += run_case(f"{format_size(size)}iB scattered", size, ext, 0, 0, args, tree)
+        if args.held_case:
+            size = max(sizes)
+            ext = scaled_extents(size, args.extents)
+            results += run_case(f"{format_size(size)}iB budget full", size, ext,
+                                args.hot_regions, args.hot_size, args, tree)
     for r in results:
         r["interval"] = args.interval
         r["max_hold_text"] = args.max_hold_text
 
     command = "python benchmarks/bench_daemon_cost.py " + " ".join(sys.argv[1:])
     biggest = max(r["size"] for r in results)
-    headline = [r for r in results if r["size"] == biggest]
+    headline = [r for r in results if r["size"] == biggest and not r["rev"]]
     md = (
         "## Daemon cost: `vmdisktouch run` from 1 GiB to 1 TiB\n\n"
         + provenance(command.strip()) + "\n"
@@ -575,6 +583,7 @@ def main() -> int:
         + table(results) + "\n\n"
         + "Targets (issue #5, section 2; measured ÷ target, ≤ 1 is met):\n\n"
         + verdict_text(results) + "\n\n"
+        + (compare_text(results, args.compare_rev, tree.sha) + "\n\n" if tree else "")
         + "![cycle time, RSS and CPU against image size](img/daemon_cost.png)\n")
     print()
     print(md)
