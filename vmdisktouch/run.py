@@ -180,14 +180,14 @@ def _start(args, sig: LoopSignals) -> int:
 
 
 def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
-    from vmdisktouch.daemon import DiskWatcher  # numpy only once the settings are good
+    from vmdisktouch.build import build  # numpy only once the settings are good
     dog = _Watchdog()
 
     def pace(seconds: float) -> bool:     # the holder's sleep between paced loads
         dog.ping()
         return sig.sleep(min(seconds, dog.slice))
 
-    watcher = DiskWatcher(image, config, sleep=pace, out=outputs.Outputs(protected))
+    watcher = build(image, config, sleep=pace, out=outputs.Outputs(protected))
     domain = None
     try:
         if args.uri:

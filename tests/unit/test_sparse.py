@@ -19,13 +19,13 @@ def test_merged_keeps_both_sets_and_the_newer_value_where_both_have_one():
 
 def test_runs_are_the_maximal_runs_of_consecutive_blocks():
     assert sparse([3, 4, 5, 9, 11, 12], [0] * 6).runs() == [(3, 6), (9, 10), (11, 13)]
-    assert _Sparse.empty().runs() == []
+    assert Sparse.empty().runs() == []
 
 
 def test_dense_and_below_follow_the_map_size():
     s = sparse([1, 4, 8], [0.25, 0.5, 1.0])
     assert s.dense(10).tolist() == [0, 0.25, 0, 0, 0.5, 0, 0, 0, 1.0, 0]
     assert s.below(8).blocks.tolist() == [1, 4]
-    assert _Sparse.empty().dense(4) is None
-    assert _Sparse.empty().dense(4, always=True).tolist() == [0, 0, 0, 0]
+    assert Sparse.empty().dense(4) is None
+    assert Sparse.empty().dense(4, always=True).tolist() == [0, 0, 0, 0]
     assert s.where(s.values > 0.3).blocks.tolist() == [4, 8]

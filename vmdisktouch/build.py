@@ -1,0 +1,71 @@
+"""The one wiring place: ``build`` makes every part of a disk's cycle and connects them.
+
+Each part gets its dependencies here and nowhere else: the clock, the
+``MemAvailable`` reader, the sleep that paces loads (the stop event's wait),
+the output paths, the memory-cgroup reader. Tests and benchmarks call
+``build`` with fakes at these seams; ``run`` calls it with the real ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from vmdisktouch.adapters import outputs as outputs_mod
+from vmdisktouch.core.policy import Policy, PolicyParams
+from vmdisktouch.record import Recorder
+from vmdisktouch.recharge import Recharger
+from vmdisktouch.report import Emitter
+from vmdisktouch.system import meminfo, residency
+from vmdisktouch.system.charge_tracker import ChargeTracker
+from vmdisktouch.system.checksums import BlockChecksums
+from vmdisktouch.system.holder import Holder
+from vmdisktouch.system.image import Image
+from vmdisktouch.system.residency_tracker import ResidencyTracker
+from vmdisktouch.watcher import DiskWatcher
+
+log = logging.getLogger("vmdisktouch")
+
+
+def memcg_reader(reader="auto"):
+    """The memory-cgroup reader to use, or None (logged once) where it cannot work."""
+    if reader != "auto":
+        return reader
+    from vmdisktouch.system import memcg
+    reader = memcg.MemcgReader()
+    if not reader.available:
+        log.info("not checking whose memory cgroup the held pages are charged to: %s",
+                 reader.reason)
+        reader.close()
+        return None
+    return reader
+
+
+def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
+          mem_available: Callable[[], int] = meminfo.mem_available,
+          sleep: Callable[[float], object] = time.sleep,
+          out: outputs_mod.Outputs | None = None, memcg="auto") -> DiskWatcher:
+    """A ``DiskWatcher`` for ``image`` with ``config``, every part made and connected."""
+    bs = config.block_size
+    residency.validate_block_size(bs)
+    # Unreadable MemAvailable reads as 0: nothing is loaded and, with a
+    # floor, everything is shed (the floor cannot be checked).
+    mem_available = meminfo.FailSafe(mem_available)
+    if out is None:
+        out = outputs_mod.Outputs([outputs_mod.Protected.of_fd(
+            image.fd, f"the disk image {image.path}")])
+    nblocks = -(-image.size // bs)
+    holder = Holder(image, bs, config.max_hold, config.min_free,
+                    mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
+    charges = ChargeTracker(memcg_reader(memcg), bs, nblocks)
+    return DiskWatcher(
+        image, config,
+        policy=Policy(nblocks, PolicyParams.of(config), sparse_file=image.is_regular),
+        holder=holder,
+        sums=BlockChecksums(image, bs),
+        tracker=ResidencyTracker(image, bs),
+        recharger=Recharger(holder, charges, config, image.path),
+        emitter=Emitter(config, out),
+        clock=clock, mem_available=mem_available,
+        recorder=Recorder.from_env(config, image.is_regular))

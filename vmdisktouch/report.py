@@ -1,0 +1,96 @@
+"""Emit: a cycle's report as the status JSON, the two PNGs and one log line.
+
+Every file goes through ``adapters.outputs`` (checked paths, atomic
+replacement, a failed write logged and counted, never fatal). PIL is
+imported only when a PNG is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from vmdisktouch.sizes import format_size
+
+log = logging.getLogger("vmdisktouch")
+
+
+@dataclass
+class CycleReport:
+    cycle: int
+    cycle_seconds: float
+    held_bytes: int
+    resident_bytes: int
+    regions: list[tuple[int, int]]          # byte ranges held
+    rewritten_blocks: int
+    rewritten_ranges: list[tuple[int, int]]  # byte ranges shown red
+    mem_available_bytes: int
+    loaded_bytes: int
+    released_bytes: int
+    skipped_bytes: int
+    size_bytes: int
+
+
+class Emitter:
+    """Writes what the configuration asks for, each cycle."""
+
+    def __init__(self, config, outputs):
+        self.config = config
+        self.outputs = outputs
+
+    def status_obj(self, r: CycleReport, *, path: str, domain_active, holding: bool,
+                   lock_cap, charges) -> dict:
+        c = self.config
+        return {
+            "path": path,
+            "cycle": r.cycle,
+            "cycle_seconds": round(r.cycle_seconds, 4),
+            "size_bytes": r.size_bytes,
+            "block_size": c.block_size,
+            "budget_bytes": c.max_hold,
+            "held_bytes": r.held_bytes,
+            "resident_bytes": r.resident_bytes,
+            "regions": [list(x) for x in r.regions],
+            "rewritten_blocks": r.rewritten_blocks,
+            "rewritten_ranges": [list(x) for x in r.rewritten_ranges],
+            "mem_available_bytes": r.mem_available_bytes,
+            "min_free_bytes": c.min_free,
+            "loaded_bytes": r.loaded_bytes,
+            "released_bytes": r.released_bytes,
+            "skipped_bytes": r.skipped_bytes,
+            "domain_active": domain_active,
+            "holding": holding,
+            "lock_cap_bytes": lock_cap,
+            "charges": charges,
+            "output_errors": self.outputs.errors,
+            "time": time.time(),
+        }
+
+    def emit(self, r: CycleReport, status: dict, resident: np.ndarray, held: np.ndarray,
+             policy) -> None:
+        c = self.config
+        if c.status:
+            self.outputs.write("status", c.status, (json.dumps(status, indent=2) + "\n").encode())
+        if c.heat_png or c.map_png:
+            from vmdisktouch.adapters import render  # PIL only when PNGs are asked for
+            n = held.size
+            layout = render.Layout.fit(n, blocks_per_pixel=c.blocks_per_pixel,
+                                       width=c.width, aspect=c.aspect, scale=c.scale)
+            if c.map_png:
+                red = np.zeros(n, dtype=bool)
+                red[policy.red.blocks] = True
+                image = render.block_map_image(resident, held, red, layout)
+                self.outputs.write("map_png", c.map_png, render.png_bytes(image))
+            if c.heat_png:
+                image = render.heat_image(policy.state.total, layout)
+                self.outputs.write("heat_png", c.heat_png, render.png_bytes(image))
+        log.info("cycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
+                 "loaded %s, released %s, MemAvailable %s, %.3fs",
+                 r.cycle, format_size(r.held_bytes), format_size(c.max_hold), len(r.regions),
+                 format_size(r.resident_bytes), r.rewritten_blocks, format_size(r.loaded_bytes),
+                 format_size(r.released_bytes), format_size(r.mem_available_bytes),
+                 r.cycle_seconds)

@@ -1,0 +1,186 @@
+"""One disk image's cycle: observe, decide, act, emit.
+
+Theory of operation
+-------------------
+``DiskWatcher.tick`` runs one cycle with the parts ``build`` made:
+
+1. Observe (``_observe``). Check the image is still the same file and
+   follow a size change. Scan residency into a per-block resident fraction
+   (``ResidencyTracker``: cachestat, then mincore of the ranges that
+   changed). Checksum the held blocks (``BlockChecksums``, ``pread``): the
+   fraction of each block's sixteen parts that changed is how much of it
+   the guest rewrote. Read the file's allocated size. Together: one
+   ``policy.Observation``.
+2. Decide. ``Policy.decide`` turns the observation and the policy's memory
+   into a ``Plan``: the target runs in priority order (``core/policy``
+   explains every rule). Its only question to the system is the probe for
+   holes (``Image.data_runs``).
+3. Act. ``Recharger.act`` hands the targets to the holder, which releases
+   first, then loads in priority order, never above the budget or below
+   the free-memory floor, and recharges held blocks charged to another
+   memory-limited cgroup beyond its cap. Blocks newly held are hashed at
+   once, so a write before the next cycle counts. ``Policy.settle`` learns
+   what is held now, the holes met and the blocks ceded.
+4. Emit. The status JSON and the PNGs are written atomically
+   (``report``); one log line.
+
+With ``VMDISKTOUCH_RECORD=FILE`` each cycle's observation and plan are
+also written to FILE (``record``): the golden traces of the policy tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+
+from vmdisktouch.core.policy import Observation, Policy, PolicyParams
+from vmdisktouch.core.runs import runs_to_mask
+from vmdisktouch.core.sparse import Sparse
+from vmdisktouch.recharge import Acted, Recharger
+from vmdisktouch.report import CycleReport, Emitter
+from vmdisktouch.sizes import format_size
+
+log = logging.getLogger("vmdisktouch")
+
+
+class DiskWatcher:
+    """Runs the vmdisktouch cycle on one open image (made by ``build.build``)."""
+
+    def __init__(self, image, config, *, policy: Policy, holder, sums, tracker,
+                 recharger: Recharger, emitter: Emitter, clock: Callable[[], float],
+                 mem_available: Callable[[], int], recorder=None):
+        self.image = image
+        self.config = config
+        self.block_size = config.block_size
+        self.policy = policy
+        self.holder = holder
+        self.sums = sums
+        self.tracker = tracker
+        self.recharger = recharger
+        self.emitter = emitter
+        self.clock = clock
+        self.mem_available = mem_available
+        self.recorder = recorder
+        self.cycle = 0
+        self.last_report: CycleReport | None = None
+        # False while the owning libvirt domain is shut off: hold nothing, keep scanning.
+        self.hold_enabled = True
+        self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
+        self._released_between = 0               # by a reload or a size change
+
+    @property
+    def outputs(self):
+        return self.emitter.outputs
+
+    @property
+    def state(self):
+        """The heat map (``policy.state``)."""
+        return self.policy.state
+
+    def reconfigure(self, config) -> int:
+        """Take new settings (SIGHUP) keeping the holds; returns the bytes released.
+
+        A smaller budget or a higher floor releases the lowest-priority regions
+        at once. The block size is the unit of every map: it cannot change
+        without a restart, so a new one is ignored with a warning.
+        """
+        if config.block_size != self.block_size:
+            log.warning("block_size cannot change on reload (%s stays; restart to change it)",
+                        format_size(self.block_size))
+            config = type(config)(config, block_size=self.block_size)
+        self.config = config
+        self.policy.params = PolicyParams.of(config)
+        self.recharger.config = config
+        self.emitter.config = config
+        self.holder.load_rate = config.load_rate
+        released = self.holder.set_budget(config.max_hold, config.min_free)
+        self._released_between += released
+        return released
+
+    # -- the cycle --------------------------------------------------------
+
+    def tick(self) -> CycleReport:
+        t0 = self.clock()
+        obs, resident_bytes = self._observe(t0)
+        probe = self._probe if not self.recorder else self.recorder.probe(self._probe)
+        plan = self.policy.decide(obs, probe)
+        acted = self.recharger.act(plan, obs.held, t0, holding=obs.holding)
+        self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
+        if acted.result.loaded_bytes:        # hashed now: a write before the next cycle counts
+            self.sums.baseline(np.flatnonzero(acted.held & ~obs.held), self.image.size)
+        self.cycle += 1
+        report = self._report(t0, obs, acted, resident_bytes)
+        if self.recorder:
+            self.recorder.write(obs, plan, acted, self.policy)
+        self.emitter.emit(report, self.status_obj(report), obs.resident, acted.held,
+                          self.policy)
+        return report
+
+    def _observe(self, now: float) -> tuple[Observation, int]:
+        self.image.check_identity()
+        self._follow_size()
+        n = self.policy.nblocks
+        res = self.tracker.scan(self.image.size)
+        held = runs_to_mask(self.holder.held_runs(), n)
+        held_blocks = np.flatnonzero(held)
+        part = self.sums.update(held_blocks, self.image.size, skip_unwritten=True)
+        hit = part > 0
+        obs = Observation(now, res.fraction(), held, Sparse(held_blocks[hit], part[hit]),
+                          self.image.allocation(), self.hold_enabled)
+        return obs, res.resident_pages * res.page_size
+
+    def _probe(self, run):
+        return self.image.data_runs(run, self.block_size)
+
+    def _follow_size(self) -> None:
+        before = self.image.size
+        size = self.image.refresh_size()
+        if size == before:
+            return
+        old, new = format_size(before), format_size(size)
+        if old == new:
+            old, new = f"{before} bytes", f"{size} bytes"
+        log.warning("%s: size changed from %s to %s; adapting", self.image.path, old, new)
+        self._released_between += self.holder.resize(size)
+        n = -(-size // self.block_size)
+        self.policy.resize(n)
+        self.sums.resize(n)
+        self.recharger.charges.resize(n)
+
+    def _report(self, t0: float, obs: Observation, acted: Acted,
+                resident_bytes: int) -> CycleReport:
+        bs, size = self.block_size, self.image.size
+        released_between, self._released_between = self._released_between, 0
+        self.last_report = CycleReport(
+            cycle=self.cycle,
+            cycle_seconds=self.clock() - t0,
+            held_bytes=self.holder.held_bytes(),
+            resident_bytes=resident_bytes,
+            regions=[(s * bs, min(e * bs, size) - s * bs) for s, e in self.holder.held_runs()],
+            rewritten_blocks=int(obs.rewritten.blocks.size),
+            rewritten_ranges=[(s * bs, min(e * bs, size) - s * bs)
+                              for s, e in self.policy.red.runs()],
+            mem_available_bytes=self.mem_available(),
+            loaded_bytes=acted.result.loaded_bytes,
+            released_bytes=acted.released_bytes + released_between,
+            skipped_bytes=acted.result.skipped_bytes,
+            size_bytes=size,
+        )
+        return self.last_report
+
+    def status_obj(self, r: CycleReport) -> dict:
+        return self.emitter.status_obj(
+            r, path=self.image.path, domain_active=self.domain_active,
+            holding=self.hold_enabled, lock_cap=self.holder.lock_cap,
+            charges=self.recharger.charges.status())
+
+    def close(self) -> None:
+        if self.recorder:
+            self.recorder.close()
+        self.holder.release_all()
+        self.holder.close()
+        self.sums.close()
+        self.recharger.close()
+
