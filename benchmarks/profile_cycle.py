@@ -33,7 +33,8 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from benchmarks.cached_state import cached  # noqa: E402
-from vmdisktouch import daemon, settings  # noqa: E402
+from vmdisktouch import settings  # noqa: E402
+from vmdisktouch.build import build  # noqa: E402
 from vmdisktouch.system.image import open_image  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
@@ -51,9 +52,8 @@ def profile(path: str, a: argparse.Namespace) -> None:
     watcher = None
     try:
         cfg = settings.resolve({"path": path, "max_hold": a.max_hold, "interval": a.interval})
-        watcher = daemon.DiskWatcher(open_image(path), cfg)
         now = [0.0]
-        watcher.clock = lambda: now[0]
+        watcher = build(open_image(path), cfg, clock=lambda: now[0])
 
         def tick():
             now[0] += a.interval
