@@ -193,10 +193,13 @@ class Bench:
             daemon = None
             if name in DAEMONS:
                 extra = (a.tuned_args if name == "tuned" else a.daemon_args).split()
+                # 'rev' runs REV's code from its worktree; every daemon has its own status
+                # file (no stale status from the scenario before); --keep-log copies daemon.log
                 cwd = self.rev_tree.path if name == "rev" else ROOT
                 daemon = DaemonProc(self.tmp, self.image, *extra, max_hold=self.budget,
                                     interval=a.interval, cwd=cwd,
-                                    status="status.json" if name == "vmdisktouch" else f"status-{name}.json",
+                                    status="status.json" if name == "vmdisktouch"
+                                    else f"status-{name}.json",
                                     log="daemon-rev.log" if name == "rev" else "daemon.log")
                 self.live.append(daemon)
                 holders = [daemon]
