@@ -545,23 +545,15 @@ def test_holes_of_a_sparse_file_are_not_held_and_written_holes_are_held_next(tmp
         os.close(fd)
 
 
-def test_a_block_device_is_held_whole(tmp_path, holders):
+def test_a_block_device_is_held_whole(loop_device_of, holders):
     """Block devices have no holes to skip: a loop device over a sparse file is held as asked."""
-    import shutil
-    backing = make_image(tmp_path / "loop.raw", 16 * MiB)
-    losetup = shutil.which("losetup")
-    assert losetup, "losetup is not installed: run `make test`"
-    dev = subprocess.run([losetup, "--find", "--show", backing], check=True,
-                         capture_output=True, text=True).stdout.strip()
+    dev = loop_device_of(16 * MiB)
+    fd = os.open(dev, os.O_RDONLY)
     try:
-        fd = os.open(dev, os.O_RDONLY)
-        try:
-            h = holders(fd, 16 * MiB)
-            assert not h.skip_holes
-            h.apply([(2, 6)])
-            assert h.held_runs() == [(2, 6)] and h.held_bytes() == 4 * MiB
-            h.release_all()
-        finally:
-            os.close(fd)
+        h = holders(fd, 16 * MiB)
+        assert not h.skip_holes
+        h.apply([(2, 6)])
+        assert h.held_runs() == [(2, 6)] and h.held_bytes() == 4 * MiB
+        h.release_all()
     finally:
-        subprocess.run([losetup, "-d", dev], check=False)
+        os.close(fd)

@@ -235,15 +235,8 @@ def test_raw_image_that_merely_mentions_the_magic_later_is_raw(tmp_path):
 
 
 @pytest.fixture
-def loop_device(tmp_path):
-    require_tool("losetup")
-    backing = make_image(tmp_path / "loop.raw", 48 * MiB + 3 * PAGE)
-    dev = subprocess.run(["losetup", "-f", "--show", backing], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=True)
+def loop_device(loop_device_of):
+    return loop_device_of(48 * MiB + 3 * PAGE)
 
 
 def test_block_device_size(loop_device):

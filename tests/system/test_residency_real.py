@@ -18,13 +18,11 @@ brings nothing into the cache. Files live under pytest's ``tmp_path``.
 from __future__ import annotations
 
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
-from tests.pagecache import (PAGE, evict, fincore_pages, held, make_image, read_range,
-                             require_tool, vmtouch_pages)
+from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, vmtouch_pages
 from vmdisktouch.system import libc, residency
 from vmdisktouch.system.image import size_of_fd
 
@@ -132,16 +130,9 @@ def test_sparse_with_a_few_cached_extents(tmp_path):
 
 
 @pytest.fixture
-def loop_device(tmp_path):
+def loop_device(loop_device_of):
     """A 64 MiB loop device over a sparse file; always detached."""
-    require_tool("losetup")
-    backing = make_image(tmp_path / "loop.raw", 64 * MiB)
-    dev = subprocess.run(["losetup", "-f", "--show", backing], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=True)
+    return loop_device_of(64 * MiB)
 
 
 def test_loop_block_device_partly_read(loop_device):

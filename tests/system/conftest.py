@@ -1,0 +1,27 @@
+"""Fixtures shared by the system tests."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.pagecache import make_image, require_tool
+
+
+@pytest.fixture
+def loop_device_of(tmp_path):
+    """Makes loop devices over new sparse files of a given size; all detached at teardown."""
+    losetup = require_tool("losetup")
+    made: list[str] = []
+
+    def make(size: int) -> str:
+        backing = make_image(tmp_path / f"loop{len(made)}.raw", size)
+        dev = subprocess.run([losetup, "--find", "--show", backing], check=True,
+                             capture_output=True, text=True).stdout.strip()
+        made.append(dev)
+        return dev
+
+    yield make
+    for dev in made:
+        subprocess.run([losetup, "-d", dev], check=True)
