@@ -20,8 +20,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+import pytest
+
+from tests.pagecache import data_image, evict
 from tools.common import ROOT
-from tests.pagecache import evict
 
 MiB = 1 << 20
 EX_NOINPUT, EX_TEMPFAIL, EX_CONFIG = 66, 75, 78
@@ -38,6 +40,17 @@ class Fault:
 
 
 TABLE: list[Fault] = []
+
+
+def rows_of(module: str) -> list[Fault]:
+    """The rows one test module registered (its ``__name__``)."""
+    return [f for f in TABLE if f.check.__module__ == module]
+
+
+@pytest.fixture
+def image(tmp_path):
+    """The image every row runs on: 32 MiB of data, out of the page cache."""
+    return data_image(tmp_path / "disk.img", 32 * MiB)
 
 
 def fault(id: str, fault: str, promise: str, observed: str, case: str = ""):

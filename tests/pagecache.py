@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 
+from tools.images import evict  # noqa: F401 - the tests' evict too
 from vmdisktouch.system import libc
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -46,18 +47,6 @@ def data_image(path, size: int) -> str:
     path = make_image(path, size, sparse=False)
     evict(path)
     return path
-
-
-def evict(path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def read_range(path, offset: int, length: int, *, direct_readahead: bool = False) -> None:

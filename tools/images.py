@@ -52,9 +52,9 @@ def make_image(path: str, size: int, chunk: int = 16 * MiB, progress=None) -> st
     return path
 
 
-def evict(path: str) -> None:
+def evict(path) -> None:
     """Drop a file's clean page cache (fsync first: dirty pages are not dropped)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(str(path), os.O_RDONLY)
     try:
         try:
             os.fsync(fd)

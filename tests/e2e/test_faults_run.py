@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.faultkit import EX_TEMPFAIL, MiB, TABLE, Untouched, assert_clean, fault
+from tests.faultkit import EX_TEMPFAIL, MiB, Untouched, assert_clean, fault, rows_of
+from tests.faultkit import image  # noqa: F401 - the rows' fixture
 from tests.pagecache import data_image, read_range, require_tool
 from tools.common import ROOT
 from tools.daemon_proc import DaemonProc
@@ -649,14 +650,9 @@ def _(tmp_path, image):
 
 # -- the table's own tests ----------------------------------------------------------------
 
-ROWS = [f for f in TABLE if f.check.__module__ == __name__]
+ROWS = rows_of(__name__)
 CHANGES_IMAGE = {"image-deleted", "image-replaced", "image-truncated-to-zero",
                  "image-grows-1g", "checksums-keep-atime", "image-shrinks-before-lock"}
-
-
-@pytest.fixture
-def image(tmp_path):
-    return data_image(tmp_path / "disk.img", 32 * MiB)
 
 
 @pytest.mark.timeout(180)

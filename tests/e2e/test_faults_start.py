@@ -14,8 +14,9 @@ import subprocess
 
 import pytest
 
-from tests.faultkit import (EX_CONFIG, EX_NOINPUT, MiB, TABLE, Untouched, assert_refused,
-                            fault, vmdt)
+from tests.faultkit import (EX_CONFIG, EX_NOINPUT, MiB, Untouched, assert_refused, fault,
+                            rows_of, vmdt)
+from tests.faultkit import image  # noqa: F401 - the rows' fixture
 from tests.pagecache import data_image, require_tool
 
 RUN = ("run", "--uri", "", "--min-free", "0", "--interval", "0.2")
@@ -305,12 +306,7 @@ def _(tmp_path, image):
 
 # -- the table's own tests ----------------------------------------------------------------
 
-ROWS = [f for f in TABLE if f.check.__module__ == __name__]
-
-
-@pytest.fixture
-def image(tmp_path):
-    return data_image(tmp_path / "disk.img", 32 * MiB)
+ROWS = rows_of(__name__)
 
 
 @pytest.mark.timeout(120)
