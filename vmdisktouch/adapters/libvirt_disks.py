@@ -252,20 +252,29 @@ def domain_disks(dom, *, with_units: bool = True) -> list[Disk]:
     return parse_domain_xml(dom.XMLDesc(0), state=state, active=active, with_units=with_units)
 
 
-def list_disks(conn, *, with_units: bool = True) -> list[Disk]:
-    """Every disk of every domain (active and inactive), sorted by domain and target."""
+def _domains_and_disks(conn, *, with_units: bool):
+    """(virDomain, its disks) for every domain, active and inactive.
+
+    A domain that vanished between the listing and the reading is skipped.
+    """
     libvirt = import_libvirt()
     try:
         domains = conn.listAllDomains(0)
     except libvirt.libvirtError as exc:
         raise LibvirtError(f"cannot list domains: {libvirt_message(exc)}") from None
-    out = []
     for dom in domains:
         try:
-            out.extend(domain_disks(dom, with_units=with_units))
+            disks = domain_disks(dom, with_units=with_units)
         except libvirt.libvirtError as exc:
-            # the domain vanished between listing and reading it: skip it
             log.debug("skipping a domain: %s", libvirt_message(exc))
+            continue
+        yield dom, disks
+
+
+def list_disks(conn, *, with_units: bool = True) -> list[Disk]:
+    """Every disk of every domain (active and inactive), sorted by domain and target."""
+    out = [disk for _, disks in _domains_and_disks(conn, with_units=with_units)
+           for disk in disks]
     out.sort(key=lambda d: (d.domain, d.target))
     return out
 
@@ -276,17 +285,8 @@ def find_disk_owners(conn, path: str) -> list[tuple[object, Disk]]:
     Matches by realpath, and by inode (files) or device number (block devices),
     so a symlink or a /dev/disk/by-* alias finds the owner too.
     """
-    libvirt = import_libvirt()
-    try:
-        domains = conn.listAllDomains(0)
-    except libvirt.libvirtError as exc:
-        raise LibvirtError(f"cannot list domains: {libvirt_message(exc)}") from None
     found = []
-    for dom in domains:
-        try:
-            disks = domain_disks(dom, with_units=False)
-        except libvirt.libvirtError:
-            continue
+    for dom, disks in _domains_and_disks(conn, with_units=False):
         for disk in disks:
             if disk.source and disk.type in ("file", "block") and same_file(disk.source, path):
                 found.append((dom, disk))
