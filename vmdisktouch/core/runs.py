@@ -138,3 +138,15 @@ def diff_runs(held: list[Run], pieces: list[Run]) -> tuple[list[Run], list[Run]]
     to_release = [p for run in held for p in subtract(run, union)]
     to_load = [p for run in pieces for p in subtract(run, held)]
     return to_release, to_load
+
+
+def lowest_first(order: list[Run], held: list[Run]) -> list[Run]:
+    """The ``held`` runs in shedding order: lowest priority first, highest blocks first.
+
+    ``order``: the target pieces in priority order; held blocks outside every
+    target come first of all.
+    """
+    ranked = [piece for run in reversed(order) for piece in reversed(intersect(run, held))]
+    covered = merge_runs(ranked)
+    stray = [p for run in held for p in subtract(run, covered)]
+    return sorted(stray, reverse=True) + ranked

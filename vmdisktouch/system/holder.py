@@ -42,9 +42,8 @@ budget. ``apply`` turns what is held now into that target:
    ``mem_available() - chunk >= min_free``. ``MemAvailable`` is read again
    once a chunk's worth (``CHUNK_BYTES``) has been locked since the last
    read; in between, what was locked is subtracted from it (``pacing``).
-   A chunk that does not fit is cut
-   to the whole blocks that fit; if not even one block fits, loading stops
-   and everything not loaded in this call is reported as ``skipped_bytes``.
+   A chunk that does not fit is cut to the whole blocks that fit; if not
+   even one fits, loading stops and the rest is ``skipped_bytes``.
    The held total therefore never exceeds ``max_hold``, not even for one
    chunk in the middle of a cycle.
 5. Floor shedding. After loading, while ``mem_available() < min_free``, the
@@ -55,14 +54,11 @@ budget. ``apply`` turns what is held now into that target:
    so ``MemAvailable`` rises at once. ``set_budget`` uses the same ordering to
    cut down to a new, smaller budget immediately.
 
-Mappings. Every held piece is its own mapping (``mappings``: map, lock,
-merge, split, unmap). The holder keeps at most ``MAX_SEGMENTS`` (4096,
-about 6 % of the default ``vm.max_map_count`` 65530) mappings; a piece
-that would need one more is skipped (and counted in ``skipped_bytes``),
-which only happens with thousands of tiny scattered regions. A target run
-made of more than ``MAX_PIECES_PER_RUN`` (4) adjacent mappings is merged
-into one. ``held_bytes`` is the sum of the mapping lengths: exactly what is
-locked and what ``VmLck`` shows for these mappings.
+Mappings. Every held piece is its own mapping (``mappings``), at most
+``MAX_SEGMENTS`` (4096, about 6 % of the default ``vm.max_map_count``); a
+piece that would need one more is skipped (counted in ``skipped_bytes``).
+More than ``MAX_PIECES_PER_RUN`` (4) adjacent mappings of a target run are
+merged into one. ``held_bytes`` is what is locked, as ``VmLck`` shows it.
 
 Truncation. Touching a mapping beyond the end of the file raises SIGBUS.
 The holder never reads through its mappings (checksums use ``pread``, see
@@ -86,20 +82,18 @@ limit (systemd: ``LimitMEMLOCK=infinity``) or grant ``CAP_IPC_LOCK``.
 
 Holes. A hole of a sparse regular file (or an unwritten extent) reads as
 zeros without any disk I/O, so holding it would spend the budget on
-nothing. ``apply`` cuts every target piece to the blocks that hold data,
-found by ``Image.data_runs`` (``lseek(SEEK_DATA/SEEK_HOLE)``, a few calls
-per region). A block with any data is held whole. A hole the guest
-writes later is data at the next cycle and is loaded then. ``last_holes``
-tells the daemon which target blocks were holes, so that it can give their
-share of the budget to data (see ``daemon``). Measured on a
-1 TiB sparse image with 1000 cached 1 MiB extents: the region shoulders the
+nothing. ``apply`` cuts every target piece to the blocks that hold data
+(``Image.data_runs``); a block with any data is held whole. A hole the
+guest writes later is data at the next cycle and is loaded then.
+``last_holes`` tells the caller which target blocks were holes, so that it
+can give their share of the budget to data. Measured on a 1 TiB sparse image with 1000 cached 1 MiB extents: the region shoulders the
 smoothing adds around each extent are holes there, and zero-filling them for
 ``mlock`` was most of the daemon's system time (docs/benchmarks.md,
 daemon-cost-profile). Block devices (``Image.is_regular`` False: ``skip_holes``
 off) are taken as all data.
 
-The run arithmetic (priority pieces, the diff of held vs target) is
-``core.runs``; the clock and ``sleep`` are passed in.
+The run arithmetic (priority pieces, the diff of held vs target, the shed
+order) is ``core.runs``; the clock and ``sleep`` are passed in.
 """
 
 from __future__ import annotations
@@ -109,7 +103,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from vmdisktouch.core.runs import (Run, clip_runs, diff_runs, intersect, merge_runs, page_round,
+from vmdisktouch.core.runs import (Run, clip_runs, diff_runs, lowest_first, page_round,
                                    priority_pieces, subtract)
 from vmdisktouch.errors import ClosedError, LockLimitError, SyscallError
 from vmdisktouch.system import files, libc
@@ -340,7 +334,7 @@ class Holder:
             while pos < b:
                 n = min(self.chunk_blocks, b - pos)
                 nbytes = maps.offset_in(a, pos + n, length) - seg.length
-                cold = self._uncached_bytes(a * bs + seg.length, nbytes)
+                cold = self._cachestat.uncached_bytes(a * bs + seg.length, nbytes)
                 if cold and not pace.wait():
                     keep_going = False
                     break
@@ -381,31 +375,12 @@ class Holder:
         """The most the holder may lock now: the budget, or less after a lock refusal."""
         return self.max_hold if self.lock_cap is None else min(self.max_hold, self.lock_cap)
 
-    def _uncached_bytes(self, offset: int, length: int) -> int:
-        """Bytes of the range not in the page cache (all of them without cachestat)."""
-        if not self._cachestat.available:
-            return length
-        try:
-            cached = self._cachestat.nr_cache(offset, length) * libc.PAGE_SIZE
-        except SyscallError:
-            return length
-        return max(length - cached, 0)
-
     # -- shedding ----------------------------------------------------------
-
-    def _lowest_first(self) -> list[Run]:
-        """Held block runs, lowest priority first; within a run, highest blocks first."""
-        held = self.held_runs()
-        ranked = [piece for run in reversed(self._order)
-                  for piece in reversed(intersect(run, held))]
-        covered = merge_runs(ranked)
-        stray = [p for run in held for p in subtract(run, covered)]
-        return sorted(stray, reverse=True) + ranked   # held outside every target: first to go
 
     def _release_lowest(self, nbytes: int) -> int:
         """Release at least ``nbytes`` (whole blocks) of the lowest-priority holds."""
         released = 0
-        for a, b in self._lowest_first():
+        for a, b in lowest_first(self._order, self.held_runs()):
             if released >= nbytes:
                 break
             need_blocks = -(-(nbytes - released) // self.block_size)
@@ -423,4 +398,3 @@ class Holder:
             log.info("holder: MemAvailable below the floor; shed %d bytes of the lowest-priority "
                      "regions", released)
         return released
-

@@ -35,22 +35,21 @@ _CACHESTAT_NR = {"x86_64": 451, "aarch64": 451, "riscv64": 451}
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
-_mmap_fn = _libc.mmap
-_mmap_fn.restype = ctypes.c_void_p
-_mmap_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                     ctypes.c_int, ctypes.c_long]
-_munmap_fn = _libc.munmap
-_munmap_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_mincore_fn = _libc.mincore
-_mincore_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_mlock_fn = _libc.mlock
-_mlock_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_munlock_fn = _libc.munlock
-_munlock_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_madvise_fn = _libc.madvise
-_madvise_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_fstatfs_fn = _libc.fstatfs
-_fstatfs_fn.argtypes = [ctypes.c_int, ctypes.c_void_p]
+
+def _bind(name: str, *argtypes, restype=ctypes.c_int):
+    fn = getattr(_libc, name)
+    fn.argtypes, fn.restype = list(argtypes), restype
+    return fn
+
+
+_void_p, _size_t, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+_mmap_fn = _bind("mmap", _void_p, _size_t, _int, _int, _int, ctypes.c_long, restype=_void_p)
+_munmap_fn = _bind("munmap", _void_p, _size_t)
+_mincore_fn = _bind("mincore", _void_p, _size_t, _void_p)
+_mlock_fn = _bind("mlock", _void_p, _size_t)
+_munlock_fn = _bind("munlock", _void_p, _size_t)
+_madvise_fn = _bind("madvise", _void_p, _size_t, _int)
+_fstatfs_fn = _bind("fstatfs", _int, _void_p)
 _syscall_fn = _libc.syscall
 _syscall_fn.restype = ctypes.c_long
 
@@ -157,6 +156,16 @@ class CacheStatCaller:
         if _syscall_fn(self._nr, self.fd, self._range_ref, self._stat_ref, 0) != 0:
             _fail("cachestat", f"offset {offset}, length {length}")
         return self._stat.nr_cache
+
+    def uncached_bytes(self, offset: int, length: int) -> int:
+        """Bytes of the range not in the page cache: all of them when cachestat cannot tell."""
+        if not self.available:
+            return length
+        try:
+            cached = self.nr_cache(offset, length) * PAGE_SIZE
+        except SyscallError:
+            return length
+        return max(length - cached, 0)
 
     def record(self, offset: int, length: int) -> tuple[int, int, int, int, int]:
         """(cached, dirty, writeback, evicted, recently evicted) pages of the range."""
