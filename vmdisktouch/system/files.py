@@ -2,8 +2,9 @@
 
 ``lseek`` (``SEEK_DATA``/``SEEK_HOLE``), ``posix_fadvise`` (``WILLNEED`` in
 pieces, ``DONTNEED``, ``RANDOM``, ``NORMAL``), ``pread``/``preadv``,
-``fstat`` and the ``O_NOATIME`` open are called here and nowhere else in
-the package; the calls through ctypes are in ``libc``. A failure becomes a
+``fstat`` and the ``O_NOATIME`` open of the OS layer are called here and
+nowhere else (the adapters stat their own output files); the calls through
+ctypes are in ``libc``. A failure becomes a
 project exception (``errors.syscall_error``) here, once; advice is advice
 only, and its failure is ignored.
 """

@@ -68,6 +68,9 @@ from typing import Callable
 
 import numpy as np
 
+from vmdisktouch.errors import SyscallError
+from vmdisktouch.system import files
+
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PFN_MASK = (1 << 55) - 1
 PRESENT = 1 << 63
@@ -179,8 +182,8 @@ class MemcgReader:
         if fd is None or pages <= 0:
             return out
         try:
-            data = os.pread(fd, pages * 8, addr // PAGE_SIZE * 8)
-        except OSError:
+            data = files.pread(fd, pages * 8, addr // PAGE_SIZE * 8)
+        except SyscallError:
             return out
         got = len(data) // 8
         out[:got] = np.frombuffer(data, dtype="<u8", count=got)
@@ -210,8 +213,8 @@ class MemcgReader:
         view = memoryview(buf).cast("B")
         for start, stop, b in zip(starts.tolist(), stops.tolist(), base.tolist()):
             try:
-                os.preadv(fd, [view[b * 8:(b + stop - start) * 8]], start * 8)
-            except OSError:
+                files.pread_into(fd, view[b * 8:(b + stop - start) * 8], start * 8)
+            except SyscallError:
                 pass                    # left 0: unknown
         first = np.zeros(q.size, dtype=np.int64)
         first[cut] = 1
