@@ -247,3 +247,28 @@ def test_block_device_size(loop_device):
     rec = json.loads(run_cli("--json", loop_device).stdout)[0]
     assert rec["kind"] == "block" and rec["size_bytes"] == 48 * MiB + 3 * PAGE
     assert rec["total_pages"] == 48 * MiB // PAGE + 3
+
+
+def test_the_image_keeps_size_kind_allocation_and_where_its_data_lies(tmp_path):
+    path = make_image(tmp_path / "sparse.raw", 16 * MiB)               # all hole
+    with open_image(path) as img:
+        assert img.is_regular and img.size == 16 * MiB
+        assert img.data_runs((0, 16), MiB) == []
+        empty = img.allocation()
+        with open(path, "r+b") as f:
+            f.seek(3 * MiB + PAGE)
+            f.write(b"x" * PAGE)
+            f.flush()
+            os.fsync(f.fileno())
+        assert img.data_runs((0, 16), MiB) == [(3, 4)]                 # a block with data: whole
+        assert img.allocation() > empty
+        os.truncate(path, 2 * MiB)
+        assert img.size == 16 * MiB                                    # kept until refreshed
+        assert not img.covers(3 * MiB) and img.covers(2 * MiB)
+        assert img.refresh_size() == img.size == 2 * MiB
+        assert img.data_runs((0, 16), MiB) == []
+
+
+def test_a_block_device_has_no_allocation(loop_device):
+    with open_image(loop_device) as img:
+        assert not img.is_regular and img.allocation() is None
