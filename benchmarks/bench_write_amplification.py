@@ -45,6 +45,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tools.procfs import vmlck  # noqa: E402
 from vmdisktouch.system import holder, meminfo  # noqa: E402
 from vmdisktouch.system.image import open_image  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
@@ -143,7 +144,7 @@ def run_case(name: str, path: str, a) -> dict:
         elif name == "vmtouch -l":
             proc = subprocess.Popen(["vmtouch", "-q", "-l", "-p", f"0-{a.region}", path],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            while (meminfo.vm_locked(proc.pid) or 0) < a.region:
+            while vmlck(proc.pid) < a.region:
                 if proc.poll() is not None:
                     raise RuntimeError(f"vmtouch exited: {proc.stderr.read().decode()}")
                 time.sleep(0.05)
