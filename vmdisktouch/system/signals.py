@@ -32,6 +32,7 @@ import os
 import select
 import signal
 import time
+from typing import Callable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD_SIGNAL = signal.SIGHUP
@@ -44,7 +45,8 @@ class LoopSignals:
     handlers and wake-up fd back and closes the pipe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stop_signal: int | None = None   # the first stop signal received
         self._reload = False
@@ -129,9 +131,9 @@ class LoopSignals:
         A reload or a wake-up does not cut the sleep short: they wait for the
         end of the cycle.
         """
-        deadline = time.monotonic() + (seconds if math.isfinite(seconds) else 0.0)
+        deadline = self.clock() + (seconds if math.isfinite(seconds) else 0.0)
         while not self.stopping:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock()
             if remaining <= 0:
                 break
             ready, _, _ = select.select([self._r], [], [], remaining)
