@@ -23,7 +23,7 @@ budget. ``apply`` turns what is held now into that target:
    sequential I/O, and nothing past the region is read: the fault path's
    readahead is not bounded by the mapping, and a page cached past a
    region's end would look like the guest's use in the next cycle (the
-   holds then crept outwards by ~9 blocks a cycle; ``heat.self_loaded``).
+   holds then crept outwards by ~9 blocks a cycle; ``policy.self_loaded``).
    ``MADV_RANDOM`` keeps any fault the advice missed to its own page.
    Measured here on a cold non-sparse file: 128 MiB in 88 ms and 9 MiB in
    8 ms, 0 bytes read past the end; ``MADV_SEQUENTIAL`` without WILLNEED
