@@ -22,7 +22,8 @@ from vmdisktouch.core.runs import (clip_runs, diff_runs, intersect, merge_runs, 
                                    subtract)
 from vmdisktouch.errors import ClosedError
 from vmdisktouch.system import holder as holder_mod
-from vmdisktouch.system import libc, meminfo
+from tools.procfs import vmlck
+from vmdisktouch.system import libc
 from vmdisktouch.system.holder import ApplyResult, Holder
 from vmdisktouch.system.image import open_image
 
@@ -33,7 +34,7 @@ PLENTY = 1 << 50          # a fake MemAvailable that never limits
 
 
 def locked() -> int:
-    return meminfo.vm_locked(os.getpid())
+    return vmlck(os.getpid())
 
 
 def resident_pages(fd: int, offset: int, length: int) -> int:
@@ -467,21 +468,21 @@ def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):
     child = textwrap.dedent(f"""
         import os, resource
         from vmdisktouch.system.holder import Holder
-        from vmdisktouch.system import meminfo
         from vmdisktouch.system.image import open_image
+        from tools.procfs import vmlck
         image = open_image({path!r})
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, 4 << 20))
         os.setgroups([]); os.setgid(65534); os.setuid(65534)     # drops CAP_IPC_LOCK
         h = Holder(image, 1 << 20, 64 << 20, 0, mem_available=lambda: 1 << 50,
                    load_rate=0, sleep=lambda s: None, chunk_bytes=2 << 20)
         r = h.apply([(0, 16)])
-        print("REFUSED", h.held_bytes(), meminfo.vm_locked("self"), h.lock_cap, r.lock_refused)
+        print("REFUSED", h.held_bytes(), vmlck("self"), h.lock_cap, r.lock_refused)
         r = h.apply([(0, 16)])
         print("AGAIN", r.loaded_bytes, r.lock_refused)
         h.set_budget(64 << 20, 0)
         print("RESET", h.lock_cap)
         h.close()
-        print("AFTER", meminfo.vm_locked("self"))
+        print("AFTER", vmlck("self"))
     """)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

@@ -33,8 +33,6 @@ def fake_procfs(tmp_path, meminfo_text=MEMINFO, status_text=STATUS, pid=4242):
 def test_fake_procfs_is_parsed_in_bytes(tmp_path):
     root = fake_procfs(tmp_path)
     assert meminfo.mem_available(root) == 24120844 * 1024
-    assert meminfo.vm_locked(4242, root) == 16384 * 1024
-    assert meminfo.vm_locked("4242", procfs=root) == 16384 * 1024
 
 
 @pytest.mark.parametrize("text, what", [
@@ -54,11 +52,6 @@ def test_bad_meminfo_is_a_one_line_error(tmp_path, text, what):
 def test_missing_files_are_errors(tmp_path):
     with pytest.raises(meminfo.MemInfoError, match="cannot read .*meminfo"):
         meminfo.mem_available(str(tmp_path))
-    root = fake_procfs(tmp_path, status_text="Name:\tkthreadd\n")
-    with pytest.raises(meminfo.MemInfoError, match="no VmLck line"):
-        meminfo.vm_locked(4242, root)
-    with pytest.raises(meminfo.MemInfoError, match="cannot read"):
-        meminfo.vm_locked(999999, root)
 
 
 def test_real_mem_available_matches_free():
@@ -70,9 +63,3 @@ def test_real_mem_available_matches_free():
     # Both read /proc/meminfo a few ms apart; allow 64 MiB of drift.
     assert abs(ours - theirs) <= 64 << 20, (ours, theirs)
     assert ours > 0
-
-
-def test_real_vm_locked_of_this_process():
-    own = meminfo.vm_locked(os.getpid())
-    assert own == meminfo.vm_locked("self")
-    assert own >= 0

@@ -1,9 +1,8 @@
-"""Host memory figures from procfs: MemAvailable, MemTotal, a process's VmLck, the lock limit.
+"""Host memory figures from procfs: MemAvailable, MemTotal, the lock limit.
 
 ``mem_available`` is what the holder's floor is checked against, before
-every load chunk and after each cycle. ``vm_locked`` is the locked memory a
-process has (``VmLck``, the pages of its mlocked mappings): tests and
-metrics use it to check the holder never locks more than its budget.
+every load chunk and after each cycle. (A process's ``VmLck``, which tests
+and benchmarks check the holder against, is read by ``tools.procfs``.)
 
 ``procfs`` is a parameter so tests can point at a fake tree. Failures raise
 ``MemInfoError`` with a one-line message; ``FailSafe`` turns them into 0
@@ -56,11 +55,6 @@ def _field(path: str, key: str) -> int:
 def mem_available(procfs: str = "/proc") -> int:
     """MemAvailable from ``/proc/meminfo``, in bytes."""
     return _field(os.path.join(procfs, "meminfo"), "MemAvailable")
-
-
-def vm_locked(pid: int | str = "self", procfs: str = "/proc") -> int:
-    """VmLck of a process from ``/proc/PID/status``, in bytes."""
-    return _field(os.path.join(procfs, str(pid), "status"), "VmLck")
 
 
 def mem_total(procfs: str = "/proc") -> int:
