@@ -1,9 +1,9 @@
-"""A process's memory figures from ``/proc/PID/status``: the one VmLck reader outside the package.
+"""A process's memory figures from ``/proc/PID/status``: the one VmLck reader of the project.
 
-The daemon itself reads VmLck with ``vmdisktouch.system.meminfo.vm_locked``
-(strict: a missing line is an error). Tests, benchmarks and the demo watch
-processes that may be gone or a zombie (no ``Vm*`` lines) by the time they
-look, so here that is a value (``missing``), not an error.
+The daemon never reads its own VmLck (it counts what it holds); tests,
+benchmarks and the demo watch processes that may be gone or a zombie (no
+``Vm*`` lines) by the time they look, so here that is a value (``missing``),
+not an error.
 """
 
 from __future__ import annotations
