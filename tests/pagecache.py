@@ -103,3 +103,21 @@ def held(path, reads):
         for addr, length in maps:
             libc.munmap(addr, length)
         os.close(fd)
+
+
+def page_ranges(reads, size: int | None = None) -> list[list[int]]:
+    """The page-aligned, sorted, merged ``[offset, length]`` ranges a list of reads caches.
+
+    ``reads``: ``(offset, length)`` pairs; ``size``: the file's size, which
+    clips the last page's range (as mincore-based tools report it).
+    """
+    spans = sorted((o - o % PAGE, -(-(o + n) // PAGE) * PAGE) for o, n in reads)
+    if size is not None:
+        spans = [(s, min(e, size)) for s, e in spans]
+    out: list[list[int]] = []
+    for s, e in spans:
+        if out and s <= out[-1][0] + out[-1][1]:
+            out[-1][1] = max(out[-1][1], e - out[-1][0])
+        else:
+            out.append([s, e - s])
+    return out

@@ -79,21 +79,26 @@ class SandboxError(Exception):
 
 # -- the unit file --------------------------------------------------------------------
 
-def unit_settings(text: str) -> dict[str, list[str]]:
-    """[Service] key -> values in order (a key may repeat); comments dropped."""
-    out: dict[str, list[str]] = {}
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """Sections -> key -> values (a key may repeat); comments and blank lines dropped."""
+    out: dict[str, dict[str, list[str]]] = {}
     section = None
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith(("#", ";")):
             continue
         if line.startswith("["):
-            section = line.strip("[]")
+            section = out.setdefault(line.strip("[]"), {})
             continue
-        if section == "Service":
-            key, _, value = line.partition("=")
-            out.setdefault(key.strip(), []).append(value.strip())
+        key, _, value = line.partition("=")
+        assert section is not None, line
+        section.setdefault(key.strip(), []).append(value.strip())
     return out
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """[Service] key -> values in order (a key may repeat); comments dropped."""
+    return parse_unit(text).get("Service", {})
 
 
 def read_unit(path: str = UNIT) -> dict[str, list[str]]:

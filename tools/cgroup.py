@@ -20,6 +20,7 @@ and ``MemoryCgroup.unevictable_bytes`` report what happened.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -188,3 +189,30 @@ def check_budget_vs_limit(budget: int, limit: int, margin: int = 192 * MiB) -> N
             f"budget {budget >> 20} MiB + margin {margin >> 20} MiB exceeds the cgroup limit "
             f"{limit >> 20} MiB: held pages charged to the group would OOM the workload")
 
+
+def remove_group(path: str, evacuate, timeout: float = 30.0) -> None:
+    """rmdir a cgroup directory once it is empty; ``evacuate(pids)`` empties it.
+
+    The processes still listed in ``cgroup.procs`` (only ever the caller's
+    own) are handed to ``evacuate`` (kill them, or move them out) before
+    each try; a busy group (EBUSY: a process not yet gone) is retried until
+    ``timeout``. A group already gone is fine.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            return
+        if pids:
+            evacuate(pids)
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -33,7 +33,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -41,6 +40,7 @@ from tests import sandbox_exec as sx
 from tests.libvirt_env import URI as LIBVIRT_URI
 from tests.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
 from tests.pagecache import data_image, read_range, require_tool
+from tools.cgroup import remove_group
 from tools.daemon_proc import DaemonProc
 from tools.procfs import status_fields as proc_status
 
@@ -325,22 +325,16 @@ def devices_cgroup():
         assert "b *:* r" in listed and "a *:* rwm" not in listed, listed
         yield name
     finally:
-        deadline = time.monotonic() + 30
-        while True:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                left = [int(p) for p in f.read().split()]
-            for pid in left:         # only ever our own processes: the group is ours
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                os.rmdir(path)
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        remove_group(path, kill_all)
+
+
+def kill_all(pids) -> None:
+    """SIGKILL ``pids``: only ever our own processes (the group is ours)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture

@@ -27,8 +27,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.pagecache import PAGE, evict, fincore_pages, make_image, vmtouch_pages
-from tests.system.test_residency_real import held
+from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
 from vmdisktouch import snapshot
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -44,14 +43,7 @@ def run_cli(*args):
 
 
 def merged(reads, size):
-    spans = sorted((o - o % PAGE, min(-(-(o + n) // PAGE) * PAGE, size)) for o, n in reads)
-    out: list[list[int]] = []
-    for s, e in spans:
-        if out and s <= out[-1][0] + out[-1][1]:
-            out[-1][1] = max(out[-1][1], e - out[-1][0])
-        else:
-            out.append([s, e - s])
-    return out
+    return page_ranges(reads, size)
 
 
 def check_golden(name: str, text: str) -> None:

@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from tests.sandbox_exec import parse_unit
 from vmdisktouch import cli, configfile, errors, settings
 from vmdisktouch.unitname import escape_path, unit_name
 
@@ -38,23 +39,6 @@ def systemd_analyze() -> str:
         pytest.fail("systemd-analyze not found: install the Debian package systemd "
                     "(scripts/install-deps.sh does)")
     return exe
-
-
-def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
-    """Sections -> key -> values (a key may repeat); comments and blank lines dropped."""
-    out: dict[str, dict[str, list[str]]] = {}
-    section = None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            section = out.setdefault(line.strip("[]"), {})
-            continue
-        key, _, value = line.partition("=")
-        assert section is not None, line
-        section.setdefault(key.strip(), []).append(value.strip())
-    return out
 
 
 UNIT_TEXT = UNIT.read_text()

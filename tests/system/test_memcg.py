@@ -13,7 +13,6 @@ tool or capability fails.
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import json
 import os
@@ -26,6 +25,7 @@ import time
 import numpy as np
 import pytest
 
+from tools.cgroup import remove_group
 from tests.pagecache import data_image, evict, make_image, read_range, require_tool
 from vmdisktouch.system import libc
 from vmdisktouch.system.memcg import Group, MemcgReader
@@ -92,23 +92,12 @@ def _my_memcg_path() -> str:
 
 def _remove_tree(top: str) -> None:
     """rmdir every group under ``top``, deepest first; our processes moved out first."""
-    deadline = time.monotonic() + 30
-    for dirpath, _dirs, _files in os.walk(top, topdown=False):
-        while True:
+    def move_out(pids) -> None:     # only our children can be here
+        for pid in pids:
             with contextlib.suppress(OSError):
-                with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                    for pid in f.read().split():     # only our children can be here
-                        with contextlib.suppress(OSError):
-                            _write(os.path.join(MEMCG, "cgroup.procs"), pid)
-            try:
-                os.rmdir(dirpath)
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                _write(os.path.join(MEMCG, "cgroup.procs"), str(pid))
+    for dirpath, _dirs, _files in os.walk(top, topdown=False):
+        remove_group(dirpath, move_out)
 
 
 @pytest.fixture

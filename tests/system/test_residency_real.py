@@ -22,7 +22,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, vmtouch_pages
+from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
 from vmdisktouch.system import libc, residency
 from vmdisktouch.system.image import size_of_fd
 
@@ -37,14 +37,7 @@ SCATTERED = [(4096, 4096), (MiB - 4096, 3 * 4096), (5 * MiB, 3 * MiB),
 
 def expected_ranges(reads):
     """Page-aligned, sorted, merged byte ranges of a list of reads."""
-    spans = sorted((o - o % PAGE, -(-(o + n) // PAGE) * PAGE) for o, n in reads)
-    out: list[list[int]] = []
-    for s, e in spans:
-        if out and s <= out[-1][0] + out[-1][1]:
-            out[-1][1] = max(out[-1][1], e - out[-1][0])
-        else:
-            out.append([s, e - s])
-    return [tuple(r) for r in out]
+    return [tuple(r) for r in page_ranges(reads)]
 
 
 def scan_path(path, *, use_cachestat=True, want_ranges=True, kind="file", block_size=MiB):
