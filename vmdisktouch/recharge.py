@@ -54,22 +54,22 @@ class Acted:
 class Recharger:
     """Applies plans through one holder; keeps held blocks within other groups' caps."""
 
-    def __init__(self, holder, charges, config, path: str):
+    def __init__(self, holder, charges, path: str):
         self.holder = holder
         self.charges = charges           # ChargeTracker
-        self.config = config
         self.path = path
         self._lock_refused = False
 
-    def act(self, plan: Plan, held_before: np.ndarray, now: float, *,
+    def act(self, plan: Plan, held_before: np.ndarray, now: float, config, *,
             holding: bool) -> Acted:
+        """Apply ``plan``; ``config`` gives the recharge's pace and the groups' share."""
         n = held_before.size
         result: ApplyResult | None = None
         holes: list[Run] = []
         before = held_before
         held = held_before
         for round_ in range(2):
-            recharge = self._recharge(plan) if holding else []
+            recharge = self._recharge(plan, config) if holding else []
             if round_ and not recharge:
                 break
             before = before & ~runs_to_mask(recharge, n)
@@ -85,15 +85,15 @@ class Recharger:
         ceded: list[Run] = []
         released = result.released_bytes
         if result.loaded_bytes and holding:
-            ceded, cede_bytes, held = self._cede(plan, held, now)
+            ceded, cede_bytes, held = self._cede(plan, held, now, config.foreign_share)
             released += cede_bytes
         return Acted(result, held, holes, ceded, released)
 
-    def _recharge(self, plan: Plan) -> list[Run]:
+    def _recharge(self, plan: Plan, config) -> list[Run]:
         """Drop the held blocks over another group's cap; ``apply`` reloads them."""
-        rate = self.config.load_rate
-        per_cycle = int(rate * self.config.interval) if rate else 256 << 20
-        runs = self.charges.plan(plan.quiet(), plan.heat, self.config.foreign_share, per_cycle)
+        rate = config.load_rate
+        per_cycle = int(rate * config.interval) if rate else 256 << 20
+        runs = self.charges.plan(plan.quiet, plan.heat, config.foreign_share, per_cycle)
         if runs:
             moved = self.holder.drop(runs)
             over = ", ".join(f"{c.group.path} (held {format_size(c.held)}, cap "
@@ -103,7 +103,7 @@ class Recharger:
                      self.path, format_size(moved), over)
         return runs
 
-    def _cede(self, plan: Plan, held: np.ndarray, now: float):
+    def _cede(self, plan: Plan, held: np.ndarray, now: float, share: float):
         """Release what is still over a cap right after its reload: the guest faulted it back.
 
         A page has one owner, whoever faults it first: a guest that reads a
@@ -113,8 +113,7 @@ class Recharger:
         own cache keeps what it reads that often, and the daemon does not
         churn on it. Returns (runs ceded, bytes released, held now).
         """
-        runs = self.charges.plan(plan.quiet(), plan.heat, self.config.foreign_share,
-                                 per_cycle=1 << 62, count=False)
+        runs = self.charges.plan(plan.quiet, plan.heat, share, per_cycle=1 << 62, count=False)
         if not runs:
             return [], 0, held
         released = self.holder.release(runs)

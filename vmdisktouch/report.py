@@ -38,13 +38,12 @@ class CycleReport:
 class Emitter:
     """Writes what the configuration asks for, each cycle."""
 
-    def __init__(self, config, outputs):
-        self.config = config
+    def __init__(self, outputs):
         self.outputs = outputs
 
-    def status_obj(self, r: CycleReport, *, path: str, domain_active, holding: bool,
+    def status_obj(self, r: CycleReport, c, *, path: str, domain_active, holding: bool,
                    lock_cap, charges) -> dict:
-        c = self.config
+        """The status JSON of report ``r`` under settings ``c``."""
         return {
             "path": path,
             "cycle": r.cycle,
@@ -70,9 +69,9 @@ class Emitter:
             "time": time.time(),
         }
 
-    def emit(self, r: CycleReport, status: dict, resident: np.ndarray, held: np.ndarray,
+    def emit(self, r: CycleReport, c, status: dict, resident: np.ndarray, held: np.ndarray,
              policy) -> None:
-        c = self.config
+        """Write what settings ``c`` ask for; log the cycle's line."""
         if c.status:
             self.outputs.write("status", c.status, (json.dumps(status, indent=2) + "\n").encode())
         if c.heat_png or c.map_png:

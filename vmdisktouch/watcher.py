@@ -92,8 +92,6 @@ class DiskWatcher:
             config = type(config)(config, block_size=self.block_size)
         self.config = config
         self.policy.params = PolicyParams.of(config)
-        self.recharger.config = config
-        self.emitter.config = config
         self.holder.load_rate = config.load_rate
         released = self.holder.set_budget(config.max_hold, config.min_free)
         self._released_between += released
@@ -106,7 +104,7 @@ class DiskWatcher:
         obs, resident_bytes = self._observe(t0)
         probe = self._probe if not self.recorder else self.recorder.probe(self._probe)
         plan = self.policy.decide(obs, probe)
-        acted = self.recharger.act(plan, obs.held, t0, holding=obs.holding)
+        acted = self.recharger.act(plan, obs.held, t0, self.config, holding=obs.holding)
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
         if acted.result.loaded_bytes:        # hashed now: a write before the next cycle counts
             self.sums.baseline(np.flatnonzero(acted.held & ~obs.held), self.image.size)
@@ -114,8 +112,8 @@ class DiskWatcher:
         report = self._report(t0, obs, acted, resident_bytes)
         if self.recorder:
             self.recorder.write(obs, plan, acted, self.policy)
-        self.emitter.emit(report, self.status_obj(report), obs.resident, acted.held,
-                          self.policy)
+        self.emitter.emit(report, self.config, self.status_obj(report), obs.resident,
+                          acted.held, self.policy)
         return report
 
     def _observe(self, now: float) -> tuple[Observation, int]:
@@ -172,7 +170,7 @@ class DiskWatcher:
 
     def status_obj(self, r: CycleReport) -> dict:
         return self.emitter.status_obj(
-            r, path=self.image.path, domain_active=self.domain_active,
+            r, self.config, path=self.image.path, domain_active=self.domain_active,
             holding=self.hold_enabled, lock_cap=self.holder.lock_cap,
             charges=self.recharger.charges.status())
 

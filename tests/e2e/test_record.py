@@ -2,20 +2,18 @@
 
 A real daemon serves a real image while the test reads a hot zone and
 rewrites part of it; the record it writes is replayed cycle by cycle with
-``tests/unit/test_golden.replay``, and every recorded plan must come out of
+``tests.replay.replay``, and every recorded plan must come out of
 the policy again: the recorder writes what the cycle really observed and
 decided, so the golden traces can be re-recorded with it.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 
 from tools.daemon_proc import DaemonProc, env_without_systemd
 from tests.pagecache import data_image, read_range
-from tests.unit.test_golden import replay
+from tests.replay import read_record, replay
 
 MiB = 1 << 20
 
@@ -37,8 +35,7 @@ def test_a_recorded_run_replays_to_the_same_plans(tmp_path):
         assert d.stop() == 0
     finally:
         d.cleanup()
-    with gzip.open(record, "rt") as f:
-        cycles = [json.loads(line) for line in f]
+    cycles = read_record(record)
     assert len(cycles) >= 10
     assert any(c["targets"] for c in cycles) and any(c["rewritten"][0] for c in cycles)
     for i, c, plan, _ in replay(cycles):

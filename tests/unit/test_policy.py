@@ -228,7 +228,7 @@ def test_rewrites_make_a_region_first_class_and_red():
     pol.settle(held)
     plan = pol.decide(Observation(10.0, resident, held, Sparse.empty(), None), w.probe)
     assert plan.recent is not None and plan.recent[40] == 0.5   # the cycle before counts
-    assert not plan.quiet()[40] and plan.quiet()[8]
+    assert not plan.quiet[40] and plan.quiet[8]
 
 
 def test_the_rules_table_states_every_constant():

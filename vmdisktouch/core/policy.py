@@ -73,12 +73,13 @@ budget on reload, the domain stopped) count as displacements.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
 from vmdisktouch.core import heat, regions
-from vmdisktouch.core.runs import Run
+from vmdisktouch.core.runs import Run, runs_to_mask
 from vmdisktouch.core.sparse import Sparse
 
 # -- the rules --------------------------------------------------------------
@@ -156,6 +157,7 @@ class Plan:
     recent: np.ndarray | None    # rewritten fraction in this cycle or the last (None: none)
     candidates: np.ndarray       # blocks that may be held (threshold and hysteresis)
 
+    @cached_property
     def quiet(self) -> np.ndarray:
         """Blocks not rewritten lately: where a recharge disturbs the guest least."""
         if self.recent is None:
@@ -218,9 +220,9 @@ class Policy:
         self._pending = None
         for a, b in holes:
             self.holes[a:b] = True
-        for a, b in ceded:
-            blocks = np.arange(a, b)
-            self.ceded = self.ceded.merged(Sparse(blocks, np.full(blocks.size, obs.now)))
+        if ceded:
+            self.ceded = self.ceded.merged(Sparse.of_mask(runs_to_mask(ceded, self.nblocks),
+                                                          obs.now))
         held = np.array(held, dtype=bool)          # the policy's own copy
         self.self_loaded = self_loaded(self.self_loaded, obs.resident, obs.held, held)
         self._note_released(obs.held & ~held & cand, obs.now)

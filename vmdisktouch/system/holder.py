@@ -191,10 +191,6 @@ class Holder:
         """Number of mappings (VMAs) the holder keeps."""
         return len(self._maps)
 
-    def data_runs(self, piece: Run) -> list[Run]:
-        """The blocks of ``piece`` that hold data: ``Image.data_runs`` at this block size."""
-        return self.image.data_runs(piece, self.block_size)
-
     def mappings(self, runs: Iterable[Run]) -> list[tuple[int, int, int, int]]:
         """``(start, stop, address, length)`` of the held parts of ``runs``, block-aligned.
 
@@ -212,7 +208,7 @@ class Holder:
         pieces = priority_pieces(target_runs, self.nblocks)
         self.last_holes = []
         if self.skip_holes:
-            data = [(piece, self.data_runs(piece)) for piece in pieces]
+            data = [(piece, self.image.data_runs(piece, self.block_size)) for piece in pieces]
             pieces = [run for _, runs in data for run in runs]
             self.last_holes = [h for piece, runs in data for h in subtract(piece, runs)]
         to_release, to_load = diff_runs(self.held_runs(), pieces)
