@@ -17,23 +17,19 @@ the host's memory can tell.
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import re
-import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from vmdisktouch.errors import ConfigError
-from vmdisktouch.sizes import MAX_SIZE, format_size, parse_duration, parse_size
+from vmdisktouch.setting_parsers import (MAX_BLOCK_SIZE, MAX_PATH_BYTES, MIN_LOAD_RATE,
+                                          PAGE_SIZE, _block_size, _choice, _duration,
+                                          _float, _int, _load_rate, _num, _path,
+                                          _positive_size, _show)
+from vmdisktouch.sizes import MAX_SIZE, format_size, parse_size
 
 MiB = 1 << 20
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-MAX_BLOCK_SIZE = 64 * MiB       # the checksum pass keeps a buffer of one block
 MIN_INTERVAL = 0.1              # a shorter cycle would keep a core busy
 MAX_SECONDS = 86400.0           # interval, rewritten_seconds: one day
-MIN_LOAD_RATE = MiB             # slower, one chunk would take hours
-MAX_PATH_BYTES = 4096
 MAX_AMP = 1e6
 MAX_SIGMA = 64.0                # blocks; the kernel has 8 x sigma + 1 taps
 MAX_DECAY = 100.0               # 1/s
@@ -43,163 +39,6 @@ MAX_WIDTH = 16384
 MAX_SCALE = 64
 MIN_ASPECT, MAX_ASPECT = 0.01, 100.0
 _EIB = format_size(MAX_SIZE)
-
-
-# ---------------------------------------------------------------------------
-# Parsers: each takes any value (a flag's string or a TOML value) and returns
-# the setting's value or raises ValueError saying what is wrong.
-
-
-def _num(x: float) -> str:
-    """A bound as the user would write it: 100, 0.1, 1000000."""
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else repr(float(x))
-
-
-def _finite(v: Any) -> float:
-    if isinstance(v, bool):
-        raise ValueError("not true/false")
-    if isinstance(v, int):
-        if abs(v) > 1e300:                 # exact comparison; float() would overflow
-            raise ValueError("too large")
-        x = float(v)
-    elif isinstance(v, float):
-        x = v
-    elif isinstance(v, str):
-        try:
-            x = float(v)
-        except ValueError:
-            raise ValueError(f"not a number: {_show(v)}") from None
-    else:
-        raise ValueError(f"not a {type(v).__name__}")
-    if math.isinf(x) and not (isinstance(v, str) and "inf" in v.lower()):
-        raise ValueError("too large")      # "1" * 400 parses as inf
-    if not math.isfinite(x):
-        raise ValueError(f"must be finite, not {x}")
-    return x + 0.0                         # -0.0 -> 0.0
-
-
-def _float(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
-    def parse(v):
-        x = _finite(v)
-        if x < lo or (lo_open and x == lo):
-            raise ValueError(f"must be {'>' if lo_open else '>='} {_num(lo)}")
-        if x > hi:
-            raise ValueError(f"must be <= {_num(hi)}")
-        return x
-    return parse
-
-
-_INT_RE = re.compile(r"^\s*([+-]?)0*(\d+)\s*$")
-
-
-def _whole(v: Any) -> int | float:
-    """A whole number (a float only if it is beyond every bound: +-inf or a huge float)."""
-    if isinstance(v, bool):
-        raise ValueError("expected a whole number, not true/false")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():   # TOML 16.0
-        return int(v) if abs(v) < 2 ** 62 else v
-    if isinstance(v, str):
-        m = _INT_RE.match(v)
-        if m:
-            sign, digits = m.groups()
-            if len(digits) > 20:           # int() refuses more than 4300 digits
-                return -math.inf if sign == "-" else math.inf
-            return int(sign + digits)
-    raise ValueError(f"expected a whole number, not {_show(v)}")
-
-
-def _int(lo: int, hi: int) -> Callable[[Any], int]:
-    def parse(v):
-        n = _whole(v)
-        if n < lo:
-            raise ValueError(f"must be >= {lo}")
-        if n > hi:
-            raise ValueError(f"must be <= {hi}")
-        return int(n)
-    return parse
-
-
-def _duration(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
-    def parse(v):
-        x = parse_duration(v)
-        if x < lo or (lo_open and x == lo):
-            raise ValueError("must be greater than 0" if (lo, lo_open) == (0, True)
-                             else f"must be at least {_num(lo)} s")
-        if x > hi:
-            raise ValueError(f"must be at most {_num(hi)} s")
-        return x
-    return parse
-
-
-def _positive_size(v):
-    n = parse_size(v)
-    if n <= 0:
-        raise ValueError("must be greater than 0")
-    return n
-
-
-def _block_size(v):
-    n = parse_size(v)
-    if n < PAGE_SIZE or n % PAGE_SIZE:
-        raise ValueError(f"must be a multiple of the page size ({PAGE_SIZE} bytes)")
-    if n > MAX_BLOCK_SIZE:
-        raise ValueError(f"must be at most {format_size(MAX_BLOCK_SIZE)}")
-    return n
-
-
-def _load_rate(v):
-    n = parse_size(v)
-    if 0 < n < MIN_LOAD_RATE:
-        raise ValueError(f"must be 0 (unpaced) or at least {format_size(MIN_LOAD_RATE)}/s")
-    return n
-
-
-def _path(v):
-    if not isinstance(v, str) or not v:
-        raise ValueError("expected a file path")
-    if "\0" in v:
-        raise ValueError("must not contain a NUL byte")
-    if "\n" in v or "\r" in v:
-        raise ValueError("must not contain a line break")
-    try:
-        n = len(os.fsencode(v))
-    except UnicodeError:
-        raise ValueError("not encodable as a file name") from None
-    if n > MAX_PATH_BYTES:
-        raise ValueError(f"longer than {MAX_PATH_BYTES} bytes")
-    return v
-
-
-def _bool(v):
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "yes", "1", "on"):
-        return True
-    if isinstance(v, str) and v.lower() in ("false", "no", "0", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-class _ShortRepr(reprlib.Repr):
-    """repr() cut to a readable length; safe for ints of any size."""
-
-    def __init__(self):
-        super().__init__()
-        self.maxstring = self.maxother = 60
-        self.maxlong = 40
-
-    def repr_int(self, x, level):
-        if x.bit_length() > 128:           # repr() refuses ints of more than 4300 digits
-            digits = int(x.bit_length() * math.log10(2)) + 1
-            digits -= 10 ** (digits - 1) > abs(x)
-            return f"<an integer of {digits} digits>"
-        return super().repr_int(x, level)
-
-
-def _show(value: Any) -> str:
-    return _ShortRepr().repr(value)
 
 
 @dataclass(frozen=True)
@@ -277,6 +116,17 @@ SETTINGS: tuple[Setting, ...] = (
             "group's free headroom. Held pages over it are recharged to the daemon's group "
             "by reloading them (see docs/architecture.md). From 0 to 1; 1 = no cap.",
             group="budget"),
+    Setting("access_source", _choice("auto", "trace", "mincore"), "auto", "choice", "",
+            "How the guest's reads and writes are seen: trace (kernel tracepoints through "
+            "tracefs: every read and write, exactly), mincore (the paper's polling of "
+            "residency and checksums of held blocks), or auto (trace where tracefs is "
+            "usable, else mincore; said in one log line at start).", group="access"),
+    Setting("checksum_share", _float(0, 1, lo_open=True), 1 / 16, "fraction",
+            "of the held bytes per cycle",
+            "mincore source only: the share of the held bytes checksummed per cycle, "
+            "rotating, so every held block is checked within 1/share cycles and the cost "
+            "is bounded. Greater than 0, at most 1 (1 = every held block every cycle).",
+            group="access"),
     Setting("status", _path, None, "path", "",
             "Write a JSON status file here every cycle (replaced atomically).", group="output"),
     Setting("heat_png", _path, None, "path", "",

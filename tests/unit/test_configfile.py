@@ -44,10 +44,11 @@ GOOD = {
     "path": [('"/run/vmdisktouch/a.out"', "/run/vmdisktouch/a.out", "/run/vmdisktouch/a.out"),
              ('"/tmp/b out"', "/tmp/b out", "/tmp/b out")],
     "boolean": [("true", "yes", True), ("false", "no", False)],
+    "choice": [('"trace"', "trace", "trace"), ('"MINCORE"', "mincore", "mincore")],
 }
 BAD = {"size": '"lots"', "duration": '"soon"', "number": '"high"', "fraction": "1.5",
        "integer": "1.5",
-       "path": "5", "boolean": '"maybe"'}
+       "path": "5", "boolean": '"maybe"', "choice": '"sometimes"'}
 
 
 def parse_cli(argv):

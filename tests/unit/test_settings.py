@@ -159,6 +159,8 @@ def test_block_size_must_be_a_page_multiple():
 # key -> (accepted values, refused values); each refused one with what the message says
 BOUNDS = {
     "foreign_share": ([0, "0.1", 1, 0.25], [(1.5, "<= 1"), (-0.1, ">= 0"), ("nan", "finite")]),
+    "checksum_share": ([1, "0.125", 0.5], [(0, "> 0"), (1.5, "<= 1"), ("nan", "finite")]),
+    "access_source": (["auto", "TRACE", "mincore"], [("ebpf", "one of"), (1, "one of"), ("", "one of")]),
     "max_hold": (["1", "1E", 1 << 60], [(0, "greater than 0"), ("1025P", "at most 1E")]),
     "min_free": ([0, "0", "1E"], [(-1, "negative"), ((1 << 60) + 1, "at most 1E")]),
     "interval": (["0.1", "100ms", 0.1, 86400, "24h"],
