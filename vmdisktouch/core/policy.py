@@ -72,7 +72,7 @@ budget on reload, the domain stopped) count as displacements.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
@@ -102,6 +102,12 @@ from vmdisktouch.core.sparse import Sparse
 #                             when its cap is computed (``charges``)
 #   AT_LIMIT_FRACTION  1/32   a group with less headroom than this share of its limit is
 #                             at it: all its excess is recharged at once (``charges``)
+#   TRACED_INCUMBENT   1      trace source: a held block's heat is the guest's own reads, so
+#                             it is ranked as it is (no incumbency weight)
+#   THRASH_WEIGHT      1      trace source: a run's rank is multiplied by 1 + this x its mean
+#                             thrash (the decaying share of cycles in which its pages refaulted)
+#   THRASH_MARGIN      0.25   an unheld block's thrash counts only above this: a challenger
+#                             must thrash clearly more than the held part did (no flapping)
 
 INCUMBENT_WEIGHT = 16.0
 HOLD_FRACTION = 0.5
@@ -111,8 +117,13 @@ RELEASED_GRACE = 20.0
 CEDE_SECONDS = 60.0
 RESERVE_FRACTION = 1 / 16
 AT_LIMIT_FRACTION = 1 / 32
+TRACED_INCUMBENT = 1.0
+THRASH_WEIGHT = 1.0
+THRASH_MARGIN = 0.25
 
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
+                             rewritten_density=REWRITTEN_DENSITY)
+TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACED_INCUMBENT,
                              rewritten_density=REWRITTEN_DENSITY)
 
 Probe = Callable[[Run], list[Run]]   # the data runs of a block run (SEEK_DATA/SEEK_HOLE)
@@ -147,6 +158,10 @@ class Observation:
     rewritten: Sparse            # held blocks whose checksum changed: the fraction rewritten
     allocation: int | None       # the file's allocated size (st_blocks); None: no holes
     holding: bool = True         # False while the owning domain is shut off
+    # The trace source only (None: the polling source, residency is the evidence):
+    reads: Sparse | None = None  # blocks the guest read in this cycle (value 1)
+    refaults: Sparse = field(default_factory=Sparse.empty)  # blocks with a page refaulted
+    reconcile: bool = False      # events were lost: residency is evidence too this cycle
 
 
 @dataclass(frozen=True)
@@ -177,6 +192,8 @@ class Policy:
         self.red = Sparse.empty()             # shown red: the time of the last rewrite
         self.released = Sparse.empty()        # displaced: the time of the release
         self.ceded = Sparse.empty()           # left to the guest's cache: the time
+        self.thrashed = Sparse.empty()        # shown as thrashing: the time of the last refault
+        self.thrash: np.ndarray | None = None  # trace source: see _thrash
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)
         self.held_after = np.zeros(self.nblocks, dtype=bool)  # held when the last cycle ended
         self.holes = np.zeros(self.nblocks, dtype=bool)       # known holes
@@ -195,9 +212,10 @@ class Policy:
         dt = p.interval if self.last_time is None else max(now - self.last_time, 1e-3)
         self.last_time = now
         self._note_released(self.held_after & ~held, now)     # between cycles
-        suppressed = held | self.self_loaded
-        suppressed[self.released.blocks] = True
-        self.state = heat.step(self.state, obs.resident, suppressed, rewritten, dt, p.heat)
+        evidence, suppressed = self._evidence(obs, held)
+        self.state = heat.step(self.state, evidence, suppressed, rewritten, dt, p.heat)
+        boost = self._thrash(obs, held, dt, now)
+        rules = SELECT_RULES if obs.reads is None else TRACED_RULES
 
         total = self.state.total
         cut, rewritten_heat = self._without_holes(total, self.state.heat_rewritten, held,
@@ -207,9 +225,9 @@ class Policy:
             keep = np.ones(n, dtype=np.float32)
             keep[self.ceded.blocks] = 0
             cut, rewritten_heat = cut * keep, rewritten_heat * keep
-        cand = regions.candidate_mask(cut, p.heat.threshold, held, SELECT_RULES)
+        cand = regions.candidate_mask(cut, p.heat.threshold, held, rules)
         targets = (regions.select(cut, rewritten_heat, p.heat.threshold, p.budget_blocks,
-                                  SELECT_RULES, held, recent, candidates=cand)
+                                  rules, held, recent, candidates=cand, boost=boost)
                    if obs.holding else [])
         self._pending = (obs, cand)
         return Plan(targets, total, recent, cand)
@@ -236,6 +254,8 @@ class Policy:
         self.red = self.red.below(n)
         self.released = self.released.below(n)
         self.ceded = self.ceded.below(n)
+        self.thrashed = self.thrashed.below(n)
+        self.thrash = None if self.thrash is None else _resized(self.thrash, n)
         self.self_loaded = _resized(self.self_loaded, n)
         self.held_after = _resized(self.held_after, n)
         self.holes = np.zeros(n, dtype=bool)
@@ -258,6 +278,57 @@ class Policy:
                 np.maximum(recent, rewritten, out=recent)
         self.last_rewritten = now_rewritten
         return recent, rewritten
+
+    def _evidence(self, obs: Observation, held: np.ndarray):
+        """(evidence, suppressed): the heat step's input of use, and the blocks it ignores.
+
+        Polling: residency, with the daemon's own blocks suppressed (held,
+        self-loaded, released in the grace). Trace: the guest's reads,
+        everywhere, held blocks included; nothing is suppressed, since the
+        daemon's own loading is not traced. When events were lost
+        (``reconcile``) the guest's residency, suppressed as when polling,
+        stands in for the reads that were missed.
+        """
+        suppressed = held | self.self_loaded
+        suppressed[self.released.blocks] = True
+        if obs.reads is None:
+            return obs.resident, suppressed
+        evidence = obs.reads.dense(self.nblocks, always=True)
+        if obs.reconcile:
+            np.maximum(evidence, np.where(suppressed, np.float32(0), obs.resident), out=evidence)
+        return evidence, None
+
+    def _thrash(self, obs: Observation, held: np.ndarray, dt: float, now: float):
+        """The rank multiplier of the thrashing blocks (trace source), or None.
+
+        ``thrash`` is, per block, the decaying share of cycles in which a page
+        of it refaulted (folded like the heat). A held block cannot refault:
+        its share is frozen while held, so the part of a thrashing hot set
+        the daemon holds keeps the rank that won it the hold (otherwise the
+        unheld rest, now the only part refaulting, would displace it, and
+        the two would swap for ever). An unheld block's share counts only
+        above ``THRASH_MARGIN``: the held part froze its share when it won,
+        often before it had risen all the way, and a challenger thrashing
+        merely as much must not take the hold back and forth.
+        """
+        if obs.refaults.blocks.size:
+            self.thrashed = self.thrashed.merged(
+                Sparse(obs.refaults.blocks, np.full(obs.refaults.blocks.size, now)))
+            if self.thrash is None:
+                self.thrash = np.zeros(self.nblocks, dtype=np.float32)
+        self.thrashed = self.thrashed.newer_than(now, self.params.rewritten_seconds)
+        if self.thrash is None:
+            return None
+        k = np.float32(heat.decay_factor(self.params.heat.decay, dt))
+        folded = self.thrash * k
+        folded[obs.refaults.blocks] += np.float32(1) - k
+        folded[folded < heat.FLUSH_BELOW] = 0
+        self.thrash = np.where(held, self.thrash, folded)
+        if not self.thrash.any():
+            self.thrash = None
+            return None
+        counted = np.where(held, self.thrash, np.maximum(self.thrash - THRASH_MARGIN, 0))
+        return 1 + np.float32(THRASH_WEIGHT) * counted
 
     def _note_released(self, mask: np.ndarray, now: float) -> None:
         """Remember the blocks of ``mask`` as released at ``now``; forget those past the grace."""

@@ -131,7 +131,8 @@ def candidate_mask(heat: np.ndarray, threshold: float, held_mask, rules: Rules) 
 
 
 def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
-           rules: Rules, held_mask=None, recent_rewrites=None, candidates=None) -> list[Run]:
+           rules: Rules, held_mask=None, recent_rewrites=None, candidates=None,
+           boost=None) -> list[Run]:
     """Runs to hold, highest priority first; their lengths sum to at most ``budget_blocks``.
 
     ``total_heat``: heat per block (``HeatState.total``). ``rewritten_heat``:
@@ -140,6 +141,7 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
     ``recent_rewrites``: per block, the fraction rewritten recently (bool or
     [0, 1]; the first class), or None. ``candidates``: ``candidate_mask(total_heat,
     threshold, held_mask, rules)`` when the caller has it already, or None.
+    ``boost``: per block, a factor (>= 1) its ranking heat is multiplied by, or None.
     """
     heat = np.asarray(total_heat)
     if heat.ndim != 1:
@@ -171,6 +173,8 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
         rank_heat = heat + np.where(np.asarray(held_mask, dtype=bool),
                                     resident * np.float32(rules.incumbent_weight - 1), np.float32(0))
 
+    if boost is not None:
+        rank_heat = rank_heat * _same_shape(boost, heat, "boost")
     # Queue entries: (class, -score, -total, start, stop, region start, region stop);
     # class -1 = rewritten now (scored by rewritten sum), 0 = other (scored by total).
     totals = _segment_sums(rank_heat, edges)

@@ -1,0 +1,125 @@
+"""core.access: trace events folded into per-block reads, writes and refaults."""
+
+import numpy as np
+import pytest
+
+from vmdisktouch.core import access
+from vmdisktouch.core.access import ADD, DELETE, READ, WRITE, AccessLog
+
+MiB = 1 << 20
+PPB = MiB // 4096          # pages per 1 MiB block
+S = 1_000_000_000          # ns
+
+
+def feed(log, events, lost=0):
+    kind, ts, first, last = (np.array(c) for c in zip(*events)) if events else ([], [], [], [])
+    log.feed(kind, ts, first, last, lost)
+
+
+def test_reads_mark_every_block_touched_once():
+    log = AccessLog(MiB)
+    feed(log, [(READ, 1, 0, 0), (READ, 2, 5, 5),              # block 0 twice
+               (READ, 3, 3 * PPB - 1, 3 * PPB),                # crosses blocks 2 and 3
+               (READ, 4, 10 * PPB + 7, 10 * PPB + 7)])
+    a = log.take(16)
+    assert a.reads.blocks.tolist() == [0, 2, 3, 10]
+    assert a.reads.values.tolist() == [1, 1, 1, 1]
+    assert a.read_events == 4
+    # the next cycle starts empty
+    assert log.take(16).reads.blocks.size == 0
+
+
+def test_reads_beyond_the_image_are_dropped():
+    log = AccessLog(MiB)
+    feed(log, [(READ, 1, 20 * PPB, 20 * PPB)])
+    assert log.take(16).reads.blocks.size == 0
+
+
+def test_writes_count_parts_like_the_checksums():
+    log = AccessLog(MiB)
+    part = PPB // 16
+    feed(log, [(WRITE, 1, 0, 0), (WRITE, 2, 1, 1),             # one part of block 0
+               (WRITE, 3, part, part),                         # a second part of block 0
+               (WRITE, 4, 5 * PPB, 5 * PPB), (WRITE, 5, 5 * PPB, 5 * PPB)])  # same page twice
+    a = log.take(16)
+    assert a.writes.blocks.tolist() == [0, 5]
+    assert a.writes.values.tolist() == [2 / 16, 1 / 16]
+    assert a.write_pages.tolist() == [0, 1, part, 5 * PPB]
+
+
+def test_a_block_written_all_over_is_one():
+    log = AccessLog(MiB)
+    feed(log, [(WRITE, i, i, i) for i in range(PPB)])
+    a = log.take(4)
+    assert a.writes.values.tolist() == [1.0]
+
+
+def test_refault_is_an_addition_soon_after_a_deletion():
+    log = AccessLog(MiB)
+    feed(log, [(DELETE, 1 * S, 7, 7), (ADD, 2 * S, 7, 7),        # refault of page 7
+               (ADD, 3 * S, 3 * PPB, 3 * PPB),                    # first miss: not a refault
+               (ADD, 4 * S, 9, 9), (DELETE, 5 * S, 9, 9)])        # added then deleted: not
+    a = log.take(16, now_ns=5 * S)
+    assert a.refaults.blocks.tolist() == [0]
+    assert a.refault_pages == 1
+
+
+def test_refault_across_cycles_and_window():
+    log = AccessLog(MiB)
+    feed(log, [(DELETE, 10 * S, 2 * PPB, 2 * PPB + 3)])           # a 4-page folio
+    assert log.take(16, now_ns=10 * S).refaults.blocks.size == 0
+    assert log.remembered_deletions == 4
+    feed(log, [(ADD, 20 * S, 2 * PPB + 1, 2 * PPB + 1)])
+    a = log.take(16, now_ns=20 * S)
+    assert a.refaults.blocks.tolist() == [2] and a.refault_pages == 1
+    # past the window: a deletion long ago is no refault, and is forgotten
+    late = int((10 + access.REFAULT_SECONDS + 1) * S)
+    feed(log, [(ADD, late, 2 * PPB + 2, 2 * PPB + 2)])
+    assert log.take(16, now_ns=late).refaults.blocks.size == 0
+    assert log.remembered_deletions == 0
+
+
+def test_deletions_remembered_are_bounded(monkeypatch):
+    monkeypatch.setattr(access, "MAX_DELETIONS", 10)
+    log = AccessLog(MiB)
+    feed(log, [(DELETE, i, i, i) for i in range(25)])
+    log.take(4)
+    assert log.remembered_deletions == 10
+    feed(log, [(ADD, 100, 24, 24), (ADD, 101, 0, 0)])       # the newest kept, the oldest not
+    assert log.take(4).refault_pages == 1
+
+
+def test_lost_events_are_summed_per_cycle():
+    log = AccessLog(MiB)
+    feed(log, [], lost=3)
+    feed(log, [(READ, 1, 0, 0)], lost=4)
+    assert log.take(4).lost == 7
+    assert log.take(4).lost == 0
+
+
+def test_block_size_must_hold_whole_parts():
+    with pytest.raises(ValueError):
+        AccessLog(4096)
+
+
+def test_grouped_running_max_does_not_leak_between_groups():
+    values = np.array([5, -1, 3, -1, 9, -1], dtype=np.int64)
+    group = np.array([0, 0, 1, 1, 2, 2])
+    assert access._grouped_running_max(values, group).tolist() == [5, 5, 3, 3, 9, 9]
+    big = np.array([2 ** 62, -1, 2 ** 61], dtype=np.int64)
+    assert access._grouped_running_max(big, np.array([0, 0, 1])).tolist() == \
+        [2 ** 62, 2 ** 62, 2 ** 61]
+
+
+def test_event_residency_counts_adds_and_deletes_between_reconciliations():
+    r = access.EventResidency(4, MiB)
+    r.reconcile(np.array([0.5, 0, 1, 0]))
+    assert r.counts.tolist() == [PPB // 2, 0, PPB, 0]
+    r.feed(np.array([ADD, ADD, DELETE, DELETE]), np.array([0, PPB, 2 * PPB, 3 * PPB]),
+           np.array([3, PPB, 2 * PPB + 1, 3 * PPB]))       # a 4-page folio; a missed add
+    assert r.counts.tolist() == [PPB // 2 + 4, 1, PPB - 2, 0]     # clipped at 0
+    r.feed(np.array([ADD]), np.array([9 * PPB]), np.array([9 * PPB]))   # beyond the image
+    assert r.resident_pages() == PPB // 2 + 4 + 1 + PPB - 2
+    assert r.fraction()[1] == np.float32(1 / PPB)
+    r.resize(2)
+    assert r.counts.tolist() == [PPB // 2 + 4, 1]

@@ -1,0 +1,152 @@
+"""The policy fed by the trace source: reads as evidence, no release-to-probe, thrash.
+
+``TracedWorld`` plays a guest whose reads are seen exactly (the trace
+source's ``reads``) and a page cache that keeps what was read. The same
+scenarios with the polling source (``World`` of test_policy) are the
+contrast: there a read-only held zone is released to find out whether it
+is still used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vmdisktouch.core import policy
+from vmdisktouch.core.policy import Observation, Policy
+from vmdisktouch.core.runs import runs_to_mask
+from vmdisktouch.core.sparse import Sparse
+from tests.unit.test_policy import World, params
+
+
+def ones(blocks) -> Sparse:
+    b = np.unique(np.asarray(blocks, dtype=np.intp))
+    return Sparse(b, np.ones(b.size, dtype=np.float32))
+
+
+class TracedWorld:
+    def __init__(self, n: int, budget_blocks: int):
+        self.n = n
+        self.policy = Policy(n, params(budget_blocks), sparse_file=False)
+        self.held = np.zeros(n, bool)
+        self.cached = np.zeros(n, np.float32)
+        self.now = 0.0
+
+    def cycle(self, reads=(), refaults=(), writes=None, reconcile=False):
+        self.now += 5.0
+        self.cached[list(reads)] = 1.0
+        obs = Observation(self.now, self.cached.copy(), self.held.copy(),
+                          writes if writes is not None else Sparse.empty(), None, True,
+                          reads=ones(list(reads)), refaults=ones(list(refaults)),
+                          reconcile=reconcile)
+        plan = self.policy.decide(obs, lambda run: [run])
+        self.held = runs_to_mask(plan.targets, self.n)
+        self.policy.settle(self.held)
+        return plan
+
+
+def test_a_read_only_zone_stays_held_while_read_and_goes_when_reads_stop():
+    zone = range(10, 30)
+    w = TracedWorld(128, 32)
+    held = []
+    for _ in range(60):                     # five minutes of 5 s cycles
+        w.cycle(reads=zone)
+        held.append(int(w.held[10:30].sum()))
+    assert min(held[2:]) == 20, held        # held from the third cycle on, never let go
+    for i in range(12):                     # the guest stops reading it
+        w.cycle()
+        if not w.held[10:30].any():
+            break
+    assert not w.held.any()
+    assert i < 10                           # released within 50 s of the last read
+
+
+def test_the_polling_source_releases_the_same_zone_to_probe_it():
+    """The contrast: residency cannot see reads inside a hold."""
+    w = World(128, slice(10, 30), 32)
+    held = []
+    for _ in range(60):
+        w.cycle()
+        held.append(int(w.held[10:30].sum()))
+    assert min(held[2:]) < 20, held
+
+
+def test_a_zone_read_one_cycle_in_three_is_held_too():
+    w = TracedWorld(128, 32)
+    for c in range(30):
+        w.cycle(reads=range(40, 60) if c % 3 == 0 else ())
+    assert w.held[40:60].all()
+
+
+def test_the_zone_read_now_displaces_one_no_longer_read():
+    w = TracedWorld(256, 24)
+    for _ in range(10):
+        w.cycle(reads=range(10, 30))
+    assert w.held[10:30].all()
+    for c in range(1, 10):
+        w.cycle(reads=range(100, 120))
+        if w.held[100:120].all():
+            break
+    assert w.held[100:120].all() and not w.held[10:30].any()
+    assert c <= 3, c                        # within 15 s of the move
+
+
+def test_refaults_rank_a_thrashing_zone_first_and_the_hold_does_not_flap():
+    """Two zones read alike, room for one: the one whose pages refault wins, and keeps it."""
+    a, b = range(10, 30), range(100, 120)
+    w = TracedWorld(256, 20)
+    for _ in range(6):      # both read; B refaults more (a hot set twice the cache)
+        w.cycle(reads=list(a) + list(b), refaults=list(b))
+    assert w.held[100:120].all() and not w.held[10:30].any()
+    assert set(w.policy.thrashed.blocks.tolist()) == set(b)
+    # held, B cannot refault; now only A does, less often: B keeps the hold
+    for c in range(40):
+        w.cycle(reads=list(a) + list(b), refaults=list(a) if c % 3 == 0 else ())
+        assert w.held[100:120].all(), c
+
+
+def test_a_uniformly_thrashing_hot_set_is_not_swapped_back_and_forth():
+    """A hot set twice the budget, read alike: whatever is not held refaults every cycle."""
+    a, b = list(range(10, 30)), list(range(100, 120))
+    w = TracedWorld(256, 20)
+    owner = []
+    for _ in range(40):
+        unheld = [x for x in a + b if not w.held[x]]
+        w.cycle(reads=a + b, refaults=unheld)
+        assert int(w.held.sum()) == 20
+        owner.append("a" if w.held[15] else "b")
+    swaps = sum(1 for i in range(1, len(owner)) if owner[i] != owner[i - 1])
+    assert swaps <= 1, owner
+
+
+def test_without_refaults_the_rank_is_the_heat():
+    w = TracedWorld(64, 8)
+    plan = w.cycle(reads=range(0, 8))
+    assert w.policy.thrash is None
+    assert plan.targets
+
+
+def test_lost_events_let_the_guests_residency_stand_in_for_reads():
+    w = TracedWorld(128, 32)
+    w.cached[50:60] = 1.0                   # cached by the guest; its reads were lost
+    w.cycle(reconcile=True)
+    assert w.held[50:60].all()
+    v = TracedWorld(128, 32)
+    v.cached[50:60] = 1.0
+    v.cycle()                               # no loss: residency alone is not a read
+    assert not v.held.any()
+
+
+def test_written_blocks_anywhere_are_first_class():
+    w = TracedWorld(256, 20)
+    zone, written_zone = list(range(10, 40)), list(range(100, 110))
+    for _ in range(3):
+        w.cycle(reads=zone + written_zone)
+    written = Sparse(np.arange(100, 110), np.full(10, 4 / 16, dtype=np.float32))
+    plan = w.cycle(reads=zone + written_zone, writes=written)
+    first = plan.targets[0]
+    assert first[0] <= 100 and first[1] >= 110, plan.targets
+
+
+def test_traced_rules_rank_held_heat_as_it_is():
+    assert policy.TRACED_RULES.incumbent_weight == 1.0
+    assert policy.SELECT_RULES.incumbent_weight == policy.INCUMBENT_WEIGHT

@@ -1,0 +1,275 @@
+"""The guest's accesses, per block, from kernel trace events.
+
+Theory of operation
+-------------------
+Pure core (numpy only). The trace source (``system.trace_reader``) hands
+over, each time it is drained, arrays of events of one image: their kind
+(a read, a write, a page added to the cache, a page deleted from it), their
+time (CLOCK_MONOTONIC ns) and their page range. ``AccessLog.feed`` folds
+them in as they come; ``AccessLog.take`` returns one cycle's evidence and
+starts the next:
+
+* ``reads``: per block, 1 when the guest read any page of it in the cycle
+  (cache hits included: a held block that is read is seen), else absent.
+  It is the trace source's counterpart of residency (the fraction of a
+  block cached): a block the guest reads every cycle gives 1 each cycle,
+  as a block it keeps cached does, and one read every fifth cycle heats to
+  about a fifth, so the operator's threshold keeps its meaning.
+* ``writes``: per block, the share of its ``PARTS`` (16) equal parts that
+  a write dirtied: the same unit as the checksums of the polling source
+  (``system.checksums``), so the policy's rewritten-density rule holds for
+  both. Every block is seen, held or not.
+* ``refaults``: per block, 1 when a page of it came back into the cache
+  less than ``REFAULT_SECONDS`` after the kernel deleted it: the guest
+  needed a page the cache had just lost, which residency never shows.
+  Deletions are remembered (page, time) in a sorted array, at most
+  ``MAX_DELETIONS`` of them (the oldest are dropped first).
+
+The exact pages are kept too (``Access.write_pages``, ``Access.read_events``)
+for the status and the tests: every page a write dirtied in the cycle.
+
+Pages are 4 KiB (``PAGE``); a block is ``block_size // PAGE`` pages. A read
+range that crosses a block boundary counts for every block it touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vmdisktouch.core.sparse import Sparse
+
+READ, WRITE, ADD, DELETE = 0, 1, 2, 3
+PAGE = 4096
+PARTS = 16
+REFAULT_SECONDS = 60.0
+MAX_DELETIONS = 1 << 22          # 64 MiB of (page, time) pairs at most
+
+
+@dataclass(frozen=True)
+class Access:
+    """One cycle of the guest's accesses to one image."""
+    reads: Sparse            # blocks read (value 1)
+    writes: Sparse           # blocks written: the share of their parts dirtied
+    refaults: Sparse         # blocks with a page refaulted (value 1)
+    read_events: int
+    write_pages: np.ndarray  # every page dirtied, sorted, unique (int64)
+    refault_pages: int
+    lost: int                # events the kernel lost in the cycle
+
+
+class AccessLog:
+    """Accumulates trace events into per-block evidence, one cycle at a time."""
+
+    def __init__(self, block_size: int):
+        if block_size % (PAGE * PARTS):
+            raise ValueError(f"block_size must be a multiple of {PAGE * PARTS}")
+        self.pages_per_block = block_size // PAGE
+        self.pages_per_part = self.pages_per_block // PARTS
+        self._deleted_pages = np.zeros(0, dtype=np.int64)   # sorted, unique
+        self._deleted_at = np.zeros(0, dtype=np.int64)      # ns, aligned
+        self._reset()
+
+    def _reset(self) -> None:
+        self._read_blocks: list[np.ndarray] = []
+        self._write_pages: list[np.ndarray] = []
+        self._refault_pages: list[np.ndarray] = []
+        self._reads = 0
+        self._lost = 0
+
+    def feed(self, kind, ts, first, last, lost: int = 0) -> None:
+        """Fold in one drain's events (arrays of equal length, in time order)."""
+        kind = np.asarray(kind)
+        ts = np.asarray(ts, dtype=np.int64)
+        first = np.asarray(first, dtype=np.int64)
+        last = np.asarray(last, dtype=np.int64)
+        self._lost += int(lost)
+        r = kind == READ
+        if r.any():
+            self._reads += int(r.sum())
+            self._read_blocks.append(_blocks_touched(first[r], last[r], self.pages_per_block))
+        w = kind == WRITE
+        if w.any():
+            self._write_pages.append(_pages(first[w], last[w]))
+        d = kind == DELETE
+        a = kind == ADD
+        if d.any() or a.any():
+            self._fold_cache_events(kind[a | d], ts[a | d], first[a | d], last[a | d])
+
+    def take(self, nblocks: int, now_ns: int | None = None) -> Access:
+        """This cycle's evidence for an image of ``nblocks`` blocks; starts the next cycle."""
+        ppb = self.pages_per_block
+        blocks = _unique(self._read_blocks)
+        blocks = blocks[blocks < nblocks]
+        reads = Sparse(blocks, np.ones(blocks.size, dtype=np.float32))
+        pages = _unique(self._write_pages)
+        pages = pages[pages < nblocks * ppb]
+        parts = np.unique(pages // self.pages_per_part)
+        wblocks, nparts = np.unique(parts // PARTS, return_counts=True)
+        writes = Sparse(wblocks, (nparts / PARTS).astype(np.float32))
+        refaulted = _unique(self._refault_pages)
+        rblocks = np.unique(refaulted // ppb)
+        rblocks = rblocks[rblocks < nblocks]
+        refaults = Sparse(rblocks, np.ones(rblocks.size, dtype=np.float32))
+        out = Access(reads, writes, refaults, self._reads, pages, int(refaulted.size),
+                     self._lost)
+        if now_ns is not None:
+            self._forget_before(now_ns - int(REFAULT_SECONDS * 1e9))
+        self._reset()
+        return out
+
+    # -- refaults ------------------------------------------------------------
+
+    def _fold_cache_events(self, kind, ts, first, last) -> None:
+        """Match additions against earlier deletions (refaults), then remember deletions.
+
+        Events come in time order; an addition is a refault when the same
+        page's latest deletion before it is younger than ``REFAULT_SECONDS``.
+        Deletions and additions of this batch are matched in order: a page
+        deleted after it was added in the same batch is not a refault.
+        """
+        pages, idx = _expand(first, last)
+        kinds, times = kind[idx], ts[idx]
+        # The latest deletion of each page before each addition, in this batch or before.
+        order = np.lexsort((times, pages))          # by page, then time
+        pages, kinds, times = pages[order], kinds[order], times[order]
+        is_del = kinds == DELETE
+        # For every event, the time of the last deletion of the same page at or before it.
+        last_del = np.where(is_del, times, np.int64(-1))
+        same = np.ones(pages.size, dtype=bool)
+        same[1:] = pages[1:] == pages[:-1]
+        # Running maximum of deletion times within each page's group.
+        run_max = _grouped_running_max(last_del, np.cumsum(~same) - 1)
+        older = self._lookup(pages)                 # deletions remembered from before
+        deleted_at = np.maximum(run_max, older)
+        window = int(REFAULT_SECONDS * 1e9)
+        refault = (kinds == ADD) & (deleted_at >= 0) & (times - deleted_at <= window)
+        if refault.any():
+            self._refault_pages.append(pages[refault])
+        # Remember each page's latest deletion (added back later: still remembered, a
+        # second refault within the window is a refault again).
+        if is_del.any():
+            dp, dt = pages[is_del], times[is_del]
+            keep = np.ones(dp.size, dtype=bool)
+            keep[:-1] = dp[1:] != dp[:-1]            # the last (latest) per page
+            self._remember(dp[keep], dt[keep])
+
+    def _lookup(self, pages: np.ndarray) -> np.ndarray:
+        """The remembered deletion time of each page, or -1."""
+        out = np.full(pages.size, -1, dtype=np.int64)
+        if not self._deleted_pages.size:
+            return out
+        i = np.searchsorted(self._deleted_pages, pages)
+        i = np.minimum(i, self._deleted_pages.size - 1)
+        hit = self._deleted_pages[i] == pages
+        out[hit] = self._deleted_at[i[hit]]
+        return out
+
+    def _remember(self, pages: np.ndarray, times: np.ndarray) -> None:
+        allp = np.concatenate((pages, self._deleted_pages))     # new ones first: they win
+        allt = np.concatenate((times, self._deleted_at))
+        uniq, first = np.unique(allp, return_index=True)
+        self._deleted_pages, self._deleted_at = uniq, allt[first]
+        if uniq.size > MAX_DELETIONS:
+            keep = np.sort(np.argsort(self._deleted_at)[-MAX_DELETIONS:])
+            self._deleted_pages = self._deleted_pages[keep]
+            self._deleted_at = self._deleted_at[keep]
+
+    def _forget_before(self, t_ns: int) -> None:
+        keep = self._deleted_at >= t_ns
+        if not keep.all():
+            self._deleted_pages = self._deleted_pages[keep]
+            self._deleted_at = self._deleted_at[keep]
+
+    @property
+    def remembered_deletions(self) -> int:
+        return int(self._deleted_pages.size)
+
+
+# -- helpers -----------------------------------------------------------------
+
+def _unique(chunks: list[np.ndarray]) -> np.ndarray:
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate(chunks))
+
+
+def _expand(first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every page of the ranges ``first..last`` (inclusive), and the index of its range."""
+    counts = last - first + 1
+    counts = np.maximum(counts, 1)
+    idx = np.repeat(np.arange(first.size), counts)
+    offsets = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return first[idx] + offsets, idx
+
+
+def _pages(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    if (last == first).all():
+        return first
+    return _expand(first, last)[0]
+
+
+def _blocks_touched(first: np.ndarray, last: np.ndarray, ppb: int) -> np.ndarray:
+    """Every block the page ranges touch (with repeats)."""
+    b0, b1 = first // ppb, last // ppb
+    if (b0 == b1).all():
+        return b0
+    return _expand(b0, b1)[0]
+
+
+def _grouped_running_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Running maximum of ``values`` restarting with each group (groups are contiguous,
+    numbered 0, 1, ... in order)."""
+    if not values.size:
+        return values
+    # Ranks instead of values, each group lifted above every earlier one, so one
+    # running maximum cannot leak across groups and nothing overflows.
+    uniq, rank = np.unique(values, return_inverse=True)
+    lift = group.astype(np.int64) * (uniq.size + 1)
+    return uniq[np.maximum.accumulate(rank.astype(np.int64) + lift) - lift]
+
+
+class EventResidency:
+    """The cached pages per block, kept from ADD and DELETE events between mincore passes.
+
+    ``reconcile`` replaces the counts with a mincore pass's; between passes
+    every page added counts +1 and every page deleted -1 (clipped to the
+    block). A lost event, or a page the daemon's own thread added (not
+    traced), makes a count wrong until the next pass: the trace source
+    reconciles every few cycles and whenever events were lost.
+    """
+
+    def __init__(self, nblocks: int, block_size: int):
+        self.pages_per_block = block_size // PAGE
+        self.counts = np.zeros(int(nblocks), dtype=np.int32)
+
+    def reconcile(self, fraction: np.ndarray) -> None:
+        self.counts = np.rint(np.asarray(fraction, dtype=np.float64)
+                              * self.pages_per_block).astype(np.int32)
+
+    def resize(self, nblocks: int) -> None:
+        out = np.zeros(int(nblocks), dtype=np.int32)
+        k = min(out.size, self.counts.size)
+        out[:k] = self.counts[:k]
+        self.counts = out
+
+    def feed(self, kind, first, last) -> None:
+        kind = np.asarray(kind)
+        n, ppb = self.counts.size, self.pages_per_block
+        for k, sign in ((ADD, 1), (DELETE, -1)):
+            m = kind == k
+            if not m.any():
+                continue
+            pages = _pages(np.asarray(first, dtype=np.int64)[m],
+                           np.asarray(last, dtype=np.int64)[m])
+            blocks = pages // ppb
+            blocks = blocks[blocks < n]
+            self.counts += sign * np.bincount(blocks, minlength=n).astype(np.int32)
+        np.clip(self.counts, 0, ppb, out=self.counts)
+
+    def fraction(self) -> np.ndarray:
+        return self.counts.astype(np.float32) / np.float32(self.pages_per_block)
+
+    def resident_pages(self) -> int:
+        return int(self.counts.sum(dtype=np.int64))
