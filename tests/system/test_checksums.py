@@ -1,10 +1,12 @@
 """BlockChecksums on real files written with os.pwrite (the path QEMU's writes take)."""
 
+import math
 import os
 
 import numpy as np
 import pytest
 
+from vmdisktouch.system import files
 from vmdisktouch.system.checksums import BlockChecksums
 from vmdisktouch.system.image import open_image
 
@@ -268,3 +270,188 @@ def test_hashing_caches_nothing_beyond_the_blocks_hashed(image):
     assert int(counts.sum()) == 3 * 256, np.flatnonzero(counts).tolist()
     sums.close()
     sums.close()
+
+
+# -- rotation: update(..., share=s) hashes ceil(s * n) of the n held blocks a call --------
+
+HELD = np.array([*range(0, 6), *range(8, 21), 23, *range(26, 32)])   # 26 blocks, 4 runs
+
+
+class Reads:
+    """``files.pread_into`` wrapped: the real read, with what it returned recorded."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = files.pread_into
+
+        def pread_into(fd, buf, offset):
+            got = real(fd, buf, offset)
+            self.calls.append((offset, got))
+            return got
+        monkeypatch.setattr(files, "pread_into", pread_into)
+
+    def take(self) -> tuple[int, set]:
+        """(bytes read, blocks read) since the last take."""
+        calls, self.calls = self.calls, []
+        blocks = set()
+        for offset, n in calls:
+            blocks.update(range(offset // BS, -(-(offset + n) // BS)))
+        return sum(n for _, n in calls), blocks
+
+
+@pytest.mark.parametrize("share", [1 / 64, 1 / 16, 1 / 5, 0.3, 1 / 3, 0.5, 1.0])
+def test_rotation_hashes_every_held_block_within_ceil_one_over_share_calls(
+        image, monkeypatch, share):
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    sums = sums_of(path, read_bytes=3 * MiB)
+    reads = Reads(monkeypatch)
+    k = max(1, math.ceil(share * HELD.size))
+    window = math.ceil(1 / share)
+    seen = []
+    for _ in range(2 * window + 3):
+        sums.update(HELD, size, share=share)
+        nbytes, blocks = reads.take()
+        assert nbytes == k * BS                  # the bound: share of the held bytes, read once
+        assert len(blocks) == k and blocks <= set(HELD.tolist())
+        seen.append(blocks)
+    for start in range(len(seen) - window + 1):  # any ceil(1/share) consecutive calls cover all
+        assert set().union(*seen[start:start + window]) == set(HELD.tolist())
+
+
+def test_share_one_is_every_block_every_call(image, monkeypatch):
+    """share=1 (the default) hashes and reports every given block on every call."""
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    default, explicit = sums_of(path), sums_of(path)
+    reads = Reads(monkeypatch)
+    for step in range(4):
+        flip(rfd, wfd, (7 * step + 2) * BS + 100, 10)
+        flip(rfd, wfd, 31 * BS + step, 1)
+        a = default.update(HELD, size)
+        assert reads.take() == (HELD.size * BS, set(HELD.tolist()))
+        b = explicit.update(HELD, size, share=1.0)
+        assert reads.take() == (HELD.size * BS, set(HELD.tolist()))
+        assert a.tolist() == b.tolist()
+        expect = set() if step == 0 else {7 * step + 2, 31} & set(HELD.tolist())
+        assert set(HELD[a > 0].tolist()) == expect
+
+
+def test_share_must_be_in_zero_to_one(image):
+    path, rfd, wfd = image
+    sums = sums_of(path)
+    for share in (0, -0.5, 1.01):
+        with pytest.raises(ValueError):
+            sums.update(HELD, os.path.getsize(path), share=share)
+
+
+def test_a_write_is_reported_once_on_the_turn_of_its_block(image, monkeypatch):
+    """Writes land at every point of the rotation: each is reported by the first call hashing
+    its block afterwards (within ceil(1/share) calls), and never again."""
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    share, window = 1 / 4, 4
+    held = np.arange(32)
+    sums = sums_of(path)
+    sums.baseline(held, size)                        # as the daemon does for newly held blocks
+    reads = Reads(monkeypatch)
+    written, hashed, reported = {}, [], {}
+    for call in range(16):
+        if call < 9:
+            block = (call * 7 + 3) % 32              # distinct blocks, before or after their turn
+            flip(rfd, wfd, block * BS + 4096 * call, 4096)
+            written[block] = call
+        out = sums.update(held, size, share=share)
+        hashed.append(reads.take()[1])
+        assert out[out > 0].tolist() == [1 / 16] * int((out > 0).sum())   # one part each
+        for block in held[out > 0].tolist():
+            assert block not in reported, f"block {block} reported twice"
+            assert block in hashed[call]             # only blocks hashed now are reported
+            reported[block] = call
+    assert set(reported) == set(written)             # none lost
+    for block, call in written.items():
+        turn = next(c for c in range(call, len(hashed)) if block in hashed[c])
+        assert reported[block] == turn and turn - call < window
+
+    # A block written just after its turn waits a whole rotation.
+    block = min(hashed[-1])
+    flip(rfd, wfd, block * BS, 1)
+    for call in range(window):
+        out = sums.update(held, size, share=share)
+        assert set(held[out > 0].tolist()) == ({block} if call == window - 1 else set())
+
+
+def test_a_block_released_and_held_again_starts_fresh_under_rotation(image):
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    held = np.arange(32)
+    sums = sums_of(path)
+    sums.baseline(held, size)
+    flip(rfd, wfd, 30 * BS, 1)           # written while held, before its turn came
+    sums.update(held[held != 30], size, share=1 / 4)   # then released: forgotten
+    assert 30 not in sums.known().tolist()
+    flip(rfd, wfd, 30 * BS + 5, 1)       # and written while released
+    for _ in range(8):                   # held again: two whole rotations, nothing to report
+        assert not sums.update(held, size, share=1 / 4).any()
+    assert sums.known().tolist() == held.tolist()
+
+
+def test_a_write_before_the_file_settled_stops_no_pass_until_found(image, monkeypatch):
+    """The stamps prove the file unwritten since it settled, not since each block's last hash:
+    passes go on until every held block has been hashed after the write."""
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    clock = FakeClock(path)
+    sums = sums_of(path, clock=clock)
+    clock.advance(1.2)
+    held, share = np.arange(32), 1 / 4
+    sums.baseline(held, size)
+    for _ in range(4):                       # one sweep after the stamp settled
+        sums.update(held, size, skip_unwritten=True, share=share)
+        assert not sums.skipped
+    sums.update(held, size, skip_unwritten=True, share=share)
+    assert sums.skipped                      # every block hashed since: idle, nothing read
+    reads = Reads(monkeypatch)
+    sums.update(held, size, skip_unwritten=True, share=share)
+    assert sums.skipped and reads.take() == (0, set())
+
+    flip(rfd, wfd, 30 * BS + 77, 1)          # far from the cursor's next blocks
+    clock.written()
+    clock.advance(1.2)                       # settled before the next pass: equal stamps follow
+    found = []
+    for _ in range(4):
+        out = sums.update(held, size, skip_unwritten=True, share=share)
+        assert not sums.skipped
+        found += held[out > 0].tolist()
+    assert found == [30]
+    sums.update(held, size, skip_unwritten=True, share=share)
+    assert sums.skipped
+
+
+def test_a_stale_hash_kept_by_a_skip_is_not_reused_by_baseline(image, monkeypatch):
+    """Block 30's hash predates a write (its turn had not come); a skipped update keeps it while
+    30 is released; held again, 30 is hashed afresh and the old write is not reported."""
+    path, rfd, wfd = image
+    size = os.path.getsize(path)
+    clock = FakeClock(path)
+    sums = sums_of(path, clock=clock)
+    clock.advance(1.2)
+    rest = np.arange(7)
+    held, share = np.append(rest, 30), 1 / 8           # one block a call: 0, 1, ..., 6, 30
+    sums.baseline(held, size)
+    for _ in range(8):
+        sums.update(held, size, skip_unwritten=True, share=share)
+    flip(rfd, wfd, 30 * BS, 1)
+    clock.written()
+    clock.advance(1.2)
+    reads = Reads(monkeypatch)
+    for _ in range(7):                                  # blocks 0..6 hashed again; 30 next
+        assert not sums.update(held, size, skip_unwritten=True, share=share).any()
+    assert reads.take()[1] == set(range(7))
+    sums.update(rest[rest != 3], size, skip_unwritten=True, share=share)
+    assert sums.skipped                                 # 3 and 30 released, their hashes kept
+    assert {3, 30} <= set(sums.known().tolist())
+    sums.baseline([3, 30], size)                        # both held again
+    assert reads.take()[1] == {30}                      # 3's hash is current, 30's is not
+    for _ in range(16):
+        assert not sums.update(held, size, skip_unwritten=True, share=share).any()

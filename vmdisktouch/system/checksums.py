@@ -3,10 +3,10 @@
 A block the daemon holds is resident, so the guest's reads of it never show
 up as residency changes; its writes are the one thing left to observe. Each
 cycle the daemon passes the held block indices to ``update``, which hashes
-each block as ``PARTS`` (16) equal parts (xxh3-64 each) and reports, per
-block, the fraction of its parts whose hash differs from the one stored in
-the previous ``update``: 0 for an unwritten block, 1 for one written all
-over.
+a rotating share of them, each block as ``PARTS`` (16) equal parts (xxh3-64
+each), and reports, per block hashed, the fraction of its parts whose hash
+differs from the one stored when that block was last hashed: 0 for an
+unwritten block, 1 for one written all over.
 
 Why parts. A 1 MiB block takes the guest's hot writes and a stray write
 alike; as a yes/no per block, the stray writes that land on a held zone the
@@ -15,6 +15,33 @@ guest has left (measured: about 25 % of its blocks per cycle, from the
 look like the hot zone's writes, and the daemon kept the old zone. In parts
 the two differ by 50 times there (0.015 against 0.75 of the parts), as
 residency differs between a hot and a cold unheld block.
+
+Rotation: the cost is bounded. Hashing every held block every cycle costs
+a read and a hash of every held byte, whatever the guest does (at 3 GiB
+held with a guest writing, half a core). ``update(..., share=s)`` hashes
+only ``k = ceil(s * n)`` of the ``n`` blocks given (at least one): the next
+ones in block order from a cursor, which then moves past the last block
+hashed and wraps at the end. So the cost is ``s`` × the held bytes per
+cycle (``benchmarks/bench_checksums.py``: 1 GiB held, 1/16 takes about
+1/13 of the CPU time of share 1; the rest is a fixed cost per call), and
+while the held set is stable every held block is hashed at least once
+within ``ceil(1 / s)`` consecutive passes (``k`` consecutive blocks a pass
+cover the ``n`` in ``ceil(n / k) <= ceil(1 / s)``). A cursor rather than a
+random sample, so that the bound is certain; a cursor over block numbers
+rather than positions, so that blocks joining or leaving the held set do
+not shift the others' turns (a block joining behind the cursor waits for
+the wrap). The blocks of a pass are consecutive held blocks, so they are
+read as whole runs.
+
+A block given but not hashed keeps its stored hashes: a write to it is
+found on its turn, as a change since its last hash, and reported once,
+since the comparison stores the new hashes. A write is therefore never
+lost, only reported up to ``ceil(1 / s) - 1`` cycles late, and the fraction
+reported covers every write since the block's last hash (up to
+``ceil(1 / s)`` cycles of them), not one cycle's. A write is lost only if a
+stored hash is replaced without comparison, which ``update`` never does for
+a block it was given. ``share=1`` hashes every given block every pass, as
+before rotation.
 
 - Data is read with ``preadv`` (``files.pread_into``) into one reusable buffer, never through
   the holding mapping: a truncated image would raise SIGBUS there, while a
@@ -28,8 +55,10 @@ residency differs between a hot and a cold unheld block.
   memoryview: no system call per block.
 - A block seen for the first time, or not passed to the previous
   ``update``, is not "changed": its stored hash is from before a gap, or
-  there is none. ``baseline`` hashes blocks the moment they are taken into
-  hold, so that a write between the load and the next cycle is a change. ``update`` forgets every block it was not given, so a block
+  there is none; its first hash, on its turn, is its reference.
+  ``baseline`` hashes blocks the moment they are taken into hold (outside
+  the rotation), so that a write between the load and the block's turn is
+  a change. ``update`` forgets every block it was not given, so a block
   released and held again starts fresh (``forget`` does it explicitly).
 - Blocks at or beyond ``size`` are forgotten. When the size changes, the
   block holding the old end and the block holding the new end start fresh
@@ -38,27 +67,38 @@ residency differs between a hot and a cold unheld block.
   read) forgets the blocks it did not cover completely and carries on.
 
 Skipping when nothing was written. For a regular file every write(2)
-updates its mtime (and ctime). ``update(..., skip_unwritten=True)`` first
-compares the file's (mtime, ctime, size) with those taken just before the
-previous hashing pass: unchanged means nothing was written since, and the
-pass is skipped (no change reported, the stored hashes kept). Timestamps
-may be coarse (one jiffy) on kernels without multigrain timestamps: a write
-in the same tick as our stat could leave mtime unchanged. So a skip also
-needs the stamp to be settled, its mtime and ctime more than
-``SETTLED_NS`` (1 s) older than the moment it was taken: any later write
-then sets a newer time. "Now" is the injected ``clock`` (wall-clock ns,
-``time.time_ns`` by default: file times are wall-clock times). Block
-devices (``Image.is_regular`` False: their node's times do not follow
-writes) are always hashed.
+updates its mtime (and ctime). Each hashing pass first takes the file's
+stamp (mtime, ctime, size, and "now" from the injected ``clock``: wall-clock
+ns, ``time.time_ns`` by default, as file times are). Timestamps may be
+coarse (one jiffy) on kernels without multigrain timestamps: a write in the
+same tick as our stat could leave mtime unchanged. So a stamp proves
+something only when settled, its mtime and ctime more than ``SETTLED_NS``
+(1 s) older than the moment it was taken: any later write then sets a newer
+time. If the stamps of passes q, q+1, …, and the stamp now are equal and
+pass q's is settled, nothing was written since pass q began, and every hash
+taken in pass q or later is the file's content now ("current").
 
-Storage is kept for the blocks hashed in the last pass only (the held
-blocks): their sorted numbers and a ``(blocks, PARTS)`` uint64 array, 128
-bytes per held block (4 MiB for 32 GiB held at 1 MiB blocks), whatever the
-image size.
+With rotation that is not enough to skip: the last pass hashed only some
+blocks, and another one may hold a write from before the proof began that
+its turn has not reached yet. ``update(..., skip_unwritten=True)`` skips its
+pass (no change reported, the stored hashes kept, the cursor not moved)
+only when every block given with stored hashes is current. Each stored
+block remembers the pass whose stamp preceded its hash; after a write the
+passes go on, one share at a time, until every held block has been hashed
+since the file settled, and only then stop. A write is thus never hidden by
+a skip, and an idle image costs one sweep (the held bytes once), then
+nothing. Block devices (``Image.is_regular`` False: their node's times do
+not follow writes) are always hashed.
+
+Storage is kept for the blocks with stored hashes only (the held blocks):
+their sorted numbers, a ``(blocks, PARTS)`` uint64 array and the pass of
+each hash, 136 bytes per held block (4.25 MiB for 32 GiB held at 1 MiB
+blocks), whatever the image size.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Callable
@@ -74,6 +114,8 @@ from vmdisktouch.system.image import Image
 READ_BYTES = 8 << 20   # largest single read
 PARTS = 16             # hashes per block; a block's rewritten fraction is in 1/PARTS steps
 SETTLED_NS = 1_000_000_000   # a stamp this much older than its stat cannot hide a write
+
+Stamp = tuple[int, int, int, int]   # (mtime, ctime, size, now) in ns
 
 
 class BlockChecksums:
@@ -94,8 +136,12 @@ class BlockChecksums:
         self._nblocks = 0
         self._blocks = np.zeros(0, dtype=np.int64)               # sorted, known blocks
         self._sums = np.zeros((0, PARTS), dtype=np.uint64)      # their part hashes
+        self._pass_of = np.zeros(0, dtype=np.int64)             # the pass before each hash
         self._size: int | None = None
-        self._stamp: tuple[int, int, int, int] | None = None   # before the last hashing pass
+        self._stamp: Stamp | None = None     # taken before the last hashing pass
+        self._passes = 0                     # hashing passes so far (skips not counted)
+        self._quiet_since: int | None = None  # nothing written since this pass began
+        self._cursor = 0                     # the rotation's next block number
         self.skipped = False          # the last update skipped its pass (nothing written)
 
     def close(self) -> None:
@@ -121,10 +167,21 @@ class BlockChecksums:
 
     def _keep(self, which: np.ndarray) -> None:
         self._blocks, self._sums = self._blocks[which], self._sums[which]
+        self._pass_of = self._pass_of[which]
 
-    # -- the cycle -------------------------------------------------------------
+    def _store(self, blocks: np.ndarray, sums: np.ndarray, got: np.ndarray) -> None:
+        """Replace the stored hashes of sorted ``blocks`` by ``sums`` where ``got``, else forget."""
+        self._keep(~_find(blocks, self._blocks)[1])
+        all_blocks = np.concatenate((self._blocks, blocks[got]))
+        order = np.argsort(all_blocks, kind="stable")
+        self._blocks = all_blocks[order]
+        self._sums = np.concatenate((self._sums, sums[got]))[order]
+        passes = np.full(int(got.sum()), self._passes, dtype=np.int64)
+        self._pass_of = np.concatenate((self._pass_of, passes))[order]
 
-    def _file_stamp(self) -> tuple[int, int, int, int] | None:
+    # -- the file's stamp ------------------------------------------------------
+
+    def _file_stamp(self) -> Stamp | None:
         """(mtime, ctime, size, now) of a regular file, in ns; None for anything else."""
         if not self.regular:
             return None
@@ -134,71 +191,118 @@ class BlockChecksums:
             return None
         return st.st_mtime_ns, st.st_ctime_ns, st.st_size, self.clock()
 
+    def _current_since(self) -> int | None:
+        """The first pass whose hashes are provably still the file's content, or None."""
+        prev, now = self._stamp, self._file_stamp()
+        if prev is None or now is None or now[:3] != prev[:3]:
+            return None
+        return self._quiet_since
+
+    def _new_pass(self) -> None:
+        """Count a hashing pass and take its stamp; follow the chain of equal stamps."""
+        prev, stamp = self._stamp, self._file_stamp()
+        self._passes += 1
+        if prev is None or stamp is None or stamp[:3] != prev[:3]:
+            self._quiet_since = None
+        if self._quiet_since is None and stamp is not None and \
+                stamp[3] - max(stamp[0], stamp[1]) > SETTLED_NS:
+            self._quiet_since = self._passes
+        self._stamp = stamp
+
     def unwritten(self) -> bool:
         """True when the file was provably not written since the last hashing pass began."""
-        prev, now = self._stamp, self._file_stamp()
-        if prev is None or now is None:
-            return False
-        return now[:3] == prev[:3] and prev[3] - max(prev[0], prev[1]) > SETTLED_NS
+        return self._current_since() is not None
 
-    def update(self, block_indices, size: int, *, skip_unwritten: bool = False) -> np.ndarray:
-        """Hash the given blocks; per block, the fraction of its parts changed since the last update.
+    # -- the cycle -------------------------------------------------------------
 
-        ``block_indices``: block numbers (any order; duplicates are hashed once).
-        ``size``: the image size now. Returns a float32 array in [0, 1]
-        aligned with ``block_indices`` (0 for a block with no stored hashes).
-        ``skip_unwritten``: report no change, and keep the stored hashes, when
-        ``unwritten()`` says nothing was written since the last pass.
+    def update(self, block_indices, size: int, *, skip_unwritten: bool = False,
+               share: float = 1.0) -> np.ndarray:
+        """Hash the given blocks' next share; per block, the fraction of its parts changed.
+
+        ``block_indices``: the held block numbers (any order; duplicates are
+        hashed once). ``size``: the image size now. ``share`` (0 < share <= 1):
+        hash ``ceil(share * n)`` of the ``n`` valid blocks given (at least one),
+        the next ones from the rotation's cursor; the others keep their stored
+        hashes. Returns a float32 array in [0, 1] aligned with
+        ``block_indices``: for a block hashed now, the fraction of its parts
+        changed since its stored hash; 0 for a block not hashed now or with no
+        stored hash. Blocks not given are forgotten.
+        ``skip_unwritten``: hash nothing, report no change and keep the stored
+        hashes and the cursor when every given block's stored hash is provably
+        still the file's content (see the module docstring).
         """
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], not {share!r}")
         size = int(size)
         idx = np.asarray(block_indices, dtype=np.int64).ravel()
-        self.skipped = skip_unwritten and size == self._size and self.unwritten()
+        self.skipped = skip_unwritten and size == self._size and self._all_current(idx)
         if self.skipped:
             return np.zeros(idx.size, dtype=np.float32)
-        self._stamp = self._file_stamp()
+        self._new_pass()
         self._follow_size(size)
 
         blocks = np.unique(idx[(idx >= 0) & (idx < self._nblocks)])
-        sums, got = self._hash_blocks(blocks, size)
-        blocks, sums = blocks[got], sums[got]
-        pos, known = _find(self._blocks, blocks)
-        fraction = np.zeros(blocks.size, dtype=np.float32)
-        if known.any():
-            fraction[known] = (sums[known] != self._sums[pos[known]]).mean(axis=1)
-        self._blocks, self._sums = blocks, sums      # everything not given is forgotten
+        self._keep(_find(blocks, self._blocks)[1])      # everything not given is forgotten
+        turn = self._turn(blocks, share)
+        sums, got = self._hash_blocks(turn, size)
+        pos, known = _find(self._blocks, turn)
+        compared = known & got
+        fraction = np.zeros(turn.size, dtype=np.float32)
+        if compared.any():
+            fraction[compared] = (sums[compared] != self._sums[pos[compared]]).mean(axis=1)
+        self._store(turn, sums, got)                    # a short read forgets what it missed
 
         out = np.zeros(idx.size, dtype=np.float32)
-        pos, hit = _find(blocks, idx)
+        pos, hit = _find(turn, idx)
         out[hit] = fraction[pos[hit]]
         return out
 
+    def _all_current(self, idx: np.ndarray) -> bool:
+        """Every given block with stored hashes was hashed since the file was last written."""
+        since = self._current_since()
+        if since is None:
+            return False
+        pos, known = _find(self._blocks, idx)
+        return bool((self._pass_of[pos[known]] >= since).all())
+
+    def _turn(self, blocks: np.ndarray, share: float) -> np.ndarray:
+        """This pass's blocks, sorted: the next ``ceil(share * n)`` from the cursor, wrapping."""
+        n = blocks.size
+        if not n:
+            return blocks
+        k = min(n, max(1, math.ceil(share * n)))
+        first = int(np.searchsorted(blocks, self._cursor))
+        pick = blocks[(first + np.arange(k)) % n]
+        self._cursor = int(pick[-1]) + 1
+        return np.sort(pick)
+
     def baseline(self, block_indices, size: int) -> None:
-        """Hash blocks that were just taken into hold, as the reference for the next ``update``.
+        """Hash blocks that were just taken into hold, as the reference for their next turn.
 
-        Without it a newly held block's first hash would be taken one cycle
-        later, and a guest write landing in between would be that block's
-        reference instead of a change. Other blocks' hashes are kept.
+        Without it a newly held block's first hash would be taken on its turn
+        in ``update``, and a guest write landing in between would be that
+        block's reference instead of a change. Other blocks' hashes are kept;
+        the rotation's cursor does not move.
 
-        A block whose hashes are still stored (a skipped ``update`` keeps the
-        hashes of blocks released since the last pass) is not read again
-        while ``unwritten()`` holds: every stored hash was taken after the
-        stamp of the last pass, and nothing was written since that stamp.
-        A region released and taken again on an idle image (a lease renewed,
-        see ``heat``) then costs no read and no hash.
+        A block whose stored hashes are provably still the file's content (a
+        skipped ``update`` keeps the hashes of blocks released since the last
+        pass) is not read again: see ``_current_since``. A region released
+        and taken again on an idle image (a lease renewed, see ``heat``) then
+        costs no read and no hash. A stored hash that might predate a write
+        (its block's turn had not come) is not reused: the block starts fresh.
         """
         size = int(size)
-        current = size == self._size and self.unwritten()
+        since = self._current_since() if size == self._size else None
         self._follow_size(size)
         idx = np.asarray(block_indices, dtype=np.int64).ravel()
         blocks = np.unique(idx[(idx >= 0) & (idx < self._nblocks)])
-        if current:                      # stored hashes are still the file's: keep them
-            blocks = blocks[~_find(self._blocks, blocks)[1]]
+        if since is not None:            # hashes taken since the file was last written: keep
+            pos, known = _find(self._blocks, blocks)
+            current = known.copy()
+            current[known] = self._pass_of[pos[known]] >= since
+            blocks = blocks[~current]
         sums, got = self._hash_blocks(blocks, size)
-        self.forget(blocks)
-        all_blocks = np.concatenate((self._blocks, blocks[got]))
-        order = np.argsort(all_blocks, kind="stable")
-        self._blocks = all_blocks[order]
-        self._sums = np.concatenate((self._sums, sums[got]))[order]
+        self._store(blocks, sums, got)
 
     # -- helpers -------------------------------------------------------------
 
