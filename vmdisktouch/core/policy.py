@@ -39,6 +39,12 @@ One cycle:
    memory pressure, sheds from the end. While holding is off (the domain is
    shut off) the plan is empty and everything is released.
 
+With the trace source (``Observation.reads`` set) step 2 has nothing to
+suppress: the evidence is the guest's reads, held blocks included, and the
+daemon's own loading is not traced; residency counts only in a cycle whose
+events were lost (``reconcile``). Step 6 then ranks held heat as it is and
+multiplies a run's rank by its thrash (``_thrash``).
+
 ``settle(held, holes, ceded)`` after the holder acted:
 
 * ``self_loaded``: a block the daemon loaded while the guest had less than
@@ -280,15 +286,9 @@ class Policy:
         return recent, rewritten
 
     def _evidence(self, obs: Observation, held: np.ndarray):
-        """(evidence, suppressed): the heat step's input of use, and the blocks it ignores.
-
-        Polling: residency, with the daemon's own blocks suppressed (held,
-        self-loaded, released in the grace). Trace: the guest's reads,
-        everywhere, held blocks included; nothing is suppressed, since the
-        daemon's own loading is not traced. When events were lost
-        (``reconcile``) the guest's residency, suppressed as when polling,
-        stands in for the reads that were missed.
-        """
+        """(evidence, suppressed) for the heat step: residency with the daemon's own blocks
+        suppressed (polling), or the reads, everywhere (trace; after lost events the
+        suppressed residency stands in for the missed reads)."""
         suppressed = held | self.self_loaded
         suppressed[self.released.blocks] = True
         if obs.reads is None:
