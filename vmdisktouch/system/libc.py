@@ -1,6 +1,6 @@
 """Thin ctypes bindings: the one module of the project that calls libc through ctypes.
 
-mmap, munmap, mincore, mlock, munlock, madvise, fstatfs and cachestat(2).
+mmap, munmap, mincore, mlock, munlock, madvise, fstatfs, cachestat(2) and mount(2).
 Each wrapper returns raw data and turns a failure into a project exception
 exactly once (``errors.syscall_error``). The calls that Python's ``os``
 module makes itself (lseek, posix_fadvise, pread, fstat) have their home in
@@ -173,3 +173,14 @@ class CacheStatCaller:
         st = self._stat
         return (st.nr_cache, st.nr_dirty, st.nr_writeback, st.nr_evicted,
                 st.nr_recently_evicted)
+
+
+_mount_fn = _bind("mount", ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                  _void_p)
+
+
+def mount(source: str, target: str, fstype: str, flags: int = 0) -> None:
+    """mount(2) without file system data (e.g. ``mount("nodev", "/sys/kernel/tracing",
+    "tracefs")``); a failure raises ``SyscallError`` ("mount")."""
+    if _mount_fn(source.encode(), target.encode(), fstype.encode(), flags, None) != 0:
+        _fail("mount", f"{fstype} on {target}")
