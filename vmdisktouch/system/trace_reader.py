@@ -1,0 +1,358 @@
+"""Exact reads, writes, cache insertions and evictions of one disk image, from tracepoints.
+
+Theory of operation. ``TraceReader(fd, name=...)`` makes a private tracefs
+instance (``tracefs.Instance``) recording four tracepoints, filtered in the
+kernel down to the image's page cache:
+
+* ``filemap:mm_filemap_get_pages``: READ, pages ``index`` .. ``last_index``;
+* ``writeback:writeback_dirty_folio``: WRITE, page ``index``;
+* ``filemap:mm_filemap_add_to_page_cache``: ADD, ``index`` .. ``index + 2**order - 1``;
+* ``filemap:mm_filemap_delete_from_page_cache``: DELETE, the same.
+
+What the kernel reports (6.18, checked by the system tests): a READ per
+batch of folios a read returns, so a cold long read repeats its tail
+(``0-255, 4-255, 80-255``); a WRITE when a clean folio turns dirty (again
+after each O_DSYNC write; once for rewrites of a page still dirty) naming the
+folio's FIRST page only: a 16 KiB write into uncached pages made one 4-page
+folio and one WRITE of its first page (its ADD gives the extent).
+
+The page cache of a regular file is its inode's, so the filters are
+``i_ino == st_ino && s_dev == <kernel dev_t of st_dev>`` (the writeback
+event has only ``ino``). A block device's (a loop device, an LVM volume) is
+the inode of the kernel's internal bdev file system, whose number is the
+device's kernel dev_t (``major << 20 | minor``): the filter starts on
+``i_ino`` alone and takes the ``s_dev`` of the first event seen. Neither is
+trusted: the start makes one buffered read of page 0 (``pread``, never a
+write) and refuses with ``TraceUnavailable`` unless a READ of page 0 came
+back, which also catches overlayfs, FUSE and the like. Then the daemon's own
+loading thread (``exclude_tid``) is filtered out of READ and ADD, not of
+DELETE (an eviction runs in whichever task reclaims).
+
+``drain()`` reads every CPU's ``trace_pipe_raw`` without blocking (one page
+per read, until EAGAIN), parses the pages (``ringbuf``) and returns the
+events sorted by time, CLOCK_MONOTONIC ns (``trace_clock`` ``mono``).
+Lost events are counted twice by the kernel, as the per-CPU ``overrun``
+counters and as the "missed events" of the next page read; per CPU the
+larger of the two running totals is taken, so nothing is counted twice.
+When events were lost the buffer doubles, up to ``max_buffer_kb``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from vmdisktouch.errors import ClosedError, SyscallError, VmdtError, file_kind
+from vmdisktouch.system import files, ringbuf, tracefs
+from vmdisktouch.system.tracefs import TraceUnavailable
+
+log = logging.getLogger("vmdisktouch")
+
+READ, WRITE, ADD, DELETE = 0, 1, 2, 3
+PAGE = 4096
+GET_PAGES = "filemap/mm_filemap_get_pages"
+DIRTY = "writeback/writeback_dirty_folio"
+ADDED = "filemap/mm_filemap_add_to_page_cache"
+DELETED = "filemap/mm_filemap_delete_from_page_cache"
+KINDS = {GET_PAGES: READ, DIRTY: WRITE, ADDED: ADD, DELETED: DELETE}
+CONFIRM_TRIES = 5
+
+__all__ = ["ADD", "DELETE", "Events", "READ", "TraceReader", "TraceUnavailable", "WRITE",
+           "kernel_dev"]
+
+
+def kernel_dev(dev: int) -> int:
+    """The kernel's dev_t (``major << 20 | minor``) of a user-space ``st_dev``/``st_rdev``."""
+    return os.major(dev) << 20 | os.minor(dev)
+
+
+@dataclass(frozen=True)
+class Events:
+    kind: np.ndarray    # uint8, one of READ/WRITE/ADD/DELETE
+    ts: np.ndarray      # int64, CLOCK_MONOTONIC ns (trace_clock mono)
+    first: np.ndarray   # int64, first page index (page = 4096 bytes)
+    last: np.ndarray    # int64, last page index, inclusive
+    lost: int           # events the kernel reported lost since the previous drain (>= 0)
+
+    def __len__(self) -> int:
+        return int(self.kind.size)
+
+
+def _empty(lost: int = 0) -> Events:
+    z = np.zeros(0, dtype=np.int64)
+    return Events(np.zeros(0, dtype=np.uint8), z, z.copy(), z.copy(), lost)
+
+
+def _concat(parts: list[Events], lost: int) -> Events:
+    if not parts:
+        return _empty(lost)
+    ts = np.concatenate([p.ts for p in parts])
+    order = np.argsort(ts, kind="stable")
+    return Events(np.concatenate([p.kind for p in parts])[order], ts[order],
+                  np.concatenate([p.first for p in parts])[order],
+                  np.concatenate([p.last for p in parts])[order], lost)
+
+
+class TraceReader:
+    """The page-cache events of the image open as ``fd`` (module docstring)."""
+
+    def __init__(self, fd: int, *, name: str, buffer_kb: int = 1024, max_buffer_kb: int = 65536,
+                 exclude_tid: int | None = None, root: str | None = None):
+        self.name = name
+        self.buffer_kb = int(buffer_kb)
+        self.max_buffer_kb = max(int(max_buffer_kb), self.buffer_kb)
+        self.exclude_tid = exclude_tid
+        self._fds: dict[int, int] = {}
+        self._closed = False
+        self._path = _fd_path(fd)
+        try:
+            st = files.fstat(fd)
+        except SyscallError as exc:
+            raise TraceUnavailable(f"{self._path}: {exc}") from None
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            raise TraceUnavailable(f"{self._path} is empty: no read can confirm its inode")
+        if stat.S_ISREG(st.st_mode):
+            self._ino, self._sdev = st.st_ino, kernel_dev(st.st_dev)
+        elif stat.S_ISBLK(st.st_mode):
+            self._ino, self._sdev = kernel_dev(st.st_rdev), None
+        else:
+            raise TraceUnavailable(f"{self._path} is {file_kind(st.st_mode)}: page-cache "
+                                   "tracepoints serve regular files and block devices")
+        self._block = stat.S_ISBLK(st.st_mode)
+        self._rdev = st.st_rdev
+        self.target = self._describe()
+        self._inst = tracefs.Instance.create(name, self._filters(exclude=False),
+                                             buffer_kb=self.buffer_kb, root=root)
+        try:
+            self._setup()
+            self._confirm(fd)
+            if exclude_tid is not None:
+                self._apply_filters()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup -------------------------------------------------------------------------
+
+    def _describe(self) -> str:
+        sdev = "" if self._sdev is None else f"{self._sdev >> 20}:{self._sdev & 0xFFFFF}"
+        if self._block:
+            on = f" on {sdev}" if sdev else ""
+            return (f"block device {os.major(self._rdev)}:{os.minor(self._rdev)} "
+                    f"(bdev inode {self._ino:#x}{on})")
+        return f"inode {self._ino} on {sdev}"
+
+    def _filters(self, *, exclude: bool) -> dict[str, str]:
+        match = f"i_ino == {self._ino}"
+        if self._sdev is not None:
+            match += f" && s_dev == {self._sdev}"
+        mine = f" && common_pid != {self.exclude_tid}" if exclude and \
+            self.exclude_tid is not None else ""
+        return {GET_PAGES: match + mine, DIRTY: f"ino == {self._ino}",
+                ADDED: match + mine, DELETED: match}
+
+    def _apply_filters(self) -> None:
+        for event, expr in self._filters(exclude=True).items():
+            self._inst.set_filter(event, expr)
+
+    def _setup(self) -> None:
+        inst = self._inst
+        try:
+            self._layout = ringbuf.parse_layout(inst.header_page(),
+                                                inst.header_event(),
+                                                inst.subbuf_bytes())
+            self._formats = {ev: ringbuf.parse_format(inst.format_text(ev)) for ev in KINDS}
+        except (ValueError, KeyError) as exc:
+            raise TraceUnavailable(f"cannot read the ring buffer's layout in {inst.path}: "
+                                   f"{exc}") from None
+        for ev, need in ((GET_PAGES, ("index", "last_index", "s_dev")), (DIRTY, ("index",)),
+                         (ADDED, ("index", "order")), (DELETED, ("index", "order"))):
+            missing = [f for f in need + ("common_type", "common_pid")
+                       if f not in self._formats[ev].fields]
+            if missing:
+                raise TraceUnavailable(f"tracepoint {ev} has no field {missing[0]} on this "
+                                       f"kernel ({os.uname().release})")
+        self._by_id = {fmt.id: (KINDS[ev], fmt) for ev, fmt in self._formats.items()}
+        cpus = inst.cpus()
+        for cpu in cpus:
+            try:
+                self._fds[cpu] = inst.open_pipe(cpu)
+            except OSError as exc:
+                log.debug("trace: cpu%d has no ring buffer to read: %s", cpu, exc)
+        if not self._fds:
+            raise TraceUnavailable(f"cannot open any per_cpu/cpuN/trace_pipe_raw of {inst.path}")
+        self._stats_base = inst.lost_counts(self._fds)
+        self._pages_missed = dict.fromkeys(self._fds, 0)
+        self._lost_seen = dict.fromkeys(self._fds, 0)
+        self._pending: list[Events] = []
+        self._pending_lost = 0
+
+    def _confirm(self, fd: int) -> None:
+        """One buffered read of page 0 must come back as a READ of page 0 of this inode."""
+        me = threading.get_native_id()
+        for _ in range(CONFIRM_TRIES):
+            try:
+                files.pread(fd, PAGE, 0)
+            except SyscallError as exc:
+                raise TraceUnavailable(f"cannot read page 0 of {self._path}: {exc}") from None
+            events, pid, sdev = self._collect(extra=True)
+            own = (pid == me) & ((events.kind == READ) | (events.kind == ADD))
+            hit = own & (events.kind == READ) & (events.first == 0)
+            keep = ~own
+            self._pending_lost += events.lost
+            self._pending.append(Events(events.kind[keep], events.ts[keep], events.first[keep],
+                                        events.last[keep], 0))
+            if hit.any():
+                if self._sdev is None:
+                    self._sdev = int(sdev[np.flatnonzero(hit)[0]])
+                    self.target = self._describe()
+                    self._apply_filters()
+                log.info("trace: %s: reads of %s seen on %s", self.name, self._path, self.target)
+                return
+        raise TraceUnavailable(f"tracepoints do not see reads of {self._path}: the page cache "
+                               f"of {self._path} is not on {self.target} (overlayfs, FUSE, "
+                               "O_DIRECT?)")
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _read_pages(self, cpu: int, fd: int) -> bytes:
+        """Every page buffered now on ``cpu`` (non-blocking), one page per read, at most
+        the buffer's size and a little more (what arrives meanwhile waits for the next)."""
+        size = self._layout.page_bytes
+        pages: list[bytes] = []
+        for _ in range(self.buffer_kb * 1024 // size + 64):
+            try:
+                page = os.read(fd, size)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                log.warning("trace: %s: reading cpu%d: %s", self.name, cpu, os.strerror(exc.errno))
+                break
+            if not page:
+                break
+            pages.append(page if len(page) == size else page + bytes(size - len(page)))
+        return b"".join(pages)
+
+    def _decode(self, recs: ringbuf.Records, extra: bool):
+        """Records -> Events (and, with ``extra``, each event's pid and s_dev)."""
+        any_fmt = next(iter(self._formats.values()))
+        types = recs.field(any_fmt.fields["common_type"])
+        parts, pids, sdevs = [], [], []
+        for ident, (kind, fmt) in self._by_id.items():
+            which = np.flatnonzero(types == ident)
+            if which.size == 0:
+                continue
+            f = fmt.fields
+            first = recs.field(f["index"], which).astype(np.int64)
+            if kind == READ:
+                last = recs.field(f["last_index"], which).astype(np.int64)
+            elif kind == WRITE:
+                last = first.copy()
+            else:
+                last = first + (np.int64(1) << recs.field(f["order"], which).astype(np.int64)) - 1
+            parts.append(Events(np.full(which.size, kind, dtype=np.uint8), recs.ts[which],
+                                first, last, 0))
+            if extra:
+                pids.append(recs.field(f["common_pid"], which).astype(np.int64))
+                sdevs.append(recs.field(f["s_dev"], which).astype(np.int64) if "s_dev" in f
+                             else np.full(which.size, -1, dtype=np.int64))
+        return parts, pids, sdevs
+
+    def _collect(self, extra: bool = False):
+        """Read and decode all CPUs; account lost events. Returns Events (and pid, s_dev)."""
+        parts, pids, sdevs = [], [], []
+        for cpu, fd in self._fds.items():
+            data = self._read_pages(cpu, fd)
+            if not len(data):
+                continue
+            recs = ringbuf.parse_pages(data, self._layout)
+            if recs.bad_pages:
+                log.warning("trace: %s: %d unreadable pages from cpu%d", self.name,
+                            recs.bad_pages, cpu)
+            self._pages_missed[cpu] += recs.missed + recs.missed_unknown
+            got, p, s = self._decode(recs, extra)
+            parts += got
+            pids += p
+            sdevs += s
+        lost = self._account_lost()
+        events = _concat(parts, lost)
+        if not extra:
+            return events
+        ts = np.concatenate([p.ts for p in parts]) if parts else np.zeros(0, np.int64)
+        order = np.argsort(ts, kind="stable")
+        cat = (lambda xs: np.concatenate(xs)[order] if xs else np.zeros(0, np.int64))
+        return events, cat(pids), cat(sdevs)
+
+    def _account_lost(self) -> int:
+        stats = self._inst.lost_counts(self._fds)
+        lost = 0
+        for cpu in self._fds:
+            now, base = stats.get(cpu), self._stats_base.get(cpu)
+            counted = 0 if now is None or base is None else now - base
+            if counted < 0:                     # the buffer was reset under us
+                self._stats_base[cpu] = now
+                counted = 0
+            seen = max(counted, self._pages_missed[cpu], self._lost_seen[cpu])
+            lost += seen - self._lost_seen[cpu]
+            self._lost_seen[cpu] = seen
+        return lost
+
+    def _grow(self, lost: int) -> None:
+        if self.buffer_kb >= self.max_buffer_kb:
+            return
+        new = min(self.buffer_kb * 2, self.max_buffer_kb)
+        try:
+            self._inst.resize(new)
+        except VmdtError as exc:
+            log.warning("trace: %s: %d events lost; cannot grow the buffer to %d KiB: %s",
+                        self.name, lost, new, exc)
+            self.max_buffer_kb = self.buffer_kb
+            return
+        log.info("trace: %s: %d events lost; per-CPU buffer %d -> %d KiB", self.name, lost,
+                 self.buffer_kb, new)
+        self.buffer_kb = new
+
+    def drain(self) -> Events:
+        """Everything buffered now, all CPUs, sorted by time; never blocks."""
+        if self._closed:
+            raise ClosedError(f"trace reader {self.name} used after close()")
+        events = self._collect()
+        if self._pending:
+            events = _concat(self._pending + [events], events.lost + self._pending_lost)
+            self._pending, self._pending_lost = [], 0
+        if events.lost:
+            self._grow(events.lost)
+        return events
+
+    def close(self) -> None:
+        """Close the pipes and remove the instance; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds = {}
+        inst = getattr(self, "_inst", None)
+        if inst is not None:
+            inst.remove()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"fd {fd}"
