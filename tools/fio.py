@@ -4,7 +4,9 @@ What a VM disk attached with ``cache=writethrough`` does on the host is
 buffered 4 KiB random I/O on the image file: reads, and writes opened with
 ``O_DSYNC``. ``FioJob`` reproduces it (``ioengine=psync``, ``direct=0``,
 ``sync=dsync``, iodepth 1, one job) with most accesses falling in hot zones
-(``random_distribution=zoned_abs``); ``FioRun`` runs it and parses fio's
+(``random_distribution=zoned_abs``). With ``nbd_uri`` the same job goes
+through QEMU's block layer instead (``tools.nbd``: ``qemu-nbd
+--cache=writethrough``, fio's ``nbd`` engine); ``FioRun`` runs it and parses fio's
 per-second JSON status into live per-interval IOPS; ``parse_iops_log`` reads
 fio's ``write_iops_log``. ``start_neighbour`` is the noisy neighbour, a
 rate-limited fio reader of another file in the same cgroup.
@@ -48,6 +50,8 @@ class FioJob:
     seed: int | None = None          # randseed: same sequence in every scenario
     extra: list[str] = field(default_factory=list)
     zone_shares: list[float] | None = None   # percent per hot zone (same order); None: equal
+    nbd_uri: str | None = None       # through qemu-nbd (ioengine=nbd) instead of the file
+    nbd_fsync: int = 1               # with nbd_uri: fio's fsync=N (0: no NBD flushes)
 
     def zones(self) -> list[tuple[int, int]]:
         """[(percent, bytes)] consecutive zones covering the file, integer percents summing to 100."""
@@ -79,14 +83,32 @@ class FioJob:
             pct[i] += 1
         return [(p, n) for p, (_, n, _s) in zip(pct, cuts)]
 
+    def nbd_options(self) -> list[str]:
+        """The same job through qemu-nbd: ``ioengine=nbd``, ``uri``, ``fsync=N``.
+
+        fio's ``nbd`` engine opens no file, so it knows no ``O_DSYNC``, and it
+        refuses ``fdatasync=N`` (EINVAL); ``fsync=N`` sends an NBD flush once N
+        writes were issued since the last flush, which with ``randrw`` means
+        after every I/O, reads included. qemu-nbd with ``--cache=writethrough``
+        already runs ``fdatasync`` after each write and skips a flush with
+        nothing written since its last one, so those flushes reach no disk;
+        each costs a round trip.
+        """
+        return ["--ioengine=nbd", f"--uri={self.nbd_uri}", f"--bs={self.block_size}",
+                "--rw=randrw", f"--rwmixread={self.read_mix}", "--iodepth=1", "--numjobs=1",
+                "--norandommap"] + ([f"--fsync={self.nbd_fsync}"] if self.nbd_fsync else [])
+
     def argv(self, fio: str = "fio") -> list[str]:
         dist = "zoned_abs:" + ":".join(f"{p}/{n}" for p, n in self.zones())
+        if self.nbd_uri:
+            engine = self.nbd_options()
+        else:
+            engine = ["--ioengine=psync", f"--bs={self.block_size}", "--rw=randrw",
+                      f"--rwmixread={self.read_mix}", f"--sync={self.sync}", "--direct=0",
+                      "--iodepth=1", "--numjobs=1", "--invalidate=0", "--norandommap",
+                      "--fadvise_hint=0"]  # as QEMU: no POSIX_FADV_RANDOM, the kernel's readahead decides
         a = [fio, f"--name={self.name}", f"--filename={self.filename}", f"--size={self.size}",
-             "--ioengine=psync", f"--bs={self.block_size}", "--rw=randrw",
-             f"--rwmixread={self.read_mix}", f"--sync={self.sync}", "--direct=0",
-             "--iodepth=1", "--numjobs=1", "--invalidate=0", "--norandommap",
-             "--fadvise_hint=0",  # as QEMU: no POSIX_FADV_RANDOM, the kernel's readahead decides
-             f"--random_distribution={dist}", "--time_based", f"--runtime={self.runtime:g}",
+             *engine, f"--random_distribution={dist}", "--time_based", f"--runtime={self.runtime:g}",
              f"--status-interval={self.status_interval}", "--output-format=json"]
         if self.seed is not None:
             a.append(f"--randseed={self.seed}")
