@@ -38,30 +38,50 @@ own section ``hotzone-VARIANT`` and chart ``docs/img/hotzone-VARIANT.png``):
 Every variant also reports the workload's IOPS while the daemon loads, next
 to no daemon in the same seconds.
 
+``--via nbd`` sends the same job through QEMU's block layer instead of
+fio's psync engine on the file: ``qemu-nbd --cache=writethrough
+--aio=threads -f raw`` (``tools.nbd``), started in the workload's group for
+each scenario and stopped by PID after it, does the buffered reads and the
+writes (each followed by ``fdatasync``), and fio's ``nbd`` engine talks to
+its unix socket (``--nbd-fsync``: fio's ``fsync=N``); the holders still hold
+the image file. Its sections and charts are ``hotzone[-VARIANT]-nbd``.
+
+``--rounds K`` runs the scenario list K times, ``--order ABBA`` (the
+default) reversing it on every other round, and reports each scenario's
+median and min–max of its steady IOPS across rounds and the ratios of the
+medians (``hotzone_rounds``); the detailed table and chart are of the last
+round. The report and the chart are ``hotzone_report`` and ``hotzone_chart``,
+the options ``hotzone_args``.
+
     python benchmarks/bench_hotzone.py                 # default, about 12 minutes
     python benchmarks/bench_hotzone.py --variant move  # about 7 minutes each variant
     python benchmarks/bench_hotzone.py --quick         # about 4 minutes, not written to the docs
+    python benchmarks/bench_hotzone.py --via nbd --rounds 3 --scenarios none,oracle,vmdisktouch
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import shlex
 import shutil
-import statistics
+import signal
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
+from benchmarks.hotzone_args import parse_args, section_name  # noqa: E402
+from benchmarks.hotzone_chart import draw_chart  # noqa: E402
+from benchmarks.hotzone_report import (DAEMONS, LABELS, Result, Sample, compare_lines,  # noqa: E402
+                                       report, say, steady_start)
+from benchmarks.hotzone_report import rolling_median, steady_loaded  # noqa: E402,F401 (bench_params: hz.*)
+from benchmarks.hotzone_rounds import round_orders, rounds_summary  # noqa: E402
+from benchmarks.report import update_section  # noqa: E402
 
 from tools.cgroup import MemoryCgroup, check_budget_vs_limit  # noqa: E402
 from tools.common import GiB, MiB, stop_process  # noqa: E402
@@ -69,51 +89,9 @@ from tools.daemon_proc import DaemonProc  # noqa: E402
 from tools.fio import FioJob, FioRun, parse_iops_log, start_neighbour  # noqa: E402
 from tools.holders import VmtouchLock  # noqa: E402
 from tools.images import evict, make_image, resident_bytes  # noqa: E402
-from tools.stats import first_time_at_or_above  # noqa: E402
+from tools.nbd import QemuNbd  # noqa: E402
 from tools.worktree import rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
-
-SCENARIOS = ("none", "whole", "oracle", "vmdisktouch", "tuned", "rev")
-DAEMONS = ("vmdisktouch", "tuned", "rev")      # the scenarios that run the daemon
-LABELS = {"none": "no daemon", "whole": "vmtouch -l whole image",
-          "oracle": "vmtouch -l hot zone (oracle)", "vmdisktouch": "vmdisktouch (1.25 x hot zone)",
-          "tuned": "vmdisktouch, --tuned-args", "rev": "vmdisktouch @REV (--compare-rev)"}
-COLOURS = {"none": (200, 60, 50), "whole": (140, 140, 140), "oracle": (40, 110, 200),
-           "vmdisktouch": (20, 160, 80), "tuned": (230, 150, 20), "rev": (150, 60, 170)}
-
-
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-@dataclass
-class Sample:
-    t: float
-    held: int            # VmLck of the holder
-    cg_usage: int
-    cg_unevictable: int
-    hot_cached: int
-    status_held: int = 0
-    cycle: int = 0           # the daemon's status: its cycle number
-    loaded: int = 0          # ... and the bytes that cycle loaded
-
-
-@dataclass
-class Result:
-    name: str
-    iops: list[tuple[float, float, float, float]]    # (t, total, read, write) per second
-    samples: list[Sample]
-    lock_seconds: float | None = None
-    counters: dict = field(default_factory=dict)
-    status: dict | None = None
-    error: str | None = None
-    lat_us: tuple[float, float] = (float("nan"), float("nan"))   # mean read, write completion latency
-
-    def series(self) -> list[tuple[float, float]]:
-        return [(t, v) for t, v, _r, _w in self.iops]
-
-    def steady(self, start: float) -> list[float]:
-        return [v for t, v, _r, _w in self.iops if t >= start]
 
 
 class Bench:
@@ -124,6 +102,8 @@ class Bench:
         self.hot_off = self.size // 4 // MiB * MiB
         self.budget = int(self.hot_len * 1.25) // MiB * MiB
         self.variant = a.variant
+        # bench_params builds its own options, without these
+        self.via, self.nbd_fsync = getattr(a, "via", "file"), getattr(a, "nbd_fsync", 1)
         self.statuses: list[dict] = []   # --keep-log: the daemon's status of each cycle (current code)
         self.read_mix = 50 if a.variant == "write50" else 80
         self.shares = None
@@ -178,7 +158,13 @@ class Bench:
         self.cgroup = cg = MemoryCgroup(f"bench-{name}", self.limit).create()
         holders: list = []
         lock_s = None
+        nbd = None
         try:
+            if self.via == "nbd":   # QEMU's block layer does the guest's I/O, in the group
+                nbd = QemuNbd(self.image, cgroup=cg, log=os.path.join(self.tmp, f"qemu-nbd-{name}.log"))
+                self.live.append(nbd)
+                nbd.start()
+                say(f"  qemu-nbd pid {nbd.pid} in the group: {nbd.uri}")
             if name == "whole":
                 holders = [VmtouchLock(self.image, 0, self.size)]
                 self.live.append(holders[0])
@@ -247,7 +233,8 @@ class Bench:
                 log_prefix = os.path.join(self.tmp, f"fio-{name}-{k}")
                 job = FioJob(self.image, self.size, zones, runtime=phase_len,
                                 seed=20241122 + k, iops_log=log_prefix, name=f"guest-{name}",
-                                read_mix=self.read_mix, zone_shares=self.shares)
+                                read_mix=self.read_mix, zone_shares=self.shares,
+                                nbd_uri=nbd.uri if nbd else None, nbd_fsync=self.nbd_fsync)
                 offset = time.monotonic() - t0
 
                 def on_interval(iv, offset=offset):
@@ -263,6 +250,9 @@ class Bench:
                 while fio.proc.poll() is None:
                     if daemon and not daemon.alive():
                         error = f"daemon exited ({daemon.returncode()}): {daemon.log_tail(1)}"
+                    elif nbd and not nbd.alive():
+                        error = f"qemu-nbd exited ({nbd.proc.returncode})"
+                    if error:
                         break
                     time.sleep(0.5)
                 fio.stop()
@@ -287,6 +277,8 @@ class Bench:
             stop.set()
             th.join(5)
             counters = cg.counters()
+            if nbd:     # its own memory, charged to the group besides the page cache it reads
+                counters.update({f"qemu_nbd_{k}": v for k, v in nbd.memory().items()})
             status = daemon.read_status() if daemon else None
             if counters["oom_kills"]:
                 error = (error or "") + f" OOM kills in the workload's group: {counters['oom_kills']}"
@@ -312,9 +304,13 @@ class Bench:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def interrupted(signum, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def stop_thing(x) -> None:
     try:
-        if isinstance(x, (VmtouchLock, DaemonProc, FioRun)):
+        if isinstance(x, (VmtouchLock, DaemonProc, FioRun, QemuNbd)):
             x.stop()
         else:
             stop_process(x)
@@ -322,320 +318,9 @@ def stop_thing(x) -> None:
         print(f"warning: cleanup: {exc}", file=sys.stderr)
 
 
-# -- analysis ---------------------------------------------------------------
-
-def rolling_median(series: list[tuple[float, float]], k: int = 5) -> list[tuple[float, float]]:
-    out = []
-    for i in range(len(series)):
-        window = [v for _, v in series[max(0, i - k + 1): i + 1]]
-        out.append((series[i][0], statistics.median(window)))
-    return out
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
-
-
-# -- chart (Pillow) -----------------------------------------------------------
-
-def draw_chart(results: dict[str, Result], path: str, duration: float, budget: int,
-               hot_len: int, steady_from: float) -> None:
-    from PIL import Image, ImageDraw
-    W, H = 1100, 760
-    img = Image.new("RGB", (W, H), "white")
-    d = ImageDraw.Draw(img)
-    font = chart_font(14)
-    L, R = 80, W - 20
-    panels = [(50, 470), (540, 700)]      # (top, bottom) of IOPS and held-bytes panels
-    tmax = duration
-    ymax = max([v for r in results.values() for _, v in rolling_median(r.series())] + [1]) * 1.1
-    hmax = max([s.held for r in results.values() for s in r.samples] + [budget, 1]) * 1.1
-
-    def x(t):
-        return L + (R - L) * min(max(t, 0), tmax) / tmax
-
-    def axes(top, bottom, vmax, unit, fmt):
-        d.rectangle([L, top, R, bottom], outline=(0, 0, 0))
-        for i in range(6):
-            v = vmax * i / 5
-            y = bottom - (bottom - top) * i / 5
-            d.line([L, y, R, y], fill=(225, 225, 225))
-            d.text((L - 8, y), fmt(v), fill=(0, 0, 0), font=font, anchor="rm")
-        step = 10 if tmax <= 120 else 20 if tmax <= 240 else 60
-        for t in range(0, int(tmax) + 1, step):
-            d.line([x(t), bottom, x(t), bottom + 4], fill=(0, 0, 0))
-            d.text((x(t), bottom + 6), f"{t}", fill=(0, 0, 0), font=font, anchor="mt")
-        d.text((L, top - 6), unit, fill=(0, 0, 0), font=font, anchor="lb")
-
-    top, bottom = panels[0]
-    axes(top, bottom, ymax, "IOPS (5 s rolling median of per-second IOPS)", lambda v: f"{v / 1000:.0f}k")
-    sx = x(steady_from)
-    d.line([sx, top, sx, bottom], fill=(180, 180, 180), width=1)
-    d.text((sx + 4, top + 4), "steady window", fill=(120, 120, 120), font=font)
-    for name, r in results.items():
-        pts = [(x(t), bottom - (bottom - top) * v / ymax) for t, v in rolling_median(r.series())]
-        if len(pts) > 1:
-            d.line(pts, fill=COLOURS[name], width=2)
-    top, bottom = panels[1]
-    axes(top, bottom, hmax, "held bytes (VmLck of the holder), MiB", lambda v: f"{v / MiB:.0f}")
-    for level, label in ((budget, "budget"), (hot_len, "hot zone")):
-        y = bottom - (bottom - top) * level / hmax
-        d.line([L, y, R, y], fill=(200, 200, 200), width=1)
-        d.text((R - 4, y + (-2 if label == "budget" else 2)), label, fill=(120, 120, 120),
-               font=font, anchor="rb" if label == "budget" else "rt")
-    for name, r in results.items():
-        pts = [(x(s.t), bottom - (bottom - top) * s.held / hmax) for s in r.samples]
-        if len(pts) > 1:
-            d.line(pts, fill=COLOURS[name], width=2)
-    d.text(((L + R) / 2, H - 30), "seconds since the workload started", fill=(0, 0, 0), font=font,
-           anchor="mm")
-    lx, ly = L + 10, 6
-    for name in results:
-        wtext = 40 + d.textlength(LABELS[name], font=font)
-        if lx + wtext > R:                      # wrap the legend onto a second row
-            lx, ly = L + 10, ly + 18
-        d.rectangle([lx, ly, lx + 14, ly + 14], fill=COLOURS[name])
-        d.text((lx + 20, ly + 7), LABELS[name], fill=(0, 0, 0), font=font, anchor="lm")
-        lx += wtext
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    img.save(path + ".tmp.png")
-    os.replace(path + ".tmp.png", path)
-
-
-# -- report -------------------------------------------------------------------
-
-VARIANT_TITLES = {
-    "base": "I/O under memory pressure: no daemon, `vmtouch -l`, vmdisktouch",
-    "move": "I/O under memory pressure, variant: two hot zones that move halfway",
-    "write50": "I/O under memory pressure, variant: 50 % writes",
-    "bigset": "I/O under memory pressure, variant: a hot set twice the budget",
-}
-VARIANT_TEXT = {
-    "base": "",
-    "move": ("Variant: the hot set is two zones of half the hot length each (at 15 % and "
-             "55 % of the image), which move at half time to 35 % and 80 %; the oracle "
-             "unlocks the old zones and locks the new ones at the move. Steady state is "
-             "the last quarter of the run."),
-    "write50": "Variant: `rwmixread=50` (half the accesses are O_DSYNC writes).",
-    "bigset": ("Variant: the hot set is twice the budget: the hot zone gets 60 % of the "
-               "accesses and a warm zone 1.5 times as long gets 30 %; the oracle locks the "
-               "hot zone and fills the rest of the budget from the warm zone. The daemon "
-               "should hold the hottest part and keep it, not thrash: the bytes it loads "
-               "in the steady window are reported."),
-}
-
-
-def steady_start(a) -> float:
-    return a.duration * (0.75 if a.variant == "move" else 0.5)
-
-
-def loading_window(r: Result) -> float | None:
-    """Seconds until the daemon first held 90 % of its steady-state median."""
-    held = [x.status_held for x in r.samples if x.t >= r.samples[-1].t / 2] if r.samples else []
-    if not held or not statistics.median(held):
-        return None
-    level = 0.9 * statistics.median(held)
-    return next((x.t for x in r.samples if x.status_held >= level), None)
-
-
-def mean_iops(r: Result, t_from: float, t_to: float) -> float:
-    v = [x for t, x, _r, _w in r.iops if t_from < t <= t_to]
-    return statistics.mean(v) if v else float("nan")
-
-
-def steady_loaded(r: Result, steady_from: float) -> tuple[int, int]:
-    """(bytes the daemon loaded, cycles) over the cycles first seen in the steady window."""
-    per_cycle: dict[int, int] = {}
-    for x in r.samples:
-        if x.t >= steady_from and x.cycle:
-            per_cycle.setdefault(x.cycle, x.loaded)
-    return sum(per_cycle.values()), len(per_cycle)
-
-
-def compare_lines(a, results: dict[str, Result], steady_from: float) -> list[str]:
-    """--compare-rev: the current code ÷ the daemon of REV, run side by side in this run."""
-    if not {"vmdisktouch", "rev"} <= set(results):
-        return []
-    cur, old = results["vmdisktouch"], results["rev"]
-
-    def median(values):
-        return statistics.median(values) if values else float("nan")
-
-    def ratio(x, y):
-        return f"{x / y:.3f}" if y else "—"
-
-    iops = [median(r.steady(steady_from)) for r in (cur, old)]
-    held = [median([x.held for x in r.samples if x.t >= steady_from]) for r in (cur, old)]
-    loaded = [steady_loaded(r, steady_from)[0] for r in (cur, old)]
-    tl = [loading_window(r) for r in (cur, old)]
-    fmt_t = [f"{t:.0f} s" if t is not None else "never" for t in tl]
-    return [f"Side by side with `{a.compare_rev}` ({a.compare_rev_sha[:10]}), in this run, same "
-            f"image, arguments and fio seed (current ÷ {a.compare_rev}):", "",
-            f"- steady median IOPS: {iops[0]:,.0f} / {iops[1]:,.0f} = **{ratio(*iops)}**;",
-            f"- held (median, steady): {held[0] / MiB:.0f} / {held[1] / MiB:.0f} MiB "
-            f"= {ratio(*held)};",
-            f"- loaded in the steady window: {loaded[0] / MiB:.0f} / {loaded[1] / MiB:.0f} MiB;",
-            f"- time to hold 90 % of its steady bytes: {fmt_t[0]} / {fmt_t[1]}.", ""]
-
-
-def report(b: Bench, results: dict[str, Result], command: str, chart_rel: str) -> tuple[str, dict]:
-    a = b.a
-    steady_from = steady_start(a)
-    moved_at = a.duration / 2 if a.variant == "move" else 0.0
-    med = {n: statistics.median(r.steady(steady_from)) if r.steady(steady_from) else float("nan")
-           for n, r in results.items()}
-    none, oracle = med.get("none"), med.get("oracle")
-    figures = {"median_iops": med}
-    for n in DAEMONS:
-        if n in results and oracle:
-            after = rolling_median([(t, v) for t, v in results[n].series() if t > moved_at])
-            t90 = first_time_at_or_above(after, 0.9 * oracle, hold=1)
-            figures[n] = {"t90": None if t90 is None else t90 - moved_at,
-                          "over_oracle": med[n] / oracle, "over_none": med[n] / none}
-
-    lines = [f"## {VARIANT_TITLES[a.variant]}", "",
-             provenance(command),
-             f"Scenario: a {b.size / GiB:.1f} GiB non-sparse raw image; fio as the guest "
-             f"(`ioengine=psync`, buffered, `bs=4k`, `rw=randrw`, `rwmixread=80`, `sync=dsync`, "
-             f"iodepth 1, `random_distribution=zoned_abs`: 90 % of accesses in a hot zone of "
-             f"{b.hot_len / MiB:.0f} MiB = {a.hot_fraction:.0%} of the image at "
-             f"{b.hot_off / MiB:.0f} MiB, the rest uniform); a noisy neighbour (fio "
-             f"`{a.neighbour_pattern}` of 64 KiB blocks over its own {b.nb_size / GiB:.1f} GiB "
-             f"non-sparse file at {b.nb_rate / MiB:.0f} MiB/s); both in a cgroup v1 memory group "
-             f"limited to {b.limit / MiB:.0f} MiB. Each scenario runs {a.duration:.0f} s from a "
-             f"cold cache, in a fresh group, with the same fio seed; holders run outside the group. "
-             f"vmdisktouch: `--max-hold {b.budget >> 20}M` (1.25 × the hot zone), "
-             f"`--interval {a.interval:g}`"
-             + (f", `{a.daemon_args}`" if a.daemon_args else "") + ", defaults otherwise, "
-             "started together with the workload; the vmtouch holders lock before t = 0 "
-             "(their lock time is shown)." + (" " + VARIANT_TEXT[a.variant]
-                                               if VARIANT_TEXT[a.variant] else ""), "",
-             f"Steady state = t ≥ {steady_from:.0f} s; IOPS are "
-             "fio's per-second IOPS log (reads + writes).", "",
-             "| scenario | steady median IOPS | p10–p90 | ÷ oracle | ÷ no daemon | mean read / write "
-             "latency | held (median, steady) | held pages charged to the group (max) | OOM kills "
-             "| lock time |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for n, r in results.items():
-        s = r.steady(steady_from)
-        held = statistics.median([x.held for x in r.samples if x.t >= steady_from] or [0])
-        unev = max([x.cg_unevictable for x in r.samples] + [r.counters.get("unevictable", 0)])
-        lines.append(
-            f"| {LABELS[n]} | {med[n]:,.0f} | {pct(s, .1):,.0f}–{pct(s, .9):,.0f} | "
-            f"{med[n] / oracle:.2f} | {med[n] / none:.2f} | "
-            f"{r.lat_us[0]:.0f} / {r.lat_us[1]:.0f} µs | {held / MiB:.0f} MiB | "
-            f"{unev / MiB:.0f} MiB | {r.counters.get('oom_kills', '?')} | "
-            f"{'—' if r.lock_seconds is None else f'{r.lock_seconds:.1f} s'} |"
-            + (f" **error: {r.error}**" if r.error else ""))
-    lines.append("")
-    for n in DAEMONS:
-        if n not in figures:
-            continue
-        f = figures[n]
-        tv, tn, t90 = f["over_oracle"], f["over_none"], f["t90"]
-        lines += [
-            f"Targets (issue #5, section 3) for {LABELS[n]}:", "",
-            f"- ≥ 95 % of the oracle: **{tv:.1%}**, {'met' if tv >= 0.95 else 'missed'};",
-            f"- ≥ 2 × no daemon: **{tn:.2f} ×**, {'met' if tn >= 2 else 'missed'} (the oracle "
-            f"itself reaches {oracle / none:.2f} ×"
-            + (f", the whole image locked {med['whole'] / none:.2f} ×" if "whole" in med else "")
-            + ");",
-            ("- 90 % of the oracle's steady IOPS within 30 s of start (5 s rolling median): "
-             if a.variant != "move" else
-             "- time to follow the move: from the move until 90 % of the oracle's steady IOPS "
-             "(5 s rolling median): ")
-            + (f"**{t90:.0f} s**, {'met' if t90 <= 30 else 'missed'} (target 30 s)."
-               if t90 is not None else "**never reached**, missed.")]
-        tl = loading_window(results[n])
-        if tl is not None and "none" in results:
-            during, base = mean_iops(results[n], 0, tl), mean_iops(results["none"], 0, tl)
-            lines.append(f"- while it loads (t = 0–{tl:.0f} s, until it first holds 90 % of its "
-                         f"steady bytes): {during:,.0f} IOPS, {during / base:.2f} × no daemon "
-                         f"in the same seconds ({base:,.0f}).")
-        loaded, cycles = steady_loaded(results[n], steady_from)
-        if cycles:
-            lines.append(f"- loaded in the steady window: {loaded / MiB:.0f} MiB over "
-                         f"{cycles} cycles (budget {b.budget / MiB:.0f} MiB).")
-        st = results[n].status or {}
-        if st:
-            lines.append(f"- at the end: {st.get('cycle')} cycles, held "
-                         f"{st.get('held_bytes', 0) / MiB:.0f} MiB in {len(st.get('regions', []))} "
-                         f"regions, last cycle {st.get('cycle_seconds', 0):.3f} s.")
-        lines.append("")
-    lines += compare_lines(a, results, steady_from)
-    lines += [f"![IOPS and held bytes over time]({chart_rel})", ""]
-    # per-interval IOPS, 10 s means
-    lines += ["<details><summary>IOPS per 10 s interval (mean of the per-second IOPS)</summary>", "",
-              "| t (s) | " + " | ".join(LABELS[n] for n in results) + " |",
-              "|---|" + "---|" * len(results)]
-    for t0 in range(0, int(a.duration), 10):
-        row = []
-        for n, r in results.items():
-            v = [x for t, x, _r, _w in r.iops if t0 < t <= t0 + 10]
-            row.append(f"{statistics.mean(v):,.0f}" if v else "—")
-        lines.append(f"| {t0}–{t0 + 10} | " + " | ".join(row) + " |")
-    lines += ["", "</details>", ""]
-    return "\n".join(lines), figures
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--duration", type=float, default=120.0, help="seconds per scenario (default 120)")
-    p.add_argument("--image-size", default="4G", help="image size (default 4G)")
-    p.add_argument("--hot-fraction", type=float, default=0.10, help="hot zone / image (default 0.10)")
-    p.add_argument("--limit", default=None, help="cgroup limit (default: budget + 256M)")
-    p.add_argument("--neighbour-size", default="1G")
-    p.add_argument("--neighbour-rate", default="200M", help="bytes/s (0 = no neighbour)")
-    p.add_argument("--neighbour-pattern", default="randread", choices=("randread", "read"))
-    p.add_argument("--interval", type=float, default=5.0, help="daemon --interval (default 5, its default)")
-    p.add_argument("--daemon-args", default="", help="extra arguments for vmdisktouch run")
-    p.add_argument("--tuned-args", default="", help="arguments of a fifth scenario 'tuned': "
-                   "vmdisktouch with these extra options (e.g. '--decay 0.1 --threshold 0.05')")
-    p.add_argument("--scenarios", default=None, help="comma-separated subset of "
-                   + ",".join(SCENARIOS) + " (default: all; 'tuned' only with --tuned-args, "
-                   "'rev' only with --compare-rev)")
-    p.add_argument("--compare-rev", metavar="REV",
-                   help="also run the daemon of commit REV (a temporary git worktree, removed "
-                        "afterwards) as scenario 'rev', next to the current code, with the "
-                        "same arguments; reports the ratio current / REV")
-    p.add_argument("--quick", action="store_true", help="2G image, 45 s per scenario; not written to the docs")
-    p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    p.add_argument("--keep-log", metavar="FILE",
-                   help="copy the daemon's log (one line per cycle) of the last vmdisktouch "
-                        "scenario here, and its status JSON of each cycle to FILE.status.jsonl")
-    p.add_argument("--chart", default=os.path.join(ROOT, "docs", "img", "hotzone.png"))
-    p.add_argument("--tmpdir", default="/var/tmp", help="where the image goes (a real disk)")
-    p.add_argument("--variant", default="base", choices=tuple(VARIANT_TITLES),
-                   help="base; move (two hot zones that move halfway); write50 (50 %% writes); "
-                        "bigset (a hot set twice the budget). Each writes its own section "
-                        "and chart; variants run none, oracle and vmdisktouch by default")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.duration, a.image_size = min(a.duration, 45.0), "2G"
-        a.no_doc = True
-        if a.chart == p.get_default("chart"):
-            a.chart = os.path.join(tempfile.gettempdir(), "hotzone-quick.png")
-    if a.variant != "base" and a.chart == p.get_default("chart"):
-        a.chart = os.path.join(ROOT, "docs", "img", f"hotzone-{a.variant}.png")
-    if a.no_doc and a.chart.startswith(os.path.join(ROOT, "docs") + os.sep):
-        a.chart = os.path.join(tempfile.gettempdir(), os.path.basename(a.chart))
-    if a.scenarios is None:
-        a.scenarios = ",".join(n for n in SCENARIOS if (n != "tuned" or a.tuned_args)
-                               and (n != "whole" or a.variant == "base")
-                               and (n != "rev" or a.compare_rev))
-    names = [n for n in a.scenarios.split(",") if n]
-    if a.compare_rev and "rev" not in names:
-        names.append("rev")
-    LABELS["tuned"] = f"vmdisktouch {a.tuned_args}"
-    LABELS["rev"] = f"vmdisktouch @{a.compare_rev}"
-    for n in names:
-        if n not in SCENARIOS:
-            p.error(f"unknown scenario {n!r}")
-    if "rev" in names and not a.compare_rev:
-        p.error("scenario 'rev' needs --compare-rev REV")
+    signal.signal(signal.SIGTERM, interrupted)     # stop what we started, as on Ctrl-C
+    a, names = parse_args(argv, __doc__.split("\n")[0])
     command = "python benchmarks/bench_hotzone.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     b = Bench(a)
     stack = contextlib.ExitStack()
@@ -652,26 +337,40 @@ def main(argv=None) -> int:
                             for z in b.phases))
         make_image(b.image, b.size)
         make_image(b.nb_file, b.nb_size)
-        results: dict[str, Result] = {}
-        for n in names:
-            say(f"\n== {LABELS[n]}")
-            r = b.run(n)
-            results[n] = r
-            s = r.steady(a.duration / 2)
-            say(f"  steady median {statistics.median(s) if s else float('nan'):,.0f} IOPS; "
-                f"cgroup {json.dumps(r.counters)}" + (f"; ERROR {r.error}" if r.error else ""))
+        orders = round_orders(names, a.rounds, a.order)
+        rounds: list[dict[str, Result]] = []
+        for k, order in enumerate(orders):
+            if a.rounds > 1:
+                say(f"\n=== round {k + 1} of {a.rounds}: {', '.join(order)}")
+            b.statuses.clear()          # --keep-log: the last round's daemon statuses
+            done = {}
+            for n in order:
+                say(f"\n== {LABELS[n]}" + (f" (round {k + 1})" if a.rounds > 1 else ""))
+                r = done[n] = b.run(n)
+                say(f"  steady median {r.steady_median(a.duration / 2):,.0f} IOPS; "
+                    f"cgroup {json.dumps(r.counters)}" + (f"; ERROR {r.error}" if r.error else ""))
+            rounds.append({n: done[n] for n in names})
+        results = rounds[-1]
+        summary = ""
+        if a.rounds > 1:
+            summary, _ = rounds_summary(rounds, orders, a.order, steady_start(a))
         if not {"none", "oracle"} <= set(results):
-            say("\n".join(["", *compare_lines(a, results, steady_start(a))]))
+            say("\n".join(["", *([summary] if summary else []),
+                            *compare_lines(a, results, steady_start(a))]))
             return 0
+        if summary:
+            summary += f"\nThe table and chart below are of round {a.rounds}.\n\n"
         chart_rel = os.path.relpath(a.chart, os.path.join(ROOT, "docs"))
         draw_chart(results, a.chart, a.duration, b.budget, b.hot_len, steady_start(a))
         md, fig = report(b, results, command.strip(), chart_rel)
+        if summary:     # after the title and the provenance, before the scenario
+            head, sep, rest = md.partition("\nScenario: ")
+            md = head + "\n" + summary + sep.lstrip("\n") + rest
         say("\n" + md)
         if not a.no_doc:
-            section = "hotzone" if a.variant == "base" else f"hotzone-{a.variant}"
-            update_section(section, md)
-            say(f"wrote the {section} section of docs/benchmarks.md and {a.chart}")
-        return 0 if not any(r.error for r in results.values()) else 1
+            update_section(section_name(a), md)
+            say(f"wrote the {section_name(a)} section of docs/benchmarks.md and {a.chart}")
+        return 0 if not any(r.error for rs in rounds for r in rs.values()) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
