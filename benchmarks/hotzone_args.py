@@ -48,11 +48,12 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="file: fio's psync engine on the image file (default); nbd: through "
                         "QEMU's block layer, qemu-nbd --cache=writethrough --aio=threads in "
                         "the group and fio's nbd engine on its unix socket")
-    p.add_argument("--nbd-fsync", type=int, default=1, metavar="N",
+    p.add_argument("--nbd-fsync", type=int, default=0, metavar="N",
                    help="--via nbd: fio's fsync=N, an NBD flush once N writes were issued "
                         "since the last one (with randrw: after every I/O); 0: none, the "
-                        "writes are then synchronous through qemu-nbd's writethrough alone "
-                        "(default 1)")
+                        "writes are then synchronous through qemu-nbd's writethrough alone, "
+                        "as a virtio-blk guest's writes are with cache=writethrough: the "
+                        "default, 0)")
     p.add_argument("--rounds", type=int, default=1, metavar="K",
                    help="run the scenario list K times and report each scenario's median "
                         "and min-max of its steady IOPS across rounds (default 1)")
