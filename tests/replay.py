@@ -32,7 +32,14 @@ def observation(c: dict) -> Observation:
     return Observation(now=c["t"], resident=resident, held=runs_to_mask(c["held"], n),
                        rewritten=Sparse(np.asarray(rblocks, dtype=np.intp),
                                         np.asarray(rvalues, dtype=float)),
-                       allocation=c.get("allocation"), holding=c["enabled"])
+                       allocation=c.get("allocation"), holding=c["enabled"],
+                       reads=None if "reads" not in c else _ones(c["reads"]),
+                       refaults=_ones(c.get("refaults", [])),
+                       reconcile=c.get("reconcile", False))
+
+
+def _ones(blocks) -> Sparse:
+    return Sparse(np.asarray(blocks, dtype=np.intp), np.ones(len(blocks), dtype=np.float32))
 
 
 class RecordedProbes:

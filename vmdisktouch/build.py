@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Callable
 
+from vmdisktouch import sources
 from vmdisktouch.adapters import outputs as outputs_mod
 from vmdisktouch.core.policy import Policy, PolicyParams
 from vmdisktouch.record import Recorder
@@ -59,12 +60,13 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
     holder = Holder(image, bs, config.max_hold, config.min_free,
                     mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
     charges = ChargeTracker(memcg_reader(memcg), bs, nblocks)
+    source = sources.choose(image, config, ResidencyTracker(image, bs),
+                            BlockChecksums(image, bs), nblocks)
     return DiskWatcher(
         image, config,
         policy=Policy(nblocks, PolicyParams.of(config), sparse_file=image.is_regular),
         holder=holder,
-        sums=BlockChecksums(image, bs),
-        tracker=ResidencyTracker(image, bs),
+        source=source,
         recharger=Recharger(holder, charges, image.path),
         emitter=Emitter(out),
         clock=clock, mem_available=mem_available,

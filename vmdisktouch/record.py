@@ -65,6 +65,9 @@ class Recorder:
             targets=_runs(plan.targets), holes_found=_runs(acted.holes),
             ceded=_runs(acted.ceded), held_after=_runs(mask_runs(acted.held)),
             heat_sum=float(plan.heat.sum(dtype=np.float64)), red=_runs(policy.red.runs()))
+        if obs.reads is not None:      # the trace source
+            line.update(reads=obs.reads.blocks.tolist(), refaults=obs.refaults.blocks.tolist(),
+                        reconcile=obs.reconcile)
         self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
         self.file.flush()
         self.probes = []

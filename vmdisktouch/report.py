@@ -42,7 +42,7 @@ class Emitter:
         self.outputs = outputs
 
     def status_obj(self, r: CycleReport, c, *, path: str, domain_active, holding: bool,
-                   lock_cap, charges) -> dict:
+                   lock_cap, charges, source: dict) -> dict:
         """The status JSON of report ``r`` under settings ``c``."""
         return {
             "path": path,
@@ -65,6 +65,7 @@ class Emitter:
             "holding": holding,
             "lock_cap_bytes": lock_cap,
             "charges": charges,
+            **source,
             "output_errors": self.outputs.errors,
             "time": time.time(),
         }
@@ -82,7 +83,11 @@ class Emitter:
             if c.map_png:
                 red = np.zeros(n, dtype=bool)
                 red[policy.red.blocks] = True
-                image = render.block_map_image(resident, held, red, layout)
+                thrash = None
+                if policy.thrashed.blocks.size:
+                    thrash = np.zeros(n, dtype=bool)
+                    thrash[policy.thrashed.blocks] = True
+                image = render.block_map_image(resident, held, red, layout, thrash)
                 self.outputs.write("map_png", c.map_png, render.png_bytes(image))
             if c.heat_png:
                 image = render.heat_image(policy.state.total, layout)

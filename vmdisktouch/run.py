@@ -53,6 +53,7 @@ log = logging.getLogger("vmdisktouch")
 
 # After this many consecutive failed cycles the daemon gives up (exit 1).
 ERROR_THRESHOLD = 10
+PUMP_SECONDS = 1.0     # between cycles, trace events are drained this often
 
 
 class _JournalFormatter(logging.Formatter):
@@ -261,8 +262,9 @@ def _wait_for_next_cycle(watcher, sig: LoopSignals, reload, dog, deadline: float
         remaining = deadline - watcher.clock()
         if remaining <= 0:
             return
-        if sig.wait(min(remaining, dog.slice)):
+        if sig.wait(min(remaining, dog.slice, PUMP_SECONDS)):
             if not sig.take_reload():
                 return                     # a stop, or libvirt woke us: act now
             reload()
+        watcher.pump()
         dog.ping()

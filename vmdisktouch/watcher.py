@@ -5,12 +5,15 @@ Theory of operation
 ``DiskWatcher.tick`` runs one cycle with the parts ``build`` made:
 
 1. Observe (``_observe``). Check the image is still the same file and
-   follow a size change. Scan residency into a per-block resident fraction
-   (``ResidencyTracker``: cachestat, then mincore of the ranges that
-   changed). Checksum the held blocks (``BlockChecksums``, ``pread``): the
-   fraction of each block's sixteen parts that changed is how much of it
-   the guest rewrote. Read the file's allocated size. Together: one
-   ``policy.Observation``.
+   follow a size change. Ask the access source (``sources``) what the
+   guest did: with the trace source, the blocks it read, wrote and
+   refaulted, from kernel tracepoints, and residency kept from the cache's
+   events (reconciled by a mincore pass every few cycles); with the polling
+   source, residency scanned (``ResidencyTracker``: cachestat, then mincore
+   of the ranges that changed) and a rotating share of the held blocks
+   checksummed (``BlockChecksums``): the fraction of each block's sixteen
+   parts that changed is how much of it the guest rewrote. Read the file's
+   allocated size. Together: one ``policy.Observation``.
 2. Decide. ``Policy.decide`` turns the observation and the policy's memory
    into a ``Plan``: the target runs in priority order (``core/policy``
    explains every rule). Its only question to the system is the probe for
@@ -19,7 +22,7 @@ Theory of operation
    first, then loads in priority order, never above the budget or below
    the free-memory floor, and recharges held blocks charged to another
    memory-limited cgroup beyond its cap. Blocks newly held are hashed at
-   once, so a write before the next cycle counts. ``Policy.settle`` learns
+   once by the polling source, so a write before the next cycle counts. ``Policy.settle`` learns
    what is held now, the holes met and the blocks ceded.
 4. Emit. The status JSON and the PNGs are written atomically
    (``report``); one log line.
@@ -37,7 +40,7 @@ import numpy as np
 
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import runs_to_mask
-from vmdisktouch.core.sparse import Sparse
+from vmdisktouch.errors import VmdtError
 from vmdisktouch.recharge import Acted, Recharger
 from vmdisktouch.report import CycleReport, Emitter
 from vmdisktouch.sizes import format_size
@@ -48,7 +51,7 @@ log = logging.getLogger("vmdisktouch")
 class DiskWatcher:
     """Runs the vmdisktouch cycle on one open image (made by ``build.build``)."""
 
-    def __init__(self, image, config, *, policy: Policy, holder, sums, tracker,
+    def __init__(self, image, config, *, policy: Policy, holder, source,
                  recharger: Recharger, emitter: Emitter, clock: Callable[[], float],
                  mem_available: Callable[[], int], recorder=None):
         self.image = image
@@ -56,8 +59,7 @@ class DiskWatcher:
         self.block_size = config.block_size
         self.policy = policy
         self.holder = holder
-        self.sums = sums
-        self.tracker = tracker
+        self.source = source
         self.recharger = recharger
         self.emitter = emitter
         self.clock = clock
@@ -90,6 +92,10 @@ class DiskWatcher:
             log.warning("block_size cannot change on reload (%s stays; restart to change it)",
                         format_size(self.block_size))
             config = type(config)(config, block_size=self.block_size)
+        if config.access_source != self.config.access_source:
+            log.warning("access_source cannot change on reload (%s stays, the %s source; "
+                        "restart to change it)", self.config.access_source, self.source.name)
+            config = type(config)(config, access_source=self.config.access_source)
         self.config = config
         self.policy.params = PolicyParams.of(config)
         self.holder.load_rate = config.load_rate
@@ -106,8 +112,8 @@ class DiskWatcher:
         plan = self.policy.decide(obs, probe)
         acted = self.recharger.act(plan, obs.held, t0, self.config, holding=obs.holding)
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
-        if acted.result.loaded_bytes:        # hashed now: a write before the next cycle counts
-            self.sums.baseline(np.flatnonzero(acted.held & ~obs.held), self.image.size)
+        if acted.result.loaded_bytes:
+            self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
         self.cycle += 1
         report = self._report(t0, obs, acted, resident_bytes)
         if self.recorder:
@@ -119,15 +125,22 @@ class DiskWatcher:
     def _observe(self, now: float) -> tuple[Observation, int]:
         self.image.check_identity()
         self._follow_size()
-        n = self.policy.nblocks
-        res = self.tracker.scan(self.image.size)
-        held = runs_to_mask(self.holder.held_runs(), n)
-        held_blocks = np.flatnonzero(held)
-        part = self.sums.update(held_blocks, self.image.size, skip_unwritten=True)
-        hit = part > 0
-        obs = Observation(now, res.fraction(), held, Sparse(held_blocks[hit], part[hit]),
-                          self.image.allocation(), self.hold_enabled)
-        return obs, res.resident_pages * res.page_size
+        held = runs_to_mask(self.holder.held_runs(), self.policy.nblocks)
+        seen = self.source.observe(self.image.size, held, self.config)
+        obs = Observation(now, seen.resident, held, seen.rewritten, self.image.allocation(),
+                          self.hold_enabled, reads=seen.reads, refaults=seen.refaults,
+                          reconcile=seen.reconcile)
+        return obs, seen.resident_bytes
+
+    def pump(self) -> None:
+        """Between cycles: let the source drain what it has buffered (trace events).
+
+        A failure here is left for the next cycle's observation to report.
+        """
+        try:
+            self.source.pump()
+        except (OSError, VmdtError) as exc:
+            log.debug("draining trace events between cycles failed: %s", exc)
 
     def _probe(self, run):
         return self.image.data_runs(run, self.block_size)
@@ -144,7 +157,7 @@ class DiskWatcher:
         self._released_between += self.holder.resize(size)
         n = -(-size // self.block_size)
         self.policy.resize(n)
-        self.sums.resize(n)
+        self.source.resize(n)
         self.recharger.charges.resize(n)
 
     def _report(self, t0: float, obs: Observation, acted: Acted,
@@ -172,13 +185,21 @@ class DiskWatcher:
         return self.emitter.status_obj(
             r, self.config, path=self.image.path, domain_active=self.domain_active,
             holding=self.hold_enabled, lock_cap=self.holder.lock_cap,
-            charges=self.recharger.charges.status())
+            charges=self.recharger.charges.status(), source=self._source_status())
+
+    def _source_status(self) -> dict:
+        out = self.source.status()
+        if "trace" in out:
+            bs, size = self.block_size, self.image.size
+            out["thrashing_ranges"] = [[s * bs, min(e * bs, size) - s * bs]
+                                       for s, e in self.policy.thrashed.runs()]
+        return out
 
     def close(self) -> None:
         if self.recorder:
             self.recorder.close()
         self.holder.release_all()
         self.holder.close()
-        self.sums.close()
+        self.source.close()
         self.recharger.close()
 

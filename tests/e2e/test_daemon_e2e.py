@@ -526,7 +526,9 @@ def test_truncate_shrink_and_grow_back_mid_run(image, daemons):
         os.truncate(image, cut)
         st = settle(cut, "the shrink noticed")
         assert st["regions"] and all(o + n <= cut for o, n in st["regions"]), st["regions"]
-        assert st["held_bytes"] <= page_round(cut - hot[0])
+        # (with the smoothing's reach in front of the zone: the reads the trace source
+        # sees heat ~3 blocks beyond a zone's edge above this test's threshold)
+        assert st["held_bytes"] <= page_round(cut - hot[0] + 4 * MiB)
         # Grow back: the daemon follows, and holds the zone's tail again.
         os.truncate(image, SIZE)
         settle(SIZE, "the grow noticed")

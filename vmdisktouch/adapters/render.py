@@ -9,6 +9,9 @@ Colours of the block map (documented in the README):
 
 * red: at least one block of the pixel was rewritten recently; brightness
   grows with the rewritten share of the pixel (from half to full);
+* yellow: otherwise, at least one block of the pixel had a page refaulted
+  recently (the trace source: the guest is thrashing there); brightness
+  grows with the share of such blocks (from half to full);
 * blue: otherwise, at least one block is held by the daemon; brightness
   grows with the held share (from half to full);
 * green: otherwise, brightness is exactly the fraction of the pixel's pages
@@ -116,8 +119,9 @@ def _brightness(share: np.ndarray) -> np.ndarray:
 
 
 def block_map_image(fraction: np.ndarray, held_mask: np.ndarray | None,
-                    red_mask: np.ndarray | None, layout: Layout) -> Image.Image:
-    """The block map: red rewritten > blue held > green cached > black."""
+                    red_mask: np.ndarray | None, layout: Layout,
+                    thrash_mask: np.ndarray | None = None) -> Image.Image:
+    """The block map: red rewritten > yellow thrashing > blue held > green cached > black."""
     cached = _per_pixel(np.clip(fraction, 0, 1), layout, "mean")
     rgb = np.zeros((cached.size, 3), dtype=np.uint8)
     rgb[:, 1] = (cached * 255).round().astype(np.uint8)
@@ -126,6 +130,11 @@ def block_map_image(fraction: np.ndarray, held_mask: np.ndarray | None,
         on = held > 0
         rgb[on] = 0
         rgb[on, 2] = _brightness(held[on])
+    if thrash_mask is not None:
+        thrash = _per_pixel(thrash_mask, layout, "mean")
+        on = thrash > 0
+        rgb[on] = 0
+        rgb[on, 0] = rgb[on, 1] = _brightness(thrash[on])
     if red_mask is not None:
         red = _per_pixel(red_mask, layout, "mean")
         on = red > 0

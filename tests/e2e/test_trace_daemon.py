@@ -1,0 +1,181 @@
+"""The daemon with the trace source, as a process: its instance, its fallback, a loop
+device, and a real QEMU's writes.
+
+Where tracefs cannot be used these tests fail with the reason (the
+``tracefs_root`` fixture), never skip.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import threading
+
+import pytest
+
+from tests.pagecache import require_tool
+from tests.qemu_vm import QemuVM
+from tests.system.test_trace_reader import tracefs_root  # noqa: F401
+from tools.daemon_proc import DaemonProc
+from vmdisktouch.sources import instance_name
+
+MiB, PAGE = 1 << 20, 4096
+
+
+def make_image(path, size=64 * MiB):
+    with open(path, "wb") as f:
+        for _ in range(size // MiB):
+            f.write(os.urandom(MiB))
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    return str(path)
+
+
+def reader_thread(path, first, last, stop):
+    """A guest reading [first, last) in 4 KiB steps, over and over, until ``stop``."""
+    def run():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while not stop.is_set():
+                for off in range(first, last, 64 * 1024):
+                    os.pread(fd, PAGE, off)
+                stop.wait(0.05)
+        finally:
+            os.close(fd)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def instance_dir(root, image):
+    return os.path.join(root, "instances", instance_name(image))
+
+
+def test_sigkill_leaves_the_instance_and_the_next_start_removes_it(tmp_path, tracefs_root):  # noqa: F811
+    image = make_image(tmp_path / "disk.img")
+    where = instance_dir(tracefs_root, image)
+    d = DaemonProc(tmp_path, image, "--uri", "", max_hold="8M", interval=0.2)
+    try:
+        d.wait_output("cycle 1:")
+        assert os.path.isdir(where)
+        assert "access source: trace" in d.output()
+        d.kill()
+        assert os.path.isdir(where)                 # nothing runs at a SIGKILL
+    finally:
+        d.cleanup()
+    d = DaemonProc(tmp_path, image, "--uri", "", max_hold="8M", interval=0.2,
+                   status="status2.json", log="daemon2.log")
+    try:
+        st = d.wait_status(lambda s: s["cycle"] >= 2, "two cycles")
+        assert st["access_source"] == "trace" and os.path.isdir(where)
+        assert os.listdir(os.path.join(tracefs_root, "instances")).count(
+            os.path.basename(where)) == 1
+        assert d.stop() == 0
+        assert not os.path.exists(where)            # removed at a clean exit
+    finally:
+        d.cleanup()
+
+
+def test_an_image_tracing_cannot_see_falls_back_to_mincore_or_is_refused(tmp_path):
+    """tmpfs reads do not pass the filemap tracepoints: the start-up read finds nothing."""
+    shm = "/dev/shm"
+    image = make_image(os.path.join(shm, f"vdt-trace-{os.getpid()}.img"), 16 * MiB)
+    try:
+        d = DaemonProc(tmp_path, image, "--uri", "", max_hold="4M", interval=0.2)
+        try:
+            st = d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
+            assert st["access_source"] == "mincore" and st["events_lost"] == 0
+            lines = [x for x in d.output().splitlines() if "access source" in x]
+            assert len(lines) == 1 and "access source: mincore (tracing is not usable:" \
+                in lines[0], lines
+            assert d.stop() == 0
+        finally:
+            d.cleanup()
+        d = DaemonProc(tmp_path, image, "--uri", "", "--access-source", "trace",
+                       max_hold="4M", interval=0.2, status="s2.json", log="d2.log")
+        try:
+            assert d.proc.wait(30) == 78
+            out = d.output().strip().splitlines()
+            assert "Traceback" not in d.output()
+            assert out[-1].startswith("vmdisktouch: access_source trace: tracing is not usable"), out
+        finally:
+            d.cleanup()
+    finally:
+        os.unlink(image)
+
+
+@pytest.fixture
+def loop_device(tmp_path):
+    losetup = require_tool("losetup")
+    backing = make_image(tmp_path / "loop.raw")
+    dev = subprocess.run([losetup, "-f", "--show", backing], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    yield dev
+    subprocess.run([losetup, "-d", dev], check=True)
+
+
+def test_a_loop_device_is_traced_on_its_bdev_inode_and_its_read_zone_held(tmp_path, loop_device,
+                                                                        tracefs_root):  # noqa: F811
+    stop = threading.Event()
+    d = DaemonProc(tmp_path, loop_device, "--uri", "", max_hold="16M", interval=0.3)
+    try:
+        st = d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
+        assert st["access_source"] == "trace"
+        rdev = os.stat(loop_device).st_rdev
+        assert st["trace"]["target"].startswith(
+            f"block device {os.major(rdev)}:{os.minor(rdev)} (bdev inode "), st["trace"]
+        reader_thread(loop_device, 24 * MiB, 32 * MiB, stop)
+        st = d.wait_status(lambda s: any(o <= 24 * MiB and o + n >= 32 * MiB
+                                         for o, n in s["regions"]), "the read zone held")
+        assert st["events_lost"] == 0
+    finally:
+        stop.set()
+        assert d.stop() == 0
+        d.cleanup()
+
+
+@pytest.mark.qemu
+@pytest.mark.timeout(120)
+def test_every_part_qemu_writes_is_reported_and_an_idle_image_none(tmp_path, tracefs_root):  # noqa: F811
+    """QEMU (cache=writethrough) writes one page in each of 24 parts of held blocks."""
+    image = make_image(tmp_path / "disk.img")
+    record = tmp_path / "record.jsonl.gz"
+    stop = threading.Event()
+    with QemuVM(image) as vm:
+        d = DaemonProc(tmp_path, image, "--uri", "", max_hold="16M", interval=0.5,
+                       env={**os.environ, "VMDISKTOUCH_RECORD": str(record)})
+        try:
+            reader_thread(image, 8 * MiB, 16 * MiB, stop)
+            st = d.wait_status(lambda s: any(o <= 8 * MiB and o + n >= 16 * MiB
+                                             for o, n in s["regions"]), "the zone held")
+            idle_from = st["cycle"]
+            st = d.wait_status(lambda s: s["cycle"] >= idle_from + 4, "four idle cycles")
+            before = st["cycle"]
+            written = {}                                  # block -> parts written, once each
+            for i in range(24):
+                block = 8 + i % 8
+                part = 5 * (i // 8) + (i % 8) % 5
+                off = block * MiB + part * (MiB // 16) + (i % 4) * PAGE
+                vm.write(off, PAGE, pattern=0x40 + i)
+                written.setdefault(block, set()).add(part)
+            write_cycle = d.read_status()["cycle"]
+            d.wait_status(lambda s: s["cycle"] >= write_cycle + 3, "three more cycles")
+        finally:
+            stop.set()
+            assert d.stop() == 0
+            d.cleanup()
+    cycles = [json.loads(x) for x in gzip.open(record, "rt")]   # line k: cycle k + 1
+    seen: dict[int, float] = {}
+    for k, c in enumerate(cycles):
+        blocks, values = c["rewritten"]
+        if idle_from < k + 1 <= before:
+            assert blocks == [], (k + 1, blocks)        # idle: no false positives
+        if k + 1 > before:
+            for b, v in zip(blocks, values):
+                seen[b] = seen.get(b, 0) + v
+    assert sorted(seen) == sorted(written)
+    for b, parts in written.items():
+        assert seen[b] == pytest.approx(len(parts) / 16), (b, seen[b], parts)

@@ -1,0 +1,173 @@
+"""The daemon's cycle with the trace source, on the real tracefs and page cache.
+
+``build`` makes a ``DiskWatcher`` on a real file exactly as ``run`` does
+(``access_source`` trace), with a stepped clock (5 s per cycle, so the heat
+behaves as at the default interval while the test runs in seconds). The
+guest is this process: its reads come from a second thread (the daemon's own
+thread is excluded from the reads and adds it traces), its writes are
+``O_DSYNC`` pwrites whose pages the test logs, as a writer's own log. Where
+tracefs cannot be used the tests fail with the reason, never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+from tests.system.test_trace_reader import evict, instance_name, scratch, tracefs_root  # noqa: F401
+from vmdisktouch import settings
+from vmdisktouch.build import build
+from vmdisktouch.sources import TraceSource
+from vmdisktouch.system.image import open_image
+from vmdisktouch.system.residency_tracker import ResidencyTracker
+from vmdisktouch.system.trace_reader import TraceReader
+
+PAGE, MiB = 4096, 1 << 20
+
+
+class Stepped:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def watcher(scratch, tmp_path, tracefs_root):      # noqa: F811
+    made = []
+
+    def make(pages=64 * MiB // PAGE, budget="16M", **kw):
+        path = scratch(pages)
+        cfg = settings.resolve({"max_hold": budget, "interval": 5.0, "min_free": 0,
+                                "access_source": "trace",
+                                "status": str(tmp_path / "s.json"),
+                                "map_png": str(tmp_path / "map.png"), **kw})
+        clock = Stepped()
+        w = build(open_image(path), cfg, clock=clock, memcg=None)
+        made.append(w)
+        assert isinstance(w.source, TraceSource)
+        w.test_clock, w.test_path = clock, path
+        return w
+
+    yield make
+    for w in made:
+        name = w.source.reader.name
+        w.close()
+        assert not os.path.exists(os.path.join(tracefs_root, "instances", name))
+
+
+def tick(w):
+    w.test_clock.t += 5.0
+    return w.tick()
+
+
+def guest_reads(path, pages):
+    """Buffered reads of ``pages`` from another thread (a guest's, not the daemon's)."""
+    def run():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for p in pages:
+                os.pread(fd, PAGE, p * PAGE)
+        finally:
+            os.close(fd)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+
+
+def zone_pages(first_mib, last_mib, every=16):
+    return list(range(first_mib * MiB // PAGE, last_mib * MiB // PAGE, every))
+
+
+def test_a_read_only_zone_stays_held_while_read_and_goes_when_reads_stop(watcher):
+    w = watcher()
+    zone = zone_pages(20, 30)
+    held = []
+    for _ in range(24):                              # two minutes of 5 s cycles
+        guest_reads(w.test_path, zone)
+        r = tick(w)
+        held.append(sum(min(s + n, 30 * MiB) - max(s, 20 * MiB)
+                        for s, n in r.regions if s < 30 * MiB and s + n > 20 * MiB))
+    assert min(held[1:]) == 10 * MiB, held           # held from the second cycle, never let go
+    assert w.source.events_lost == 0
+    for i in range(12):
+        r = tick(w)
+        if not r.held_bytes:
+            break
+    assert r.held_bytes == 0 and i < 10, (i, r.held_bytes)
+
+
+def test_every_page_written_is_reported_and_an_idle_image_reports_none(watcher):
+    w = watcher()
+    zone = zone_pages(8, 24)
+    guest_reads(w.test_path, zone)
+    tick(w)
+    tick(w)
+    for _ in range(3):                              # idle: nothing written, nothing reported
+        guest_reads(w.test_path, zone)
+        tick(w)
+        assert w.source.last_access.write_pages.size == 0
+    assert w.holder.held_bytes() == 16 * MiB
+    rng = random.Random(7)
+    written = sorted(rng.sample(range(8 * MiB // PAGE, 24 * MiB // PAGE), 300))
+    fd = os.open(w.test_path, os.O_WRONLY | os.O_DSYNC)
+    try:
+        for p in written:
+            os.pwrite(fd, os.urandom(PAGE), p * PAGE)
+    finally:
+        os.close(fd)
+    r = tick(w)
+    assert w.source.last_access.write_pages.tolist() == written
+    assert r.rewritten_blocks == len({p * PAGE // MiB for p in written})
+    status = json.load(open(w.config.status))
+    assert status["access_source"] == "trace" and status["events_lost"] == 0
+    assert status["trace"]["written_pages"] == 300
+
+
+def test_refaults_show_in_the_status_and_on_the_map(watcher):
+    w = watcher(blocks_per_pixel=1)
+    w.hold_enabled = False                          # nothing held: the cache may evict all
+    pages = zone_pages(40, 42, every=1)
+    guest_reads(w.test_path, pages)
+    tick(w)
+    evict(w.test_path)                              # the cache loses them...
+    guest_reads(w.test_path, pages)                 # ...and the guest needs them back
+    tick(w)
+    status = json.load(open(w.config.status))
+    assert status["trace"]["refaulted_pages"] >= len(pages) // 2, status["trace"]
+    thrash = status["thrashing_ranges"]
+    assert thrash and all(40 * MiB <= s and s + n <= 48 * MiB for s, n in thrash), thrash
+    rgb = np.asarray(PILImage.open(w.config.map_png).convert("RGB")).reshape(-1, 3)
+    yellow = np.flatnonzero((rgb[:, 0] > 100) & (rgb[:, 1] > 100) & (rgb[:, 2] == 0))
+    assert {40, 41} <= set(yellow.tolist()) <= set(range(40, 48)), yellow   # + readahead
+
+
+def test_lost_events_make_the_cycle_reconcile_with_mincore(scratch, tracefs_root):  # noqa: F811
+    path = scratch(16 * MiB // PAGE)
+    image = open_image(path)
+    reader = TraceReader(image.fd, name=instance_name(), buffer_kb=4, max_buffer_kb=4,
+                         exclude_tid=threading.get_native_id())
+    source = TraceSource(reader, ResidencyTracker(image, MiB), MiB, 16)
+    try:
+        held = np.zeros(16, bool)
+        cfg = settings.resolve({"max_hold": "4M"})
+        first = source.observe(image.size, held, cfg)       # the first cycle reconciles
+        assert first.reconcile
+        quiet = source.observe(image.size, held, cfg)
+        assert not quiet.reconcile and not source.last["reconciled"]
+        guest_reads(path, list(range(0, 8 * MiB // PAGE)) * 3)   # far more than 4 KiB holds
+        seen = source.observe(image.size, held, cfg)
+        assert seen.reconcile and source.last["reconciled"]
+        assert source.events_lost > 0 and source.status()["events_lost"] == source.events_lost
+        # residency from the mincore pass: the 8 MiB read are cached
+        assert seen.resident[:8].min() == 1.0
+    finally:
+        source.close()
+        image.close()
