@@ -98,7 +98,8 @@ def reload_rejected(tmp_path, image, change, *args, status="status.json") -> str
 
 PHASES = {   # phase -> (module attribute to wrap, on which call)
     "scan": ("vmdisktouch.system.residency_tracker:ResidencyTracker.scan", 3),
-    "checksums": ("vmdisktouch.system.checksums:BlockChecksums.update", 3),
+    "checksums": ("vmdisktouch.system.checksums:BlockChecksums.update", 3),   # mincore only
+    "trace-drain": ("vmdisktouch.system.trace_reader:TraceReader.drain", 3),
     "heat": ("vmdisktouch.core.heat:step", 3),
     "select": ("vmdisktouch.core.regions:select", 3),
     "load": ("vmdisktouch.system.files:read_ahead", 1),
@@ -140,7 +141,8 @@ def _sigterm_in(phase: str):
         target, nth = PHASES[phase]
         cfg = tmp_path / "vm.toml"
         cfg.write_text('max_hold = "16M"\n')
-        argv = ["run", image, "--config", cfg, *FAST, "--load-rate", "1M",
+        source = ["--access-source", "mincore"] if phase == "checksums" else []
+        argv = ["run", image, "--config", cfg, *FAST, *source, "--load-rate", "1M",
                 "--status", tmp_path / "s.json"]
         proc = launch(tmp_path, target, nth, signal.SIGTERM, *argv)
         deadline = time.monotonic() + 40
@@ -202,20 +204,20 @@ def _(tmp_path, image):
 
 
 @fault("two-reloads-in-one-cycle", "two SIGHUPs while one cycle runs (sent from inside its "
-       "scan)", "one reload, after the cycle", "exactly one `reloaded settings` line")
+       "heat step)", "one reload, after the cycle", "exactly one `reloaded settings` line")
 def _(tmp_path, image):
     cfg = tmp_path / "vm.toml"
     cfg.write_text('max_hold = "16M"\n')
     hup = textwrap.dedent("""
         import os, signal
-        from vmdisktouch.system import residency_tracker as rt
-        orig, calls = rt.ResidencyTracker.scan, [0]
-        def scan(self, size):
+        from vmdisktouch.core import heat
+        orig, calls = heat.step, [0]
+        def step(*a, **k):
             calls[0] += 1
             if calls[0] == 3:
                 os.kill(os.getpid(), signal.SIGHUP); os.kill(os.getpid(), signal.SIGHUP)
-            return orig(self, size)
-        rt.ResidencyTracker.scan = scan
+            return orig(*a, **k)
+        heat.step = step
     """)
     target = tmp_path / "hup_twice.py"
     target.write_text(hup)

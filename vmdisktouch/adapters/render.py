@@ -9,11 +9,12 @@ Colours of the block map (documented in the README):
 
 * red: at least one block of the pixel was rewritten recently; brightness
   grows with the rewritten share of the pixel (from half to full);
-* yellow: otherwise, at least one block of the pixel had a page refaulted
-  recently (the trace source: the guest is thrashing there); brightness
-  grows with the share of such blocks (from half to full);
 * blue: otherwise, at least one block is held by the daemon; brightness
   grows with the held share (from half to full);
+* yellow: otherwise, at least one block of the pixel had a page refaulted
+  recently (the trace source: the guest is thrashing there and the daemon
+  does not hold it); brightness grows with the share of such blocks (from
+  half to full);
 * green: otherwise, brightness is exactly the fraction of the pixel's pages
   that are cached (0 = black = nothing cached).
 
@@ -121,20 +122,20 @@ def _brightness(share: np.ndarray) -> np.ndarray:
 def block_map_image(fraction: np.ndarray, held_mask: np.ndarray | None,
                     red_mask: np.ndarray | None, layout: Layout,
                     thrash_mask: np.ndarray | None = None) -> Image.Image:
-    """The block map: red rewritten > yellow thrashing > blue held > green cached > black."""
+    """The block map: red rewritten > blue held > yellow thrashing > green cached > black."""
     cached = _per_pixel(np.clip(fraction, 0, 1), layout, "mean")
     rgb = np.zeros((cached.size, 3), dtype=np.uint8)
     rgb[:, 1] = (cached * 255).round().astype(np.uint8)
-    if held_mask is not None:
-        held = _per_pixel(held_mask, layout, "mean")
-        on = held > 0
-        rgb[on] = 0
-        rgb[on, 2] = _brightness(held[on])
     if thrash_mask is not None:
         thrash = _per_pixel(thrash_mask, layout, "mean")
         on = thrash > 0
         rgb[on] = 0
         rgb[on, 0] = rgb[on, 1] = _brightness(thrash[on])
+    if held_mask is not None:
+        held = _per_pixel(held_mask, layout, "mean")
+        on = held > 0
+        rgb[on] = 0
+        rgb[on, 2] = _brightness(held[on])
     if red_mask is not None:
         red = _per_pixel(red_mask, layout, "mean")
         on = red > 0
