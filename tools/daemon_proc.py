@@ -44,6 +44,19 @@ def env_without_systemd() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in SYSTEMD_ENV}
 
 
+def remove_trace_instance(image) -> None:
+    """Remove the trace instance a daemon of ``image`` made, if one is left."""
+    from vmdisktouch.sources import instance_name
+    from vmdisktouch.system import tracefs
+    try:
+        root = tracefs.find_root()
+    except tracefs.TraceUnavailable:
+        return
+    name = instance_name(str(image))
+    if os.path.isdir(os.path.join(root, "instances", name)):
+        tracefs.Instance(root, name).remove()
+
+
 def hold_text(n: int | str) -> str:
     """``--max-hold`` text of a byte count: ``512M`` when it is whole MiB."""
     if isinstance(n, str):
@@ -60,6 +73,7 @@ class DaemonProc:
                  env: dict | None = None, cwd: str | os.PathLike = ROOT,
                  python: str = sys.executable):
         self.workdir = pathlib.Path(workdir)
+        self.image = str(image)
         self.cwd = pathlib.Path(cwd)
         self.status_path = self.workdir / status if status is not None else None
         self.log_path = self.workdir / log if log else None
@@ -216,13 +230,20 @@ class DaemonProc:
         return self.cleanup()
 
     def cleanup(self) -> int | None:
-        """Reap the process (waits for it: signal it first) and close the output files."""
+        """Reap the process (waits for it: signal it first) and close the output files.
+
+        A daemon killed by SIGKILL leaves its trace instance behind (the next
+        start of the same image would remove it); once the process is gone
+        it is removed here, so no test or benchmark leaves one enabled.
+        """
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
         for f in self._files:
             f.close()
+        if self.proc.returncode is not None:
+            remove_trace_instance(self.image)
         return self.proc.returncode
 
     def __enter__(self) -> "DaemonProc":

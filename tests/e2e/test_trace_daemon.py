@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import threading
 
@@ -69,7 +70,8 @@ def test_sigkill_leaves_the_instance_and_the_next_start_removes_it(tmp_path, tra
         d.wait_output("cycle 1:")
         assert os.path.isdir(where)
         assert "access source: trace" in d.output()
-        d.kill()
+        os.kill(d.pid, signal.SIGKILL)              # not d.kill(): its cleanup removes it
+        d.proc.wait(30)
         assert os.path.isdir(where)                 # nothing runs at a SIGKILL
     finally:
         d.cleanup()
