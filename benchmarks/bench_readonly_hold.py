@@ -33,7 +33,6 @@ source never below 90 % of the zone.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -45,8 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    DaemonDied, RateGuest, cycle_figures, ensure_image, exit_on_sigterm, fmt, machine_line,
-    median, overlap, remove_quietly, watch, write_section)
+    DaemonDied, RateGuest, cycle_figures, ensure_image, exit_on_sigterm, fmt, machine,
+    median, overlap, remove_quietly, watch, publish)
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tools.images import evict  # noqa: E402
@@ -186,7 +185,7 @@ def main() -> int:
         ap.error("the zone does not fit in the image")
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     exit_on_sigterm("bench_readonly_hold")
-    print(f"{machine_line()}; zone {fmt(args.zone)} at {fmt(args.zone_offset)}, --max-hold "
+    print(f"{machine()}; zone {fmt(args.zone)} at {fmt(args.zone_offset)}, --max-hold "
           f"{fmt(args.max_hold)}, {args.duration:g} s per source: {', '.join(sources)}",
           flush=True)
     tmp = tempfile.mkdtemp(prefix="bench-readonly-hold-", dir="/tmp")
@@ -213,14 +212,8 @@ def main() -> int:
             f"status's regions ∩ the zone, sampled every second, with the daemon's VmLck ÷ the "
             f"zone beside it; figures after the first {args.settle:g} s.\n\n"
             + table(results, args))
-    print()
-    print(body)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    if args.doc:
-        write_section("readonly-hold", "A read-only hot zone held continuously: trace vs "
-                      "mincore", body)
+    publish(body, results, args, "readonly-hold",
+            "A read-only hot zone held continuously: trace vs mincore")
     return 0
 
 

@@ -41,7 +41,6 @@ the cost grows with the held bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shlex
@@ -55,8 +54,8 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
     DaemonDied, RateGuest, cache_range, cycle_figures, disk_free, ensure_image,
-    exit_on_sigterm, fmt, machine_line, mem_available, median, rates_text, remove_quietly,
-    round_orders, sleep_alive, spread_text, wait_first_status, watch, write_section)
+    exit_on_sigterm, fmt, machine, mem_available, median, rates_text, remove_quietly,
+    round_orders, sleep_alive, spread_text, wait_first_status, watch, publish)
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
@@ -292,7 +291,7 @@ def main() -> int:
             ap.error(f"--held {fmt(args.held)} + {fmt(SPARE_MEMORY)} > MemAvailable")
         image_size = args.image_size
         orders = round_orders(names, args.rounds)
-    print(f"{machine_line()}; rounds: " + " | ".join(
+    print(f"{machine()}; rounds: " + " | ".join(
         " ".join(fmt(x) if isinstance(x, int) else x for x in o) for o in orders), flush=True)
 
     tmp = tempfile.mkdtemp(prefix="bench-source-cost-", dir="/tmp")
@@ -342,13 +341,7 @@ def main() -> int:
                 f"window. Order: " + "; ".join(", ".join(o) for o in orders) + ".\n\n")
         body = head + compare_text(s) + "\n\nEach run:\n\n" + per_run_table(runs, "name")
         section, title = "source-cost", "Access sources: the daemon's CPU with a guest that writes"
-    print()
-    print(body)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(runs, f, indent=1, default=str)
-    if args.doc:
-        write_section(section, title, body)
+    publish(body, runs, args, section, title)
     return 0
 
 

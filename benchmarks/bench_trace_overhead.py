@@ -48,7 +48,6 @@ number is printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -57,8 +56,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    cache_range, ensure_image, exit_on_sigterm, fmt, machine_line, median, remove_quietly,
-    spread_text, write_section)
+    cache_range, ensure_image, exit_on_sigterm, fmt, machine, median, remove_quietly,
+    spread_text, publish)
 from tools.cgroup import MemoryCgroup  # noqa: E402
 from tools.common import GiB, MiB, require_tool  # noqa: E402
 from tools.fio import FioJob, FioRun  # noqa: E402
@@ -233,7 +232,7 @@ def main() -> int:
     require_tool("fio")
     root = tracefs.find_root()
     exit_on_sigterm("bench_trace_overhead")
-    print(f"{machine_line()}; tracefs at {root}; {args.rounds} rounds of {args.seconds:g} s",
+    print(f"{machine()}; tracefs at {root}; {args.rounds} rounds of {args.seconds:g} s",
           flush=True)
     img, created = None, False
     runs: list[dict] = []
@@ -260,14 +259,8 @@ def main() -> int:
             f"name=\"vmdisktouch@<escaped path>\", exclude_tid=...)` as the daemon makes it, "
             f"never drained. Other tracefs instances with the read event enabled during the "
             f"runs (in both columns): {', '.join(map(str, others))}.\n\n" + table(s))
-    print()
-    print(body)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(runs, f, indent=1)
-    if args.doc:
-        write_section("trace-overhead", "Trace source: the cost of its tracefs instance on the "
-                      "guest's I/O", body)
+    publish(body, runs, args, "trace-overhead",
+            "Trace source: the cost of its tracefs instance on the guest's I/O")
     return 0
 
 

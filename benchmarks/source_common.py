@@ -34,7 +34,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.bench_daemon_cost import CLK_TCK, cpu_ns, cpu_ticks  # noqa: E402
-from benchmarks.report import provenance, update_section  # noqa: E402
+from benchmarks.report import machine, provenance, update_section  # noqa: E402,F401 - machine re-exported
+from vmdisktouch.system.meminfo import mem_available  # noqa: E402,F401 - re-exported
 from tools.common import GiB, MiB, WorkloadError, require_tool, stop_process  # noqa: E402
 from tools.images import make_image  # noqa: E402
 from vmdisktouch.sizes import format_size  # noqa: E402
@@ -48,14 +49,6 @@ def fmt(n: float) -> str:
 def median(values) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.median(values) if values else float("nan")
-
-
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def disk_free(directory: str) -> int:
@@ -322,8 +315,12 @@ def write_section(name: str, title: str, body: str) -> None:
     print(f"wrote section {name} of docs/benchmarks.md", flush=True)
 
 
-def machine_line() -> str:
-    """``uname -r``, nproc and MemTotal, for the printed summary."""
-    with open("/proc/meminfo") as f:
-        total = int(f.readline().split()[1]) * 1024
-    return f"Linux {os.uname().release}, {os.cpu_count()} CPUs, MemTotal {fmt(total)}"
+def publish(body: str, results, args, section: str, title: str) -> None:
+    """Print ``body``; with ``--json`` write ``results``, with ``--doc`` the section."""
+    print()
+    print(body)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    if args.doc:
+        write_section(section, title, body)

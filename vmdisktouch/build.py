@@ -61,7 +61,7 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
                     mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
     charges = ChargeTracker(memcg_reader(memcg), bs, nblocks)
     source = sources.choose(image, config, ResidencyTracker(image, bs),
-                            BlockChecksums(image, bs), nblocks)
+                            lambda: BlockChecksums(image, bs), nblocks)
     return DiskWatcher(
         image, config,
         policy=Policy(nblocks, PolicyParams.of(config), sparse_file=image.is_regular),

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmdisktouch.core.access import AccessLog, EventResidency
+from vmdisktouch.core.access import PAGE, AccessLog, EventResidency
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.unitname import escape_path
@@ -122,7 +122,7 @@ class TraceSource:
         acc = self.last_access = self.log.take(n, now_ns=self.clock_ns())
         self.events_lost += acc.lost
         first = self.cycles == 0
-        reconcile = first or acc.lost > 0 or self.cycles % RECONCILE_EVERY == 0
+        reconcile = acc.lost > 0 or self.cycles % RECONCILE_EVERY == 0    # the first too
         self.cycles += 1
         if reconcile:
             res = self.tracker.scan(size)
@@ -133,7 +133,7 @@ class TraceSource:
         self.last = {"reads": acc.read_events, "written_pages": int(acc.write_pages.size),
                      "refaulted_pages": acc.refault_pages, "lost": acc.lost,
                      "reconciled": bool(reconcile)}
-        return Seen(self.residency.fraction(), self.residency.resident_pages() * 4096,
+        return Seen(self.residency.fraction(), self.residency.resident_pages() * PAGE,
                     acc.writes, reads=acc.reads, refaults=acc.refaults,
                     reconcile=first or acc.lost > 0)
 
@@ -161,8 +161,11 @@ def instance_name(path: str) -> str:
     return name
 
 
-def choose(image, config, tracker, sums, nblocks: int):
-    """The source ``config.access_source`` asks for; ``auto`` falls back to polling."""
+def choose(image, config, tracker, make_sums, nblocks: int):
+    """The source ``config.access_source`` asks for; ``auto`` falls back to polling.
+
+    ``make_sums()`` makes the checksums (a descriptor of their own), for polling only.
+    """
     want = config.access_source
     if want != "mincore":
         from vmdisktouch.system import trace_reader
@@ -177,10 +180,9 @@ def choose(image, config, tracker, sums, nblocks: int):
         else:
             log.info("access source: trace (%s, tracefs instance %s)", reader.target,
                      reader.name)
-            sums.close()
             return TraceSource(reader, tracker, config.block_size, nblocks)
     else:
         log.info("access source: mincore (as configured); checksums of %.3g of the held "
                  "bytes per cycle", config.checksum_share)
-    return PollingSource(tracker, sums)
+    return PollingSource(tracker, make_sums())
 

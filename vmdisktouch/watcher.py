@@ -188,12 +188,10 @@ class DiskWatcher:
             charges=self.recharger.charges.status(), source=self._source_status())
 
     def _source_status(self) -> dict:
-        out = self.source.status()
-        if "trace" in out:
-            bs, size = self.block_size, self.image.size
-            out["thrashing_ranges"] = [[s * bs, min(e * bs, size) - s * bs]
-                                       for s, e in self.policy.thrashed.runs()]
-        return out
+        bs, size = self.block_size, self.image.size
+        return {**self.source.status(),
+                "thrashing_ranges": [[s * bs, min(e * bs, size) - s * bs]
+                                     for s, e in self.policy.thrashed.runs()]}
 
     def close(self) -> None:
         if self.recorder:

@@ -11,29 +11,17 @@ import gzip
 import json
 import os
 import signal
-import subprocess
 import threading
 
 import pytest
 
-from tests.pagecache import require_tool
+from tests.pagecache import data_image
 from tests.qemu_vm import QemuVM
-from tests.system.test_trace_reader import tracefs_root  # noqa: F401
+from tests.tracing import tracefs_root  # noqa: F401
 from tools.daemon_proc import DaemonProc
 from vmdisktouch.sources import instance_name
 
 MiB, PAGE = 1 << 20, 4096
-
-
-def make_image(path, size=64 * MiB):
-    with open(path, "wb") as f:
-        for _ in range(size // MiB):
-            f.write(os.urandom(MiB))
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)                 # dirty pages are not dropped: written back first
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-    return str(path)
 
 
 def reader_thread(path, first, last, stop, random_access=False):
@@ -63,7 +51,7 @@ def instance_dir(root, image):
 
 
 def test_sigkill_leaves_the_instance_and_the_next_start_removes_it(tmp_path, tracefs_root):  # noqa: F811
-    image = make_image(tmp_path / "disk.img")
+    image = data_image(tmp_path / "disk.img", 64 * MiB)
     where = instance_dir(tracefs_root, image)
     d = DaemonProc(tmp_path, image, "--uri", "", max_hold="8M", interval=0.2)
     try:
@@ -91,7 +79,7 @@ def test_sigkill_leaves_the_instance_and_the_next_start_removes_it(tmp_path, tra
 def test_an_image_tracing_cannot_see_falls_back_to_mincore_or_is_refused(tmp_path):
     """tmpfs reads do not pass the filemap tracepoints: the start-up read finds nothing."""
     shm = "/dev/shm"
-    image = make_image(os.path.join(shm, f"vdt-trace-{os.getpid()}.img"), 16 * MiB)
+    image = data_image(os.path.join(shm, f"vdt-trace-{os.getpid()}.img"), 16 * MiB)
     try:
         d = DaemonProc(tmp_path, image, "--uri", "", max_hold="4M", interval=0.2)
         try:
@@ -116,18 +104,9 @@ def test_an_image_tracing_cannot_see_falls_back_to_mincore_or_is_refused(tmp_pat
         os.unlink(image)
 
 
-@pytest.fixture
-def loop_device(tmp_path):
-    losetup = require_tool("losetup")
-    backing = make_image(tmp_path / "loop.raw")
-    dev = subprocess.run([losetup, "-f", "--show", backing], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    yield dev
-    subprocess.run([losetup, "-d", dev], check=True)
-
-
-def test_a_loop_device_is_traced_on_its_bdev_inode_and_its_read_zone_held(tmp_path, loop_device,
+def test_a_loop_device_is_traced_on_its_bdev_inode_and_its_read_zone_held(tmp_path, loop_device_of,
                                                                         tracefs_root):  # noqa: F811
+    loop_device = loop_device_of(64 * MiB)
     stop = threading.Event()
     d = DaemonProc(tmp_path, loop_device, "--uri", "", max_hold="16M", interval=0.3)
     try:
@@ -157,7 +136,7 @@ def test_every_part_qemu_writes_is_reported_and_an_idle_image_none(tmp_path, tra
     large folio (readahead's, up to 2 MiB) a write is credited to the part
     of the folio's first page (docs/architecture.md).
     """
-    image = make_image(tmp_path / "disk.img")
+    image = data_image(tmp_path / "disk.img", 64 * MiB)
     record = tmp_path / "record.jsonl.gz"
     stop = threading.Event()
     with QemuVM(image) as vm:

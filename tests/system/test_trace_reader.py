@@ -14,7 +14,6 @@ so their page-cache folios are the single pages the tests then make.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import signal
@@ -27,48 +26,14 @@ import time
 
 import pytest
 
-from tests.pagecache import require_tool
+from tests.pagecache import evict, require_tool
+from tests.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.system import tracefs
 from vmdisktouch.system.tracefs import read_text
 from vmdisktouch.system.trace_reader import (ADD, DELETE, READ, WRITE, TraceReader,
                                              TraceUnavailable, kernel_dev)
 
-PAGE = 4096
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_names = itertools.count()
-
-
-def instance_name() -> str:
-    return f"vdt_test_{os.getpid()}_{next(_names)}"
-
-
-@pytest.fixture(scope="module")
-def tracefs_root() -> str:
-    """The tracefs mount (mounted if needed); a clear failure, never a skip, without it."""
-    try:
-        root = tracefs.find_root()
-        tracefs.check_root(root)
-    except TraceUnavailable as exc:
-        pytest.fail(f"kernel tracing is needed by these tests: {exc}")
-    return root
-
-
-@pytest.fixture
-def scratch(tmp_path):
-    """Makes files of random data, written back and evicted; deleted at teardown."""
-    made: list[str] = []
-
-    def make(pages: int = 1024) -> str:
-        path = str(tmp_path / f"img{len(made)}.raw")
-        made.append(path)
-        with open(path, "wb") as f:
-            f.write(os.urandom(pages * PAGE))
-        evict(path)
-        return path
-
-    yield make
-    for path in made:
-        os.unlink(path)
 
 
 @pytest.fixture
@@ -85,15 +50,6 @@ def reader(tracefs_root):
     for r in made:
         r.close()
         assert not os.path.exists(os.path.join(tracefs_root, "instances", r.name))
-
-
-def evict(path: str) -> None:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def open_random(path: str, flags: int = os.O_RDONLY) -> int:
@@ -231,21 +187,8 @@ def test_the_loading_thread_is_excluded_from_reads_and_adds_but_not_deletes(scra
         os.close(fd)
 
 
-@pytest.fixture
-def loop_device(tmp_path, request):
-    """A loop device over a new 64 MiB file; detached and the file deleted in a finalizer."""
-    losetup = require_tool("losetup")
-    backing = str(tmp_path / "loop.raw")
-    with open(backing, "wb") as f:
-        f.truncate(64 << 20)
-    request.addfinalizer(lambda: os.unlink(backing))
-    dev = subprocess.run([losetup, "-f", "--show", backing], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    request.addfinalizer(lambda: subprocess.run([losetup, "-d", dev], check=True))
-    return dev
-
-
-def test_reads_and_writes_through_a_loop_device_are_seen_on_its_bdev_inode(loop_device, reader):
+def test_reads_and_writes_through_a_loop_device_are_seen_on_its_bdev_inode(loop_device_of, reader):
+    loop_device = loop_device_of(64 << 20)
     fd = open_random(loop_device, os.O_RDWR)
     try:
         r = reader(fd)

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from tests.system.test_trace_reader import evict, instance_name, scratch, tracefs_root  # noqa: F401
+from tests.pagecache import evict
+from tests.tracing import instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch import settings
 from vmdisktouch.build import build
 from vmdisktouch.sources import TraceSource

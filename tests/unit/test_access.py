@@ -123,3 +123,9 @@ def test_event_residency_counts_adds_and_deletes_between_reconciliations():
     assert r.fraction()[1] == np.float32(1 / PPB)
     r.resize(2)
     assert r.counts.tolist() == [PPB // 2 + 4, 1]
+
+
+def test_event_residency_splits_a_folio_across_blocks():
+    r = access.EventResidency(3, MiB)
+    r.feed(np.array([ADD]), np.array([PPB - 2]), np.array([2 * PPB + 1]))  # 2 + 256 + 2 pages
+    assert r.counts.tolist() == [2, PPB, 2]

@@ -210,6 +210,22 @@ def _pages(first: np.ndarray, last: np.ndarray) -> np.ndarray:
     return _expand(first, last)[0]
 
 
+def _pages_per_block(first: np.ndarray, last: np.ndarray, ppb: int, n: int) -> np.ndarray:
+    """How many pages of the ranges ``first..last`` lie in each of ``n`` blocks (int32).
+
+    By block, not page: a 2 MiB folio is one or two entries, not 512.
+    """
+    b0, b1 = first // ppb, last // ppb
+    if not (b0 == b1).all():
+        blocks, idx = _expand(b0, b1)
+        first = np.maximum(first[idx], blocks * ppb)
+        last = np.minimum(last[idx], blocks * ppb + ppb - 1)
+        b0 = blocks
+    keep = b0 < n
+    return np.bincount(b0[keep], weights=(last - first + 1)[keep],
+                       minlength=n)[:n].astype(np.int32)
+
+
 def _blocks_touched(first: np.ndarray, last: np.ndarray, ppb: int) -> np.ndarray:
     """Every block the page ranges touch (with repeats)."""
     b0, b1 = first // ppb, last // ppb
@@ -256,16 +272,13 @@ class EventResidency:
 
     def feed(self, kind, first, last) -> None:
         kind = np.asarray(kind)
+        first = np.asarray(first, dtype=np.int64)
+        last = np.asarray(last, dtype=np.int64)
         n, ppb = self.counts.size, self.pages_per_block
         for k, sign in ((ADD, 1), (DELETE, -1)):
             m = kind == k
-            if not m.any():
-                continue
-            pages = _pages(np.asarray(first, dtype=np.int64)[m],
-                           np.asarray(last, dtype=np.int64)[m])
-            blocks = pages // ppb
-            blocks = blocks[blocks < n]
-            self.counts += sign * np.bincount(blocks, minlength=n).astype(np.int32)
+            if m.any():
+                self.counts += sign * _pages_per_block(first[m], last[m], ppb, n)
         np.clip(self.counts, 0, ppb, out=self.counts)
 
     def fraction(self) -> np.ndarray:

@@ -289,13 +289,14 @@ class Policy:
         """(evidence, suppressed) for the heat step: residency with the daemon's own blocks
         suppressed (polling), or the reads, everywhere (trace; after lost events the
         suppressed residency stands in for the missed reads)."""
+        evidence = None if obs.reads is None else obs.reads.dense(self.nblocks, always=True)
+        if evidence is not None and not obs.reconcile:
+            return evidence, None
         suppressed = held | self.self_loaded
         suppressed[self.released.blocks] = True
-        if obs.reads is None:
+        if evidence is None:
             return obs.resident, suppressed
-        evidence = obs.reads.dense(self.nblocks, always=True)
-        if obs.reconcile:
-            np.maximum(evidence, np.where(suppressed, np.float32(0), obs.resident), out=evidence)
+        np.maximum(evidence, np.where(suppressed, np.float32(0), obs.resident), out=evidence)
         return evidence, None
 
     def _thrash(self, obs: Observation, held: np.ndarray, dt: float, now: float):

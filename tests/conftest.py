@@ -1,4 +1,4 @@
-"""Fixtures shared by the system tests."""
+"""Fixtures shared by the system and end-to-end tests."""
 
 from __future__ import annotations
 
