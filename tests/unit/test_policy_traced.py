@@ -150,3 +150,14 @@ def test_written_blocks_anywhere_are_first_class():
 def test_traced_rules_rank_held_heat_as_it_is():
     assert policy.TRACED_RULES.incumbent_weight == 1.0
     assert policy.SELECT_RULES.incumbent_weight == policy.INCUMBENT_WEIGHT
+
+
+def test_only_held_blocks_are_shown_red():
+    """The trace source sees writes everywhere; red on the map is the held blocks' rewrites."""
+    w = TracedWorld(256, 20)
+    for _ in range(3):
+        w.cycle(reads=range(10, 30))
+    assert w.held[10:30].all()
+    written = Sparse(np.array([12, 13, 200, 201]), np.full(4, 1 / 16, dtype=np.float32))
+    w.cycle(reads=range(10, 30), writes=written)
+    assert w.policy.red.blocks.tolist() == [12, 13]

@@ -7,7 +7,7 @@ image are padding (dark grey).
 
 Colours of the block map (documented in the README):
 
-* red: at least one block of the pixel was rewritten recently; brightness
+* red: at least one block of the pixel was rewritten recently while held; brightness
   grows with the rewritten share of the pixel (from half to full);
 * blue: otherwise, at least one block is held by the daemon; brightness
   grows with the held share (from half to full);

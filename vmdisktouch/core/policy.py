@@ -14,10 +14,10 @@ One cycle:
 
 ``decide(observation, probe) -> Plan``
 
-1. Rewrites. The blocks whose checksums changed (``Observation.rewritten``,
-   the fraction of each block rewritten) are shown red for
-   ``rewritten_seconds``; those of this cycle and the last are ``recent``,
-   the first class of the selection.
+1. Rewrites. The blocks rewritten (``Observation.rewritten``, the fraction
+   of each block), if held, are shown red for ``rewritten_seconds`` (the
+   trace source sees writes everywhere; red is the held ones'); those of
+   this cycle and the last are ``recent``, the first class of the selection.
 2. Suppression. The residency of a block is not the guest's, and is
    replaced by 0 in the heat step, when the block is held now, when the
    daemon itself brought it into the cache (``self_loaded``, below), or
@@ -214,7 +214,7 @@ class Policy:
         """The plan for this cycle (steps 1-6 of the module docstring)."""
         n, p, now = self.nblocks, self.params, obs.now
         held = np.asarray(obs.held, dtype=bool)
-        recent, rewritten = self._rewrites(obs.rewritten, now)
+        recent, rewritten = self._rewrites(obs.rewritten, held, now)
         dt = p.interval if self.last_time is None else max(now - self.last_time, 1e-3)
         self.last_time = now
         self._note_released(self.held_after & ~held, now)     # between cycles
@@ -270,11 +270,11 @@ class Policy:
 
     # -- the steps ---------------------------------------------------------
 
-    def _rewrites(self, now_rewritten: Sparse, now: float):
+    def _rewrites(self, now_rewritten: Sparse, held: np.ndarray, now: float):
         """(recent, rewritten): the first class of the selection and this cycle's rewrites."""
         n = self.nblocks
-        self.red = self.red.merged(Sparse(now_rewritten.blocks,
-                                          np.full(now_rewritten.blocks.size, now)))
+        shown = now_rewritten.blocks[held[now_rewritten.blocks]]
+        self.red = self.red.merged(Sparse(shown, np.full(shown.size, now)))
         self.red = self.red.newer_than(now, self.params.rewritten_seconds)
         rewritten = now_rewritten.dense(n)
         recent = None
