@@ -84,9 +84,10 @@ class Emitter:
                 red = np.zeros(n, dtype=bool)
                 red[policy.red.blocks] = True
                 thrash = None
-                if policy.thrashed.blocks.size:
+                thrashing = policy.thrashing()
+                if thrashing.size:
                     thrash = np.zeros(n, dtype=bool)
-                    thrash[policy.thrashed.blocks] = True
+                    thrash[thrashing] = True
                 image = render.block_map_image(resident, held, red, layout, thrash)
                 self.outputs.write("map_png", c.map_png, render.png_bytes(image))
             if c.heat_png:

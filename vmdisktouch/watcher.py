@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
-from vmdisktouch.core.runs import runs_to_mask
+from vmdisktouch.core.runs import consecutive_runs, runs_to_mask
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.recharge import Acted, Recharger
 from vmdisktouch.report import CycleReport, Emitter
@@ -191,7 +191,7 @@ class DiskWatcher:
         bs, size = self.block_size, self.image.size
         return {**self.source.status(),
                 "thrashing_ranges": [[s * bs, min(e * bs, size) - s * bs]
-                                     for s, e in self.policy.thrashed.runs()]}
+                                     for s, e in consecutive_runs(self.policy.thrashing())]}
 
     def close(self) -> None:
         if self.recorder:

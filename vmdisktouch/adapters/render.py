@@ -11,10 +11,9 @@ Colours of the block map (documented in the README):
   grows with the rewritten share of the pixel (from half to full);
 * blue: otherwise, at least one block is held by the daemon; brightness
   grows with the held share (from half to full);
-* yellow: otherwise, at least one block of the pixel had a page refaulted
-  recently (the trace source: the guest is thrashing there and the daemon
-  does not hold it); brightness grows with the share of such blocks (from
-  half to full);
+* yellow: otherwise, at least one block of the pixel is thrashing (the
+  trace source: its pages keep refaulting, ``Policy.thrashing``) and is not
+  held; brightness grows with the share of such blocks (from half to full);
 * green: otherwise, brightness is exactly the fraction of the pixel's pages
   that are cached (0 = black = nothing cached).
 

@@ -198,7 +198,6 @@ class Policy:
         self.red = Sparse.empty()             # shown red: the time of the last rewrite
         self.released = Sparse.empty()        # displaced: the time of the release
         self.ceded = Sparse.empty()           # left to the guest's cache: the time
-        self.thrashed = Sparse.empty()        # shown as thrashing: the time of the last refault
         self.thrash: np.ndarray | None = None  # trace source: see _thrash
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)
         self.held_after = np.zeros(self.nblocks, dtype=bool)  # held when the last cycle ended
@@ -260,7 +259,6 @@ class Policy:
         self.red = self.red.below(n)
         self.released = self.released.below(n)
         self.ceded = self.ceded.below(n)
-        self.thrashed = self.thrashed.below(n)
         self.thrash = None if self.thrash is None else _resized(self.thrash, n)
         self.self_loaded = _resized(self.self_loaded, n)
         self.held_after = _resized(self.held_after, n)
@@ -312,12 +310,8 @@ class Policy:
         often before it had risen all the way, and a challenger thrashing
         merely as much must not take the hold back and forth.
         """
-        if obs.refaults.blocks.size:
-            self.thrashed = self.thrashed.merged(
-                Sparse(obs.refaults.blocks, np.full(obs.refaults.blocks.size, now)))
-            if self.thrash is None:
-                self.thrash = np.zeros(self.nblocks, dtype=np.float32)
-        self.thrashed = self.thrashed.newer_than(now, self.params.rewritten_seconds)
+        if obs.refaults.blocks.size and self.thrash is None:
+            self.thrash = np.zeros(self.nblocks, dtype=np.float32)
         if self.thrash is None:
             return None
         k = np.float32(heat.decay_factor(self.params.heat.decay, dt))
@@ -330,6 +324,14 @@ class Policy:
             return None
         counted = np.where(held, self.thrash, np.maximum(self.thrash - THRASH_MARGIN, 0))
         return 1 + np.float32(THRASH_WEIGHT) * counted
+
+    def thrashing(self) -> np.ndarray:
+        """Blocks thrashing now, not held: their thrash share at least ``THRASH_MARGIN``
+        (what counts in the ranking). One stray refault (readahead's pages read back
+        soon after their eviction) is not thrashing."""
+        if self.thrash is None:
+            return np.zeros(0, dtype=np.intp)
+        return np.flatnonzero((self.thrash >= THRASH_MARGIN) & ~self.held_after)
 
     def _note_released(self, mask: np.ndarray, now: float) -> None:
         """Remember the blocks of ``mask`` as released at ``now``; forget those past the grace."""
