@@ -125,7 +125,7 @@ class TraceSource:
         reconcile = acc.lost > 0 or self.cycles % RECONCILE_EVERY == 0    # the first too
         self.cycles += 1
         if reconcile:
-            res = self.tracker.scan(size)
+            res = self.tracker.scan(size, known=held)    # held: mlocked, all cached
             self.residency.reconcile(res.fraction())
         else:
             # The daemon's own loads are not traced: a held block is all cached.

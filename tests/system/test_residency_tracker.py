@@ -114,3 +114,32 @@ def test_each_cached_range_is_reread_in_turn_and_a_size_change_rereads_all(spars
         res = t.scan(GiB + 5 * MiB)
         assert t.last_reread == 3 and res.nblocks == 1029
         np.testing.assert_array_equal(res.counts, full_scan(fd, GiB + 5 * MiB))
+
+
+def test_known_blocks_are_filled_not_descended(sparse, monkeypatch):
+    """Held blocks (``known``) are counted whole and never walked, even when
+    writes change their range's record every cycle; the rest stays exact."""
+    path, img = sparse
+    fd = img.fd
+    walked = []
+    real = residency.scan_ranges
+
+    def spy(fd_, ranges, *a, **kw):
+        walked.extend(ranges)
+        return real(fd_, ranges, *a, **kw)
+
+    monkeypatch.setattr(residency, "scan_ranges", spy)
+    t = ResidencyTracker(img, MiB, range_bytes=RANGE, refresh_every=100)
+    known = np.zeros(1024, dtype=bool)
+    known[130:140] = True                                       # in range 2, not cached
+    with held(path, [(129 * MiB, MiB), (141 * MiB, 2 * MiB)]):
+        res = t.scan(GiB, known=known)
+        assert walked == [(128 * MiB, 2 * MiB), (140 * MiB, 52 * MiB)]
+        expect = full_scan(fd, GiB)
+        expect[130:140] = 256
+        np.testing.assert_array_equal(res.counts, expect)
+        walked.clear()
+        with held(path, [(135 * MiB, MiB)]):                    # range 2 changes again
+            res = t.scan(GiB, known=known)
+        assert walked == [(128 * MiB, 2 * MiB), (140 * MiB, 52 * MiB)]
+        np.testing.assert_array_equal(res.counts, expect)

@@ -36,6 +36,11 @@ can lie elsewhere, and the range is not descended (about 36 calls for a
 The signature is taken before the descent, so a change during the descent
 shows as a changed signature next cycle.
 
+A caller that knows some blocks are wholly cached (the daemon's own held
+blocks, mlocked) passes them as ``known``: they are filled, not descended, so
+the guest's writes to held data (which change a range's dirty count every
+cycle) do not make the scan walk what the daemon holds.
+
 Without ``cachestat`` (kernel < 6.5, or EPERM) every scan is a full
 ``residency.scan``.
 """
@@ -71,7 +76,8 @@ class ResidencyTracker:
         self.last_reread = 0          # ranges descended by the last scan (for tests and logs)
         self.last_checked = 0         # unchanged ranges the last scan's refresh checked
 
-    def scan(self, size: int) -> residency.Residency:
+    def scan(self, size: int, known: np.ndarray | None = None) -> residency.Residency:
+        """Residency of the first ``size`` bytes; ``known``: blocks known wholly cached."""
         size = int(size)
         if not self.cs.available:
             self.last_reread = -1
@@ -97,6 +103,10 @@ class ResidencyTracker:
             for off, length in changed:
                 self._counts[off // bs:-(-(off + length) // bs)] = 0
         col = residency.Collector(size, bs, libc.PAGE_SIZE, False, counts=self._counts)
+        if known is not None and known.any():
+            known = known[:col.counts.size]
+            col.counts[:known.size][known] = col.totals[:known.size][known]
+            changed = _outside(changed, known, bs)
         residency.scan_ranges(self.fd, changed, bs, self.cs, col)
         self._size, self._sigs = size, sigs
         self.last_reread = len(changed)
@@ -125,3 +135,21 @@ class ResidencyTracker:
             if nr_cache(start, min(bs, end - start)) != counts[k]:
                 return False
         return True
+
+
+def _outside(ranges: list[tuple[int, int]], known: np.ndarray,
+             block_size: int) -> list[tuple[int, int]]:
+    """The parts of the block-aligned byte ranges (ascending) outside the ``known`` blocks."""
+    out = []
+    for off, length in ranges:
+        b0, b1 = off // block_size, -(-(off + length) // block_size)
+        part = known[b0:b1]
+        if not part.any():
+            out.append((off, length))
+            continue
+        edges = np.flatnonzero(np.diff(~part, prepend=False, append=False))
+        end = off + length
+        for s, e in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+            start = off + s * block_size
+            out.append((start, min((b0 + e) * block_size, end) - start))
+    return out
