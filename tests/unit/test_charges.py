@@ -97,3 +97,38 @@ def test_a_block_counts_only_its_foreign_pages():
     t._sample(0, 3, addr=0, length=3 * MiB)
     assert t.ino[:3].tolist() == [7, 0, 7]
     assert t.bytes[:3].tolist() == [6 * MiB // per_block, 0, 5 * MiB // per_block]
+
+
+def test_held_blocks_are_resampled_in_turn_not_all_at_once():
+    """New blocks are sampled at once; the held ones again a rotating share per
+    cycle, in proportion to the time passed, so each within RESAMPLE_SECONDS."""
+    from vmdisktouch.system.charge_tracker import RESAMPLE_SECONDS, ChargeTracker
+
+    class Holder:
+        def __init__(self):
+            self.asked = []
+
+        def mappings(self, runs):
+            for a, b in runs:
+                self.asked.extend(range(a, b))
+                yield a, b, a * MiB, (b - a) * MiB
+
+    n, step = 120, RESAMPLE_SECONDS / 12                       # 5 s cycles
+    t = ChargeTracker(FakeReader([7] * 16 * n), MiB, n)
+    h = Holder()
+    held = np.zeros(n, bool)
+    held[10:110] = True                                       # 100 held blocks
+    t.update(h, np.zeros(n, bool), held, now=0.0)
+    assert sorted(h.asked) == list(range(10, 110))             # all new: all sampled
+    seen = set()
+    for k in range(1, 13):
+        h.asked = []
+        t.update(h, held, held, now=k * step)
+        assert len(h.asked) == 9                               # ceil(100 / 12), not 100
+        seen.update(h.asked)
+    assert seen == set(range(10, 110))                         # every one within 60 s
+    h.asked = []
+    more = held.copy()
+    more[110:115] = True
+    t.update(h, held, more, now=13 * step)                     # 5 new ones, plus a share
+    assert set(range(110, 115)) <= set(h.asked) and len(h.asked) == 5 + 9
