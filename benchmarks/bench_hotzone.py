@@ -82,6 +82,7 @@ from benchmarks.hotzone_report import (DAEMONS, LABELS, Result, Sample, compare_
 from benchmarks.hotzone_report import rolling_median, steady_loaded  # noqa: E402,F401 (bench_params: hz.*)
 from benchmarks.hotzone_rounds import round_orders, rounds_summary  # noqa: E402
 from benchmarks.report import update_section  # noqa: E402
+from benchmarks.source_common import overlap  # noqa: E402
 
 from tools.cgroup import MemoryCgroup, check_budget_vs_limit  # noqa: E402
 from tools.common import GiB, MiB, stop_process  # noqa: E402
@@ -212,7 +213,9 @@ class Bench:
                             hot_cached=self.hot_cached(),
                             status_held=(st or {}).get("held_bytes", 0),
                             cycle=(st or {}).get("cycle", 0),
-                            loaded=(st or {}).get("loaded_bytes", 0)))
+                            loaded=(st or {}).get("loaded_bytes", 0),
+                            last_zones_held=sum(overlap((st or {}).get("regions"), *z)
+                                                for z in self.phases[-1])))
                     except (OSError, ValueError):
                         pass
 

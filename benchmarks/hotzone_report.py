@@ -39,6 +39,7 @@ class Sample:
     status_held: int = 0
     cycle: int = 0           # the daemon's status: its cycle number
     loaded: int = 0          # ... and the bytes that cycle loaded
+    last_zones_held: int = 0  # bytes of the last phase's hot zones in the status's regions
 
 
 @dataclass
@@ -241,6 +242,14 @@ def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple
             lines.append(f"- while it loads (t = 0–{tl:.0f} s, until it first holds 90 % of its "
                          f"steady bytes): {during:,.0f} IOPS, {during / base:.2f} × no daemon "
                          f"in the same seconds ({base:,.0f}).")
+        if a.variant == "move":
+            want = 0.9 * sum(n_ for _, n_ in b.phases[-1])
+            th = next((x.t - moved_at for x in results[n].samples
+                       if x.t > moved_at and x.last_zones_held >= want), None)
+            lines.append("- the moved zones held (90 % of them in the status's regions): "
+                         + (f"**{th:.0f} s** after the move, {'met' if th <= 10 else 'missed'} "
+                            "(target 10 s)." if th is not None else "**never**, missed."))
+            figures[n]["held_moved_s"] = th
         loaded, cycles = steady_loaded(results[n], steady_from)
         if cycles:
             lines.append(f"- loaded in the steady window: {loaded / MiB:.0f} MiB over "
