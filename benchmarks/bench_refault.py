@@ -14,8 +14,9 @@ twice the budget (``--max-hold``, default half the hot set). fio reads it
 at random as fast as it can (4 KiB ``randread``, ``psync``, buffered) with
 ``random_distribution=zoned:75/50:25/50``: three reads in four go to the
 first half (A), one in four to the second (B). fio runs in a cgroup v1
-memory group limited to ``--limit`` (default 5/8 of the hot set), so its
-cache cannot hold the hot set and the LRU thrashes; the daemon runs outside
+memory group limited to ``--limit`` (default 3/8 of the hot set), so its
+cache cannot hold even the half the daemon leaves it, and the LRU thrashes
+all along; the daemon runs outside
 it, ``vmdisktouch run IMG --max-hold BUDGET --interval 5 --uri ''
 --access-source SOURCE --map-png …``. Scenarios ``none``, ``trace``,
 ``mincore`` (``--scenarios``) one after the other for ``--duration`` s
@@ -195,7 +196,7 @@ def main() -> int:
     ap.add_argument("--hot-offset", type=parse_size, default=None, help="(256M)")
     ap.add_argument("--max-hold", type=parse_size, default=None, help="(half the hot set)")
     ap.add_argument("--limit", type=parse_size, default=None,
-                    help="the guest's cgroup limit (5/8 of the hot set)")
+                    help="the guest's cgroup limit (3/8 of the hot set)")
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--duration", type=float, default=None, help="per scenario, s (120)")
     ap.add_argument("--scenarios", default="none,trace,mincore")
@@ -214,7 +215,7 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, quick if q else full)
     args.max_hold = args.max_hold or args.hot // 2
-    args.limit = args.limit or args.hot * 5 // 8
+    args.limit = args.limit or args.hot * 3 // 8
     if args.hot_offset + args.hot > args.image_size:
         ap.error("the hot set does not fit in the image")
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]

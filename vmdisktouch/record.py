@@ -66,7 +66,9 @@ class Recorder:
             ceded=_runs(acted.ceded), held_after=_runs(mask_runs(acted.held)),
             heat_sum=float(plan.heat.sum(dtype=np.float64)), red=_runs(policy.red.runs()))
         if obs.reads is not None:      # the trace source
-            line.update(reads=obs.reads.blocks.tolist(), refaults=obs.refaults.blocks.tolist(),
+            line.update(reads=obs.reads.blocks.tolist(),
+                        refaults=[obs.refaults.blocks.tolist(),
+                                  np.asarray(obs.refaults.values, dtype=float).tolist()],
                         reconcile=obs.reconcile)
         self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
         self.file.flush()

@@ -61,7 +61,19 @@ def test_refault_is_an_addition_soon_after_a_deletion():
                (ADD, 4 * S, 9, 9), (DELETE, 5 * S, 9, 9)])        # added then deleted: not
     a = log.take(16, now_ns=5 * S)
     assert a.refaults.blocks.tolist() == [0]
+    assert a.refaults.values.tolist() == [1 / PPB]               # one page of the block
     assert a.refault_pages == 1
+
+
+def test_a_block_s_refaults_are_the_share_of_its_pages_that_refaulted():
+    log = AccessLog(MiB)
+    feed(log, [(DELETE, 1 * S, 0, PPB // 2 - 1), (DELETE, 1 * S, PPB, PPB + 7),
+               (ADD, 2 * S, 0, PPB - 1),                          # half of block 0 refaults
+               (ADD, 2 * S, PPB, PPB + 7), (DELETE, 3 * S, PPB, PPB + 7),
+               (ADD, 4 * S, PPB, PPB + 7)])                       # 8 pages of block 1, twice
+    a = log.take(16, now_ns=4 * S)
+    assert a.refaults.blocks.tolist() == [0, 1]
+    assert a.refaults.values.tolist() == [0.5, 8 / PPB]
 
 
 def test_refault_across_cycles_and_window():

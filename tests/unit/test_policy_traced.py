@@ -36,7 +36,8 @@ class TracedWorld:
         self.cached[list(reads)] = 1.0
         obs = Observation(self.now, self.cached.copy(), self.held.copy(),
                           writes if writes is not None else Sparse.empty(), None, True,
-                          reads=ones(list(reads)), refaults=ones(list(refaults)),
+                          reads=ones(list(reads)),
+                          refaults=refaults if isinstance(refaults, Sparse) else ones(list(refaults)),
                           reconcile=reconcile)
         plan = self.policy.decide(obs, lambda run: [run])
         self.held = runs_to_mask(plan.targets, self.n)
@@ -103,6 +104,20 @@ def test_refaults_rank_a_thrashing_zone_first_and_the_hold_does_not_flap():
     for c in range(40):
         w.cycle(reads=list(a) + list(b), refaults=list(a) if c % 3 == 0 else ())
         assert w.held[100:120].all(), c
+
+
+def test_of_a_hot_set_thrashing_all_over_the_part_losing_more_pages_wins():
+    """Both halves read and refault every cycle (the reads saturate: every block is read);
+    A loses three times as many pages: A is held, and keeps it while B thrashes harder."""
+    a, b = range(10, 30), range(100, 120)
+    both = np.array(list(a) + list(b))
+    w = TracedWorld(256, 20)
+    for _ in range(6):
+        w.cycle(reads=both, refaults=Sparse(both, np.where(both < 50, 0.6, 0.2).astype(np.float32)))
+    assert w.held[10:30].all() and not w.held[100:120].any()
+    for _ in range(30):                     # B alone refaults now, half again as much
+        w.cycle(reads=both, refaults=Sparse(np.array(list(b)), np.full(20, 0.3, np.float32)))
+        assert w.held[10:30].all()
 
 
 def test_a_uniformly_thrashing_hot_set_is_not_swapped_back_and_forth():

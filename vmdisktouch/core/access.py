@@ -19,9 +19,12 @@ starts the next:
   a write dirtied: the same unit as the checksums of the polling source
   (``system.checksums``), so the policy's rewritten-density rule holds for
   both. Every block is seen, held or not.
-* ``refaults``: per block, 1 when a page of it came back into the cache
-  less than ``REFAULT_SECONDS`` after the kernel deleted it: the guest
-  needed a page the cache had just lost, which residency never shows.
+* ``refaults``: per block, the share of its pages that came back into the
+  cache less than ``REFAULT_SECONDS`` after the kernel deleted them: the
+  guest needed pages the cache had just lost, which residency never shows.
+  A share, not a 0/1 flag: when a hot set twice the cache thrashes, every
+  block of it refaults every cycle, and only how many of its pages did
+  tells the hotter part (three reads in four) from the rest.
   Deletions are remembered (page, time) in a sorted array, at most
   ``MAX_DELETIONS`` of them (the oldest are dropped first).
 
@@ -52,7 +55,7 @@ class Access:
     """One cycle of the guest's accesses to one image."""
     reads: Sparse            # blocks read (value 1)
     writes: Sparse           # blocks written: the share of their parts dirtied
-    refaults: Sparse         # blocks with a page refaulted (value 1)
+    refaults: Sparse         # blocks with pages refaulted: the share of their pages
     read_events: int
     write_pages: np.ndarray  # every page dirtied, sorted, unique (int64)
     refault_pages: int
@@ -109,9 +112,9 @@ class AccessLog:
         wblocks, nparts = np.unique(parts // PARTS, return_counts=True)
         writes = Sparse(wblocks, (nparts / PARTS).astype(np.float32))
         refaulted = _unique(self._refault_pages)
-        rblocks = np.unique(refaulted // ppb)
-        rblocks = rblocks[rblocks < nblocks]
-        refaults = Sparse(rblocks, np.ones(rblocks.size, dtype=np.float32))
+        rblocks, npages = np.unique(refaulted // ppb, return_counts=True)
+        keep = rblocks < nblocks
+        refaults = Sparse(rblocks[keep], (npages[keep] / ppb).astype(np.float32))
         out = Access(reads, writes, refaults, self._reads, pages, int(refaulted.size),
                      self._lost)
         if now_ns is not None:

@@ -166,7 +166,7 @@ class Observation:
     holding: bool = True         # False while the owning domain is shut off
     # The trace source only (None: the polling source, residency is the evidence):
     reads: Sparse | None = None  # blocks the guest read in this cycle (value 1)
-    refaults: Sparse = field(default_factory=Sparse.empty)  # blocks with a page refaulted
+    refaults: Sparse = field(default_factory=Sparse.empty)  # share of each block's pages refaulted
     reconcile: bool = False      # events were lost: residency is evidence too this cycle
 
 
@@ -300,8 +300,8 @@ class Policy:
     def _thrash(self, obs: Observation, held: np.ndarray, dt: float, now: float):
         """The rank multiplier of the thrashing blocks (trace source), or None.
 
-        ``thrash`` is, per block, the decaying share of cycles in which a page
-        of it refaulted (folded like the heat). A held block cannot refault:
+        ``thrash`` is, per block, the decaying mean of the share of its pages
+        that refaulted each cycle (folded like the heat). A held block cannot refault:
         its share is frozen while held, so the part of a thrashing hot set
         the daemon holds keeps the rank that won it the hold (otherwise the
         unheld rest, now the only part refaulting, would displace it, and
@@ -316,7 +316,7 @@ class Policy:
             return None
         k = np.float32(heat.decay_factor(self.params.heat.decay, dt))
         folded = self.thrash * k
-        folded[obs.refaults.blocks] += np.float32(1) - k
+        folded[obs.refaults.blocks] += (np.float32(1) - k) * obs.refaults.values
         folded[folded < heat.FLUSH_BELOW] = 0
         self.thrash = np.where(held, self.thrash, folded)
         if not self.thrash.any():
