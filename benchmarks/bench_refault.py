@@ -85,7 +85,8 @@ def one_scenario(name: str, img: str, args, tmp: str, k: int) -> dict:
     half = args.hot // 2
     a, b = (args.hot_offset, half), (args.hot_offset + half, args.hot - half)
     cg = MemoryCgroup(f"refault-{name}", args.limit).create()
-    guest = RateGuest(img, args.hot_offset, args.hot, [("randread", 0)], log_dir=tmp)
+    guest = RateGuest(img, args.hot_offset, args.hot, [("randread", args.read_iops)],
+                      log_dir=tmp)
     guest.argv = cg.wrap(guest.argv + [f"--random_distribution={SKEW}"])
     d = None
     try:
@@ -198,6 +199,7 @@ def main() -> int:
     ap.add_argument("--limit", type=parse_size, default=None,
                     help="the guest's cgroup limit (3/8 of the hot set)")
     ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--read-iops", type=int, default=0, help="fio's rate_iops (0: no limit)")
     ap.add_argument("--duration", type=float, default=None, help="per scenario, s (120)")
     ap.add_argument("--scenarios", default="none,trace,mincore")
     ap.add_argument("--rounds", type=int, default=1, help="A B C, C B A, ...")

@@ -118,3 +118,30 @@ def test_a_group_removed_while_its_pages_are_held(tmp_path, image):
             assert d.stop() == 0, d.output()[-2000:]
     finally:
         cg.cleanup()
+
+
+@pytest.mark.root
+@pytest.mark.timeout(180)
+def test_a_zone_the_guest_rereads_without_pause_is_still_recharged_and_held(tmp_path, image):
+    """A guest that rereads its zone back to back (a hot set under an LRU that
+    thrashes): pages dropped to be reloaded under the daemon's charge are faulted
+    back by the guest first unless the drop and the reload are close together.
+    The zone must still be held, within the cap."""
+    with MemoryCgroup("charges-hot", 256 * MiB) as cg:
+        cg.popen(zone_reader_argv(image, *ZONE, pause=0))
+        time.sleep(2)
+        d = DaemonProc(tmp_path, image, *ARGS)
+        try:
+            cap = int(0.1 * 256 * MiB)
+            d.wait_status(lambda s: s["cycle"] >= 20, "20 cycles", timeout=60)
+            held = []
+            for _ in range(10):                          # 5 s of samples
+                time.sleep(0.5)
+                st = d.read_status()
+                held.append(sum(max(0, min(ZONE[0] + ZONE[1], o + n) - max(ZONE[0], o))
+                                for o, n in st["regions"]))
+                assert cg.unevictable_bytes() <= cap + 2 * MiB
+            assert min(held) >= 0.9 * ZONE[1], [h // MiB for h in held]
+        finally:
+            assert d.stop() == 0, d.output()[-2000:]
+        assert cg.oom_kills() == 0
