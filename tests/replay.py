@@ -35,11 +35,12 @@ def observation(c: dict) -> Observation:
                        allocation=c.get("allocation"), holding=c["enabled"],
                        reads=None if "reads" not in c else _ones(c["reads"]),
                        refaults=_refaults(c.get("refaults", [])),
-                       reconcile=c.get("reconcile", False))
+                       reconcile=c.get("reconcile", False),
+                       read_counts=_refaults(c["read_counts"]) if c.get("read_counts") else None)
 
 
 def _refaults(rec) -> Sparse:
-    """[blocks, shares]; the first records kept blocks only (each counted as 1)."""
+    """[blocks, values]; the first records kept blocks only (each counted as 1)."""
     if len(rec) == 2 and isinstance(rec[0], list):
         return Sparse(np.asarray(rec[0], dtype=np.intp), np.asarray(rec[1], dtype=np.float32))
     return _ones(rec)

@@ -67,6 +67,9 @@ class Recorder:
             heat_sum=float(plan.heat.sum(dtype=np.float64)), red=_runs(policy.red.runs()))
         if obs.reads is not None:      # the trace source
             line.update(reads=obs.reads.blocks.tolist(),
+                        read_counts=None if obs.read_counts is None else
+                        [obs.read_counts.blocks.tolist(),
+                         np.asarray(obs.read_counts.values, dtype=float).tolist()],
                         refaults=[obs.refaults.blocks.tolist(),
                                   np.asarray(obs.refaults.values, dtype=float).tolist()],
                         reconcile=obs.reconcile)

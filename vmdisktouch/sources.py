@@ -54,6 +54,7 @@ class Seen:
     rewritten: Sparse            # the share of each block rewritten
     reads: Sparse | None = None  # trace: blocks read; None: polling
     refaults: Sparse = field(default_factory=Sparse.empty)
+    read_counts: Sparse | None = None  # trace: read events per block
     reconcile: bool = False      # trace: events lost, residency stands in for reads
 
 
@@ -135,6 +136,7 @@ class TraceSource:
                      "reconciled": bool(reconcile)}
         return Seen(self.residency.fraction(), self.residency.resident_pages() * PAGE,
                     acc.writes, reads=acc.reads, refaults=acc.refaults,
+                    read_counts=acc.read_counts,
                     reconcile=first or acc.lost > 0)
 
     def taken(self, blocks: np.ndarray, size: int) -> None:

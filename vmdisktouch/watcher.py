@@ -129,6 +129,7 @@ class DiskWatcher:
         seen = self.source.observe(self.image.size, held, self.config)
         obs = Observation(now, seen.resident, held, seen.rewritten, self.image.allocation(),
                           self.hold_enabled, reads=seen.reads, refaults=seen.refaults,
+                          read_counts=seen.read_counts,
                           reconcile=seen.reconcile)
         return obs, seen.resident_bytes
 

@@ -31,14 +31,14 @@ class TracedWorld:
         self.cached = np.zeros(n, np.float32)
         self.now = 0.0
 
-    def cycle(self, reads=(), refaults=(), writes=None, reconcile=False):
+    def cycle(self, reads=(), refaults=(), writes=None, reconcile=False, read_counts=None):
         self.now += 5.0
         self.cached[list(reads)] = 1.0
         obs = Observation(self.now, self.cached.copy(), self.held.copy(),
                           writes if writes is not None else Sparse.empty(), None, True,
                           reads=ones(list(reads)),
                           refaults=refaults if isinstance(refaults, Sparse) else ones(list(refaults)),
-                          reconcile=reconcile)
+                          reconcile=reconcile, read_counts=read_counts)
         plan = self.policy.decide(obs, lambda run: [run])
         self.held = runs_to_mask(plan.targets, self.n)
         self.policy.settle(self.held)
@@ -98,7 +98,8 @@ def test_refaults_rank_a_thrashing_zone_first_and_the_hold_does_not_flap():
     for _ in range(6):      # both read; B refaults more (a hot set twice the cache)
         w.cycle(reads=list(a) + list(b), refaults=list(b))
     assert w.held[100:120].all() and not w.held[10:30].any()
-    assert w.policy.thrash[100:120].min() >= policy.THRASH_MARGIN    # frozen while held
+    est = w.policy.thrash.estimate(w.held)                 # held: judged by its reads
+    assert est[100:120].min() > 0 and not est[10:30].any()
     assert w.policy.thrashing().size == 0                              # held: not shown
     # held, B cannot refault; now only A does, less often: B keeps the hold
     for c in range(40):
@@ -118,6 +119,28 @@ def test_of_a_hot_set_thrashing_all_over_the_part_losing_more_pages_wins():
     for _ in range(30):                     # B alone refaults now, half again as much
         w.cycle(reads=both, refaults=Sparse(np.array(list(b)), np.full(20, 0.3, np.float32)))
         assert w.held[10:30].all()
+
+
+def test_the_part_read_most_wins_the_hold_whichever_half_was_held_first():
+    """A hot set twice the budget: A is read three times as often as B, and every
+    block of both is read every cycle. Unheld, a block refaults in proportion to
+    its reads (A 0.6 of its pages a cycle, B 0.3); held, it cannot. Whichever
+    half holds first, A ends up held and stays."""
+    a, b = np.arange(10, 30), np.arange(100, 120)
+    both = np.concatenate((a, b))
+    counts = Sparse(both, np.where(both < 50, 300.0, 100.0).astype(np.float32))
+    for first in (a, b):
+        w = TracedWorld(256, 20)
+        for _ in range(2):                  # only one half read at first: it is held
+            w.cycle(reads=first)
+        assert w.held[first].all()
+        owner = []
+        for _ in range(30):
+            unheld = both[~w.held[both]]
+            shares = np.where(unheld < 50, 0.6, 0.3).astype(np.float32)
+            w.cycle(reads=both, refaults=Sparse(unheld, shares), read_counts=counts)
+            owner.append("a" if w.held[a].all() else "b" if w.held[b].all() else "?")
+        assert owner[-20:] == ["a"] * 20, (first[0], owner)
 
 
 def test_a_uniformly_thrashing_hot_set_is_not_swapped_back_and_forth():

@@ -9,6 +9,9 @@ time (CLOCK_MONOTONIC ns) and their page range. ``AccessLog.feed`` folds
 them in as they come; ``AccessLog.take`` returns one cycle's evidence and
 starts the next:
 
+* ``read_counts``: per block, how many read events touched it: how hot it
+  is, which the 0/1 ``reads`` cannot tell once every block is read every
+  cycle (the policy weighs a held block's thrash by it).
 * ``reads``: per block, 1 when the guest read any page of it in the cycle
   (cache hits included: a held block that is read is seen), else absent.
   It is the trace source's counterpart of residency (the fraction of a
@@ -56,6 +59,7 @@ class Access:
     reads: Sparse            # blocks read (value 1)
     writes: Sparse           # blocks written: the share of their parts dirtied
     refaults: Sparse         # blocks with pages refaulted: the share of their pages
+    read_counts: Sparse      # blocks read: how many read events touched each
     read_events: int
     write_pages: np.ndarray  # every page dirtied, sorted, unique (int64)
     refault_pages: int
@@ -103,9 +107,12 @@ class AccessLog:
     def take(self, nblocks: int, now_ns: int | None = None) -> Access:
         """This cycle's evidence for an image of ``nblocks`` blocks; starts the next cycle."""
         ppb = self.pages_per_block
-        blocks = _unique(self._read_blocks)
-        blocks = blocks[blocks < nblocks]
+        blocks, counts = (np.unique(np.concatenate(self._read_blocks), return_counts=True)
+                          if self._read_blocks else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        keep = blocks < nblocks
+        blocks, counts = blocks[keep], counts[keep]
         reads = Sparse(blocks, np.ones(blocks.size, dtype=np.float32))
+        read_counts = Sparse(blocks, counts.astype(np.float32))
         pages = _unique(self._write_pages)
         pages = pages[pages < nblocks * ppb]
         parts = np.unique(pages // self.pages_per_part)
@@ -115,8 +122,8 @@ class AccessLog:
         rblocks, npages = np.unique(refaulted // ppb, return_counts=True)
         keep = rblocks < nblocks
         refaults = Sparse(rblocks[keep], (npages[keep] / ppb).astype(np.float32))
-        out = Access(reads, writes, refaults, self._reads, pages, int(refaulted.size),
-                     self._lost)
+        out = Access(reads, writes, refaults, read_counts, self._reads, pages,
+                     int(refaulted.size), self._lost)
         if now_ns is not None:
             self._forget_before(now_ns - int(REFAULT_SECONDS * 1e9))
         self._reset()

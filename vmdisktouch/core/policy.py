@@ -43,7 +43,7 @@ With the trace source (``Observation.reads`` set) step 2 has nothing to
 suppress: the evidence is the guest's reads, held blocks included, and the
 daemon's own loading is not traced; residency counts only in a cycle whose
 events were lost (``reconcile``). Step 6 then ranks held heat as it is and
-multiplies a run's rank by its thrash (``_thrash``).
+multiplies a run's rank by its thrash (``core.thrash``).
 
 ``settle(held, holes, ceded)`` after the holder acted:
 
@@ -87,6 +87,7 @@ import numpy as np
 from vmdisktouch.core import heat, regions
 from vmdisktouch.core.runs import Run, runs_to_mask
 from vmdisktouch.core.sparse import Sparse
+from vmdisktouch.core.thrash import Thrash
 
 # -- the rules --------------------------------------------------------------
 # Every constant the policy decides with. Settings (budget, threshold, the
@@ -110,10 +111,7 @@ from vmdisktouch.core.sparse import Sparse
 #                             at it: all its excess is recharged at once (``charges``)
 #   TRACED_INCUMBENT   1      trace source: a held block's heat is the guest's own reads, so
 #                             it is ranked as it is (no incumbency weight)
-#   THRASH_WEIGHT      1      trace source: a run's rank is multiplied by 1 + this x its mean
-#                             thrash (the decaying share of cycles in which its pages refaulted)
-#   THRASH_MARGIN      0.25   an unheld block's thrash counts only above this: a challenger
-#                             must thrash clearly more than the held part did (no flapping)
+#   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
 
 INCUMBENT_WEIGHT = 16.0
 HOLD_FRACTION = 0.5
@@ -124,8 +122,6 @@ CEDE_SECONDS = 60.0
 RESERVE_FRACTION = 1 / 16
 AT_LIMIT_FRACTION = 1 / 32
 TRACED_INCUMBENT = 1.0
-THRASH_WEIGHT = 1.0
-THRASH_MARGIN = 0.25
 
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
                              rewritten_density=REWRITTEN_DENSITY)
@@ -168,6 +164,7 @@ class Observation:
     reads: Sparse | None = None  # blocks the guest read in this cycle (value 1)
     refaults: Sparse = field(default_factory=Sparse.empty)  # share of each block's pages refaulted
     reconcile: bool = False      # events were lost: residency is evidence too this cycle
+    read_counts: Sparse | None = None  # read events per block (None: ``reads`` stand in)
 
 
 @dataclass(frozen=True)
@@ -198,7 +195,7 @@ class Policy:
         self.red = Sparse.empty()             # shown red: the time of the last rewrite
         self.released = Sparse.empty()        # displaced: the time of the release
         self.ceded = Sparse.empty()           # left to the guest's cache: the time
-        self.thrash: np.ndarray | None = None  # trace source: see _thrash
+        self.thrash: Thrash | None = None     # trace source, once a page refaulted
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)
         self.held_after = np.zeros(self.nblocks, dtype=bool)  # held when the last cycle ended
         self.holes = np.zeros(self.nblocks, dtype=bool)       # known holes
@@ -219,7 +216,7 @@ class Policy:
         self._note_released(self.held_after & ~held, now)     # between cycles
         evidence, suppressed = self._evidence(obs, held)
         self.state = heat.step(self.state, evidence, suppressed, rewritten, dt, p.heat)
-        boost = self._thrash(obs, held, dt, now)
+        boost = self._thrash(obs, held, dt)
         rules = SELECT_RULES if obs.reads is None else TRACED_RULES
 
         total = self.state.total
@@ -259,7 +256,8 @@ class Policy:
         self.red = self.red.below(n)
         self.released = self.released.below(n)
         self.ceded = self.ceded.below(n)
-        self.thrash = None if self.thrash is None else _resized(self.thrash, n)
+        if self.thrash is not None:
+            self.thrash.resize(n)
         self.self_loaded = _resized(self.self_loaded, n)
         self.held_after = _resized(self.held_after, n)
         self.holes = np.zeros(n, dtype=bool)
@@ -297,41 +295,25 @@ class Policy:
         np.maximum(evidence, np.where(suppressed, np.float32(0), obs.resident), out=evidence)
         return evidence, None
 
-    def _thrash(self, obs: Observation, held: np.ndarray, dt: float, now: float):
-        """The rank multiplier of the thrashing blocks (trace source), or None.
-
-        ``thrash`` is, per block, the decaying mean of the share of its pages
-        that refaulted each cycle (folded like the heat). A held block cannot refault:
-        its share is frozen while held, so the part of a thrashing hot set
-        the daemon holds keeps the rank that won it the hold (otherwise the
-        unheld rest, now the only part refaulting, would displace it, and
-        the two would swap for ever). An unheld block's share counts only
-        above ``THRASH_MARGIN``: the held part froze its share when it won,
-        often before it had risen all the way, and a challenger thrashing
-        merely as much must not take the hold back and forth.
-        """
+    def _thrash(self, obs: Observation, held: np.ndarray, dt: float):
+        """The rank multiplier of the blocks (``core.thrash``), or None with no refaults."""
         if obs.refaults.blocks.size and self.thrash is None:
-            self.thrash = np.zeros(self.nblocks, dtype=np.float32)
+            self.thrash = Thrash(self.nblocks)
         if self.thrash is None:
             return None
-        k = np.float32(heat.decay_factor(self.params.heat.decay, dt))
-        folded = self.thrash * k
-        folded[obs.refaults.blocks] += (np.float32(1) - k) * obs.refaults.values
-        folded[folded < heat.FLUSH_BELOW] = 0
-        self.thrash = np.where(held, self.thrash, folded)
-        if not self.thrash.any():
+        reads = obs.read_counts if obs.read_counts is not None else obs.reads
+        self.thrash.fold(obs.refaults, reads if reads is not None else Sparse.empty(), held,
+                         heat.decay_factor(self.params.heat.decay, dt))
+        if not self.thrash.active:
             self.thrash = None
             return None
-        counted = np.where(held, self.thrash, np.maximum(self.thrash - THRASH_MARGIN, 0))
-        return 1 + np.float32(THRASH_WEIGHT) * counted
+        return self.thrash.multiplier(held)
 
     def thrashing(self) -> np.ndarray:
-        """Blocks thrashing now, not held: their thrash share at least ``THRASH_MARGIN``
-        (what counts in the ranking). One stray refault (readahead's pages read back
-        soon after their eviction) is not thrashing."""
+        """Blocks thrashing now and not held (``Thrash.thrashing``)."""
         if self.thrash is None:
             return np.zeros(0, dtype=np.intp)
-        return np.flatnonzero((self.thrash >= THRASH_MARGIN) & ~self.held_after)
+        return self.thrash.thrashing(self.held_after)
 
     def _note_released(self, mask: np.ndarray, now: float) -> None:
         """Remember the blocks of ``mask`` as released at ``now``; forget those past the grace."""
