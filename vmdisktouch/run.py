@@ -41,7 +41,7 @@ import sys
 import time
 
 from vmdisktouch import configfile, settings
-from vmdisktouch.system import meminfo
+from vmdisktouch.system import image_lock, meminfo
 from vmdisktouch.adapters import outputs, sdnotify
 from vmdisktouch.errors import ConfigError, ImageGoneError, VmdtError
 from vmdisktouch.system.image import open_image
@@ -171,7 +171,7 @@ def _start(args, sig: LoopSignals) -> int:
         from vmdisktouch.adapters import lifecycle
         lifecycle.require_eligible(args.path, args.uri, args.force)
 
-    with open_image(args.path) as image:
+    with open_image(args.path) as image, image_lock.acquire(image):
         protected = protected_files(image, config_path)
         outputs.check_paths(config, protected)      # before anything is held
         if image.format == "qcow2":
