@@ -132,3 +132,26 @@ def test_held_blocks_are_resampled_in_turn_not_all_at_once():
     more[110:115] = True
     t.update(h, held, more, now=13 * step)                     # 5 new ones, plus a share
     assert set(range(110, 115)) <= set(h.asked) and len(h.asked) == 5 + 9
+
+
+def test_the_resample_is_bounded_per_cycle_however_much_is_held(monkeypatch):
+    from vmdisktouch.system import charge_tracker
+    from vmdisktouch.system.charge_tracker import ChargeTracker
+
+    monkeypatch.setattr(charge_tracker, "RESAMPLE_MAX_BYTES", 4 * MiB)
+
+    class Holder:
+        asked = 0
+
+        def mappings(self, runs):
+            for a, b in runs:
+                Holder.asked += b - a
+                yield a, b, a * MiB, (b - a) * MiB
+
+    n = 1200
+    t = ChargeTracker(FakeReader([7] * 16 * n), MiB, n)
+    held = np.ones(n, bool)
+    t.update(Holder(), np.zeros(n, bool), held, now=0.0)
+    Holder.asked = 0
+    t.update(Holder(), held, held, now=5.0)                    # 1/12 would be 100 blocks
+    assert Holder.asked == 4
