@@ -185,7 +185,7 @@ _KIND_NOTES = {
     "boolean": "true or false",
 }
 # Set on the unit's command line (per-instance names); a file value is overridden there.
-UNIT_CLI_KEYS = ("status", "heat_png", "map_png")
+UNIT_CLI_KEYS = ("status", "heat_png", "map_png", "state_dir")
 
 
 def toml_value(value: Any) -> str:
@@ -254,9 +254,11 @@ def example_config() -> str:
         if s.required:
             out += _comment("Required: the daemon does not start without it.")
         if s.key in UNIT_CLI_KEYS:
-            out += _comment("The systemd unit sets it on the command line to "
-                            "/run/vmdisktouch/INSTANCE.*, which overrides this file; change "
-                            "it there with a drop-in (systemctl edit).")
+            where = ("/var/lib/vmdisktouch" if s.key == "state_dir"
+                     else "/run/vmdisktouch/INSTANCE.*")
+            out += _comment(f"The systemd unit sets it on the command line to {where}, "
+                            "which overrides this file; change it there with a drop-in "
+                            "(systemctl edit).")
         out.append(f"#{s.key} = {toml_value(sample_value(s))}")
     return "\n".join(out) + "\n"
 

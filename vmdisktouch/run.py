@@ -189,6 +189,12 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
         return sig.sleep(min(seconds, dog.slice))
 
     watcher = build(image, config, sleep=pace, out=outputs.Outputs(protected))
+    keeper = None
+    if config.state_dir:
+        from vmdisktouch.adapters import warm_state
+        keeper = warm_state.Keeper(config.state_dir, config.state_save_interval,
+                                   watcher.clock, time.time)
+        keeper.restore(watcher)
     domain = None
     try:
         if args.uri:
@@ -211,16 +217,18 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
                          format_size(new.min_free), format_size(released))
             sdnotify.ready()
 
-        return _loop(watcher, domain, sig, reload, dog)
+        return _loop(watcher, domain, sig, reload, dog, keeper)
     finally:
         sdnotify.stopping()
+        if keeper is not None:
+            keeper.save(watcher)
         if domain is not None:
             domain.close()
         watcher.close()
         log.info("released all holds")
 
 
-def _loop(watcher, domain, sig: LoopSignals, reload, dog) -> int:
+def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None) -> int:
     failures = 0
     ready = False
     while not sig.stopping:
@@ -250,6 +258,8 @@ def _loop(watcher, domain, sig: LoopSignals, reload, dog) -> int:
                 ready = True
             else:
                 sdnotify.status(line)
+        if keeper is not None:
+            keeper.maybe_save(watcher)
         dog.ping()
         _wait_for_next_cycle(watcher, sig, reload, dog, started + watcher.config.interval)
     log.info("received %s; releasing holds and exiting", sig.stop_name())

@@ -133,6 +133,14 @@ SETTINGS: tuple[Setting, ...] = (
             "Write the heat map PNG here every cycle (replaced atomically).", group="output"),
     Setting("map_png", _path, None, "path", "",
             "Write the block map PNG here every cycle (replaced atomically).", group="output"),
+    Setting("state_dir", _path, None, "path", "",
+            "Save each image's heat and held regions in this directory (one file per "
+            "image, replaced atomically) every state_save_interval and at stop, and "
+            "restore them at start, so a restarted daemon starts warm (the units: "
+            "/var/lib/vmdisktouch). Unset: no warm restart.", group="output"),
+    Setting("state_save_interval", _duration(1, MAX_SECONDS), 300.0, "duration", "seconds",
+            "How often the warm-restart state is saved (with state_dir). "
+            f"From 1 s to {_num(MAX_SECONDS)} s.", group="output"),
     Setting("blocks_per_pixel", _int(1, MAX_BLOCKS_PER_PIXEL), None, "integer", "blocks",
             "Blocks per pixel in the PNGs (default: fit the image in about 1 M pixels). "
             f"From 1 to {MAX_BLOCKS_PER_PIXEL} (2^40).", group="output"),
@@ -164,6 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting. Flags default to None so a config file can fill in."""
     for s in SETTINGS:
         metavar = {"size": "SIZE", "duration": "SECONDS", "path": "FILE"}.get(s.kind, "N")
+        metavar = "DIR" if s.key.endswith("_dir") else metavar
         unit = f" [{s.unit}]" if s.unit else ""
         parser.add_argument(s.flag, dest=s.key, default=None, metavar=metavar,
                             help=f"{s.help}{unit} Default: {s.default_text()}.")

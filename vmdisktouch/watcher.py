@@ -38,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from vmdisktouch.core import heat
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import consecutive_runs, runs_to_mask
 from vmdisktouch.errors import VmdtError
@@ -193,6 +194,16 @@ class DiskWatcher:
         return {**self.source.status(),
                 "thrashing_ranges": [[s * bs, min(e * bs, size) - s * bs]
                                      for s, e in consecutive_runs(self.policy.thrashing())]}
+
+    def restore(self, saved, away_seconds: float) -> None:
+        """Start from saved heat (``warm_state.Saved``), decayed over ``away_seconds``."""
+        k = np.float32(heat.decay_factor(self.policy.params.heat.decay, max(0.0, away_seconds)))
+        self.policy.state = heat.HeatState(saved.heat_resident * k, saved.heat_rewritten * k)
+
+    def warm_state(self) -> tuple[np.ndarray, np.ndarray, list]:
+        """(heat resident, heat rewritten, held runs) to save."""
+        st = self.policy.state
+        return st.heat_resident, st.heat_rewritten, list(self.holder.held_runs())
 
     def close(self) -> None:
         if self.recorder:

@@ -150,6 +150,7 @@ def test_hardening():
     expected = {"LimitMEMLOCK": "infinity", "ProtectSystem": "strict", "ProtectHome": "yes",
                 "PrivateTmp": "yes", "NoNewPrivileges": "yes",
                 "RuntimeDirectory": "vmdisktouch", "RuntimeDirectoryPreserve": "yes",
+                "StateDirectory": "vmdisktouch", "StateDirectoryMode": "0700",
                 "PrivateNetwork": "yes", "RestrictAddressFamilies": "AF_UNIX",
                 "ProtectKernelTunables": "yes", "ProtectControlGroups": "yes"}
     for key, value in expected.items():
@@ -245,7 +246,8 @@ def test_exec_start_runs_the_daemon_on_the_instance_path():
     opts = dict(zip(argv[3::2], argv[4::2]))
     assert opts == {"--status": "/run/vmdisktouch/%i.json",
                     "--map-png": "/run/vmdisktouch/%i.map.png",
-                    "--heat-png": "/run/vmdisktouch/%i.heat.png"}
+                    "--heat-png": "/run/vmdisktouch/%i.heat.png",
+                    "--state-dir": "/var/lib/vmdisktouch"}
     assert set(opts) == {settings.BY_KEY[k].flag for k in configfile.UNIT_CLI_KEYS}
 
 
@@ -261,6 +263,7 @@ def test_exec_start_parses_with_the_real_cli():
     assert args.status == f"/run/vmdisktouch/{instance}.json"
     assert args.map_png == f"/run/vmdisktouch/{instance}.map.png"
     assert args.heat_png == f"/run/vmdisktouch/{instance}.heat.png"
+    assert args.state_dir == "/var/lib/vmdisktouch"
 
 
 def test_shipped_unit_points_at_the_documented_binary():

@@ -185,6 +185,7 @@ BOUNDS = {
     "blocks_per_pixel": ([1, 1 << 40, "16", 16.0],
                          [(0, ">= 1"), ((1 << 40) + 1, "<= 1099511627776"), (1.5, "whole"),
                           ("1" * 5000, "<= 1099511627776"), ("-" + "1" * 5000, ">= 1")]),
+    "state_save_interval": ([1, 86400, "5m"], [(0.5, "at least 1 s"), (86401, "at most 86400 s")]),
     "width": ([1, 16384], [(0, ">= 1"), (16385, "<= 16384")]),
     "scale": ([1, 64], [(0, ">= 1"), (65, "<= 64")]),
     "aspect": ([0.01, 100], [(0.009, ">= 0.01"), (101, "<= 100"), (0, ">= 0.01")]),
@@ -192,7 +193,7 @@ BOUNDS = {
 
 
 def test_every_setting_has_bounds_tested():
-    paths = {"heat_png", "map_png"}          # as status
+    paths = {"heat_png", "map_png", "state_dir"}          # as status
     assert set(BOUNDS) | paths == set(settings.BY_KEY)
 
 
