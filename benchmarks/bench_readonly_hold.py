@@ -35,17 +35,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    DaemonDied, RateGuest, cycle_figures, ensure_image, exit_on_sigterm, fmt, machine,
-    median, overlap, remove_quietly, watch, publish)
+    add_run_options, cycle_figures, DaemonDied, exit_on_sigterm, fmt, machine, median,
+    overlap, publish, RateGuest, scratch_image, watch)
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tools.images import evict  # noqa: E402
@@ -168,12 +166,7 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=30.0, help="first seconds left out")
     ap.add_argument("--sources", default="trace,mincore")
     ap.add_argument("--daemon-args", default="", help="more `vmdisktouch run` options")
-    ap.add_argument("--image", help="use this existing image (read only here)")
-    ap.add_argument("--dir", default="/var/tmp")
-    ap.add_argument("--quick", action="store_true", help="1G image, 128M zone, 90 s")
-    ap.add_argument("--doc", action="store_true", help="write the section of docs/benchmarks.md")
-    ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--keep", action="store_true", help="keep the daemon logs (printed path)")
+    add_run_options(ap, "1G image, 128M zone, 90 s")
     args = ap.parse_args()
     q = args.quick
     for k, full, quick in (("image_size", 4 * GiB, GiB), ("zone", 512 * MiB, 128 * MiB),
@@ -188,21 +181,11 @@ def main() -> int:
     print(f"{machine()}; zone {fmt(args.zone)} at {fmt(args.zone_offset)}, --max-hold "
           f"{fmt(args.max_hold)}, {args.duration:g} s per source: {', '.join(sources)}",
           flush=True)
-    tmp = tempfile.mkdtemp(prefix="bench-readonly-hold-", dir="/tmp")
-    img, created = None, False
     results = []
-    try:
-        img, created = ensure_image(args.image, args.image_size, args.dir)
+    with scratch_image(args, "bench-readonly-hold-") as (img, tmp):
         for s in sources:
             print(f"{s}:", flush=True)
             results.append(one_source(s, img, args, tmp))
-    finally:
-        if created:
-            remove_quietly(img)
-        if args.keep:
-            print(f"daemon logs kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     body = (f"A {fmt(args.image_size)} non-sparse image on {args.dir}; a hot zone of "
             f"{fmt(args.zone)} at {fmt(args.zone_offset)} read at random by fio "
             f"({args.read_iops} 4 KiB reads/s, psync, buffered, no writes); `vmdisktouch run "

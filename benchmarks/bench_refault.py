@@ -44,7 +44,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -54,8 +53,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    DaemonDied, RateGuest, cycle_figures, ensure_image, exit_on_sigterm, fmt, machine,
-    median, overlap, publish, remove_quietly, round_orders, spread_text, watch)
+    add_run_options, cycle_figures, DaemonDied, exit_on_sigterm, fmt, machine, median,
+    overlap, publish, RateGuest, round_orders, scratch_image, spread_text, watch)
 from tools.cgroup import MemoryCgroup  # noqa: E402
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
@@ -204,12 +203,7 @@ def main() -> int:
     ap.add_argument("--scenarios", default="none,trace,mincore")
     ap.add_argument("--rounds", type=int, default=1, help="A B C, C B A, ...")
     ap.add_argument("--daemon-args", default="", help="more `vmdisktouch run` options")
-    ap.add_argument("--image", help="use this existing image (read only here)")
-    ap.add_argument("--dir", default="/var/tmp")
-    ap.add_argument("--quick", action="store_true", help="1G image, 256M hot set, 60 s")
-    ap.add_argument("--doc", action="store_true", help="write the section of docs/benchmarks.md")
-    ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--keep", action="store_true", help="keep the logs and maps (printed path)")
+    add_run_options(ap, "1G image, 256M hot set, 60 s", "keep the logs and maps (printed path)")
     args = ap.parse_args()
     q = args.quick
     for key, full, quick in (("image_size", 2 * GiB, GiB), ("hot", 512 * MiB, 256 * MiB),
@@ -226,21 +220,11 @@ def main() -> int:
           f"{fmt(args.max_hold)}, cgroup limit {fmt(args.limit)}, {args.duration:g} s per "
           f"scenario; rounds: {' | '.join(' '.join(o) for o in round_orders(scenarios, args.rounds))}",
           flush=True)
-    tmp = tempfile.mkdtemp(prefix="bench-refault-", dir="/tmp")
-    img, created = None, False
     results = []
-    try:
-        img, created = ensure_image(args.image, args.image_size, args.dir)
+    with scratch_image(args, "bench-refault-") as (img, tmp):
         for k, order in enumerate(round_orders(scenarios, args.rounds)):
             for name in order:
                 results.append(one_scenario(name, img, args, tmp, k))
-    finally:
-        if created:
-            remove_quietly(img)
-        if args.keep:
-            print(f"logs and maps kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     body = (f"A {fmt(args.image_size)} non-sparse image on {args.dir}; a hot set of "
             f"{fmt(args.hot)} at {fmt(args.hot_offset)}, twice the budget, read at random by "
             f"fio as fast as it can (4 KiB, psync, buffered, `random_distribution={SKEW}`: "

@@ -44,18 +44,16 @@ import argparse
 import math
 import os
 import shlex
-import shutil
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    DaemonDied, RateGuest, cache_range, cycle_figures, disk_free, ensure_image,
-    exit_on_sigterm, fmt, machine, mem_available, median, rates_text, remove_quietly,
-    round_orders, sleep_alive, spread_text, wait_first_status, watch, publish)
+    DaemonDied, RateGuest, add_run_options, cache_range, cycle_figures, disk_free,
+    exit_on_sigterm, fmt, machine, mem_available, median, publish, rates_text, round_orders,
+    scratch_image, sleep_alive, spread_text, wait_first_status, watch)
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
@@ -243,8 +241,6 @@ def main() -> int:
     ap.add_argument("--image-size", type=parse_size, default=None, help="image size (8G)")
     ap.add_argument("--held", type=parse_size, default=None,
                     help="cached, held and written zone at the image's start (4G)")
-    ap.add_argument("--image", help="use this existing non-sparse image (it is written to!)")
-    ap.add_argument("--dir", default="/var/tmp", help="where the image is written")
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=None, help="seconds before sampling (20)")
     ap.add_argument("--load-timeout", type=float, default=180.0,
@@ -257,10 +253,8 @@ def main() -> int:
     ap.add_argument("--daemon-args", default="", help="more `vmdisktouch run` options")
     ap.add_argument("--curve", action="store_true", help="trace only, cost against held bytes")
     ap.add_argument("--curve-sizes", default=None, help="held sizes (256M,1G,4G,16G)")
-    ap.add_argument("--quick", action="store_true", help="small and short: a smoke run")
-    ap.add_argument("--doc", action="store_true", help="write the section of docs/benchmarks.md")
-    ap.add_argument("--json", metavar="FILE", help="also write the raw results here")
-    ap.add_argument("--keep", action="store_true", help="keep the daemon logs (printed path)")
+    add_run_options(ap, "small and short: a smoke run",
+                    image="use this existing non-sparse image (it is written to!)")
     args = ap.parse_args()
     q = args.quick
     defaults = dict(image_size=GiB if q else 8 * GiB, held=256 * MiB if q else 4 * GiB,
@@ -294,11 +288,9 @@ def main() -> int:
     print(f"{machine()}; rounds: " + " | ".join(
         " ".join(fmt(x) if isinstance(x, int) else x for x in o) for o in orders), flush=True)
 
-    tmp = tempfile.mkdtemp(prefix="bench-source-cost-", dir="/tmp")
-    img, created = None, False
     runs: list[dict] = []
-    try:
-        img, created = ensure_image(args.image, image_size, args.dir)
+    args.image_size = image_size
+    with scratch_image(args, "bench-source-cost-") as (img, tmp):
         k = 0
         for rnd, order in enumerate(orders, 1):
             print(f"round {rnd}", flush=True)
@@ -311,13 +303,6 @@ def main() -> int:
                     r = one_run(item, SCENARIOS[item], img, args.held, args, tmp, f"{k}-{item}")
                 r["round"] = rnd
                 runs.append(r)
-    finally:
-        if created:
-            remove_quietly(img)
-        if args.keep:
-            print(f"daemon logs and status files kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     guest = (f"fio over the zone: {args.write_iops} random 4 KiB O_DSYNC pwrites/s and "
              f"{args.read_iops} random 4 KiB reads/s (psync, buffered, `--invalidate=0`)")

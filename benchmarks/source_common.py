@@ -20,13 +20,16 @@ bench_readonly_hold): images, caching, the rate-limited guest, the daemon's cost
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import signal
 import statistics
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +90,35 @@ def ensure_image(image: str | None, size: int, directory: str) -> tuple[str, boo
         raise
     print(f"  written in {time.monotonic() - t0:.0f} s", flush=True)
     return path, True
+
+
+def add_run_options(ap, quick: str, keep: str = "keep the daemon logs (printed path)",
+                    image: str = "use this existing image (read only here)") -> None:
+    """The options every source benchmark shares: --image, --dir, --quick, --doc, --json, --keep."""
+    ap.add_argument("--image", help=image)
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--quick", action="store_true", help=quick)
+    ap.add_argument("--doc", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--keep", action="store_true", help=keep)
+
+
+@contextlib.contextmanager
+def scratch_image(args, prefix: str):
+    """(image, temporary directory): the image of ``args`` (``ensure_image``), removed
+    afterwards if made here; the directory removed unless ``--keep``."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    img, created = None, False
+    try:
+        img, created = ensure_image(args.image, args.image_size, args.dir)
+        yield img, tmp
+    finally:
+        if created:
+            remove_quietly(img)
+        if args.keep:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def remove_quietly(path: str | None) -> None:
