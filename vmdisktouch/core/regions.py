@@ -130,6 +130,19 @@ def candidate_mask(heat: np.ndarray, threshold: float, held_mask, rules: Rules) 
     return cand
 
 
+@dataclass(frozen=True)
+class DiskMap:
+    """One disk's part of a selection (``select_many``); the fields are ``select``'s."""
+    total_heat: np.ndarray
+    threshold: float
+    rewritten_heat: np.ndarray | None = None
+    held_mask: np.ndarray | None = None
+    recent_rewrites: np.ndarray | None = None
+    candidates: np.ndarray | None = None
+    boost: np.ndarray | None = None
+    cap_blocks: int | None = None      # most this disk may take of the budget; None: all
+
+
 def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
            rules: Rules, held_mask=None, recent_rewrites=None, candidates=None,
            boost=None) -> list[Run]:
@@ -143,73 +156,101 @@ def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_bloc
     threshold, held_mask, rules)`` when the caller has it already, or None.
     ``boost``: per block, a factor (>= 1) its ranking heat is multiplied by, or None.
     """
-    heat = np.asarray(total_heat)
-    if heat.ndim != 1:
-        raise ValueError("total_heat must be 1-D")
-    if not threshold > 0:
-        raise ValueError(f"threshold must be > 0, not {threshold!r}")
+    one = DiskMap(total_heat, threshold, rewritten_heat, held_mask, recent_rewrites,
+                  candidates, boost)
+    return select_many([one], budget_blocks, rules)[0]
+
+
+def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[list[Run]]:
+    """``select`` over several disks sharing one budget: the regions of every disk in one
+    priority queue (heat is in the same units on every disk), each disk within its
+    ``cap_blocks``. Returns each disk's runs, highest priority first."""
     budget = int(budget_blocks)
     if budget < 0:
         raise ValueError(f"budget_blocks must be >= 0, not {budget_blocks!r}")
-    if budget == 0 or not heat.size:
-        return []
-
-    if candidates is None:
-        candidates = candidate_mask(heat, threshold, held_mask, rules)
-    edges = _edges(_same_shape(candidates, heat, "candidates"))
-    if not edges.size:
-        return []
-    starts, stops = edges[0::2], edges[1::2]
-
-    w = None if rewritten_heat is None else _same_shape(rewritten_heat, heat, "rewritten_heat")
-    recent = (None if recent_rewrites is None
-              else _same_shape(recent_rewrites, heat, "recent_rewrites").astype(np.float32))
-    if recent is not None and not recent.any():
-        recent = None
-    # Ranking heat: the resident part of held blocks counts rules.incumbent_weight times.
-    rank_heat = heat
-    if held_mask is not None and np.any(held_mask):
-        resident = heat if w is None else heat - w
-        rank_heat = heat + np.where(np.asarray(held_mask, dtype=bool),
-                                    resident * np.float32(rules.incumbent_weight - 1), np.float32(0))
-
-    if boost is not None:
-        rank_heat = rank_heat * _same_shape(boost, heat, "boost")
-    # Queue entries: (class, -score, -total, start, stop, region start, region stop);
-    # class -1 = rewritten now (scored by rewritten sum), 0 = other (scored by total).
-    totals = _segment_sums(rank_heat, edges)
-    if recent is None:
-        is_rew = np.zeros(totals.size, dtype=bool)
-        score = totals
-    else:
-        is_rew = _segment_sums(recent, edges) >= rules.rewritten_density * (stops - starts)
-        rewritten = np.zeros_like(totals) if w is None else _segment_sums(w, edges)
-        score = np.where(is_rew, rewritten, totals)
-    s_list, e_list = starts.tolist(), stops.tolist()
-    queue = list(zip((-is_rew.astype(np.int8)).tolist(), (-score).tolist(), (-totals).tolist(),
-                     s_list, e_list, s_list, e_list))
+    out: list[list[Run]] = [[] for _ in maps]
+    ranked = [_Ranked(m, rules) for m in maps]
+    room = [budget if m.cap_blocks is None else max(0, min(budget, int(m.cap_blocks)))
+            for m in maps]
+    queue = [entry for d, r in enumerate(ranked) if room[d] for entry in r.entries(d)]
     heapq.heapify(queue)
-
-    def window_entry(start: int, stop: int, rstart: int, rstop: int):
-        total = float(rank_heat[start:stop].sum(dtype=np.float64))
-        if recent is not None and \
-                recent[start:stop].sum(dtype=np.float64) >= rules.rewritten_density * (stop - start):
-            rew = 0.0 if w is None else float(w[start:stop].sum(dtype=np.float64))
-            return (-1, -rew, -total, start, stop, rstart, rstop)
-        return (0, -total, -total, start, stop, rstart, rstop)
-
-    out: list[Run] = []
     left = budget
     while queue and left > 0:
-        _, _, _, start, stop, rstart, rstop = heapq.heappop(queue)
-        if stop - start <= left:
-            out.append((start, stop))
-            left -= stop - start
+        _, _, _, d, start, stop, rstart, rstop = heapq.heappop(queue)
+        fit = min(left, room[d])
+        if not fit:
             continue
-        # Does not fit: its region's hottest window of `left` blocks goes back in the queue.
-        s = _hottest_window(rank_heat, rstart, rstop, left)
-        heapq.heappush(queue, window_entry(s, s + left, rstart, rstop))
+        if stop - start <= fit:
+            out[d].append((start, stop))
+            left -= stop - start
+            room[d] -= stop - start
+            continue
+        # Does not fit: its region's hottest window of `fit` blocks goes back in the queue.
+        s = _hottest_window(ranked[d].rank_heat, rstart, rstop, fit)
+        heapq.heappush(queue, ranked[d].window_entry(d, s, s + fit, rstart, rstop))
     return out
+
+
+class _Ranked:
+    """One disk's candidate regions and the heat that ranks them."""
+
+    def __init__(self, m: DiskMap, rules: Rules):
+        heat = np.asarray(m.total_heat)
+        if heat.ndim != 1:
+            raise ValueError("total_heat must be 1-D")
+        if not m.threshold > 0:
+            raise ValueError(f"threshold must be > 0, not {m.threshold!r}")
+        self.rules = rules
+        candidates = m.candidates
+        if candidates is None and heat.size:
+            candidates = candidate_mask(heat, m.threshold, m.held_mask, rules)
+        self.edges = (_edges(_same_shape(candidates, heat, "candidates")) if heat.size
+                      else np.zeros(0, dtype=np.intp))
+        w = None if m.rewritten_heat is None else _same_shape(m.rewritten_heat, heat,
+                                                              "rewritten_heat")
+        recent = (None if m.recent_rewrites is None
+                  else _same_shape(m.recent_rewrites, heat, "recent_rewrites").astype(np.float32))
+        self.w = w
+        self.recent = recent if recent is not None and recent.any() else None
+        # Ranking heat: the resident part of held blocks counts rules.incumbent_weight times.
+        rank_heat = heat
+        if m.held_mask is not None and np.any(m.held_mask):
+            resident = heat if w is None else heat - w
+            rank_heat = heat + np.where(np.asarray(m.held_mask, dtype=bool),
+                                        resident * np.float32(rules.incumbent_weight - 1),
+                                        np.float32(0))
+        if m.boost is not None:
+            rank_heat = rank_heat * _same_shape(m.boost, heat, "boost")
+        self.rank_heat = rank_heat
+
+    def entries(self, d: int) -> list[tuple]:
+        """Queue entries: (class, -score, -total, disk, start, stop, region start, region
+        stop); class -1 = rewritten now (scored by rewritten sum), 0 = other (by total)."""
+        edges = self.edges
+        if not edges.size:
+            return []
+        starts, stops = edges[0::2], edges[1::2]
+        totals = _segment_sums(self.rank_heat, edges)
+        if self.recent is None:
+            is_rew = np.zeros(totals.size, dtype=bool)
+            score = totals
+        else:
+            is_rew = (_segment_sums(self.recent, edges)
+                      >= self.rules.rewritten_density * (stops - starts))
+            rewritten = np.zeros_like(totals) if self.w is None else _segment_sums(self.w, edges)
+            score = np.where(is_rew, rewritten, totals)
+        s_list, e_list = starts.tolist(), stops.tolist()
+        return list(zip((-is_rew.astype(np.int8)).tolist(), (-score).tolist(),
+                        (-totals).tolist(), [d] * len(s_list), s_list, e_list, s_list, e_list))
+
+    def window_entry(self, d: int, start: int, stop: int, rstart: int, rstop: int) -> tuple:
+        total = float(self.rank_heat[start:stop].sum(dtype=np.float64))
+        recent = self.recent
+        if recent is not None and recent[start:stop].sum(dtype=np.float64) \
+                >= self.rules.rewritten_density * (stop - start):
+            rew = 0.0 if self.w is None else float(self.w[start:stop].sum(dtype=np.float64))
+            return (-1, -rew, -total, d, start, stop, rstart, rstop)
+        return (0, -total, -total, d, start, stop, rstart, rstop)
 
 
 # -- helpers ---------------------------------------------------------------
