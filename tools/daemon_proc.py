@@ -73,7 +73,6 @@ class DaemonProc:
                  env: dict | None = None, cwd: str | os.PathLike = ROOT,
                  python: str = sys.executable):
         self.workdir = pathlib.Path(workdir)
-        self.image = str(image)
         self.cwd = pathlib.Path(cwd)
         self.status_path = self.workdir / status if status is not None else None
         self.log_path = self.workdir / log if log else None
@@ -85,7 +84,9 @@ class DaemonProc:
             opts += ["--interval", f"{interval:g}"]
         if self.status_path is not None:
             opts += ["--status", str(self.status_path)]
-        self.argv = [*map(str, prefix), python, "-m", "vmdisktouch", "run", str(image), *opts,
+        images = [str(x) for x in image] if isinstance(image, (list, tuple)) else [str(image)]
+        self.image, self.images = images[0], images
+        self.argv = [*map(str, prefix), python, "-m", "vmdisktouch", "run", *images, *opts,
                      *map(str, args)]
         self._files = []
         out = err = subprocess.DEVNULL
@@ -243,7 +244,8 @@ class DaemonProc:
         for f in self._files:
             f.close()
         if self.proc.returncode is not None:
-            remove_trace_instance(self.image)
+            for image in self.images:
+                remove_trace_instance(image)
         return self.proc.returncode
 
     def __enter__(self) -> "DaemonProc":

@@ -1,4 +1,4 @@
-"""``vmdisktouch run``: the daemon for one disk image.
+"""``vmdisktouch run``: the daemon for one disk image (several: ``run_host``).
 
 Start-up: settings come from defaults < config file < flags
 (``configfile.load_for_run``); a disk that libvirt opens with O_DIRECT is
@@ -79,7 +79,9 @@ def setup_logging(debug: bool) -> None:
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", metavar="PATH", help="disk image: raw/qcow2 file or block device")
+    parser.add_argument("paths", metavar="PATH", nargs="+",
+                        help="disk image: raw/qcow2 file or block device; several share "
+                             "one budget (max_hold), their regions ranked together")
     settings.add_arguments(parser)
     configfile.add_arguments(parser)
     parser.add_argument("--uri", default=DEFAULT_URI,
@@ -167,6 +169,10 @@ def _start(args, sig: LoopSignals) -> int:
         log.warning("%s", w)
     if config_path:
         log.info("settings from %s", config_path)
+    if len(args.paths) > 1:
+        from vmdisktouch import run_host
+        return run_host.serve(args, config, config_path, cli_values, sig, load_settings)
+    args.path = args.paths[0]
     if args.uri:
         from vmdisktouch.adapters import lifecycle
         lifecycle.require_eligible(args.path, args.uri, args.force)

@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from vmdisktouch.core import heat
+from vmdisktouch.core import heat, regions
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import consecutive_runs, runs_to_mask
 from vmdisktouch.errors import VmdtError
@@ -72,6 +72,7 @@ class DiskWatcher:
         self.hold_enabled = True
         self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
         self._released_between = 0               # by a reload or a size change
+        self._cycle: tuple | None = None         # prepare's (start, observation, resident)
 
     @property
     def outputs(self):
@@ -107,10 +108,24 @@ class DiskWatcher:
     # -- the cycle --------------------------------------------------------
 
     def tick(self) -> CycleReport:
+        m = self.prepare()
+        targets = ([] if m is None else
+                   regions.select_many([m], self.policy.params.budget_blocks, m.rules)[0])
+        return self.act(targets)
+
+    def prepare(self):
+        """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
+        while holding is off). ``act`` with the targets the selection gave it follows."""
         t0 = self.clock()
         obs, resident_bytes = self._observe(t0)
         probe = self._probe if not self.recorder else self.recorder.probe(self._probe)
-        plan = self.policy.decide(obs, probe)
+        self._cycle = (t0, obs, resident_bytes)
+        return self.policy.prepare(obs, probe)
+
+    def act(self, targets) -> CycleReport:
+        """Hold ``targets`` (this disk's share of the selection), learn, report."""
+        t0, obs, resident_bytes = self._cycle
+        plan = self.policy.finish(targets)
         acted = self.recharger.act(plan, obs.held, t0, self.config, holding=obs.holding)
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
         if acted.result.loaded_bytes:

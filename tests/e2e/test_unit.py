@@ -259,7 +259,7 @@ def test_exec_start_parses_with_the_real_cli():
     argv = [w.replace("%f", disk).replace("%i", instance)
             for w in shlex.split(one("ExecStart")[1:])]
     args = cli.build_parser().parse_args(argv[1:])
-    assert args.command == "run" and args.path == disk
+    assert args.command == "run" and args.paths == [disk]
     assert args.status == f"/run/vmdisktouch/{instance}.json"
     assert args.map_png == f"/run/vmdisktouch/{instance}.map.png"
     assert args.heat_png == f"/run/vmdisktouch/{instance}.heat.png"

@@ -203,11 +203,20 @@ class Policy:
         self.allocation: int | None = None
         self.last_time: float | None = None
         self._pending: tuple[Observation, np.ndarray] | None = None
+        self._prepared: tuple | None = None    # prepare's maps, for finish
 
     # -- one cycle ---------------------------------------------------------
 
     def decide(self, obs: Observation, probe: Probe) -> Plan:
-        """The plan for this cycle (steps 1-6 of the module docstring)."""
+        """The plan for this cycle (steps 1-6 of the module docstring), on its own budget."""
+        m = self.prepare(obs, probe)
+        targets = ([] if m is None else
+                   regions.select_many([m], self.params.budget_blocks, m.rules)[0])
+        return self.finish(targets)
+
+    def prepare(self, obs: Observation, probe: Probe) -> regions.DiskMap | None:
+        """Steps 1-5: this disk's part of a selection (None: holding is off); a
+        selection over one budget (``regions.select_many``) and ``finish`` follow."""
         n, p, now = self.nblocks, self.params, obs.now
         held = np.asarray(obs.held, dtype=bool)
         recent, rewritten = self._rewrites(obs.rewritten, held, now)
@@ -228,10 +237,16 @@ class Policy:
             keep[self.ceded.blocks] = 0
             cut, rewritten_heat = cut * keep, rewritten_heat * keep
         cand = regions.candidate_mask(cut, p.heat.threshold, held, rules)
-        targets = (regions.select(cut, rewritten_heat, p.heat.threshold, p.budget_blocks,
-                                  rules, held, recent, candidates=cand, boost=boost)
-                   if obs.holding else [])
         self._pending = (obs, cand)
+        self._prepared = (total, recent, cand)
+        if not obs.holding:
+            return None
+        return regions.DiskMap(cut, p.heat.threshold, rewritten_heat, held, recent, cand,
+                               boost, rules=rules)
+
+    def finish(self, targets: list[Run]) -> Plan:
+        """The plan of this cycle, with the targets the selection gave this disk."""
+        total, recent, cand = self._prepared
         return Plan(targets, total, recent, cand)
 
     def settle(self, held: np.ndarray, *, holes: list[Run] = (), ceded: list[Run] = ()) -> None:

@@ -141,6 +141,7 @@ class DiskMap:
     candidates: np.ndarray | None = None
     boost: np.ndarray | None = None
     cap_blocks: int | None = None      # most this disk may take of the budget; None: all
+    rules: Rules | None = None         # this disk's (its access source's); None: the call's
 
 
 def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
@@ -169,7 +170,7 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
     if budget < 0:
         raise ValueError(f"budget_blocks must be >= 0, not {budget_blocks!r}")
     out: list[list[Run]] = [[] for _ in maps]
-    ranked = [_Ranked(m, rules) for m in maps]
+    ranked = [_Ranked(m, m.rules or rules) for m in maps]
     room = [budget if m.cap_blocks is None else max(0, min(budget, int(m.cap_blocks)))
             for m in maps]
     queue = [entry for d, r in enumerate(ranked) if room[d] for entry in r.entries(d)]

@@ -1,0 +1,93 @@
+"""Host: several real images under one budget (mincore source, real holders, real page
+cache): the hottest regions of every disk share the budget, the sum held never exceeds it,
+and a disk that fails is dropped while the others go on."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.pagecache import data_image, held
+from vmdisktouch import settings
+from vmdisktouch.build import build
+from vmdisktouch.host import Host, NoDiskLeft
+from vmdisktouch.system.image import open_image
+
+MiB = 1 << 20
+
+
+class Stepped:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def host(tmp_path):
+    made = []
+
+    def make(paths, budget):
+        clock = Stepped()
+        cfg = settings.resolve({"max_hold": budget, "interval": 5.0, "min_free": 0,
+                                "access_source": "mincore", "load_rate": 0,
+                                "sigma_resident": 0})     # regions exactly the zones
+        watchers = [build(open_image(p), cfg, clock=clock, memcg=None) for p in paths]
+        h = Host(watchers, cfg.max_hold, cfg.block_size)
+        h.test_clock = clock
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def tick(h):
+    h.test_clock.t += 5.0
+    return h.tick()
+
+
+def held_of(h, path):
+    return next(w.holder.held_bytes() for w in h.watchers if w.image.path == path)
+
+
+def test_the_hottest_regions_of_all_disks_share_one_budget(tmp_path, host):
+    a = data_image(tmp_path / "a.img", 64 * MiB)
+    b = data_image(tmp_path / "b.img", 64 * MiB)
+    c = data_image(tmp_path / "c.img", 64 * MiB)
+    h = host([a, b, c], "20M")
+    with held(a, [(8 * MiB, 16 * MiB)]), held(b, [(32 * MiB, 8 * MiB)]):
+        for _ in range(6):
+            tick(h)
+            assert h.held_bytes() <= 20 * MiB
+    assert h.held_bytes() == 20 * MiB                       # the budget is used
+    assert held_of(h, a) == 16 * MiB                        # the larger zone whole
+    assert held_of(h, b) == 4 * MiB                         # the rest of the budget
+    assert held_of(h, c) == 0
+    st = h.status_obj([w.status_obj(w.last_report) for w in h.watchers])
+    assert st["host"]["budget_bytes"] == 20 * MiB and st["host"]["held_bytes"] == 20 * MiB
+    assert [d["held_bytes"] for d in st["host"]["disks"]] == [16 * MiB, 4 * MiB, 0]
+    assert [d["path"] for d in st["disks"]] == [a, b, c]
+
+
+def test_a_failing_disk_is_dropped_and_the_others_go_on(tmp_path, host):
+    a = data_image(tmp_path / "a.img", 32 * MiB)
+    b = data_image(tmp_path / "b.img", 32 * MiB)
+    h = host([a, b], "32M")
+    with held(a, [(0, 8 * MiB)]), held(b, [(0, 8 * MiB)]):
+        for _ in range(4):
+            tick(h)
+        assert held_of(h, a) == held_of(h, b) == 8 * MiB
+        os.unlink(b)                                        # deleted under the daemon
+        data_image(tmp_path / "b.img", 32 * MiB)            # and replaced
+        tick(h)
+        assert [w.image.path for w in h.watchers] == [a]
+        assert b in h.failed and ("replaced" in h.failed[b] or "deleted" in h.failed[b])
+        assert held_of(h, a) == 8 * MiB
+        tick(h)                                             # and goes on
+    os.unlink(a)
+    with pytest.raises(NoDiskLeft):
+        tick(h)

@@ -1,0 +1,128 @@
+"""Several disk images, one budget: the host's cycle over many ``DiskWatcher``s.
+
+Theory of operation
+-------------------
+Each disk keeps its own heat, access source, holder and recharger (a
+``DiskWatcher``); only the selection is shared. Each cycle ``Host.tick``:
+
+1. asks every disk to observe and decide up to the selection
+   (``DiskWatcher.prepare``: its ``regions.DiskMap``, its candidate regions
+   with the heat that ranks them; heat is in the same units on every disk);
+2. selects over all of them at once (``regions.select_many``): the regions
+   of every disk in one priority queue, taken until the host's budget is
+   full, so memory goes where the heat is, whichever disk it is on, each
+   disk within its own cap (its ``max_hold``) when it has one;
+3. hands each disk its share (``DiskWatcher.act``), the disks that hold
+   less than before first, so that their releases come before the others'
+   loads and the sum held never exceeds the budget, even within a cycle.
+
+A disk that fails (deleted, replaced, truncated, unreadable) is released,
+closed and reported in ``failed``; the others go on. The cycle fails only
+when no disk is left.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vmdisktouch.core import regions
+from vmdisktouch.core.policy import SELECT_RULES
+from vmdisktouch.errors import ImageGoneError, VmdtError
+
+log = logging.getLogger("vmdisktouch")
+
+
+class NoDiskLeft(ImageGoneError):
+    """Every disk of the host failed (exit 75: a restart serves what the paths name then)."""
+
+
+class Host:
+    """The disks served together under one budget (``budget`` bytes)."""
+
+    def __init__(self, watchers: list, budget: int, block_size: int,
+                 caps: dict[str, int] | None = None):
+        self.watchers = list(watchers)
+        self.budget = int(budget)
+        self.block_size = int(block_size)
+        self.caps = dict(caps or {})         # image path -> most bytes it may hold
+        self.failed: dict[str, str] = {}     # image path -> why it was dropped
+        self.cycle = 0
+
+    def tick(self) -> list:
+        """One cycle over every disk; returns their ``CycleReport``s."""
+        maps, ready = [], []
+        for w in list(self.watchers):
+            try:
+                m = w.prepare()
+            except (VmdtError, OSError) as exc:
+                self._drop(w, exc)
+                continue
+            ready.append(w)
+            if m is not None:
+                cap = self.caps.get(w.image.path)
+                maps.append((w, m if cap is None else _capped(m, cap // self.block_size)))
+        if not self.watchers:
+            raise NoDiskLeft("no disk left to serve: " + "; ".join(
+                f"{p}: {why}" for p, why in self.failed.items()))
+        chosen = regions.select_many([m for _, m in maps], self.budget // self.block_size,
+                                     SELECT_RULES)
+        targets = {id(w): runs for (w, _), runs in zip(maps, chosen)}
+        bs = self.block_size
+
+        def growth(w) -> int:
+            return sum(b - a for a, b in targets.get(id(w), [])) * bs - w.holder.held_bytes()
+
+        reports = []
+        for w in sorted(ready, key=growth):          # who shrinks first
+            try:
+                reports.append(w.act(targets.get(id(w), [])))
+            except (VmdtError, OSError) as exc:
+                self._drop(w, exc)
+        self.cycle += 1
+        return reports
+
+    def interval(self) -> float:
+        return self.watchers[0].config.interval if self.watchers else 1.0
+
+    def held_bytes(self) -> int:
+        return sum(w.holder.held_bytes() for w in self.watchers)
+
+    def _drop(self, w, exc: BaseException) -> None:
+        why = str(exc) or exc.__class__.__name__
+        log.error("%s: dropped, the other disks go on: %s", w.image.path, why)
+        self.failed[w.image.path] = why
+        self.watchers.remove(w)
+        try:
+            w.close()
+        except (VmdtError, OSError) as err:
+            log.warning("%s: releasing it failed: %s", w.image.path, err)
+        try:
+            w.image.close()
+        except OSError:
+            pass
+
+    def status_obj(self, disks: list[dict]) -> dict:
+        """The host's status: the budget, the sum held and each disk's share, the failures."""
+        per = {d["path"]: d for d in disks}
+        return {
+            "host": {
+                "budget_bytes": self.budget,
+                "held_bytes": self.held_bytes(),
+                "cycle": self.cycle,
+                "disks": [{"path": w.image.path, "held_bytes": w.holder.held_bytes(),
+                           "heat": round(float(w.policy.state.total.sum(dtype=float)), 3),
+                           "cap_bytes": self.caps.get(w.image.path)}
+                          for w in self.watchers],
+                "failed": [{"path": p, "error": why} for p, why in self.failed.items()],
+            },
+            "disks": [per[w.image.path] for w in self.watchers if w.image.path in per],
+        }
+
+    def close(self) -> None:
+        for w in self.watchers:
+            w.close()
+
+
+def _capped(m: regions.DiskMap, cap_blocks: int) -> regions.DiskMap:
+    from dataclasses import replace
+    return replace(m, cap_blocks=cap_blocks)
