@@ -85,7 +85,7 @@ class DaemonProc:
         if self.status_path is not None:
             opts += ["--status", str(self.status_path)]
         images = [str(x) for x in image] if isinstance(image, (list, tuple)) else [str(image)]
-        self.image, self.images = images[0], images
+        self.image, self.images = (images[0] if images else None), images
         self.argv = [*map(str, prefix), python, "-m", "vmdisktouch", "run", *images, *opts,
                      *map(str, args)]
         self._files = []

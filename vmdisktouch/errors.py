@@ -41,6 +41,12 @@ class VmdtError(Exception):
     exit_code = EX_ERROR
 
 
+class UsageError(VmdtError):
+    """A command line argparse accepts but that makes no sense (exit 2, as argparse's)."""
+
+    exit_code = EX_USAGE
+
+
 class ImageError(VmdtError):
     """The path is not a usable disk image (missing, wrong kind, unreadable...)."""
 

@@ -28,6 +28,7 @@ import logging
 from vmdisktouch.core import regions
 from vmdisktouch.core.policy import SELECT_RULES
 from vmdisktouch.errors import ImageGoneError, VmdtError
+from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
 
@@ -40,8 +41,10 @@ class Host:
     """The disks served together under one budget (``budget`` bytes)."""
 
     def __init__(self, watchers: list, budget: int, block_size: int,
-                 caps: dict[str, int] | None = None):
+                 caps: dict[str, int] | None = None, close=None, may_be_empty=False):
         self.watchers = list(watchers)
+        self.may_be_empty = may_be_empty          # following libvirt: no VM running is fine
+        self.close_disk = close or _close_watcher   # releases, closes (and saves) a disk
         self.budget = int(budget)
         self.block_size = int(block_size)
         self.caps = dict(caps or {})         # image path -> most bytes it may hold
@@ -61,7 +64,7 @@ class Host:
             if m is not None:
                 cap = self.caps.get(w.image.path)
                 maps.append((w, m if cap is None else _capped(m, cap // self.block_size)))
-        if not self.watchers:
+        if not self.watchers and not self.may_be_empty:
             raise NoDiskLeft("no disk left to serve: " + "; ".join(
                 f"{p}: {why}" for p, why in self.failed.items()))
         chosen = regions.select_many([m for _, m in maps], self.budget // self.block_size,
@@ -87,19 +90,32 @@ class Host:
     def held_bytes(self) -> int:
         return sum(w.holder.held_bytes() for w in self.watchers)
 
+    def add(self, w) -> None:
+        """Serve one more disk from the next cycle on."""
+        self.watchers.append(w)
+        self.failed.pop(w.image.path, None)
+
+    def remove(self, path: str, why: str) -> None:
+        """Stop serving ``path`` (its domain stopped, its disk was unplugged): released now."""
+        for w in list(self.watchers):
+            if w.image.path == path:
+                held = w.holder.held_bytes()
+                self.watchers.remove(w)
+                self._close(w)
+                log.info("%s: %s; released %s", path, why, format_size(held))
+
     def _drop(self, w, exc: BaseException) -> None:
         why = str(exc) or exc.__class__.__name__
         log.error("%s: dropped, the other disks go on: %s", w.image.path, why)
         self.failed[w.image.path] = why
         self.watchers.remove(w)
+        self._close(w)
+
+    def _close(self, w) -> None:
         try:
-            w.close()
+            self.close_disk(w)
         except (VmdtError, OSError) as err:
             log.warning("%s: releasing it failed: %s", w.image.path, err)
-        try:
-            w.image.close()
-        except OSError:
-            pass
 
     def status_obj(self, disks: list[dict]) -> dict:
         """The host's status: the budget, the sum held and each disk's share, the failures."""
@@ -119,8 +135,15 @@ class Host:
         }
 
     def close(self) -> None:
-        for w in self.watchers:
-            w.close()
+        while self.watchers:
+            self._close(self.watchers.pop())
+
+
+def _close_watcher(w) -> None:
+    try:
+        w.close()
+    finally:
+        w.image.close()
 
 
 def _capped(m: regions.DiskMap, cap_blocks: int) -> regions.DiskMap:

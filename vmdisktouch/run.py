@@ -43,7 +43,7 @@ import time
 from vmdisktouch import configfile, settings
 from vmdisktouch.system import image_lock, meminfo
 from vmdisktouch.adapters import outputs, sdnotify
-from vmdisktouch.errors import ConfigError, ImageGoneError, VmdtError
+from vmdisktouch.errors import ConfigError, ImageGoneError, UsageError, VmdtError
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.signals import LoopSignals
 from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI
@@ -79,9 +79,12 @@ def setup_logging(debug: bool) -> None:
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", metavar="PATH", nargs="+",
+    parser.add_argument("paths", metavar="PATH", nargs="*",
                         help="disk image: raw/qcow2 file or block device; several share "
                              "one budget (max_hold), their regions ranked together")
+    parser.add_argument("--libvirt", action="store_true",
+                        help="serve every eligible disk of every running libvirt domain "
+                             "(--uri), following them live, under one budget; no PATH")
     settings.add_arguments(parser)
     configfile.add_arguments(parser)
     parser.add_argument("--uri", default=DEFAULT_URI,
@@ -169,7 +172,10 @@ def _start(args, sig: LoopSignals) -> int:
         log.warning("%s", w)
     if config_path:
         log.info("settings from %s", config_path)
-    if len(args.paths) > 1:
+    if bool(args.paths) == bool(args.libvirt):
+        raise UsageError("run needs disk images (PATH ...) or --libvirt, not both"
+                         if args.paths else "run needs a disk image (PATH) or --libvirt")
+    if len(args.paths) > 1 or args.libvirt:
         from vmdisktouch import run_host
         return run_host.serve(args, config, config_path, cli_values, sig, load_settings)
     args.path = args.paths[0]

@@ -1,0 +1,102 @@
+"""`vmdisktouch run --libvirt` against a real libvirtd: every eligible disk of every running
+domain served under one budget and followed live (start, destroy, hot-plug, unplug), the
+ineligible ones listed with their reason, the budget never exceeded (VmLck every 0.2 s);
+the resync finds a change without any event; a second daemon is refused on a served image."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
+                               qemu_io, virsh)
+from tests.pagecache import data_image
+from tools.daemon_proc import DaemonProc
+from vmdisktouch.adapters.follow import LibvirtFollower
+
+MiB = 1 << 20
+INTERVAL = 1.0
+
+
+def served(status) -> set[str]:
+    return {d["path"] for d in status["host"]["disks"]}
+
+
+class VmLck:
+    """Samples the daemon's VmLck every 0.2 s in a thread; ``worst`` is the largest seen."""
+
+    def __init__(self, d):
+        self.d, self.worst, self.stop = d, 0, threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.wait(0.2):
+            self.worst = max(self.worst, self.d.vmlck())
+
+
+@pytest.mark.timeout(300)
+def test_domains_and_disks_are_followed_live_under_one_budget(domains, tmp_path):  # noqa: F811
+    a1, a2, b1, plug = (data_image(tmp_path / f"{n}.raw", 32 * MiB)
+                        for n in ("a1", "a2", "b1", "plug"))
+    direct = data_image(tmp_path / "direct.raw", 8 * MiB)
+    iso = data_image(tmp_path / "install.iso", 8 * MiB)
+    dom_a = domains.define([disk_xml("vda", a1), disk_xml("vdb", a2),
+                            disk_xml("vdc", direct, cache="none", io="native"),
+                            disk_xml("sda", iso, device="cdrom", readonly=True)], tag="hostA")
+    dom_b = domains.define([disk_xml("vda", b1)], start=False, tag="hostB")
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", URI, "--min-free", "0",
+                   "--interval", str(INTERVAL), max_hold="24M", status="host.json")
+    lck = VmLck(d)
+    try:
+        st = d.wait_status(lambda s: {a1, a2} <= served(s), "domain A's disks", timeout=60)
+        assert not served(st) & {direct, iso, b1}
+        skipped = {(x["domain"], x["target"]): x["reason"] for x in st["host"]["skipped"]}
+        assert "O_DIRECT" in skipped[(dom_a, "vdc")] and "read-only" in skipped[(dom_a, "sda")]
+
+        qemu_io(dom_a, "read 0 16M")                     # the guest reads: something is held
+        d.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold", timeout=30)
+
+        t0 = time.monotonic()
+        virsh("start", dom_b, "--paused")
+        d.wait_status(lambda s: b1 in served(s), "domain B started", timeout=30)
+        assert time.monotonic() - t0 <= INTERVAL + 3          # within a cycle (+ start-up)
+
+        virsh("attach-disk", dom_a, plug, "sdb", "--targetbus", "usb", "--driver", "qemu",
+              "--subdriver", "raw", "--cache", "writethrough", "--live")
+        d.wait_status(lambda s: plug in served(s), "the hot-plugged disk", timeout=30)
+        virsh("detach-disk", dom_a, "sdb", "--live")
+        d.wait_status(lambda s: plug not in served(s), "the unplugged disk", timeout=30)
+
+        t0 = time.monotonic()
+        virsh("destroy", dom_b)
+        st = d.wait_status(lambda s: b1 not in served(s), "domain B destroyed", timeout=30)
+        assert time.monotonic() - t0 <= INTERVAL + 3
+        assert {a1, a2} <= served(st) and st["host"]["failed"] == []
+
+        second = DaemonProc(tmp_path, a1, "--uri", "", max_hold="8M", status="second.json",
+                            log="second.log")
+        second.proc.wait(30)
+        assert second.returncode() == 78 and f"pid {d.pid}" in second.output()
+    finally:
+        lck.stop.set()
+        assert d.stop() == 0, d.output()[-3000:]
+    assert lck.worst <= 24 * MiB, lck.worst
+    out = d.output()
+    assert "serving" in out and "no running domain uses it any more" in out
+
+
+def test_the_resync_finds_a_started_domain_with_no_event(domains, tmp_path):  # noqa: F811
+    img = data_image(tmp_path / "quiet.raw", 8 * MiB)
+    name = domains.define([disk_xml("vda", img)], start=False, tag="resync")
+    f = LibvirtFollower(URI, wake=None)                 # nobody listens to the events
+    try:
+        assert img not in f.disks().serve
+        virsh("start", name, "--paused")
+        assert f.disks().serve[img].domain == name      # the next cycle's resync sees it
+        virsh("destroy", name)
+        assert img not in f.disks().serve
+    finally:
+        f.close()
