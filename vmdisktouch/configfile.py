@@ -42,7 +42,7 @@ import sys
 import textwrap
 from typing import Any, Mapping
 
-from vmdisktouch import configread, settings
+from vmdisktouch import configread, overrides, settings
 from vmdisktouch.configread import MAX_CONFIG_BYTES  # noqa: F401 - part of this API
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.settings import BY_KEY, SETTINGS, Config, Setting
@@ -71,6 +71,9 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
     values: dict[str, Any] = {}
     unknown: list[str] = []
     for key, value in data.items():
+        if key == overrides.TABLE:          # the host service's per-domain settings
+            overrides.parse(value, path)
+            continue
         setting = BY_KEY.get(key)
         if setting is None:
             unknown.append(key)
@@ -79,6 +82,14 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
         values[key] = value
     warnings = [configread.unknown_keys_warning(path, unknown, BY_KEY)] if unknown else []
     return values, warnings
+
+
+def load_overrides(path: str | None) -> overrides.Overrides:
+    """The ``[domain...]`` tables of the config file (``overrides``); none without a file."""
+    if not path:
+        return {}
+    data = configread.parse_toml(path, configread.read_text(path))
+    return overrides.parse(data.get(overrides.TABLE), path)
 
 
 def _where(path: str, key: str) -> str:

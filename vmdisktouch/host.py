@@ -24,6 +24,9 @@ when no disk is left.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+
+import numpy as np
 
 from vmdisktouch.core import regions
 from vmdisktouch.core.policy import SELECT_RULES
@@ -43,6 +46,7 @@ class Host:
     def __init__(self, watchers: list, budget: int, block_size: int,
                  caps: dict[str, int] | None = None, close=None, may_be_empty=False):
         self.watchers = list(watchers)
+        self.weights: dict[str, float] = {}     # image path -> ranking weight (overrides)
         self.may_be_empty = may_be_empty          # following libvirt: no VM running is fine
         self.close_disk = close or _close_watcher   # releases, closes (and saves) a disk
         self.budget = int(budget)
@@ -62,8 +66,7 @@ class Host:
                 continue
             ready.append(w)
             if m is not None:
-                cap = self.caps.get(w.image.path)
-                maps.append((w, m if cap is None else _capped(m, cap // self.block_size)))
+                maps.append((w, self._weighed(w.image.path, m)))
         if not self.watchers and not self.may_be_empty:
             raise NoDiskLeft("no disk left to serve: " + "; ".join(
                 f"{p}: {why}" for p, why in self.failed.items()))
@@ -84,6 +87,18 @@ class Host:
         self.cycle += 1
         return reports
 
+    def _weighed(self, path: str, m: regions.DiskMap) -> regions.DiskMap:
+        """This disk's map with its cap and weight (``overrides``), if it has them."""
+        cap, weight = self.caps.get(path), self.weights.get(path, 1.0)
+        if cap is None and weight == 1.0:
+            return m
+        boost = m.boost
+        if weight != 1.0:
+            boost = (np.full(m.total_heat.size, weight, dtype=np.float32) if boost is None
+                     else boost * np.float32(weight))
+        return replace(m, boost=boost,
+                       cap_blocks=None if cap is None else cap // self.block_size)
+
     def interval(self) -> float:
         return self.watchers[0].config.interval if self.watchers else 1.0
 
@@ -94,6 +109,13 @@ class Host:
         """Serve one more disk from the next cycle on."""
         self.watchers.append(w)
         self.failed.pop(w.image.path, None)
+
+    def set_override(self, path: str, weight: float = 1.0, cap: int | None = None) -> None:
+        self.weights[path] = weight
+        if cap is None:
+            self.caps.pop(path, None)
+        else:
+            self.caps[path] = cap
 
     def remove(self, path: str, why: str) -> None:
         """Stop serving ``path`` (its domain stopped, its disk was unplugged): released now."""
@@ -127,7 +149,8 @@ class Host:
                 "cycle": self.cycle,
                 "disks": [{"path": w.image.path, "held_bytes": w.holder.held_bytes(),
                            "heat": round(float(w.policy.state.total.sum(dtype=float)), 3),
-                           "cap_bytes": self.caps.get(w.image.path)}
+                           "cap_bytes": self.caps.get(w.image.path),
+                           "weight": self.weights.get(w.image.path, 1.0)}
                           for w in self.watchers],
                 "failed": [{"path": p, "error": why} for p, why in self.failed.items()],
             },
@@ -146,6 +169,3 @@ def _close_watcher(w) -> None:
         w.image.close()
 
 
-def _capped(m: regions.DiskMap, cap_blocks: int) -> regions.DiskMap:
-    from dataclasses import replace
-    return replace(m, cap_blocks=cap_blocks)

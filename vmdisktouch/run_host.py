@@ -30,6 +30,7 @@ import logging
 import os
 import time
 
+from vmdisktouch import configfile, overrides
 from vmdisktouch.adapters import outputs, sdnotify
 from vmdisktouch.errors import ConfigError, ImageError, VmdtError
 from vmdisktouch.sizes import format_size
@@ -161,7 +162,8 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
         log.info("serving %s under one budget of %s",
                  "libvirt's running domains" if follow else f"{len(host.watchers)} images",
                  format_size(config.max_hold))
-        syncer = _Sync(host, disks, follow) if follow else None
+        syncer = _Sync(host, disks, follow, configfile.load_overrides(config_path)) \
+            if follow else None
 
         def reload() -> None:
             nonlocal config
@@ -176,6 +178,8 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
                     log.warning("%s", line)
                 for w in host.watchers:
                     w.reconfigure(disk_config(new, w.image.path))
+                if syncer is not None:
+                    syncer.overrides = configfile.load_overrides(path)
                 host.budget = new.max_hold
                 disks.config = config = new
                 log.info("reloaded settings%s: one budget of %s, floor %s",
@@ -209,8 +213,9 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
 class _Sync:
     """Keeps the host's disks those libvirt's running domains use (``follow``)."""
 
-    def __init__(self, host, disks: Disks, follow):
+    def __init__(self, host, disks: Disks, follow, overrides_=None):
         self.host, self.disks, self.follow = host, disks, follow
+        self.overrides = overrides_ or {}
         self.skipped: dict = {}
         self.refused: dict[str, str] = {}     # path -> why it cannot be served (said once)
 
@@ -218,6 +223,13 @@ class _Sync:
         want = self.follow.disks()
         if want is None:                       # libvirt unreachable: keep what is served
             return
+        for path, disk in list(want.serve.items()):
+            ov = overrides.for_disk(self.overrides, disk.domain, disk.target)
+            if ov.exclude:
+                del want.serve[path]
+                want.skipped[(disk.domain, disk.target)] = "excluded by the config file"
+            else:
+                self.host.set_override(path, ov.weight, ov.cap)
         for key, why in want.skipped.items():
             if self.skipped.get(key) != why:
                 log.info("libvirt: %s %s skipped: %s", key[0], key[1], why)

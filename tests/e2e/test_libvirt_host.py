@@ -100,3 +100,28 @@ def test_the_resync_finds_a_started_domain_with_no_event(domains, tmp_path):  # 
         assert img not in f.disks().serve
     finally:
         f.close()
+
+
+@pytest.mark.timeout(120)
+def test_per_domain_and_per_disk_overrides_from_the_config(domains, tmp_path):  # noqa: F811
+    c1, c2 = (data_image(tmp_path / f"{n}.raw", 16 * MiB) for n in ("c1", "c2"))
+    name = domains.define([disk_xml("vda", c1), disk_xml("vdb", c2)], tag="override")
+    conf = tmp_path / "host.toml"
+    conf.write_text(f'max_hold = "24M"\n[domain."{name}"]\ncap = "4M"\nweight = 3\n'
+                    f'[domain."{name}".vdb]\nexclude = true\n')
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", URI, "--min-free", "0",
+                   "--interval", str(INTERVAL), "--config", conf, status="host.json")
+    try:
+        st = d.wait_status(lambda s: c1 in served(s), "vda served", timeout=60)
+        assert c2 not in served(st)
+        skipped = {(x["domain"], x["target"]): x["reason"] for x in st["host"]["skipped"]}
+        assert skipped[(name, "vdb")] == "excluded by the config file"
+        [disk] = [x for x in st["host"]["disks"] if x["path"] == c1]
+        assert disk["cap_bytes"] == 4 * MiB and disk["weight"] == 3.0
+        qemu_io(name, "read 0 12M")
+        st = d.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold", timeout=30)
+        time.sleep(3 * INTERVAL)
+        st = d.read_status()
+        assert 0 < [x for x in st["host"]["disks"] if x["path"] == c1][0]["held_bytes"] <= 4 * MiB
+    finally:
+        assert d.stop() == 0, d.output()[-3000:]

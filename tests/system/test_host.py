@@ -91,3 +91,22 @@ def test_a_failing_disk_is_dropped_and_the_others_go_on(tmp_path, host):
     os.unlink(a)
     with pytest.raises(NoDiskLeft):
         tick(h)
+
+
+def test_a_cap_and_a_weight_from_the_overrides(tmp_path, host):
+    a = data_image(tmp_path / "a.img", 32 * MiB)
+    b = data_image(tmp_path / "b.img", 32 * MiB)
+    h = host([a, b], "16M")
+    h.set_override(a, cap=4 * MiB)                      # a may hold 4M at most
+    h.set_override(b, weight=1.0)
+    with held(a, [(0, 12 * MiB)]), held(b, [(0, 8 * MiB)]):
+        for _ in range(4):
+            tick(h)
+        assert held_of(h, a) == 4 * MiB and held_of(h, b) == 8 * MiB
+        h.set_override(a)                               # no cap; b weighs 2: b first
+        h.set_override(b, weight=2.0)
+        for _ in range(4):
+            tick(h)
+        assert held_of(h, b) == 8 * MiB and held_of(h, a) == 8 * MiB
+        st = h.status_obj([])
+        assert [d["weight"] for d in st["host"]["disks"]] == [1.0, 2.0]

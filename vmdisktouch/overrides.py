@@ -1,0 +1,93 @@
+"""Per-domain and per-disk settings of the host service, from its config file.
+
+The host service (``run --libvirt``) serves every eligible disk under one
+budget. Some VMs matter more, some must never take much, some not at all;
+the config file says so by domain name and disk target::
+
+    [domain.db01]            # every disk of domain db01
+    weight = 2.0             # its heat counts twice when regions are ranked
+    [domain.db01.vdb]        # one disk: its keys win over the domain's
+    cap = "2G"               # it never holds more than this
+    [domain.scratch]
+    exclude = true           # never served (listed as skipped, with the reason)
+
+``weight``: a number from 0.01 to 100 (default 1), multiplying the disk's
+ranking heat, so a region of it outranks an equally hot region elsewhere.
+``cap``: a size, the most the disk may hold of the budget. ``exclude``:
+true or false. A bad value or an unknown key stops the start (and is what
+``configfile --check`` reports), with the file and the key named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vmdisktouch.errors import ConfigError
+from vmdisktouch.sizes import parse_size
+
+TABLE = "domain"
+KEYS = ("weight", "cap", "exclude")
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
+
+
+@dataclass(frozen=True)
+class Override:
+    weight: float = 1.0
+    cap: int | None = None        # bytes
+    exclude: bool = False
+
+
+Overrides = dict[tuple[str, "str | None"], dict[str, Any]]   # (domain, target or None) ->
+
+
+def parse(data: Any, path: str) -> Overrides:
+    """The ``[domain...]`` table of a config file, checked; ConfigError names the key."""
+    out: Overrides = {}
+    if data is None:
+        return out
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: key {TABLE} must be a table: [{TABLE}.NAME]")
+    for domain, table in data.items():
+        where = f"{path}: [{TABLE}.{domain}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where} must be a table of {', '.join(KEYS)} "
+                              "(or of disk targets)")
+        own = {}
+        for key, value in table.items():
+            if isinstance(value, dict):
+                out[(domain, key)] = _keys(value, f"{path}: [{TABLE}.{domain}.{key}]")
+            else:
+                own[key] = value
+        out[(domain, None)] = _keys(own, where)
+    return out
+
+
+def _keys(table: dict, where: str) -> dict[str, Any]:
+    got: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "weight":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not MIN_WEIGHT <= value <= MAX_WEIGHT:
+                raise ConfigError(f"{where}: weight must be a number from {MIN_WEIGHT} to "
+                                  f"{MAX_WEIGHT:g}, not {value!r}")
+            got["weight"] = float(value)
+        elif key == "cap":
+            try:
+                got["cap"] = parse_size(value)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{where}: cap must be a size (\"2G\"): {exc}") from None
+        elif key == "exclude":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: exclude must be true or false, not {value!r}")
+            got["exclude"] = value
+        else:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)}; a "
+                              "table is a disk target)")
+    return got
+
+
+def for_disk(overrides: Overrides, domain: str, target: str) -> Override:
+    """The override of one disk: its domain's keys, then its own."""
+    merged = {**overrides.get((domain, None), {}), **overrides.get((domain, target), {})}
+    return Override(**merged)
