@@ -198,6 +198,8 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
                     st["host"]["skipped"] = syncer.skipped_json()
                 status_out.write("status", config.status,
                                  (json.dumps(st, indent=2) + "\n").encode())
+            if config.host_png:
+                status_out.write("host_png", config.host_png, _overview(host))
             disks.maybe_save(host.watchers)
             return reports
 
@@ -208,6 +210,15 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
         if follow is not None:
             follow.close()
         log.info("released all holds")
+
+
+def _overview(host) -> bytes:
+    from vmdisktouch.adapters import host_render, render
+    bands = []
+    for w in host.watchers:
+        resident, held = w.last_maps()
+        bands.append(host_render.DiskBand(w.image.path, w.holder.held_bytes(), resident, held))
+    return render.png_bytes(host_render.host_overview_image(bands, host.budget))
 
 
 class _Sync:

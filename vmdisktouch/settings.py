@@ -133,6 +133,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Write the heat map PNG here every cycle (replaced atomically).", group="output"),
     Setting("map_png", _path, None, "path", "",
             "Write the block map PNG here every cycle (replaced atomically).", group="output"),
+    Setting("host_png", _path, None, "path", "",
+            "Several images or --libvirt: write the host overview PNG here every cycle "
+            "(replaced atomically): the budget split between the disks, and one band per "
+            "disk with what it holds and has cached.", group="output"),
     Setting("state_dir", _path, None, "path", "",
             "Save each image's heat and held regions in this directory (one file per "
             "image, replaced atomically) every state_save_interval and at stop, and "

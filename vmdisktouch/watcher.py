@@ -210,6 +210,12 @@ class DiskWatcher:
                 "thrashing_ranges": [[s * bs, min(e * bs, size) - s * bs]
                                      for s, e in consecutive_runs(self.policy.thrashing())]}
 
+    def last_maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(resident fraction, held) per block, as of the last cycle."""
+        resident = (self._cycle[1].resident if self._cycle is not None
+                    else np.zeros(self.policy.nblocks, dtype=np.float32))
+        return resident, self.policy.held_after
+
     def restore(self, saved, away_seconds: float) -> None:
         """Start from saved heat (``warm_state.Saved``), decayed over ``away_seconds``."""
         k = np.float32(heat.decay_factor(self.policy.params.heat.decay, max(0.0, away_seconds)))

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+from PIL import Image
 
 from tests.pagecache import data_image
 from tools.daemon_proc import DaemonProc
@@ -31,7 +32,7 @@ def test_three_images_share_one_budget_and_a_deleted_one_is_dropped(tmp_path):
     readers = [subprocess.Popen(zone_reader_argv(p, *z, pause=0.1))
                for p, z in ((a, za), (b, zb))]
     d = DaemonProc(tmp_path, [a, b, c], *ARGS, "--map-png", str(tmp_path / "{disk}.map.png"),
-                   max_hold="32M", status="host.json")
+                   "--host-png", str(tmp_path / "host.png"), max_hold="32M", status="host.json")
     try:
         st = d.wait_status(lambda s: len(s.get("disks", [])) == 3 and
                            zone_held(s["disks"][0], za) >= 0.9 * za[1] and
@@ -43,6 +44,8 @@ def test_three_images_share_one_budget_and_a_deleted_one_is_dropped(tmp_path):
         assert host["disks"][2]["held_bytes"] == 0 and host["failed"] == []
         for p in (a, b, c):
             assert (tmp_path / f"{escape_path(p)}.map.png").exists()
+        with Image.open(tmp_path / "host.png") as png:
+            assert png.size[0] == 1024 and png.size[1] > 3 * 18    # a band per disk
         worst = 0
         for _ in range(10):
             worst = max(worst, d.vmlck())

@@ -193,7 +193,7 @@ BOUNDS = {
 
 
 def test_every_setting_has_bounds_tested():
-    paths = {"heat_png", "map_png", "state_dir"}          # as status
+    paths = {"heat_png", "map_png", "host_png", "state_dir"}          # as status
     assert set(BOUNDS) | paths == set(settings.BY_KEY)
 
 

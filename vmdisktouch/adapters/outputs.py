@@ -48,7 +48,8 @@ log = logging.getLogger("vmdisktouch")
 # option key -> (flag, the first bytes its file starts with)
 OUTPUT_KEYS = {"status": ("--status", b"{"),
                "map_png": ("--map-png", b"\x89PNG\r\n\x1a\n"),
-               "heat_png": ("--heat-png", b"\x89PNG\r\n\x1a\n")}
+               "heat_png": ("--heat-png", b"\x89PNG\r\n\x1a\n"),
+               "host_png": ("--host-png", b"\x89PNG\r\n\x1a\n")}
 
 
 @dataclass(frozen=True)
