@@ -1,0 +1,185 @@
+"""One budget for the host against a budget per disk: four VMs, one busy and three light.
+
+Scenario (issue 16): four non-sparse images, each with the hot-zone guest of
+bench_hotzone (``tools.fio.FioJob``: 4 KiB random I/O, 80 % reads, O_DSYNC
+writes, iodepth 1, 90 % of the accesses in its hot zone): one *busy* VM (an
+8 GiB image, a hot zone of ``--busy-hot`` (800 MiB), as fast as it can) and
+three *light* ones (1 GiB images, hot zones of ``--light-hot`` (100 MiB),
+``--light-iops`` (500) I/O per second each), all at once, with a noisy
+neighbour (fio random 64 KiB reads of its own 1 GiB file at 200 MiB/s), all
+in one cgroup v1 memory group limited to ``--limit`` (768 MiB), so their
+page cache competes. Scenarios, one after the other, each from a cold cache
+for ``--duration`` s (120):
+
+* ``none``: no holder;
+* ``oracle``: ``vmtouch -l`` of exactly each hot zone (they fit in the
+  budget), locked before t = 0;
+* ``global``: one daemon, ``vmdisktouch run BUSY L1 L2 L3 --max-hold
+  1200M`` (one budget, every disk's regions ranked together);
+* ``split``: four daemons, one per image, ``--max-hold 300M`` each (the same
+  total split evenly, as four per-disk units would be configured).
+
+The daemons run outside the group, ``--interval 5 --uri ''``, their
+defaults otherwise. Reported: the steady (second half) median of each VM's
+IOPS and of their sum. Targets: global ≥ oracle, and ≥ 1.3 × split.
+
+``--quick``: 45 s per scenario. ``--doc`` writes section "host-budget" of
+docs/benchmarks.md.
+
+    .venv/bin/python benchmarks/bench_host_budget.py [--quick] [--doc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.source_common import exit_on_sigterm, fmt, machine, publish  # noqa: E402
+from tools.cgroup import MemoryCgroup  # noqa: E402
+from tools.common import GiB, MiB, stop_process  # noqa: E402
+from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tools.fio import FioJob, FioRun, start_neighbour  # noqa: E402
+from tools.holders import VmtouchLock  # noqa: E402
+from tools.images import evict, make_image  # noqa: E402
+from vmdisktouch.sizes import parse_size  # noqa: E402
+
+SCENARIOS = ("none", "oracle", "global", "split")
+NAMES = ("busy", "light1", "light2", "light3")
+
+
+def steady(fio: FioRun, start: float) -> float:
+    v = [iv.iops for iv in fio.intervals if iv.t >= start]
+    return statistics.median(v) if v else float("nan")
+
+
+def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str) -> dict:
+    for vm in vms:
+        evict(vm["path"])
+    evict(nb_path)
+    cg = MemoryCgroup(f"host-budget-{name}", args.limit).create()
+    holders: list = []
+    runs: list[FioRun] = []
+    nb = None
+    try:
+        if name == "oracle":
+            for vm in vms:
+                h = VmtouchLock(vm["path"], *vm["zone"])
+                h.start()
+                holders.append(h)
+        elif name == "global":
+            holders.append(DaemonProc(tmp, [vm["path"] for vm in vms], "--uri", "",
+                                      max_hold=args.budget, interval=5.0,
+                                      status=f"status-{name}.json", log=f"daemon-{name}.log",
+                                      env=env_without_systemd()))
+        elif name == "split":
+            for vm in vms:
+                holders.append(DaemonProc(tmp, vm["path"], "--uri", "",
+                                          max_hold=args.budget // len(vms), interval=5.0,
+                                          status=f"status-{name}-{vm['name']}.json",
+                                          log=f"daemon-{name}-{vm['name']}.log",
+                                          env=env_without_systemd()))
+        nb = start_neighbour(cg, nb_path, 200 * MiB, runtime=args.duration + 30)
+        for vm in vms:
+            extra = [] if vm["iops"] is None else [f"--rate_iops={vm['iops']}"]
+            job = FioJob(vm["path"], vm["size"], [vm["zone"]], runtime=args.duration,
+                         seed=20241122, name=f"{vm['name']}-{name}", extra=extra)
+            runs.append(FioRun(job, cg, stderr_path=os.path.join(tmp, f"fio-{vm['name']}.err"))
+                        .start())
+        for r in runs:
+            r.wait(args.duration + 60)
+        held = sum(h.vmlck() for h in holders)
+    finally:
+        for r in runs:
+            r.stop()
+        if nb is not None:
+            stop_process(nb)
+        for h in holders:
+            h.stop()
+        cg.cleanup()
+    per = {vm["name"]: steady(r, args.duration / 2) for vm, r in zip(vms, runs)}
+    out = {"scenario": name, "per_vm": per, "total": sum(per.values()), "held_end": held}
+    print(f"  {name:<7}: total {out['total']:,.0f} IOPS (" + ", ".join(
+        f"{k} {v:,.0f}" for k, v in per.items()) + f"); held at the end {fmt(held)}", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--busy-hot", type=parse_size, default=800 * MiB)
+    ap.add_argument("--light-hot", type=parse_size, default=100 * MiB)
+    ap.add_argument("--light-iops", type=int, default=500)
+    ap.add_argument("--budget", type=parse_size, default=1200 * MiB)
+    ap.add_argument("--limit", type=parse_size, default=768 * MiB)
+    ap.add_argument("--duration", type=float, default=None, help="(120)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--doc", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    args.duration = args.duration or (45.0 if args.quick else 120.0)
+    names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    exit_on_sigterm("bench_host_budget")
+    print(f"{machine()}; busy hot zone {fmt(args.busy_hot)}, 3 light ones of "
+          f"{fmt(args.light_hot)} at {args.light_iops} IOPS; budget {fmt(args.budget)}; group "
+          f"limit {fmt(args.limit)}; {args.duration:g} s per scenario: {', '.join(names)}",
+          flush=True)
+    work = tempfile.mkdtemp(prefix="bench-host-budget-", dir=args.dir)
+    tmp = tempfile.mkdtemp(prefix="bench-host-budget-", dir="/tmp")
+    results = []
+    try:
+        vms = []
+        for k, vm in enumerate(NAMES):
+            size = 8 * GiB if k == 0 else GiB
+            hot = args.busy_hot if k == 0 else args.light_hot
+            path = os.path.join(work, f"{vm}.raw")
+            make_image(path, size)
+            vms.append({"name": vm, "path": path, "size": size, "zone": (size // 8, hot),
+                        "iops": None if k == 0 else args.light_iops})
+        nb_path = os.path.join(work, "neighbour.raw")
+        make_image(nb_path, GiB)
+        for name in names:
+            results.append(one_scenario(name, vms, nb_path, args, tmp))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    by = {r["scenario"]: r for r in results}
+    lines = ["| scenario | total IOPS (steady median) | " + " | ".join(NAMES) +
+             " | held at the end |", "|---|---|" + "---|" * len(NAMES) + "---|"]
+    for r in results:
+        lines.append(f"| {r['scenario']} | {r['total']:,.0f} | " + " | ".join(
+            f"{r['per_vm'][n]:,.0f}" for n in NAMES) + f" | {fmt(r['held_end'])} |")
+    if "global" in by:
+        g = by["global"]["total"]
+        tl = []
+        if "oracle" in by:
+            o = by["oracle"]["total"]
+            tl.append(f"global ≥ oracle: **{g / o:.2f} ×**, {'met' if g >= o else 'MISSED'}")
+        if "split" in by:
+            s = by["split"]["total"]
+            tl.append(f"global ≥ 1.3 × split: **{g / s:.2f} ×**, "
+                      f"{'met' if g >= 1.3 * s else 'MISSED'}")
+        lines += ["", "Targets: " + "; ".join(tl) + "."]
+    body = (f"Four non-sparse images: busy (8 GiB, hot zone {fmt(args.busy_hot)}, as fast as "
+            f"it can) and three light ones (1 GiB, hot zones of {fmt(args.light_hot)}, "
+            f"{args.light_iops} IOPS each), each with the hot-zone guest (fio 4 KiB random, 80 % "
+            f"reads, O_DSYNC writes, 90 % of the accesses in its zone), and a noisy neighbour "
+            f"(64 KiB random reads of its own 1 GiB file at 200 MiB/s), all in one memory group "
+            f"limited to {fmt(args.limit)}; {args.duration:g} s per scenario from a cold cache. "
+            f"global: `vmdisktouch run BUSY L1 L2 L3 --max-hold {fmt(args.budget)}`; split: "
+            f"four daemons with `--max-hold {fmt(args.budget // 4)}`; oracle: `vmtouch -l` of "
+            f"each hot zone. Steady = the second half.\n\n" + "\n".join(lines))
+    publish(body, results, args, "host-budget", "One host budget against split budgets")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
