@@ -166,15 +166,15 @@ def main(args) -> int:
 
 
 def _start(args, sig: LoopSignals) -> int:
+    if bool(args.paths) == bool(args.libvirt):
+        raise UsageError("run needs disk images (PATH ...) or --libvirt, not both"
+                         if args.paths else "run needs a disk image (PATH) or --libvirt")
     cli_values = {s.key: getattr(args, s.key) for s in settings.SETTINGS}
     config, warnings, config_path, _ = load_settings(cli_values, args.config)
     for w in warnings:
         log.warning("%s", w)
     if config_path:
         log.info("settings from %s", config_path)
-    if bool(args.paths) == bool(args.libvirt):
-        raise UsageError("run needs disk images (PATH ...) or --libvirt, not both"
-                         if args.paths else "run needs a disk image (PATH) or --libvirt")
     if len(args.paths) > 1 or args.libvirt:
         from vmdisktouch import run_host
         return run_host.serve(args, config, config_path, cli_values, sig, load_settings)

@@ -96,3 +96,13 @@ def test_an_image_that_cannot_be_served_is_left_out_and_the_rest_start(tmp_path)
         assert "left out" in out and "missing.img" in out and "named twice" in out
     finally:
         assert d.stop() == 0, d.output()[-2000:]
+
+
+@pytest.mark.parametrize("argv", [[], ["--libvirt", "x.img"]])
+def test_run_needs_images_or_libvirt_not_both(argv):
+    import sys
+    r = subprocess.run([sys.executable, "-m", "vmdisktouch", "run", *argv, "--max-hold", "1M"],
+                       capture_output=True, text=True, timeout=60)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "--libvirt" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
