@@ -12,19 +12,12 @@ starts the next:
 * ``read_counts``: per block, how many read events touched it: how hot it
   is, which the 0/1 ``reads`` cannot tell once every block is read every
   cycle (the policy weighs a held block's thrash by it).
-* ``reads``: per block read in the cycle (cache hits included: a held block
-  that is read is seen), ``1 - exp(-p * READ_WINDOW / (dt * ppb))``, ``p``
-  the pages of it read in the cycle (a page read twice counts twice), ``dt``
-  the cycle's seconds, ``ppb`` its pages: the share of its pages a guest
-  reading it at this rate touches in ``READ_WINDOW`` (30 s), if it reads
-  them at random. It is the trace source's counterpart of residency (the
-  share of a block cached), and like residency it tells a hot zone (near
-  1) from the blocks the guest's background reads touch now and then (a
-  read every 3 s: 0.04, below the default threshold). An earlier design
-  gave every block read in the cycle 1: a guest's 10 % of reads spread
-  over the whole image touched most blocks every cycle, the whole image
-  was one region above the threshold, and two hot zones that moved were
-  never both held (the budget took one window of that region).
+* ``reads``: per block, 1 when the guest read any page of it in the cycle
+  (cache hits included: a held block that is read is seen), else absent.
+  It is the trace source's counterpart of residency (the fraction of a
+  block cached): a block the guest reads every cycle gives 1 each cycle,
+  as a block it keeps cached does, and one read every fifth cycle heats to
+  about a fifth, so the operator's threshold keeps its meaning.
 * ``writes``: per block, the share of its ``PARTS`` (16) equal parts that
   a write dirtied: the same unit as the checksums of the polling source
   (``system.checksums``), so the policy's rewritten-density rule holds for
@@ -56,8 +49,6 @@ from vmdisktouch.core.sparse import Sparse
 READ, WRITE, ADD, DELETE = 0, 1, 2, 3
 PAGE = 4096
 PARTS = 16
-READ_WINDOW = 30.0               # seconds: the reads' evidence is the share of a
-                                 # block's pages touched in this long at the cycle's rate
 REFAULT_SECONDS = 60.0
 MAX_DELETIONS = 1 << 22          # 64 MiB of (page, time) pairs at most
 
@@ -85,12 +76,10 @@ class AccessLog:
         self.pages_per_part = self.pages_per_block // PARTS
         self._deleted_pages = np.zeros(0, dtype=np.int64)   # sorted, unique
         self._deleted_at = np.zeros(0, dtype=np.int64)      # ns, aligned
-        self._last_take_ns: int | None = None
         self._reset()
 
     def _reset(self) -> None:
         self._read_blocks: list[np.ndarray] = []
-        self._read_pages: list[np.ndarray] = []
         self._write_pages: list[np.ndarray] = []
         self._refault_pages: list[np.ndarray] = []
         self._reads = 0
@@ -106,9 +95,7 @@ class AccessLog:
         r = kind == READ
         if r.any():
             self._reads += int(r.sum())
-            blocks, pages = _block_pages(first[r], last[r], self.pages_per_block)
-            self._read_blocks.append(blocks)
-            self._read_pages.append(pages)
+            self._read_blocks.append(_blocks_touched(first[r], last[r], self.pages_per_block))
         w = kind == WRITE
         if w.any():
             self._write_pages.append(_pages(first[w], last[w]))
@@ -120,21 +107,11 @@ class AccessLog:
     def take(self, nblocks: int, now_ns: int | None = None) -> Access:
         """This cycle's evidence for an image of ``nblocks`` blocks; starts the next cycle."""
         ppb = self.pages_per_block
-        if self._read_blocks:
-            blocks, inv, counts = np.unique(np.concatenate(self._read_blocks),
-                                            return_inverse=True, return_counts=True)
-            npages = np.bincount(inv, weights=np.concatenate(self._read_pages))
-        else:
-            blocks = counts = np.zeros(0, np.int64)
-            npages = np.zeros(0)
+        blocks, counts = (np.unique(np.concatenate(self._read_blocks), return_counts=True)
+                          if self._read_blocks else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         keep = blocks < nblocks
-        blocks, counts, npages = blocks[keep], counts[keep], npages[keep]
-        dt = (READ_WINDOW if now_ns is None or self._last_take_ns is None
-              else max((now_ns - self._last_take_ns) / 1e9, 1e-3))
-        if now_ns is not None:
-            self._last_take_ns = now_ns
-        share = -np.expm1(-npages * (READ_WINDOW / dt / ppb))
-        reads = Sparse(blocks, share.astype(np.float32))
+        blocks, counts = blocks[keep], counts[keep]
+        reads = Sparse(blocks, np.ones(blocks.size, dtype=np.float32))
         read_counts = Sparse(blocks, counts.astype(np.float32))
         pages = _unique(self._write_pages)
         pages = pages[pages < nblocks * ppb]
@@ -259,17 +236,12 @@ def _pages_per_block(first: np.ndarray, last: np.ndarray, ppb: int, n: int) -> n
                        minlength=n)[:n].astype(np.int32)
 
 
-def _block_pages(first: np.ndarray, last: np.ndarray, ppb: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every block the page ranges touch (with repeats) and how many of its pages each
-    range covers."""
+def _blocks_touched(first: np.ndarray, last: np.ndarray, ppb: int) -> np.ndarray:
+    """Every block the page ranges touch (with repeats)."""
     b0, b1 = first // ppb, last // ppb
     if (b0 == b1).all():
-        return b0, (last - first + 1).astype(np.float64)
-    blocks, idx = _expand(b0, b1)
-    lo = np.maximum(first[idx], blocks * ppb)
-    hi = np.minimum(last[idx], blocks * ppb + ppb - 1)
-    return blocks, (hi - lo + 1).astype(np.float64)
+        return b0
+    return _expand(b0, b1)[0]
 
 
 def _grouped_running_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:
