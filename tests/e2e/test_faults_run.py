@@ -101,7 +101,7 @@ PHASES = {   # phase -> (module attribute to wrap, on which call)
     "checksums": ("vmdisktouch.system.checksums:BlockChecksums.update", 3),   # mincore only
     "trace-drain": ("vmdisktouch.system.trace_reader:TraceReader.drain", 3),
     "heat": ("vmdisktouch.core.heat:step", 3),
-    "select": ("vmdisktouch.core.regions:select", 3),
+    "select": ("vmdisktouch.core.regions:select_many", 3),
     "load": ("vmdisktouch.system.files:read_ahead", 1),
     "emit": ("vmdisktouch.adapters.outputs:Outputs.write", 3),
     "reload": ("vmdisktouch.run:load_settings", 2),
