@@ -241,7 +241,7 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
 
 
 def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None) -> int:
-    failures = 0
+    streak = FailureStreak()
     ready = False
     while not sig.stopping:
         started = watcher.clock()
@@ -253,17 +253,8 @@ def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None) -> int:
             log.info("%s: its libvirt domain is running; holding again", watcher.image.path)
         watcher.domain_active = active
         watcher.hold_enabled = active is not False
-        try:
-            report = watcher.tick()
-            failures = 0
-        except ImageGoneError:
-            raise
-        except VmdtError as exc:
-            failures += 1
-            log.error("cycle failed (%d/%d): %s", failures, ERROR_THRESHOLD, exc)
-            if failures >= ERROR_THRESHOLD:
-                raise
-        else:
+        report = streak.run(watcher.tick)
+        if report is not None:
             line = status_line(report, watcher.config.max_hold)
             if not ready:
                 sdnotify.ready(line)
@@ -276,6 +267,29 @@ def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None) -> int:
         _wait_for_next_cycle(watcher, sig, reload, dog, started + watcher.config.interval)
     log.info("received %s; releasing holds and exiting", sig.stop_name())
     return 0
+
+
+class FailureStreak:
+    """Failed cycles in a row: each logged, the ``ERROR_THRESHOLD``-th raised; an image
+    gone (``ImageGoneError``) is raised at once."""
+
+    def __init__(self):
+        self.failures = 0
+
+    def run(self, cycle):
+        """``cycle()``'s result, or None when it failed and the loop goes on."""
+        try:
+            out = cycle()
+        except ImageGoneError:
+            raise
+        except VmdtError as exc:
+            self.failures += 1
+            log.error("cycle failed (%d/%d): %s", self.failures, ERROR_THRESHOLD, exc)
+            if self.failures >= ERROR_THRESHOLD:
+                raise
+            return None
+        self.failures = 0
+        return out
 
 
 def _wait_for_next_cycle(watcher, sig: LoopSignals, reload, dog, deadline: float) -> None:

@@ -269,22 +269,11 @@ class _Sync:
 
 
 def _loop(hl, sig, reload, dog) -> int:
-    from vmdisktouch.host import NoDiskLeft
-    from vmdisktouch.run import ERROR_THRESHOLD, _wait_for_next_cycle
-    failures, ready = 0, False
+    from vmdisktouch.run import FailureStreak, _wait_for_next_cycle
+    streak, ready = FailureStreak(), False     # NoDiskLeft is an ImageGoneError: raised
     while not sig.stopping:
         started = hl.clock()
-        try:
-            hl.cycle()
-            failures = 0
-        except NoDiskLeft:
-            raise
-        except VmdtError as exc:
-            failures += 1
-            log.error("cycle failed (%d/%d): %s", failures, ERROR_THRESHOLD, exc)
-            if failures >= ERROR_THRESHOLD:
-                raise
-        else:
+        if streak.run(hl.cycle) is not None:
             (sdnotify.status if ready else sdnotify.ready)(hl.status_line())
             ready = True
         dog.ping()

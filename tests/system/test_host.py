@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from tests.clocks import Stepped
 from tests.pagecache import data_image, held
 from vmdisktouch import settings
 from vmdisktouch.build import build
@@ -15,14 +16,6 @@ from vmdisktouch.host import Host, NoDiskLeft
 from vmdisktouch.system.image import open_image
 
 MiB = 1 << 20
-
-
-class Stepped:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
 
 
 @pytest.fixture

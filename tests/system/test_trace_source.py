@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
+from tests.clocks import Stepped
 from tests.pagecache import evict
 from tests.tracing import instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch import settings
@@ -30,14 +31,6 @@ from vmdisktouch.system.residency_tracker import ResidencyTracker
 from vmdisktouch.system.trace_reader import TraceReader
 
 PAGE, MiB = 4096, 1 << 20
-
-
-class Stepped:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
 
 
 @pytest.fixture
