@@ -145,7 +145,7 @@ def test_the_budget_goes_to_data_blocks_not_to_the_holes_between_them():
     # eight data blocks at once, none of it to the holes between them.
     w.cycle()
     assert w.held_blocks() == set(DATA) and w.probes
-    assert set(np.flatnonzero(w.policy.holes).tolist()) >= {11, 13, 15}
+    assert set(np.flatnonzero(w.policy.known.holes).tolist()) >= {11, 13, 15}
     for _ in range(3):
         w.cycle()
         assert w.held_blocks() <= set(DATA)
@@ -155,14 +155,14 @@ def test_the_budget_goes_to_data_blocks_not_to_the_holes_between_them():
     w.data[17] = True
     w.allocation += 1
     w.cycle()
-    assert not w.policy.holes[17]
+    assert not w.policy.known.holes[17]
     for _ in range(8):
         w.cycle()
         assert w.held_blocks() <= set(DATA) | {17}
         if len(w.held_blocks()) == 8:
             break
     assert len(w.held_blocks()) == 8
-    assert not w.policy.holes[17] and w.policy.holes[[11, 13, 15]].all()
+    assert not w.policy.known.holes[17] and w.policy.known.holes[[11, 13, 15]].all()
 
 
 def test_a_shrinking_allocation_forgets_everything_known():
@@ -170,7 +170,7 @@ def test_a_shrinking_allocation_forgets_everything_known():
     data[DATA] = True
     w = World(64, slice(10, 26), 8, data=data, sparse_file=True)
     w.cycle()
-    assert w.policy.probed.any()
+    assert w.policy.known.probed.any()
     w.allocation -= 1                                        # something was punched
     w.probes.clear()
     w.cycle()
@@ -211,7 +211,7 @@ def test_resize_keeps_the_common_prefix_and_forgets_the_holes():
     assert w.policy.nblocks == 32 and w.policy.held_after.size == 32
     np.testing.assert_array_equal(w.policy.state.total, before)
     w.policy.resize(128)
-    assert w.policy.state.total[32:].sum() == 0 and not w.policy.holes.any()
+    assert w.policy.state.total[32:].sum() == 0 and not w.policy.known.holes.any()
 
 
 def test_rewrites_make_a_region_first_class_and_red():

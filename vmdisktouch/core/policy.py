@@ -28,7 +28,7 @@ One cycle:
    heat: holding them would spend the budget on zeros. Candidate blocks not
    probed yet are probed first (``probe``: the image's SEEK_DATA/SEEK_HOLE),
    so the budget goes to data from the first cycle. What is known holds
-   while the file's allocated size is unchanged (see ``_without_holes``).
+   while the file's allocated size is unchanged (``core.holes``).
 5. Cede. Blocks ceded to a guest's own cache (see ``settle``) are cut out
    for ``CEDE_SECONDS``.
 6. Select. ``regions.select`` cuts the map at the threshold, keeps held
@@ -42,8 +42,10 @@ One cycle:
 With the trace source (``Observation.reads`` set) step 2 has nothing to
 suppress: the evidence is the guest's reads, held blocks included, and the
 daemon's own loading is not traced; residency counts only in a cycle whose
-events were lost (``reconcile``). Step 6 then ranks held heat as it is and
-multiplies a run's rank by its thrash (``core.thrash``).
+events were lost (``reconcile``). Step 6 then ranks held heat as it is,
+multiplies it by the block's read intensity (``core.intensity``) and its
+thrash (``core.thrash``), and splits a region larger than the budget where
+the intensity does (``Rules.split_contrast``).
 
 ``settle(held, holes, ceded)`` after the holder acted:
 
@@ -80,11 +82,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
 
 import numpy as np
 
 from vmdisktouch.core import heat, regions
+from vmdisktouch.core.holes import KnownHoles, Probe
+from vmdisktouch.core.intensity import Intensity
 from vmdisktouch.core.runs import Run, runs_to_mask
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.core.thrash import Thrash
@@ -111,6 +114,10 @@ from vmdisktouch.core.thrash import Thrash
 #                             at it: all its excess is recharged at once (``charges``)
 #   TRACED_INCUMBENT   1      trace source: a held block's heat is the guest's own reads, so
 #                             it is ranked as it is (no incumbency weight)
+#   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
+#                             ranking heat passes halfway from its mean to its peak, when
+#                             the peak is at least twice the mean (``regions``)
+#   (intensity)               trace source: core.intensity, its RATE_SECONDS
 #   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
 
 INCUMBENT_WEIGHT = 16.0
@@ -122,13 +129,12 @@ CEDE_SECONDS = 60.0
 RESERVE_FRACTION = 1 / 16
 AT_LIMIT_FRACTION = 1 / 32
 TRACED_INCUMBENT = 1.0
+SPLIT_CONTRAST = 2.0
 
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
                              rewritten_density=REWRITTEN_DENSITY)
 TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACED_INCUMBENT,
-                             rewritten_density=REWRITTEN_DENSITY)
-
-Probe = Callable[[Run], list[Run]]   # the data runs of a block run (SEEK_DATA/SEEK_HOLE)
+                             rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST)
 
 
 @dataclass(frozen=True)
@@ -196,11 +202,10 @@ class Policy:
         self.released = Sparse.empty()        # displaced: the time of the release
         self.ceded = Sparse.empty()           # left to the guest's cache: the time
         self.thrash: Thrash | None = None     # trace source, once a page refaulted
+        self.intensity: Intensity | None = None  # trace source: read rates
         self.self_loaded = np.zeros(self.nblocks, dtype=bool)
         self.held_after = np.zeros(self.nblocks, dtype=bool)  # held when the last cycle ended
-        self.holes = np.zeros(self.nblocks, dtype=bool)       # known holes
-        self.probed = np.zeros(self.nblocks, dtype=bool)      # data or hole known
-        self.allocation: int | None = None
+        self.known = KnownHoles(self.nblocks)                 # holes (a sparse file)
         self.last_time: float | None = None
         self._pending: tuple[Observation, np.ndarray] | None = None
         self._prepared: tuple | None = None    # prepare's maps, for finish
@@ -225,12 +230,14 @@ class Policy:
         self._note_released(self.held_after & ~held, now)     # between cycles
         evidence, suppressed = self._evidence(obs, held)
         self.state = heat.step(self.state, evidence, suppressed, rewritten, dt, p.heat)
-        boost = self._thrash(obs, held, dt)
+        boost = self._boost(obs, held, dt)
         rules = SELECT_RULES if obs.reads is None else TRACED_RULES
 
         total = self.state.total
-        cut, rewritten_heat = self._without_holes(total, self.state.heat_rewritten, held,
-                                                  obs, probe)
+        cut, rewritten_heat = self.known.cut(
+            (total, self.state.heat_rewritten), obs.allocation,
+            lambda: (regions.candidate_mask(total, p.heat.threshold, held, SELECT_RULES)
+                     if self.sparse_file and obs.holding else None), probe)
         self.ceded = self.ceded.newer_than(now, CEDE_SECONDS)
         if self.ceded.blocks.size:
             keep = np.ones(n, dtype=np.float32)
@@ -253,8 +260,7 @@ class Policy:
         """What the holder holds after carrying out the last plan, and what it learned."""
         obs, cand = self._pending
         self._pending = None
-        for a, b in holes:
-            self.holes[a:b] = True
+        self.known.met(holes)
         if ceded:
             self.ceded = self.ceded.merged(Sparse.of_mask(runs_to_mask(ceded, self.nblocks),
                                                           obs.now))
@@ -271,12 +277,12 @@ class Policy:
         self.red = self.red.below(n)
         self.released = self.released.below(n)
         self.ceded = self.ceded.below(n)
-        if self.thrash is not None:
-            self.thrash.resize(n)
+        for part in (self.thrash, self.intensity):
+            if part is not None:
+                part.resize(n)
         self.self_loaded = _resized(self.self_loaded, n)
         self.held_after = _resized(self.held_after, n)
-        self.holes = np.zeros(n, dtype=bool)
-        self.probed = np.zeros(n, dtype=bool)
+        self.known = KnownHoles(n)
         self.nblocks = n
 
     # -- the steps ---------------------------------------------------------
@@ -310,8 +316,21 @@ class Policy:
         np.maximum(evidence, np.where(suppressed, np.float32(0), obs.resident), out=evidence)
         return evidence, None
 
+    def _boost(self, obs: Observation, held: np.ndarray, dt: float):
+        """The rank multiplier of the blocks: read intensity times thrash (trace source),
+        or None (polling)."""
+        if obs.reads is None:
+            return None
+        if self.intensity is None:
+            self.intensity = Intensity(self.nblocks)
+        counts = obs.read_counts if obs.read_counts is not None else obs.reads
+        self.intensity.fold(counts, dt, self.params.heat.sigma_resident)
+        boost = self.intensity.multiplier()
+        thrash = self._thrash(obs, held, dt)
+        return boost if thrash is None else boost * thrash
+
     def _thrash(self, obs: Observation, held: np.ndarray, dt: float):
-        """The rank multiplier of the blocks (``core.thrash``), or None with no refaults."""
+        """The thrash multiplier of the blocks (``core.thrash``), or None with no refaults."""
         if obs.refaults.blocks.size and self.thrash is None:
             self.thrash = Thrash(self.nblocks)
         if self.thrash is None:
@@ -335,43 +354,6 @@ class Policy:
         if mask.any():
             self.released = self.released.merged(Sparse.of_mask(mask, now))
         self.released = self.released.newer_than(now, RELEASED_GRACE)
-
-    def _without_holes(self, total, rewritten_heat, held, obs: Observation, probe: Probe):
-        """The heat maps with the blocks known to be holes cut out (set to 0).
-
-        Every candidate block whose state is not known yet is probed before
-        the selection (a few ``lseek`` calls per candidate run, once).
-        Learning the holes only from what the holder was given left the
-        budget two-thirds empty: on a 1 TiB thin image with 1000 cached 1 MiB
-        extents and a 256 MiB budget each selected region was an extent and
-        4 blocks of hole around it (docs/benchmarks.md, daemon-cost).
-
-        What is known holds while the allocated size is unchanged. When it
-        grows (the guest filled a hole) the known holes are probed again as
-        they become candidates; when it shrinks (something was punched),
-        everything is forgotten.
-        """
-        stamp = obs.allocation
-        if stamp != self.allocation:
-            if stamp is None or self.allocation is None or stamp < self.allocation:
-                self.probed[:] = False
-            else:
-                self.probed &= ~self.holes
-            self.holes[:] = False
-            self.allocation = stamp
-        if self.sparse_file and obs.holding:
-            unknown = regions.candidate_mask(total, self.params.heat.threshold, held,
-                                             SELECT_RULES) & ~self.probed
-            for a, b in (regions.mask_runs(unknown) if unknown.any() else []):
-                self.probed[a:b] = True
-                pos = a
-                for s, e in probe((a, b)) + [(b, b)]:
-                    self.holes[pos:s] = True
-                    pos = e
-        if not self.holes.any():
-            return total, rewritten_heat
-        keep = ~self.holes
-        return total * keep, rewritten_heat * keep
 
 
 def self_loaded(previous, resident, held_before, held_after) -> np.ndarray:

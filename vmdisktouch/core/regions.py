@@ -73,6 +73,23 @@ candidates cover it. A cut window may move by a block or two between
 cycles as the heat shifts; the holder then loads and releases only
 those blocks.
 
+Split (``Rules.split_contrast``; the trace source's rules only). A region
+too large for what is left is first split, once, when its ranking heat is
+not flat: peak at least ``split_contrast`` (2) times its mean. It is cut
+where the ranking heat crosses halfway from the mean to the peak, and its
+pieces (the runs above that level and those between them) go into the
+queue as regions of their own; a piece that does not fit is windowed as
+above. With the trace source the whole image of a guest that reads
+everywhere now and then is one region (a block read once a cycle is as
+candidate as one read a thousand times), and the read intensity in the
+ranking heat (``core.intensity``) is what tells its hot zones from the rest:
+without the split the hottest window of the budget took one zone and the
+background around it, never two zones (docs/benchmarks.md, hotzone-move).
+Residency has no such contrast inside a region (a cached block is cached),
+so the polling source's rules do not split. Pieces of one region may be
+taken side by side; touching runs are merged in the output, at the place
+of the first taken.
+
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
 region sums) plus O(R) Python for R regions to build the queue: ~4 ms per
 million blocks for a clumpy map, ~40 ms for 40 000 regions, ~150 ms in the
@@ -104,6 +121,7 @@ class Rules:
     hold_fraction: float       # held runs stay candidates while mean heat >= threshold * this
     incumbent_weight: float    # a held block's resident heat counts this many times
     rewritten_density: float   # first class: mean recent rewritten fraction at least this
+    split_contrast: float | None = None  # split a region too large when peak >= this x mean
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
     """Maximal runs of True in a 1-D boolean mask."""
@@ -176,6 +194,7 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
     queue = [entry for d, r in enumerate(ranked) if room[d] for entry in r.entries(d)]
     heapq.heapify(queue)
     left = budget
+    split: list[dict] = [{} for _ in maps]    # per disk: starts of the pieces of a split
     while queue and left > 0:
         _, _, _, d, start, stop, rstart, rstop = heapq.heappop(queue)
         fit = min(left, room[d])
@@ -186,10 +205,17 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
             left -= stop - start
             room[d] -= stop - start
             continue
+        if (start, stop) == (rstart, rstop) and not split[d].get(start, False):
+            pieces = ranked[d].split(start, stop)
+            if pieces is not None:     # Too large, and not flat: its pieces go in the queue.
+                for entry in ranked[d].entries(d, pieces):
+                    split[d][entry[4]] = True
+                    heapq.heappush(queue, entry)
+                continue
         # Does not fit: its region's hottest window of `fit` blocks goes back in the queue.
         s = _hottest_window(ranked[d].rank_heat, rstart, rstop, fit)
         heapq.heappush(queue, ranked[d].window_entry(d, s, s + fit, rstart, rstop))
-    return out
+    return [_coalesced(runs) for runs in out]
 
 
 class _Ranked:
@@ -224,10 +250,11 @@ class _Ranked:
             rank_heat = rank_heat * _same_shape(m.boost, heat, "boost")
         self.rank_heat = rank_heat
 
-    def entries(self, d: int) -> list[tuple]:
-        """Queue entries: (class, -score, -total, disk, start, stop, region start, region
-        stop); class -1 = rewritten now (scored by rewritten sum), 0 = other (by total)."""
-        edges = self.edges
+    def entries(self, d: int, edges: np.ndarray | None = None) -> list[tuple]:
+        """Queue entries of the regions (``edges``; None: all candidate regions):
+        (class, -score, -total, disk, start, stop, region start, region stop); class
+        -1 = rewritten now (scored by rewritten sum), 0 = other (by total)."""
+        edges = self.edges if edges is None else edges
         if not edges.size:
             return []
         starts, stops = edges[0::2], edges[1::2]
@@ -243,6 +270,22 @@ class _Ranked:
         s_list, e_list = starts.tolist(), stops.tolist()
         return list(zip((-is_rew.astype(np.int8)).tolist(), (-score).tolist(),
                         (-totals).tolist(), [d] * len(s_list), s_list, e_list, s_list, e_list))
+
+    def split(self, start: int, stop: int) -> np.ndarray | None:
+        """The pieces of region ``[start, stop)`` (edges): its runs at or above the level
+        halfway from its mean ranking heat to its peak, and the runs between them;
+        None when the peak is below ``split_contrast`` x the mean (flat)."""
+        contrast = self.rules.split_contrast
+        if contrast is None or stop - start < 2:
+            return None
+        h = self.rank_heat[start:stop]
+        mean, peak = float(h.mean(dtype=np.float64)), float(h.max())
+        if not peak >= contrast * mean or mean <= 0:
+            return None
+        above = h >= (mean + peak) / 2
+        change = np.flatnonzero(above[1:] != above[:-1]) + 1
+        bounds = np.concatenate(([0], change, [stop - start])) + start
+        return np.column_stack((bounds[:-1], bounds[1:])).ravel()
 
     def window_entry(self, d: int, start: int, stop: int, rstart: int, rstop: int) -> tuple:
         total = float(self.rank_heat[start:stop].sum(dtype=np.float64))
@@ -297,6 +340,25 @@ def _segment_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
         return np.add.reduceat(values[run_indices(starts, stops)], firsts, dtype=np.float64)
     idx = edges[:-1] if edges[-1] == values.size else edges   # reduceat: indices < size
     return np.add.reduceat(values, idx, dtype=np.float64)[0::2]
+
+
+def _coalesced(runs: list[Run]) -> list[Run]:
+    """``runs`` with each run that touches an earlier one merged into it (the pieces of a
+    split region may be taken next to each other), in the order of their first piece."""
+    if len(runs) < 2:
+        return runs
+    order = sorted(range(len(runs)), key=lambda i: runs[i])
+    merged: list[list[int]] = []         # [start, stop, priority]
+    for i in order:
+        a, b = runs[i]
+        if merged and merged[-1][1] == a:
+            merged[-1][1] = b
+            merged[-1][2] = min(merged[-1][2], i)
+        else:
+            merged.append([a, b, i])
+    if len(merged) == len(runs):
+        return runs
+    return [(a, b) for a, b, _ in sorted(merged, key=lambda m: m[2])]
 
 
 def _hottest_window(heat: np.ndarray, start: int, stop: int, length: int) -> int:

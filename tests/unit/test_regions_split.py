@@ -1,0 +1,132 @@
+"""The split of a region larger than the budget (trace source's rules) and the read
+intensity that gives it contrast."""
+
+import numpy as np
+
+from vmdisktouch.core import regions
+from vmdisktouch.core.intensity import RATE_SECONDS, Intensity
+from vmdisktouch.core.policy import SELECT_RULES, TRACED_RULES
+from vmdisktouch.core.sparse import Sparse
+
+THR = 0.05
+
+
+def two_zones(n=4096, zones=((600, 800), (2200, 2400)), bg=1.6, hot=6.4):
+    """One region over the whole map (heat 1): ranking boost ``bg``, ``hot`` in the zones."""
+    heat = np.ones(n, np.float32)
+    boost = np.full(n, bg, np.float32)
+    for a, b in zones:
+        boost[a:b] = hot
+    return heat, boost
+
+
+def pick(heat, boost, budget, rules, held=None):
+    m = regions.DiskMap(heat, THR, held_mask=held, boost=boost)
+    return regions.select_many([m], budget, rules)[0]
+
+
+def covered(runs, a, b):
+    return sum(max(0, min(e, b) - max(s, a)) for s, e in runs)
+
+
+def test_both_hot_zones_of_one_large_region_are_taken_with_the_split():
+    heat, boost = two_zones()
+    out = pick(heat, boost, 511, TRACED_RULES)
+    assert covered(out, 600, 800) == 200 and covered(out, 2200, 2400) == 200
+    assert sum(e - s for s, e in out) == 511                   # the rest fills the budget
+    # without the split: the hottest window of 511 blocks holds one zone only
+    one = pick(heat, boost, 511, SELECT_RULES)
+    assert len(one) == 1 and one[0][1] - one[0][0] == 511
+    assert min(covered(one, 600, 800), covered(one, 2200, 2400)) == 0
+
+
+def test_the_hotter_zone_comes_first_and_a_zone_too_large_is_windowed():
+    heat, boost = two_zones(zones=((600, 800), (2200, 2500)))
+    boost[2200:2500] = 8.0
+    out = pick(heat, boost, 350, TRACED_RULES)
+    assert out[0] == (2200, 2500)                 # the hottest piece first
+    assert covered(out, 600, 800) == 50            # the rest: a window of the other zone
+    assert sum(e - s for s, e in out) == 350
+
+
+def test_a_flat_region_is_not_split():
+    rng = np.random.default_rng(3)
+    heat = np.ones(4096, np.float32)
+    boost = (1.5 + 0.5 * rng.random(4096)).astype(np.float32)   # peak < 2 x mean
+    out = pick(heat, boost, 300, TRACED_RULES)
+    assert len(out) == 1 and out[0][1] - out[0][0] == 300       # one hottest window
+
+
+def test_pieces_taken_side_by_side_are_one_run_in_priority_place():
+    heat, boost = two_zones(zones=((1000, 1100),))
+    out = pick(heat, boost, 150, TRACED_RULES)
+    # the zone, then 50 blocks beside it (the background's hottest window touches it)
+    assert sum(e - s for s, e in out) == 150
+    assert covered(out, 1000, 1100) == 100
+    ends = sorted(out)
+    assert all(a[1] < b[0] for a, b in zip(ends, ends[1:]))     # disjoint, not adjacent
+
+
+def test_selection_invariants_hold_with_the_split_on_random_maps():
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 500))
+        heat = rng.random(n).astype(np.float32)
+        boost = (1 + 8 * rng.random(n) ** 4).astype(np.float32)
+        budget = int(rng.integers(0, n + 5))
+        out = pick(heat, boost, budget, TRACED_RULES)
+        mask = np.zeros(n, int)
+        for s, e in out:
+            assert 0 <= s < e <= n
+            mask[s:e] += 1
+        assert mask.max(initial=0) <= 1
+        cand = heat >= THR
+        assert cand[mask.astype(bool)].all()
+        assert mask.sum() == min(budget, int(cand.sum()))
+        ends = sorted(out)
+        assert all(a[1] < b[0] for a, b in zip(ends, ends[1:]))
+
+
+def test_the_intensity_follows_a_move_within_one_rate_constant():
+    n, dt = 4096, 5.0
+    it = Intensity(n)
+    old, new = np.arange(600, 800), np.arange(2200, 2400)
+    bg = np.arange(n)
+    def cycle(zone):
+        counts = np.zeros(n, np.float32)
+        counts[bg] += 2.5                      # the guest's scattered reads
+        counts[zone] += 220                    # its hot zone's
+        blocks = np.flatnonzero(counts)
+        it.fold(Sparse(blocks, counts[blocks]), dt, 2.0)
+    for _ in range(10):
+        cycle(old)
+    m = it.multiplier()
+    assert m[700] > 6 and 1.3 < m[100] < 2          # hot zone against background
+    cycle(new)                                      # one cycle after the move
+    m = it.multiplier()
+    assert dt > RATE_SECONDS * np.log(2)           # a cycle is longer than the crossover
+    assert m[2300] > m[700]
+
+
+def test_policy_boosts_with_the_intensity_only_for_the_trace_source():
+    from vmdisktouch.core.heat import HeatParams
+    from vmdisktouch.core.policy import Observation, Policy, PolicyParams
+    n = 64
+    params = PolicyParams(HeatParams(1.0, 2.0, 1.0, 1.0, 0.1, THR), budget_blocks=8,
+                          interval=5.0, rewritten_seconds=30.0)
+    reads = Sparse(np.arange(n), np.ones(n, np.float32))
+    counts = np.full(n, 1.0, np.float32)
+    counts[40:48] = 500
+    traced = Policy(n, params, sparse_file=False)
+    polled = Policy(n, params, sparse_file=False)
+    for t in range(4):
+        obs = dict(now=5.0 * t, resident=np.ones(n, np.float32), held=np.zeros(n, bool),
+                   rewritten=Sparse.empty(), allocation=None)
+        m = traced.prepare(Observation(**obs, reads=reads,
+                                       read_counts=Sparse(np.arange(n), counts)), None)
+        traced.finish([])
+        p = polled.prepare(Observation(**obs), None)
+        polled.finish([])
+    assert p.boost is None
+    assert m.boost[44] > 4 * m.boost[10]
+    assert regions.select_many([m], 8, m.rules)[0] == [(40, 48)]

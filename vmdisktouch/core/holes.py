@@ -1,0 +1,67 @@
+"""Holes: the blocks of a sparse image known to hold no data, cut out of the heat.
+
+Theory of operation
+-------------------
+Pure core (numpy only). Holding a hole would spend the budget on zeros.
+Every candidate block whose state is not known yet is probed before the
+selection (``probe``: the image's SEEK_DATA/SEEK_HOLE, a few ``lseek``
+calls per candidate run, once). Learning the holes only from what the
+holder was given left the budget two-thirds empty: on a 1 TiB thin image
+with 1000 cached 1 MiB extents and a 256 MiB budget each selected region was
+an extent and 4 blocks of hole around it (docs/benchmarks.md, daemon-cost).
+
+What is known holds while the file's allocated size is unchanged. When it
+grows (the guest filled a hole) the known holes are probed again as they
+become candidates; when it shrinks (something was punched), everything is
+forgotten.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from vmdisktouch.core import regions
+from vmdisktouch.core.runs import Run
+
+Probe = Callable[[Run], list[Run]]   # the data runs of a block run (SEEK_DATA/SEEK_HOLE)
+
+
+class KnownHoles:
+    """What is known of one image's holes, and the allocated size it holds for."""
+
+    def __init__(self, nblocks: int):
+        self.holes = np.zeros(int(nblocks), dtype=bool)     # known holes
+        self.probed = np.zeros(int(nblocks), dtype=bool)    # data or hole known
+        self.allocation: int | None = None
+
+    def met(self, runs: list[Run]) -> None:
+        """Holes the holder met."""
+        for a, b in runs:
+            self.holes[a:b] = True
+
+    def cut(self, maps: tuple, allocation: int | None, unknown_candidates, probe: Probe):
+        """``maps`` with the known holes set to 0, after probing ``unknown_candidates()``
+        (a callable: the candidate mask, or None when nothing is to be probed) where
+        not known yet. ``allocation``: the file's allocated size now."""
+        if allocation != self.allocation:
+            if allocation is None or self.allocation is None or allocation < self.allocation:
+                self.probed[:] = False
+            else:
+                self.probed &= ~self.holes
+            self.holes[:] = False
+            self.allocation = allocation
+        cand = unknown_candidates()
+        if cand is not None:
+            unknown = cand & ~self.probed
+            for a, b in (regions.mask_runs(unknown) if unknown.any() else []):
+                self.probed[a:b] = True
+                pos = a
+                for s, e in probe((a, b)) + [(b, b)]:
+                    self.holes[pos:s] = True
+                    pos = e
+        if not self.holes.any():
+            return maps
+        keep = ~self.holes
+        return tuple(m * keep for m in maps)
