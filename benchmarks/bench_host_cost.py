@@ -144,6 +144,7 @@ def main() -> int:
         cpu = 100.0 * (sum(ticks1) - sum(ticks0)) / CLK_TCK / wall
         st = d.read_status() or {}
         cycles = [x.get("cycle_seconds", 0) for x in st.get("disks", [])]
+        host_cycle = st.get("host", {}).get("cycle_seconds", 0)
         rc = d.stop()
         if rc != 0:
             raise RuntimeError(f"the daemon exited {rc}:\n{d.log_tail(20)}")
@@ -158,7 +159,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     r = {"cpu": cpu, "rss_max": max(rss), "rss_median": median(rss), "held_median": median(held),
          "warm": warm, "disks": len(st.get("disks", [])),
-         "disk_cycle_sum": sum(cycles), "disk_cycle_max": max(cycles) if cycles else 0}
+         "host_cycle": host_cycle, "disk_cycle_max": max(cycles) if cycles else 0}
     body = (f"{args.images} sparse images of {fmt(args.image_size)} on {args.dir}, each with "
             f"{args.extents} extents of {fmt(args.extent)} of data; a guest process reads 4 KiB "
             f"at random in every image's extents, {args.reads:g} reads/s per image; one daemon "
@@ -166,10 +167,10 @@ def main() -> int:
             f"--uri '' --min-free 0` (trace source). After {r['warm']:.0f} s of warm-up, a "
             f"{args.duration:g} s window.\n\n"
             "| disks served | held (median) | CPU, % of a core | memory besides held pages "
-            "(VmRSS - VmLck), max / median | last cycle, all disks / slowest disk |\n"
+            "(VmRSS - VmLck), max / median | last cycle: the host's (every disk) / the slowest disk's own |\n"
             "|---|---|---|---|---|\n"
             f"| {r['disks']} | {fmt(r['held_median'])} | {cpu:.2f} | {fmt(r['rss_max'])} / "
-            f"{fmt(r['rss_median'])} | {r['disk_cycle_sum'] * 1000:.0f} ms / "
+            f"{fmt(r['rss_median'])} | {r['host_cycle'] * 1000:.0f} ms / "
             f"{r['disk_cycle_max'] * 1000:.0f} ms |\n\n"
             f"Targets: CPU ≤ {TARGET_CPU:g} % of a core: **{cpu:.2f} %**, "
             f"{'met' if cpu <= TARGET_CPU else 'MISSED'}; memory besides held pages ≤ "

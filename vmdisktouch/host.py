@@ -24,6 +24,7 @@ when no disk is left.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -54,9 +55,11 @@ class Host:
         self.caps = dict(caps or {})         # image path -> most bytes it may hold
         self.failed: dict[str, str] = {}     # image path -> why it was dropped
         self.cycle = 0
+        self.cycle_seconds = 0.0      # the last tick, every disk's turn and the selection
 
     def tick(self) -> list:
         """One cycle over every disk; returns their ``CycleReport``s."""
+        started = time.perf_counter()
         maps, ready = [], []
         for w in list(self.watchers):
             try:
@@ -85,6 +88,7 @@ class Host:
             except (VmdtError, OSError) as exc:
                 self._drop(w, exc)
         self.cycle += 1
+        self.cycle_seconds = time.perf_counter() - started
         return reports
 
     def _weighed(self, path: str, m: regions.DiskMap) -> regions.DiskMap:
@@ -147,6 +151,7 @@ class Host:
                 "budget_bytes": self.budget,
                 "held_bytes": self.held_bytes(),
                 "cycle": self.cycle,
+                "cycle_seconds": round(self.cycle_seconds, 4),
                 "disks": [{"path": w.image.path, "held_bytes": w.holder.held_bytes(),
                            "heat": round(float(w.policy.state.total.sum(dtype=float)), 3),
                            "cap_bytes": self.caps.get(w.image.path),

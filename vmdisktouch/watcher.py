@@ -119,19 +119,23 @@ class DiskWatcher:
         t0 = self.clock()
         obs, resident_bytes = self._observe(t0)
         probe = self._probe if not self.recorder else self.recorder.probe(self._probe)
-        self._cycle = (t0, obs, resident_bytes)
-        return self.policy.prepare(obs, probe)
+        m = self.policy.prepare(obs, probe)
+        self._cycle = (t0, obs, resident_bytes, self.clock())
+        return m
 
     def act(self, targets) -> CycleReport:
         """Hold ``targets`` (this disk's share of the selection), learn, report."""
-        t0, obs, resident_bytes = self._cycle
+        t0, obs, resident_bytes, prepared = self._cycle
+        # This disk's own time: the selection and, on a host, the other disks' turns
+        # between its prepare and its act are not its own.
+        own_start = t0 + (self.clock() - prepared)
         plan = self.policy.finish(targets)
         acted = self.recharger.act(plan, obs.held, t0, self.config, holding=obs.holding)
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
         if acted.result.loaded_bytes:
             self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
         self.cycle += 1
-        report = self._report(t0, obs, acted, resident_bytes)
+        report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:
             self.recorder.write(obs, plan, acted, self.policy)
         self.emitter.emit(report, self.config, self.status_obj(report), obs.resident,

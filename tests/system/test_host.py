@@ -103,3 +103,32 @@ def test_a_cap_and_a_weight_from_the_overrides(tmp_path, host):
         assert held_of(h, b) == 8 * MiB and held_of(h, a) == 8 * MiB
         st = h.status_obj([])
         assert [d["weight"] for d in st["host"]["disks"]] == [1.0, 2.0]
+
+
+class Ticking(Stepped):
+    """Moves by one second at each reading: time passes wherever the clock is read."""
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def test_a_disks_cycle_time_is_its_own_not_the_other_disks(tmp_path):
+    paths = [data_image(tmp_path / f"{n}.img", 16 * MiB) for n in "abc"]
+    cfg = settings.resolve({"max_hold": "8M", "interval": 5.0, "min_free": 0,
+                            "access_source": "mincore", "load_rate": 0})
+
+    def first_disk_seconds(served):
+        clock = Ticking()
+        h = Host([build(open_image(p), cfg, clock=clock, memcg=None) for p in served],
+                 cfg.max_hold, cfg.block_size)
+        try:
+            reports = [h.tick() for _ in range(3)]
+            assert h.status_obj([])["host"]["cycle_seconds"] > 0
+            return [r[0].cycle_seconds for r in reports]
+        finally:
+            h.close()
+
+    alone = first_disk_seconds(paths[:1])
+    assert alone[-1] > 0
+    assert first_disk_seconds(paths) == alone      # the other two disks' turns not counted
