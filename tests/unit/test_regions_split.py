@@ -130,3 +130,14 @@ def test_policy_boosts_with_the_intensity_only_for_the_trace_source():
     assert p.boost is None
     assert m.boost[44] > 4 * m.boost[10]
     assert regions.select_many([m], 8, m.rules)[0] == [(40, 48)]
+
+
+def test_the_intensity_is_no_multiplier_until_something_is_read_and_fades_after():
+    it = Intensity(1000)
+    assert it.multiplier() is None
+    it.fold(Sparse(np.array([500]), np.array([50], np.float32)), 5.0, 2.0)
+    m = it.multiplier()
+    assert m[500] > m[498] > 1 and m[0] == 1 and m[900] == 1       # smoothed, local
+    for _ in range(100):
+        it.fold(Sparse.empty(), 5.0, 2.0)
+    assert it.multiplier() is None                                 # decayed to nothing

@@ -65,6 +65,12 @@ class Intensity:
         else:
             self.rate = heat._fold(self.rate, None, sigma, 1.0, k)
 
-    def multiplier(self) -> np.ndarray:
-        """The ranking's factor per block: ``1 + log2(1 + rate)``."""
-        return np.float32(1) + np.log2(np.float32(1) + self.rate)
+    def multiplier(self) -> np.ndarray | None:
+        """The ranking's factor per block, ``1 + log2(1 + rate)``; None while nothing is
+        read. Computed on the blocks read lately only (a few in a large image)."""
+        idx = np.flatnonzero(self.rate)
+        if not idx.size:
+            return None
+        out = np.ones(self.rate.size, dtype=np.float32)
+        out[idx] += np.log2(np.float32(1) + self.rate[idx])
+        return out

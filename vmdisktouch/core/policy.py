@@ -325,9 +325,8 @@ class Policy:
             self.intensity = Intensity(self.nblocks)
         counts = obs.read_counts if obs.read_counts is not None else obs.reads
         self.intensity.fold(counts, dt, self.params.heat.sigma_resident)
-        boost = self.intensity.multiplier()
-        thrash = self._thrash(obs, held, dt)
-        return boost if thrash is None else boost * thrash
+        boost, thrash = self.intensity.multiplier(), self._thrash(obs, held, dt)
+        return thrash if boost is None else boost if thrash is None else boost * thrash
 
     def _thrash(self, obs: Observation, held: np.ndarray, dt: float):
         """The thrash multiplier of the blocks (``core.thrash``), or None with no refaults."""
