@@ -159,7 +159,7 @@ class DiskWatcher:
         A failure here is left for the next cycle's observation to report.
         """
         try:
-            self.source.pump()
+            self.source.pump(between=True)
         except (OSError, VmdtError) as exc:
             log.debug("draining trace events between cycles failed: %s", exc)
 

@@ -165,3 +165,43 @@ def test_lost_events_make_the_cycle_reconcile_with_mincore(scratch, tracefs_root
     finally:
         source.close()
         image.close()
+
+
+def test_between_cycles_a_quiet_disk_is_not_drained_and_a_busy_one_is(scratch, tracefs_root):  # noqa: F811,E501
+    path = scratch(64 * MiB // PAGE)
+    image = open_image(path)
+    reader = TraceReader(image.fd, name=instance_name(), buffer_kb=64,
+                         exclude_tid=threading.get_native_id())
+    now = [0]
+    source = TraceSource(reader, ResidencyTracker(image, MiB), MiB, 64,
+                         clock_ns=lambda: now[0])
+    drains = []
+    real_drain = reader.drain
+    reader.drain = lambda: drains.append(now[0]) or real_drain()
+    try:
+        held, cfg = np.zeros(64, bool), settings.resolve({"max_hold": "4M"})
+        source.observe(image.size, held, cfg)
+        now[0] += 5 * 10**9
+        guest_reads(path, list(range(0, 64)))               # a few reads
+        source.observe(image.size, held, cfg)
+        assert 0 < reader.last_bytes < 64 * 1024 // 8
+        guest_reads(path, list(range(64, 80)))
+        now[0] += 10**9
+        source.pump(between=True)                           # far from an eighth full
+        assert drains == [0, 5 * 10**9]
+        now[0] += 4 * 10**9
+        seen = source.observe(image.size, held, cfg)        # the cycle drains all the same
+        assert seen.reads.blocks.tolist() == [0] and source.last["reads"] >= 16
+        guest_reads(path, list(range(0, 8 * MiB // PAGE)))  # busy: ~2k reads in a cycle
+        now[0] += 5 * 10**9
+        source.observe(image.size, held, cfg)
+        busy, eighth = reader.last_bytes, reader.buffer_kb * 1024 / 8
+        now[0] += int(5e9 * eighth / busy) - 10**6           # not quite an eighth yet
+        source.pump(between=True)
+        assert drains[-1] != now[0]
+        now[0] += 2 * 10**6                                   # an eighth expected by now
+        source.pump(between=True)
+        assert drains[-1] == now[0]
+    finally:
+        source.close()
+        image.close()

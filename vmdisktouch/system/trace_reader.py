@@ -190,6 +190,7 @@ class TraceReader:
         self._pages_missed = dict.fromkeys(self._fds, 0)
         self._lost_seen = dict.fromkeys(self._fds, 0)
         self._pending: list[Events] = []
+        self.last_bytes = 0      # the most bytes one CPU gave at the last drain
         self._pending_lost = 0
 
     def _confirm(self, fd: int) -> None:
@@ -266,8 +267,10 @@ class TraceReader:
     def _collect(self, extra: bool = False):
         """Read and decode all CPUs; account lost events. Returns Events (and pid, s_dev)."""
         parts, pids, sdevs = [], [], []
+        self.last_bytes = 0
         for cpu, fd in self._fds.items():
             data = self._read_pages(cpu, fd)
+            self.last_bytes = max(self.last_bytes, len(data))
             if not len(data):
                 continue
             recs = ringbuf.parse_pages(data, self._layout)
@@ -279,7 +282,9 @@ class TraceReader:
             parts += got
             pids += p
             sdevs += s
-        lost = self._account_lost()
+        # Nothing buffered on any CPU: nothing can have been lost since the last look (an
+        # overrun leaves a full buffer behind), so the stats files are not read.
+        lost = self._account_lost() if self.last_bytes else 0
         events = _concat(parts, lost)
         if not extra:
             return events
