@@ -36,7 +36,8 @@ def observation(c: dict) -> Observation:
                        reads=None if "reads" not in c else _ones(c["reads"]),
                        refaults=_refaults(c.get("refaults", [])),
                        reconcile=c.get("reconcile", False),
-                       read_counts=_refaults(c["read_counts"]) if c.get("read_counts") else None)
+                       read_counts=_refaults(c["read_counts"]) if c.get("read_counts") else None,
+                       read_recent=_refaults(c["read_recent"]) if c.get("read_recent") else None)
 
 
 def _refaults(rec) -> Sparse:

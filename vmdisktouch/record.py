@@ -70,6 +70,9 @@ class Recorder:
                         read_counts=None if obs.read_counts is None else
                         [obs.read_counts.blocks.tolist(),
                          np.asarray(obs.read_counts.values, dtype=float).tolist()],
+                        read_recent=None if obs.read_recent is None else
+                        [obs.read_recent.blocks.tolist(),
+                         np.asarray(obs.read_recent.values, dtype=float).tolist()],
                         refaults=[obs.refaults.blocks.tolist(),
                                   np.asarray(obs.refaults.values, dtype=float).tolist()],
                         reconcile=obs.reconcile)

@@ -55,6 +55,7 @@ class Seen:
     reads: Sparse | None = None  # trace: blocks read; None: polling
     refaults: Sparse = field(default_factory=Sparse.empty)
     read_counts: Sparse | None = None  # trace: read events per block
+    read_recent: Sparse | None = None  # trace: ... weighted by recency (core.access)
     reconcile: bool = False      # trace: events lost, residency stands in for reads
 
 
@@ -151,7 +152,7 @@ class TraceSource:
                      "reconciled": bool(reconcile)}
         return Seen(self.residency.fraction(), self.residency.resident_pages() * PAGE,
                     acc.writes, reads=acc.reads, refaults=acc.refaults,
-                    read_counts=acc.read_counts,
+                    read_counts=acc.read_counts, read_recent=acc.read_recent,
                     reconcile=first or acc.lost > 0)
 
     def taken(self, blocks: np.ndarray, size: int) -> None:

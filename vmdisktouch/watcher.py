@@ -149,7 +149,7 @@ class DiskWatcher:
         seen = self.source.observe(self.image.size, held, self.config)
         obs = Observation(now, seen.resident, held, seen.rewritten, self.image.allocation(),
                           self.hold_enabled, reads=seen.reads, refaults=seen.refaults,
-                          read_counts=seen.read_counts,
+                          read_counts=seen.read_counts, read_recent=seen.read_recent,
                           reconcile=seen.reconcile)
         return obs, seen.resident_bytes
 

@@ -2,6 +2,7 @@
 intensity that gives it contrast."""
 
 import numpy as np
+import pytest
 
 from vmdisktouch.core import regions
 from vmdisktouch.core.intensity import RATE_SECONDS, Intensity
@@ -141,3 +142,34 @@ def test_the_intensity_is_no_multiplier_until_something_is_read_and_fades_after(
     for _ in range(100):
         it.fold(Sparse.empty(), 5.0, 2.0)
     assert it.multiplier() is None                                 # decayed to nothing
+
+
+def test_recent_reads_weigh_by_their_age_and_a_move_two_seconds_old_wins():
+    from vmdisktouch.core.access import READ, AccessLog
+    n, ppb, s = 4096, 256, 10**9
+    log = AccessLog(ppb * 4096)
+    it = Intensity(n)
+
+    def cycle(end, events):          # events: (block, time in s), read one page each
+        blocks = np.array([b for b, _ in events], np.int64)
+        ts = np.array([int(t * s) for _, t in events], np.int64)
+        order = np.argsort(ts, kind="stable")
+        log.feed(np.full(blocks.size, READ, np.uint8), ts[order], blocks[order] * ppb,
+                 blocks[order] * ppb)
+        acc = log.take(n, now_ns=int(end * s))
+        it.fold(acc.read_counts, 5.0, 2.0, acc.read_recent)
+        return acc
+
+    def zone(a, t0, t1, per_s=44):   # per block and second
+        return [(b, t0 + (t1 - t0) * (i + 0.5) / (per_s * (t1 - t0)))
+                for b in range(a, a + 50) for i in range(int(per_s * (t1 - t0)))]
+
+    for c in range(6):
+        cycle(5 * (c + 1), zone(600, 5 * c, 5 * c + 5))
+    acc = cycle(33, zone(600, 30, 31) + zone(2200, 31, 33))   # moved 2 s before the end
+    # the weights: an event at the cycle's end counts 1, one 2.5 s old exp(-1)
+    one = acc.read_recent.values[acc.read_recent.blocks == 2220][0]
+    assert one == pytest.approx(sum(np.exp(-(33 - t) / RATE_SECONDS)
+                                    for b, t in zone(2200, 31, 33) if b == 2220), rel=1e-4)
+    m = it.multiplier()
+    assert m[2225] > m[625]          # the new zone outranks the old at this very cycle

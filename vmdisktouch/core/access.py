@@ -12,6 +12,11 @@ starts the next:
 * ``read_counts``: per block, how many read events touched it: how hot it
   is, which the 0/1 ``reads`` cannot tell once every block is read every
   cycle (the policy weighs a held block's thrash by it).
+* ``read_recent``: per block, its read events weighted by how recent they
+  are, ``exp(-age / RATE_SECONDS)`` with the age from the end of the cycle
+  (``core.intensity``'s time constant): the read rate as a continuous
+  exponential average, which the cycle's counts are only in steps of a
+  cycle (only with ``take``'s ``now_ns``).
 * ``reads``: per block, 1 when the guest read any page of it in the cycle
   (cache hits included: a held block that is read is seen), else absent.
   It is the trace source's counterpart of residency (the fraction of a
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmdisktouch.core.intensity import RATE_SECONDS
 from vmdisktouch.core.sparse import Sparse
 
 READ, WRITE, ADD, DELETE = 0, 1, 2, 3
@@ -60,6 +66,7 @@ class Access:
     writes: Sparse           # blocks written: the share of their parts dirtied
     refaults: Sparse         # blocks with pages refaulted: the share of their pages
     read_counts: Sparse      # blocks read: how many read events touched each
+    read_recent: Sparse | None  # blocks read: their events weighted by recency (or None)
     read_events: int
     write_pages: np.ndarray  # every page dirtied, sorted, unique (int64)
     refault_pages: int
@@ -80,6 +87,7 @@ class AccessLog:
 
     def _reset(self) -> None:
         self._read_blocks: list[np.ndarray] = []
+        self._read_ts: list[np.ndarray] = []          # aligned with _read_blocks
         self._write_pages: list[np.ndarray] = []
         self._refault_pages: list[np.ndarray] = []
         self._reads = 0
@@ -95,7 +103,9 @@ class AccessLog:
         r = kind == READ
         if r.any():
             self._reads += int(r.sum())
-            self._read_blocks.append(_blocks_touched(first[r], last[r], self.pages_per_block))
+            blocks, which = _blocks_touched(first[r], last[r], self.pages_per_block)
+            self._read_blocks.append(blocks)
+            self._read_ts.append(ts[r][which])
         w = kind == WRITE
         if w.any():
             self._write_pages.append(_pages(first[w], last[w]))
@@ -111,6 +121,18 @@ class AccessLog:
                           if self._read_blocks else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         keep = blocks < nblocks
         blocks, counts = blocks[keep], counts[keep]
+        recent = None
+        if now_ns is not None:
+            recent = Sparse(blocks, np.zeros(blocks.size, dtype=np.float32))
+            if self._read_blocks:
+                every = np.concatenate(self._read_blocks)
+                age = (now_ns - np.concatenate(self._read_ts)).clip(0) / 1e9
+                weight = np.exp(-age / RATE_SECONDS)
+                at = np.searchsorted(blocks, every)
+                ok = (at < blocks.size) & (blocks[np.minimum(at, blocks.size - 1)] == every)
+                sums = np.zeros(blocks.size, dtype=np.float64)
+                np.add.at(sums, at[ok], weight[ok])
+                recent = Sparse(blocks, sums.astype(np.float32))
         reads = Sparse(blocks, np.ones(blocks.size, dtype=np.float32))
         read_counts = Sparse(blocks, counts.astype(np.float32))
         pages = _unique(self._write_pages)
@@ -122,7 +144,7 @@ class AccessLog:
         rblocks, npages = np.unique(refaulted // ppb, return_counts=True)
         keep = rblocks < nblocks
         refaults = Sparse(rblocks[keep], (npages[keep] / ppb).astype(np.float32))
-        out = Access(reads, writes, refaults, read_counts, self._reads, pages,
+        out = Access(reads, writes, refaults, read_counts, recent, self._reads, pages,
                      int(refaulted.size), self._lost)
         if now_ns is not None:
             self._forget_before(now_ns - int(REFAULT_SECONDS * 1e9))
@@ -237,11 +259,11 @@ def _pages_per_block(first: np.ndarray, last: np.ndarray, ppb: int, n: int) -> n
 
 
 def _blocks_touched(first: np.ndarray, last: np.ndarray, ppb: int) -> np.ndarray:
-    """Every block the page ranges touch (with repeats)."""
+    """Every block the page ranges touch (with repeats), and the index of its range."""
     b0, b1 = first // ppb, last // ppb
     if (b0 == b1).all():
-        return b0
-    return _expand(b0, b1)[0]
+        return b0, np.arange(b0.size)
+    return _expand(b0, b1)
 
 
 def _grouped_running_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:

@@ -15,12 +15,17 @@ hottest window is one zone and background, never two zones
 
 So the trace source keeps, beside the heat, ``rate``: the read events per
 second of each block, smoothed like the heat's resident evidence (its
-sigma) and decaying with a time constant of ``RATE_SECONDS`` (5 s, a
-default cycle). Shorter than the heat's (10 s at the defaults): after the
-hot zones move, the new zones' rate passes the old ones' when
-``exp(-t / RATE_SECONDS) < 1/2``, 3.5 s after the move (7 s with the heat's
-constant, one cycle later). The hot zones' rate is hundreds of events per
-cycle, so the short constant adds little noise where it decides. The ranking multiplies a block's
+sigma), as an exponential average over ``RATE_SECONDS`` (2.5 s) of the
+events' own times (``core.access``'s ``read_recent``), not of the cycle's
+counts. After the hot zones move, the new zones' rate passes the old ones'
+``RATE_SECONDS * ln 2`` = 1.7 s after the move, so the first cycle after
+that holds them. Measured with a 5 s average of the cycle's counts, the
+zones were held 12 s after the move (docs/benchmarks.md, hotzone-move): the
+cycle that ended 2 s after the move still saw three seconds of the old
+zones against two of the new. The hot zones' rate is tens of events per
+second and block, so the short constant adds little noise where it decides;
+the background's noise is compressed by the logarithm below (0.5 reads/s
+per block: a factor 1.6, give or take 0.15). The ranking multiplies a block's
 heat by ``multiplier = 1 + log2(1 + rate)``: 1 for a block not read, 1.6
 for the background above, 6.4 for the hot zone. Logarithmic, so a region
 read 10 times as often does not outrank one 3 times as wide (the sum over a
@@ -38,7 +43,7 @@ import numpy as np
 from vmdisktouch.core import heat
 from vmdisktouch.core.sparse import Sparse
 
-RATE_SECONDS = 5.0
+RATE_SECONDS = 2.5
 
 
 class Intensity:
@@ -53,17 +58,30 @@ class Intensity:
         new[:k] = self.rate[:k]
         self.rate = new
 
-    def fold(self, counts: Sparse, dt: float, sigma: float) -> None:
-        """One cycle of ``dt`` seconds: ``counts`` read events per block, ``sigma`` the
-        smoothing width (blocks)."""
+    def fold(self, counts: Sparse, dt: float, sigma: float, recent: Sparse | None = None) -> None:
+        """One cycle of ``dt`` seconds, ``sigma`` the smoothing width (blocks).
+
+        ``recent``: per block, its read events weighted ``exp(-age / RATE_SECONDS)``
+        (``core.access``): the exact exponential average of the event train, ``rate
+        = k * rate + sum(weights) / RATE_SECONDS``, so a zone the guest moved to two
+        seconds before the cycle's end already weighs as two seconds of reads, not as
+        two fifths of the cycle's count. Without it, ``counts`` (read events per block)
+        stand for a steady rate over the cycle."""
         n = self.rate.size
         k = heat.decay_factor(1 / RATE_SECONDS, dt)
-        if counts.blocks.size and dt > 0:
-            per_second = np.zeros(n, dtype=np.float32)
-            per_second[counts.blocks] = np.asarray(counts.values, dtype=np.float32) / np.float32(dt)
-            self.rate = heat._fold(self.rate, per_second, sigma, 1.0, k)
-        else:
+        source = recent if recent is not None else counts
+        if not source.blocks.size or dt <= 0:
             self.rate = heat._fold(self.rate, None, sigma, 1.0, k)
+            return
+        per_second = np.zeros(n, dtype=np.float32)
+        values = np.asarray(source.values, dtype=np.float32)
+        if recent is not None:
+            per_second[source.blocks] = values / np.float32(RATE_SECONDS)
+            self.rate = self.rate * np.float32(k) + heat.smooth(per_second, sigma, 1.0)
+            self.rate[self.rate < heat.FLUSH_BELOW] = 0
+        else:
+            per_second[source.blocks] = values / np.float32(dt)
+            self.rate = heat._fold(self.rate, per_second, sigma, 1.0, k)
 
     def multiplier(self) -> np.ndarray | None:
         """The ranking's factor per block, ``1 + log2(1 + rate)``; None while nothing is

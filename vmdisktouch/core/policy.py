@@ -171,6 +171,7 @@ class Observation:
     refaults: Sparse = field(default_factory=Sparse.empty)  # share of each block's pages refaulted
     reconcile: bool = False      # events were lost: residency is evidence too this cycle
     read_counts: Sparse | None = None  # read events per block (None: ``reads`` stand in)
+    read_recent: Sparse | None = None  # read events per block weighted by recency (intensity)
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ class Policy:
         if self.intensity is None:
             self.intensity = Intensity(self.nblocks)
         counts = obs.read_counts if obs.read_counts is not None else obs.reads
-        self.intensity.fold(counts, dt, self.params.heat.sigma_resident)
+        self.intensity.fold(counts, dt, self.params.heat.sigma_resident, obs.read_recent)
         boost, thrash = self.intensity.multiplier(), self._thrash(obs, held, dt)
         return thrash if boost is None else boost if thrash is None else boost * thrash
 
