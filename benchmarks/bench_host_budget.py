@@ -5,7 +5,8 @@ bench_hotzone (``tools.fio.FioJob``: 4 KiB random I/O, 80 % reads, O_DSYNC
 writes, iodepth 1, 90 % of the accesses in its hot zone): one *busy* VM (an
 8 GiB image, a hot zone of ``--busy-hot`` (800 MiB), as fast as it can) and
 three *light* ones (1 GiB images, hot zones of ``--light-hot`` (100 MiB),
-``--light-iops`` (500) I/O per second each), all at once, with a noisy
+``--light-iops`` (500) passed to fio's ``--rate_iops``, which caps reads and
+writes each: 1,000 I/O per second in all, as measured), all at once, with a noisy
 neighbour (fio random 64 KiB reads of its own 1 GiB file at 200 MiB/s), all
 in one cgroup v1 memory group limited to ``--limit`` (768 MiB), so their
 page cache competes. Scenarios, one after the other, each from a cold cache
@@ -170,7 +171,8 @@ def main() -> int:
         lines += ["", "Targets: " + "; ".join(tl) + "."]
     body = (f"Four non-sparse images: busy (8 GiB, hot zone {fmt(args.busy_hot)}, as fast as "
             f"it can) and three light ones (1 GiB, hot zones of {fmt(args.light_hot)}, "
-            f"{args.light_iops} IOPS each), each with the hot-zone guest (fio 4 KiB random, 80 % "
+            f"fio `--rate_iops={args.light_iops}` each, a cap per direction), each with the "
+            f"hot-zone guest (fio 4 KiB random, 80 % "
             f"reads, O_DSYNC writes, 90 % of the accesses in its zone), and a noisy neighbour "
             f"(64 KiB random reads of its own 1 GiB file at 200 MiB/s), all in one memory group "
             f"limited to {fmt(args.limit)}; {args.duration:g} s per scenario from a cold cache. "
