@@ -80,6 +80,7 @@ from benchmarks.hotzone_chart import draw_chart  # noqa: E402
 from benchmarks.hotzone_report import (DAEMONS, LABELS, Result, Sample, compare_lines,  # noqa: E402
                                        report, say, steady_start)
 from benchmarks.hotzone_report import rolling_median, steady_loaded  # noqa: E402,F401 (bench_params: hz.*)
+from benchmarks.hotzone_report import provenance, scenario_text, title  # noqa: E402
 from benchmarks.hotzone_rounds import round_orders, rounds_summary  # noqa: E402
 from benchmarks.report import update_section  # noqa: E402
 from benchmarks.source_common import overlap  # noqa: E402
@@ -360,6 +361,12 @@ def main(argv=None) -> int:
         if not {"none", "oracle"} <= set(results):
             say("\n".join(["", *([summary] if summary else []),
                             *compare_lines(a, results, steady_start(a))]))
+            if summary and not a.no_doc:     # rounds without the oracle: their own section
+                name = section_name(a) + "-rounds"
+                update_section(name, "\n".join([title(b) + f", {a.rounds} rounds", "",
+                                                provenance(command.strip()),
+                                                scenario_text(b), "", summary]))
+                say(f"wrote the {name} section of docs/benchmarks.md")
             return 0
         if summary:
             summary += f"\nThe table and chart below are of round {a.rounds}.\n\n"

@@ -168,6 +168,31 @@ def guest_text(b) -> str:
             f"`ioengine=nbd`, {flush}; {job}")
 
 
+
+def title(b) -> str:
+    return f"## {VARIANT_TITLES[b.a.variant]}" + (", through qemu-nbd" if b.via == "nbd" else "")
+
+
+def scenario_text(b) -> str:
+    """The scenario paragraph of a section (``b``: the Bench)."""
+    a = b.a
+    return (f"Scenario: a {b.size / GiB:.1f} GiB non-sparse raw image; fio as the guest "
+            f"({guest_text(b)}, iodepth 1, `random_distribution=zoned_abs`: 90 % of accesses "
+            f"in a hot zone of "
+            f"{b.hot_len / MiB:.0f} MiB = {a.hot_fraction:.0%} of the image at "
+            f"{b.hot_off / MiB:.0f} MiB, the rest uniform); a noisy neighbour (fio "
+            f"`{a.neighbour_pattern}` of 64 KiB blocks over its own {b.nb_size / GiB:.1f} GiB "
+            f"non-sparse file at {b.nb_rate / MiB:.0f} MiB/s); both in a cgroup v1 memory group "
+            f"limited to {b.limit / MiB:.0f} MiB. Each scenario runs {a.duration:.0f} s from a "
+            f"cold cache, in a fresh group, with the same fio seed; holders run outside the group. "
+            f"vmdisktouch: `--max-hold {b.budget >> 20}M` (1.25 × the hot zone), "
+            f"`--interval {a.interval:g}`"
+            + (f", `{a.daemon_args}`" if a.daemon_args else "") + ", defaults otherwise, "
+            "started together with the workload; the vmtouch holders lock before t = 0 "
+            "(their lock time is shown)." + (" " + VARIANT_TEXT[a.variant]
+                                              if VARIANT_TEXT[a.variant] else ""))
+
+
 def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple[str, dict]:
     """The Markdown section of one round (``b``: the Bench, for the scenario's geometry)."""
     a = b.a
@@ -183,23 +208,7 @@ def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple
             figures[n] = {"t90": None if t90 is None else t90 - moved_at,
                           "over_oracle": med[n] / oracle, "over_none": med[n] / none}
 
-    lines = [f"## {VARIANT_TITLES[a.variant]}" + (", through qemu-nbd" if b.via == "nbd" else ""),
-             "", provenance(command),
-             f"Scenario: a {b.size / GiB:.1f} GiB non-sparse raw image; fio as the guest "
-             f"({guest_text(b)}, iodepth 1, `random_distribution=zoned_abs`: 90 % of accesses "
-             f"in a hot zone of "
-             f"{b.hot_len / MiB:.0f} MiB = {a.hot_fraction:.0%} of the image at "
-             f"{b.hot_off / MiB:.0f} MiB, the rest uniform); a noisy neighbour (fio "
-             f"`{a.neighbour_pattern}` of 64 KiB blocks over its own {b.nb_size / GiB:.1f} GiB "
-             f"non-sparse file at {b.nb_rate / MiB:.0f} MiB/s); both in a cgroup v1 memory group "
-             f"limited to {b.limit / MiB:.0f} MiB. Each scenario runs {a.duration:.0f} s from a "
-             f"cold cache, in a fresh group, with the same fio seed; holders run outside the group. "
-             f"vmdisktouch: `--max-hold {b.budget >> 20}M` (1.25 × the hot zone), "
-             f"`--interval {a.interval:g}`"
-             + (f", `{a.daemon_args}`" if a.daemon_args else "") + ", defaults otherwise, "
-             "started together with the workload; the vmtouch holders lock before t = 0 "
-             "(their lock time is shown)." + (" " + VARIANT_TEXT[a.variant]
-                                               if VARIANT_TEXT[a.variant] else ""), "",
+    lines = [title(b), "", provenance(command), scenario_text(b), "",
              f"Steady state = t ≥ {steady_from:.0f} s; IOPS are "
              "fio's per-second IOPS log (reads + writes).", "",
              "| scenario | steady median IOPS | p10–p90 | ÷ oracle | ÷ no daemon | mean read / write "
