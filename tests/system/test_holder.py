@@ -456,6 +456,26 @@ def test_a_growing_region_is_merged_into_few_mappings(img, holders):
         assert locked() - holders.base == h.held_bytes() == 23 * MiB
 
 
+def test_a_large_mapping_keeps_its_lock_while_its_window_drifts(img, holders, monkeypatch):
+    """Only mappings up to MERGE_MAX_BYTES are merged: a drifting window over a large hold
+    moves the locks of the small pieces at its ends, never the large one's."""
+    from vmdisktouch.system import mappings as mappings_mod
+    path, fd = img
+    monkeypatch.setattr(mappings_mod, "MERGE_MAX_BYTES", 8 * MiB)
+    h = holders(fd, 64 * MiB)
+    h.apply([(10, 30)])                           # 20 MiB: large
+    locks = []
+    real = libc.mlock
+    monkeypatch.setattr(libc, "mlock", lambda addr, n: locks.append(n) or real(addr, n))
+    for k in range(1, 12):                        # load one block at the front, release one
+        h.apply([(10 + k, 30 + k)])
+        assert h.held_runs() == [(10 + k, 30 + k)]
+        assert locked() - holders.base == h.held_bytes() == 20 * MiB
+    assert max(locks) <= 8 * MiB                  # the large mapping's lock never moved
+    assert sum(locks) >= 11 * MiB                 # the pieces were loaded, and merged
+    assert h.mapping_count() <= holder_mod.MAX_PIECES_PER_RUN
+
+
 # -- the lock limit ----------------------------------------------------------------
 
 def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):

@@ -22,7 +22,13 @@ blocks per cycle), they are replaced by one mapping of the whole run. The
 merge moves each piece's lock, one piece at a time, with ``munlock`` of the
 old mapping, then ``mlock`` of the same pages in the new mapping, then
 ``munmap`` of the old: the pages are resident, so this reads nothing from
-disk, and the locked total never counts a page twice.
+disk, and the locked total never counts a page twice. A mapping larger
+than ``MERGE_MAX_BYTES`` (256 MiB) is never moved; only the smaller ones
+beside it are merged with each other. Moving a lock walks every page of
+it: a 16 GiB hold whose window drifted by a block at its ends every few
+cycles had its whole lock moved each time, 80 ms of system time per cycle
+(docs/benchmarks.md, source-cost-curve); so a long run is a few large
+mappings and at most one small one between each two.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from vmdisktouch.errors import SyscallError
 from vmdisktouch.system import libc
 
 log = logging.getLogger("vmdisktouch")
+
+MERGE_MAX_BYTES = 256 << 20     # a mapping larger than this keeps its own lock
 
 
 @dataclass(eq=False)
@@ -195,12 +203,13 @@ class Mappings:
             return
         group: list[Segment] = []
         for seg in segs + [None]:
-            if seg is not None and group and group[-1].stop == seg.start:
+            if seg is not None and seg.length <= MERGE_MAX_BYTES and group \
+                    and group[-1].stop == seg.start:
                 group.append(seg)
                 continue
             if len(group) > 1:
                 self._merge(group)
-            group = [seg] if seg is not None else []
+            group = [seg] if seg is not None and seg.length <= MERGE_MAX_BYTES else []
 
     def _merge(self, group: list[Segment]) -> None:
         """Replace adjacent mappings by one; move the locks piece by piece (munlock first)."""
