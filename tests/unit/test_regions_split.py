@@ -173,3 +173,24 @@ def test_recent_reads_weigh_by_their_age_and_a_move_two_seconds_old_wins():
                                     for b, t in zone(2200, 31, 33) if b == 2220), rel=1e-4)
     m = it.multiplier()
     assert m[2225] > m[625]          # the new zone outranks the old at this very cycle
+
+
+def test_with_the_trace_rules_the_regions_rewritten_now_rank_by_intensity_not_old_writes():
+    n = 400
+    heat = np.zeros(n, np.float32)
+    heat[50:100] = heat[250:300] = 1.0
+    rewritten = np.zeros(n, np.float32)
+    rewritten[50:100] = 0.8                     # the old zone: written for minutes
+    rewritten[250:300] = 0.1                    # the new one: written for two seconds
+    recent = np.zeros(n, np.float32)
+    recent[50:100] = recent[250:300] = 0.5      # both written in this cycle or the last
+    boost = np.ones(n, np.float32)
+    boost[50:100], boost[250:300] = 4.0, 5.5    # the reads have moved to the new zone
+
+    def first(rules):
+        m = regions.DiskMap(heat, THR, rewritten_heat=rewritten, recent_rewrites=recent,
+                            boost=boost)
+        return regions.select_many([m], 50, rules)[0]
+
+    assert first(TRACED_RULES) == [(250, 300)]
+    assert first(SELECT_RULES) == [(50, 100)]   # polling: the rewritten heat decides

@@ -117,7 +117,8 @@ from vmdisktouch.core.thrash import Thrash
 #   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
 #                             ranking heat passes halfway from its mean to its peak, when
 #                             the peak is at least twice the mean (``regions``)
-#   (intensity)               trace source: core.intensity, its RATE_SECONDS
+#   (intensity)               trace source: core.intensity, its RATE_SECONDS; the regions
+#                             rewritten now are ranked by it too (``regions``)
 #   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
 
 INCUMBENT_WEIGHT = 16.0
@@ -134,7 +135,8 @@ SPLIT_CONTRAST = 2.0
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
                              rewritten_density=REWRITTEN_DENSITY)
 TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACED_INCUMBENT,
-                             rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST)
+                             rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST,
+                             rank_rewritten_by_total=True)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,13 @@ Ranking. Regions go into a priority queue (``heapq``), highest first:
    on a zone the guest left (a quarter of its blocks per cycle, one
    sixteenth or less of each) kept it in the class (docs/benchmarks.md,
    hotzone-move);
+   With the trace source (``Rules.rank_rewritten_by_total``) the first
+   class is ranked by its summed ranking heat instead, which carries the
+   read intensity (``core.intensity``): the rewritten heat decays over
+   1/decay (10 s), and two hot zones that moved were held 12–13 s after the
+   move, because the old zones, still written in the cycle of the move, kept
+   the first place on the writes they had had (docs/benchmarks.md,
+   hotzone-move); the intensity passes to the new zones 1.7 s after the move;
 2. all other regions, ranked by summed total heat. A sum, not a peak: a wide
    warm region beats a narrow hot one when it carries more heat in all,
    because it serves more of the guest's I/O per cycle.
@@ -122,6 +129,7 @@ class Rules:
     incumbent_weight: float    # a held block's resident heat counts this many times
     rewritten_density: float   # first class: mean recent rewritten fraction at least this
     split_contrast: float | None = None  # split a region too large when peak >= this x mean
+    rank_rewritten_by_total: bool = False  # first class ranked by total heat, not rewritten
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
     """Maximal runs of True in a 1-D boolean mask."""
@@ -265,7 +273,9 @@ class _Ranked:
         else:
             is_rew = (_segment_sums(self.recent, edges)
                       >= self.rules.rewritten_density * (stops - starts))
-            rewritten = np.zeros_like(totals) if self.w is None else _segment_sums(self.w, edges)
+            rewritten = (totals if self.rules.rank_rewritten_by_total
+                         else np.zeros_like(totals) if self.w is None
+                         else _segment_sums(self.w, edges))
             score = np.where(is_rew, rewritten, totals)
         s_list, e_list = starts.tolist(), stops.tolist()
         return list(zip((-is_rew.astype(np.int8)).tolist(), (-score).tolist(),
@@ -292,7 +302,8 @@ class _Ranked:
         recent = self.recent
         if recent is not None and recent[start:stop].sum(dtype=np.float64) \
                 >= self.rules.rewritten_density * (stop - start):
-            rew = 0.0 if self.w is None else float(self.w[start:stop].sum(dtype=np.float64))
+            rew = (total if self.rules.rank_rewritten_by_total else 0.0 if self.w is None
+                   else float(self.w[start:stop].sum(dtype=np.float64)))
             return (-1, -rew, -total, d, start, stop, rstart, rstop)
         return (0, -total, -total, d, start, stop, rstart, rstop)
 
