@@ -33,6 +33,14 @@ def test_reads_beyond_the_image_are_dropped():
     log = AccessLog(MiB)
     feed(log, [(READ, 1, 20 * PPB, 20 * PPB)])
     assert log.take(16).reads.blocks.size == 0
+    # with the recency weights too (the image shrank under reads: none left in it)
+    feed(log, [(READ, 1, 20 * PPB, 20 * PPB)])
+    a = log.take(16, now_ns=2 * S)
+    assert a.reads.blocks.size == 0 and a.read_recent.blocks.size == 0
+    feed(log, [(READ, 1 * S, 3 * PPB, 3 * PPB), (READ, 2 * S, 20 * PPB, 20 * PPB)])
+    a = log.take(16, now_ns=2 * S)
+    assert a.read_recent.blocks.tolist() == [3]
+    assert a.read_recent.values[0] == pytest.approx(np.exp(-1 / access.RATE_SECONDS))
 
 
 def test_writes_count_parts_like_the_checksums():

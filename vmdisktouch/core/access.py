@@ -124,7 +124,7 @@ class AccessLog:
         recent = None
         if now_ns is not None:
             recent = Sparse(blocks, np.zeros(blocks.size, dtype=np.float32))
-            if self._read_blocks:
+            if self._read_blocks and blocks.size:     # (blocks: those still in the image)
                 every = np.concatenate(self._read_blocks)
                 age = (now_ns - np.concatenate(self._read_ts)).clip(0) / 1e9
                 weight = np.exp(-age / RATE_SECONDS)
