@@ -195,9 +195,23 @@ def test_written_blocks_anywhere_are_first_class():
     assert first[0] <= 100 and first[1] >= 110, plan.targets
 
 
-def test_traced_rules_rank_held_heat_as_it_is():
-    assert policy.TRACED_RULES.incumbent_weight == 1.0
-    assert policy.SELECT_RULES.incumbent_weight == policy.INCUMBENT_WEIGHT
+def test_traced_rules_keep_a_held_window_against_a_slightly_hotter_one_only():
+    """The trace source's margin: a held window of a flat region stays where it is while
+    the heat beside it is within TRACED_INCUMBENT of its own, and moves when it is not."""
+    from vmdisktouch.core import regions
+    assert 1 < policy.TRACED_RULES.incumbent_weight < policy.INCUMBENT_WEIGHT
+    heat = np.ones(200, np.float32)
+    held = np.zeros(200, bool)
+    held[50:100] = True
+
+    def window(hotter):
+        h = heat.copy()
+        h[120:170] = hotter                    # an unheld window, a little or much hotter
+        m = regions.DiskMap(h, 0.05, held_mask=held)
+        return regions.select_many([m], 50, policy.TRACED_RULES)[0]
+
+    assert window(1.2) == [(50, 100)]
+    assert window(1.5) == [(120, 170)]
 
 
 def test_only_held_blocks_are_shown_red():

@@ -18,8 +18,9 @@ second of each block, smoothed like the heat's resident evidence (its
 sigma), as an exponential average over ``RATE_SECONDS`` (2.5 s) of the
 events' own times (``core.access``'s ``read_recent``), not of the cycle's
 counts. After the hot zones move, the new zones' rate passes the old ones'
-``RATE_SECONDS * ln 2`` = 1.7 s after the move, so the first cycle after
-that holds them. Measured with a 5 s average of the cycle's counts, the
+``RATE_SECONDS * ln 2`` = 1.7 s after the move, and their factor passes the
+held zones' by the policy's margin (``TRACED_INCUMBENT``, 1.25) about 3 s
+after it, so the first cycle after that holds them. Measured with a 5 s average of the cycle's counts, the
 zones were held 12 s after the move (docs/benchmarks.md, hotzone-move): the
 cycle that ended 2 s after the move still saw three seconds of the old
 zones against two of the new. The hot zones' rate is tens of events per

@@ -42,8 +42,8 @@ One cycle:
 With the trace source (``Observation.reads`` set) step 2 has nothing to
 suppress: the evidence is the guest's reads, held blocks included, and the
 daemon's own loading is not traced; residency counts only in a cycle whose
-events were lost (``reconcile``). Step 6 then ranks held heat as it is,
-multiplies it by the block's read intensity (``core.intensity``) and its
+events were lost (``reconcile``). Step 6 then ranks held heat with a small
+margin (``TRACED_INCUMBENT``), multiplies it by the block's read intensity (``core.intensity``) and its
 thrash (``core.thrash``), and splits a region larger than the budget where
 the intensity does (``Rules.split_contrast``).
 
@@ -112,8 +112,10 @@ from vmdisktouch.core.thrash import Thrash
 #                             when its cap is computed (``charges``)
 #   AT_LIMIT_FRACTION  1/32   a group with less headroom than this share of its limit is
 #                             at it: all its excess is recharged at once (``charges``)
-#   TRACED_INCUMBENT   1      trace source: a held block's heat is the guest's own reads, so
-#                             it is ranked as it is (no incumbency weight)
+#   TRACED_INCUMBENT   1.25   trace source: a held block's heat is the guest's own reads (no
+#                             suppression to make up for), but its read intensity is noisy:
+#                             without a margin the budget's spare part hopped between equal
+#                             background windows, 40-80 MiB reloaded a cycle (hotzone, 1)
 #   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
 #                             ranking heat passes halfway from its mean to its peak, when
 #                             the peak is at least twice the mean (``regions``)
@@ -129,7 +131,7 @@ RELEASED_GRACE = 20.0
 CEDE_SECONDS = 60.0
 RESERVE_FRACTION = 1 / 16
 AT_LIMIT_FRACTION = 1 / 32
-TRACED_INCUMBENT = 1.0
+TRACED_INCUMBENT = 1.25
 SPLIT_CONTRAST = 2.0
 
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
