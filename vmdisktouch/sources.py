@@ -112,7 +112,7 @@ class TraceSource:
         self.last: dict = {}
         self.last_access = None              # the last cycle's Access (exact pages: tests)
         self._drained_ns: int | None = None   # the last drain, and the one before it
-        self._previous_ns = 0
+        self._previous_ns = 0                 # (the first drain: none before, no rate)
 
     def pump(self, *, between: bool = False) -> None:
         """Drain the kernel's buffer into the cycle's log. ``between`` cycles, only when
@@ -121,15 +121,14 @@ class TraceSource:
         loop serving tens of them. A burst beyond that shows as lost events: that cycle
         reconciles with mincore and the buffer grows (``TraceReader``)."""
         now = self.clock_ns()
-        last_bytes = getattr(self.reader, "last_bytes", None)
-        if between and last_bytes is not None and self._drained_ns is not None:
+        if between and self._drained_ns is not None:
             span = max(self._drained_ns - self._previous_ns, 1)
-            expected = last_bytes * (now - self._drained_ns) / span
+            expected = self.reader.last_bytes * (now - self._drained_ns) / span
             if expected < self.reader.buffer_kb * 1024 / 8:
                 return
         ev = self.reader.drain()
-        self._previous_ns, self._drained_ns = (now if self._drained_ns is None
-                                               else self._drained_ns), now
+        self._previous_ns = now if self._drained_ns is None else self._drained_ns
+        self._drained_ns = now
         self.log.feed(ev.kind, ev.ts, ev.first, ev.last, ev.lost)
         self.residency.feed(ev.kind, ev.first, ev.last)
 

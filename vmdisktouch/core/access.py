@@ -117,22 +117,19 @@ class AccessLog:
     def take(self, nblocks: int, now_ns: int | None = None) -> Access:
         """This cycle's evidence for an image of ``nblocks`` blocks; starts the next cycle."""
         ppb = self.pages_per_block
-        blocks, counts = (np.unique(np.concatenate(self._read_blocks), return_counts=True)
-                          if self._read_blocks else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        if self._read_blocks:
+            blocks, inv, counts = np.unique(np.concatenate(self._read_blocks),
+                                            return_inverse=True, return_counts=True)
+        else:
+            blocks = inv = counts = np.zeros(0, np.int64)
+        weights = None
+        if now_ns is not None:      # each read weighted by its age at the cycle's end
+            age = (now_ns - np.concatenate(self._read_ts or [np.zeros(0, np.int64)])) / 1e9
+            weights = np.bincount(inv, weights=np.exp(-age.clip(0) / RATE_SECONDS),
+                                  minlength=blocks.size)
         keep = blocks < nblocks
         blocks, counts = blocks[keep], counts[keep]
-        recent = None
-        if now_ns is not None:
-            recent = Sparse(blocks, np.zeros(blocks.size, dtype=np.float32))
-            if self._read_blocks and blocks.size:     # (blocks: those still in the image)
-                every = np.concatenate(self._read_blocks)
-                age = (now_ns - np.concatenate(self._read_ts)).clip(0) / 1e9
-                weight = np.exp(-age / RATE_SECONDS)
-                at = np.searchsorted(blocks, every)
-                ok = (at < blocks.size) & (blocks[np.minimum(at, blocks.size - 1)] == every)
-                sums = np.zeros(blocks.size, dtype=np.float64)
-                np.add.at(sums, at[ok], weight[ok])
-                recent = Sparse(blocks, sums.astype(np.float32))
+        recent = None if weights is None else Sparse(blocks, weights[keep].astype(np.float32))
         reads = Sparse(blocks, np.ones(blocks.size, dtype=np.float32))
         read_counts = Sparse(blocks, counts.astype(np.float32))
         pages = _unique(self._write_pages)

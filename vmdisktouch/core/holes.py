@@ -41,10 +41,10 @@ class KnownHoles:
         for a, b in runs:
             self.holes[a:b] = True
 
-    def cut(self, maps: tuple, allocation: int | None, unknown_candidates, probe: Probe):
-        """``maps`` with the known holes set to 0, after probing ``unknown_candidates()``
-        (a callable: the candidate mask, or None when nothing is to be probed) where
-        not known yet. ``allocation``: the file's allocated size now."""
+    def cut(self, maps: tuple, allocation: int | None, candidates, probe: Probe):
+        """``maps`` with the known holes set to 0, after probing the ``candidates`` (a
+        mask, or None when nothing is to be probed) not known yet. ``allocation``: the
+        file's allocated size now."""
         if allocation != self.allocation:
             if allocation is None or self.allocation is None or allocation < self.allocation:
                 self.probed[:] = False
@@ -52,9 +52,8 @@ class KnownHoles:
                 self.probed &= ~self.holes
             self.holes[:] = False
             self.allocation = allocation
-        cand = unknown_candidates()
-        if cand is not None:
-            unknown = cand & ~self.probed
+        if candidates is not None:
+            unknown = candidates & ~self.probed
             for a, b in (regions.mask_runs(unknown) if unknown.any() else []):
                 self.probed[a:b] = True
                 pos = a

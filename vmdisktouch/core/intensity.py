@@ -74,15 +74,13 @@ class Intensity:
         if not source.blocks.size or dt <= 0:
             self.rate = heat._fold(self.rate, None, sigma, 1.0, k)
             return
+        # recent: k * rate + smooth(weights) / RATE_SECONDS (the fold's amplitude undoes
+        # its 1 - k); counts: k * rate + (1 - k) * smooth(counts / dt).
         per_second = np.zeros(n, dtype=np.float32)
-        values = np.asarray(source.values, dtype=np.float32)
-        if recent is not None:
-            per_second[source.blocks] = values / np.float32(RATE_SECONDS)
-            self.rate = self.rate * np.float32(k) + heat.smooth(per_second, sigma, 1.0)
-            self.rate[self.rate < heat.FLUSH_BELOW] = 0
-        else:
-            per_second[source.blocks] = values / np.float32(dt)
-            self.rate = heat._fold(self.rate, per_second, sigma, 1.0, k)
+        per_second[source.blocks] = np.asarray(source.values, dtype=np.float32) / np.float32(
+            RATE_SECONDS if recent is not None else dt)
+        amp = 1.0 / (1.0 - k) if recent is not None else 1.0
+        self.rate = heat._fold(self.rate, per_second, sigma, amp, k)
 
     def multiplier(self) -> np.ndarray | None:
         """The ranking's factor per block, ``1 + log2(1 + rate)``; None while nothing is

@@ -241,8 +241,8 @@ class Policy:
         total = self.state.total
         cut, rewritten_heat = self.known.cut(
             (total, self.state.heat_rewritten), obs.allocation,
-            lambda: (regions.candidate_mask(total, p.heat.threshold, held, SELECT_RULES)
-                     if self.sparse_file and obs.holding else None), probe)
+            (regions.candidate_mask(total, p.heat.threshold, held, SELECT_RULES)
+             if self.sparse_file and obs.holding else None), probe)
         self.ceded = self.ceded.newer_than(now, CEDE_SECONDS)
         if self.ceded.blocks.size:
             keep = np.ones(n, dtype=np.float32)
@@ -328,8 +328,8 @@ class Policy:
             return None
         if self.intensity is None:
             self.intensity = Intensity(self.nblocks)
-        counts = obs.read_counts if obs.read_counts is not None else obs.reads
-        self.intensity.fold(counts, dt, self.params.heat.sigma_resident, obs.read_recent)
+        self.intensity.fold(_read_counts(obs), dt, self.params.heat.sigma_resident,
+                            obs.read_recent)
         boost, thrash = self.intensity.multiplier(), self._thrash(obs, held, dt)
         return thrash if boost is None else boost if thrash is None else boost * thrash
 
@@ -339,7 +339,7 @@ class Policy:
             self.thrash = Thrash(self.nblocks)
         if self.thrash is None:
             return None
-        reads = obs.read_counts if obs.read_counts is not None else obs.reads
+        reads = _read_counts(obs)
         self.thrash.fold(obs.refaults, reads if reads is not None else Sparse.empty(), held,
                          heat.decay_factor(self.params.heat.decay, dt))
         if not self.thrash.active:
@@ -374,6 +374,11 @@ def self_loaded(previous, resident, held_before, held_after) -> np.ndarray:
     after = np.asarray(held_after, dtype=bool)
     prev = np.zeros(guest.shape, bool) if previous is None else np.asarray(previous, dtype=bool)
     return (prev & (after | guest)) | (after & ~before & ~guest)
+
+
+def _read_counts(obs: Observation) -> Sparse | None:
+    """Read events per block (the trace source), the 0/1 reads standing in for them."""
+    return obs.read_counts if obs.read_counts is not None else obs.reads
 
 
 def _resized(a: np.ndarray, n: int) -> np.ndarray:

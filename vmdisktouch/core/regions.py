@@ -202,7 +202,7 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
     queue = [entry for d, r in enumerate(ranked) if room[d] for entry in r.entries(d)]
     heapq.heapify(queue)
     left = budget
-    split: list[dict] = [{} for _ in maps]    # per disk: starts of the pieces of a split
+    split: list[set] = [set() for _ in maps]   # per disk: starts of the pieces of a split
     while queue and left > 0:
         _, _, _, d, start, stop, rstart, rstop = heapq.heappop(queue)
         fit = min(left, room[d])
@@ -213,11 +213,11 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
             left -= stop - start
             room[d] -= stop - start
             continue
-        if (start, stop) == (rstart, rstop) and not split[d].get(start, False):
+        if (start, stop) == (rstart, rstop) and start not in split[d]:
             pieces = ranked[d].split(start, stop)
             if pieces is not None:     # Too large, and not flat: its pieces go in the queue.
                 for entry in ranked[d].entries(d, pieces):
-                    split[d][entry[4]] = True
+                    split[d].add(entry[4])
                     heapq.heappush(queue, entry)
                 continue
         # Does not fit: its region's hottest window of `fit` blocks goes back in the queue.

@@ -203,13 +203,13 @@ class Mappings:
             return
         group: list[Segment] = []
         for seg in segs + [None]:
-            if seg is not None and seg.length <= MERGE_MAX_BYTES and group \
-                    and group[-1].stop == seg.start:
+            small = seg is not None and seg.length <= MERGE_MAX_BYTES
+            if small and group and group[-1].stop == seg.start:
                 group.append(seg)
                 continue
             if len(group) > 1:
                 self._merge(group)
-            group = [seg] if seg is not None and seg.length <= MERGE_MAX_BYTES else []
+            group = [seg] if small else []
 
     def _merge(self, group: list[Segment]) -> None:
         """Replace adjacent mappings by one; move the locks piece by piece (munlock first)."""
