@@ -293,7 +293,8 @@ class FailureStreak:
 
 
 def _wait_for_next_cycle(watcher, sig: LoopSignals, reload, dog, deadline: float) -> None:
-    """Sleep until ``deadline``; reload on SIGHUP meanwhile; return early on stop or wake-up."""
+    """Sleep until ``deadline``; reload on SIGHUP meanwhile; return early on stop or wake-up,
+    or when a disk's reads left what it holds (``core.shift``)."""
     while not sig.stopping:
         remaining = deadline - watcher.clock()
         if remaining <= 0:
@@ -302,5 +303,6 @@ def _wait_for_next_cycle(watcher, sig: LoopSignals, reload, dog, deadline: float
             if not sig.take_reload():
                 return                     # a stop, or libvirt woke us: act now
             reload()
-        watcher.pump()
+        if watcher.pump():
+            return
         dog.ping()

@@ -297,9 +297,9 @@ class HostLoop:
         return self.host.watchers[0].config.interval if self.host.watchers \
             else self.config.interval
 
-    def pump(self) -> None:
-        for w in self.host.watchers:
-            w.pump()
+    def pump(self) -> bool:
+        woken = [w.pump() for w in self.host.watchers]    # every disk drains
+        return any(woken)
 
     def status_line(self) -> str:
         return (f"held {format_size(self.host.held_bytes())}/{format_size(self.host.budget)} "

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmdisktouch.core.access import PAGE, AccessLog, EventResidency
+from vmdisktouch.core.access import PAGE, READ, AccessLog, EventResidency
+from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.unitname import escape_path
@@ -81,7 +82,10 @@ class PollingSource:
         """Blocks just taken into hold: hashed now, so a write before the next cycle counts."""
         self.sums.baseline(blocks, size)
 
-    def pump(self, *, between: bool = False) -> None:
+    def pump(self, *, between: bool = False) -> bool:
+        return False
+
+    def settled(self, held: np.ndarray) -> None:
         pass
 
     def resize(self, nblocks: int) -> None:
@@ -111,26 +115,39 @@ class TraceSource:
         self.events_lost = 0
         self.last: dict = {}
         self.last_access = None              # the last cycle's Access (exact pages: tests)
+        self.shift = ReadShift(block_size // PAGE)
+        self.early_cycles = 0                # cycles asked for early by a read shift
         self._drained_ns: int | None = None   # the last drain, and the one before it
         self._previous_ns = 0                 # (the first drain: none before, no rate)
 
-    def pump(self, *, between: bool = False) -> None:
+    def pump(self, *, between: bool = False) -> bool:
         """Drain the kernel's buffer into the cycle's log. ``between`` cycles, only when
         the buffer may be an eighth full by now at the rate of the last drain: a disk
         the guest reads little is drained once a cycle, not at every pump of a host
         loop serving tens of them. A burst beyond that shows as lost events: that cycle
-        reconciles with mincore and the buffer grows (``TraceReader``)."""
+        reconciles with mincore and the buffer grows (``TraceReader``).
+
+        Returns True, between cycles, when the drained reads ask for a cycle now: they
+        left the held blocks (``core.shift``)."""
         now = self.clock_ns()
         if between and self._drained_ns is not None:
             span = max(self._drained_ns - self._previous_ns, 1)
             expected = self.reader.last_bytes * (now - self._drained_ns) / span
             if expected < self.reader.buffer_kb * 1024 / 8:
-                return
+                return False
         ev = self.reader.drain()
         self._previous_ns = now if self._drained_ns is None else self._drained_ns
         self._drained_ns = now
         self.log.feed(ev.kind, ev.ts, ev.first, ev.last, ev.lost)
         self.residency.feed(ev.kind, ev.first, ev.last)
+        self.shift.count(ev.first[ev.kind == READ])
+        return between and self.shift.wanted()
+
+    def settled(self, held: np.ndarray) -> None:
+        """The cycle ended holding ``held`` (per block)."""
+        self.early_cycles += self.shift.woke
+        self.last["woken_early"] = self.shift.woke
+        self.shift.settled(held)
 
     def observe(self, size: int, held: np.ndarray, config) -> Seen:
         self.pump()
@@ -163,7 +180,8 @@ class TraceSource:
     def status(self) -> dict:
         return {"access_source": self.name, "events_lost": self.events_lost,
                 "trace": {"instance": self.reader.name, "target": self.reader.target,
-                          "buffer_kb": self.reader.buffer_kb, **self.last}}
+                          "buffer_kb": self.reader.buffer_kb,
+                          "early_cycles": self.early_cycles, **self.last}}
 
     def close(self) -> None:
         self.reader.close()

@@ -134,6 +134,7 @@ class DiskWatcher:
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
         if acted.result.loaded_bytes:
             self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
+        self.source.settled(acted.held)
         self.cycle += 1
         report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:
@@ -153,15 +154,17 @@ class DiskWatcher:
                           reconcile=seen.reconcile)
         return obs, seen.resident_bytes
 
-    def pump(self) -> None:
+    def pump(self) -> bool:
         """Between cycles: let the source drain what it has buffered (trace events).
+        True when the guest's reads ask for a cycle now (``core.shift``).
 
         A failure here is left for the next cycle's observation to report.
         """
         try:
-            self.source.pump(between=True)
+            return self.source.pump(between=True)
         except (OSError, VmdtError) as exc:
             log.debug("draining trace events between cycles failed: %s", exc)
+            return False
 
     def _probe(self, run):
         return self.image.data_runs(run, self.block_size)

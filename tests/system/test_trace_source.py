@@ -15,6 +15,7 @@ import json
 import os
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -205,3 +206,29 @@ def test_between_cycles_a_quiet_disk_is_not_drained_and_a_busy_one_is(scratch, t
     finally:
         source.close()
         image.close()
+
+
+def test_reads_leaving_the_held_zone_ask_for_a_cycle_early(watcher):
+    """The guest moves its reads: the drain between cycles asks for a cycle now, and the
+    early cycle is reported; reads in what is held ask for nothing."""
+    w = watcher()
+    old, new = zone_pages(20, 30, every=1), zone_pages(40, 50, every=1)
+    for _ in range(3):
+        guest_reads(w.test_path, old)
+        tick(w)
+    assert w.holder.held_bytes() >= 10 * MiB
+    # A pump drains once the buffer may be an eighth full at the last drain's rate:
+    # the sleeps make the time since the last drain longer than the span before it.
+    guest_reads(w.test_path, old)
+    time.sleep(0.5)
+    assert not w.pump()         # 2,560 reads where it holds: no early cycle
+    assert w.source.shift._drain == (0, 2560)
+    guest_reads(w.test_path, new)
+    time.sleep(1.0)
+    assert w.pump()             # 2,560 reads, all outside the held blocks
+    tick(w)
+    st = json.loads(open(w.config.status).read())
+    assert st["trace"]["woken_early"] is True and st["trace"]["early_cycles"] == 1
+    tick(w)
+    st = json.loads(open(w.config.status).read())
+    assert st["trace"]["woken_early"] is False and st["trace"]["early_cycles"] == 1

@@ -1,0 +1,118 @@
+"""core.shift: when the guest's reads leave the held blocks, a cycle is asked for early."""
+
+import numpy as np
+
+from vmdisktouch.core.shift import MAX_EARLY, MIN_READS, ReadShift
+
+PPB = 256                         # 1 MiB blocks of 4 KiB pages
+N = 64
+
+
+def held_blocks(lo, hi):
+    h = np.zeros(N, dtype=bool)
+    h[lo:hi] = True
+    return h
+
+
+def reads(inside, outside, held_lo=0, rng=np.random.default_rng(1)):
+    """``inside`` reads in blocks 0-7 (held in these tests), ``outside`` in 32-63."""
+    a = rng.integers(held_lo * PPB, (held_lo + 8) * PPB, inside)
+    b = rng.integers(32 * PPB, 64 * PPB, outside)
+    return np.concatenate([a, b])
+
+
+def fresh():
+    """A detector after a first cycle that loaded blocks 0-7 (no reads yet)."""
+    s = ReadShift(PPB)
+    s.settled(held_blocks(0, 8))
+    return s
+
+
+def steady(s, inside=900, outside=100):
+    """One cycle on schedule with the given mix, ending with blocks 0-7 held."""
+    s.count(reads(inside, outside))
+    assert not s.wanted()
+    s.settled(held_blocks(0, 8))
+
+
+def test_no_baseline_no_wake():
+    s = fresh()                           # the first cycle: no reads, no baseline
+    s.count(reads(0, 2000))
+    assert not s.wanted()
+
+
+def test_reads_moving_out_of_the_held_blocks_wake_once_per_drain_until_the_cycle():
+    s = fresh()
+    steady(s)
+    steady(s)
+    assert s.baseline == 0.1
+    s.count(reads(100, 900))              # the guest moved
+    assert s.wanted() and s.woke
+    assert s.wanted()                     # asked once: still asked until the cycle runs
+    s.settled(held_blocks(0, 8))
+    assert s.early == 1 and s.baseline == 0.1     # an early cycle keeps the baseline
+
+
+def test_a_drain_of_few_reads_never_wakes():
+    s = fresh()
+    steady(s)
+    s.count(reads(0, MIN_READS - 1))
+    assert not s.wanted()
+    s.count(reads(0, MIN_READS))
+    assert s.wanted()
+
+
+def test_a_steady_high_share_does_not_wake():
+    """A hot set larger than the budget: most reads are outside, every cycle."""
+    s = fresh()
+    steady(s, inside=300, outside=700)
+    for _ in range(10):
+        s.count(reads(300, 700))
+        assert not s.wanted()
+    # ... and twice the baseline is needed even above one half
+    s = fresh()
+    steady(s, inside=700, outside=300)
+    s.count(reads(450, 550))
+    assert not s.wanted()
+    s.count(reads(350, 650))
+    assert s.wanted()
+
+
+def test_a_shift_not_followed_costs_at_most_max_early_cycles():
+    s = fresh()
+    steady(s)
+    woken = 0
+    for _ in range(3 * MAX_EARLY):
+        s.count(reads(100, 900))
+        woken += s.wanted()
+        s.settled(held_blocks(0, 8))      # the policy did not follow
+    assert woken == MAX_EARLY
+    assert s.early == 0 and s.baseline == 0.9     # the cycle on schedule took the new share
+
+
+def test_once_the_new_blocks_are_held_their_reads_count_inside():
+    s = fresh()
+    steady(s)
+    s.count(reads(100, 900))
+    assert s.wanted()
+    s.settled(held_blocks(32, 64))        # the early cycle followed the move
+    s.count(reads(100, 900))
+    assert not s.wanted()
+    s.settled(held_blocks(32, 64))
+    assert s.early == 0
+
+
+def test_reads_beyond_the_map_count_outside():
+    s = fresh()
+    steady(s)
+    s.count(np.full(1000, (N + 10) * PPB))    # the image grew past the last cycle's map
+    assert s.wanted()
+
+
+def test_the_first_cycle_holding_nothing_sets_a_baseline_of_all_outside():
+    s = ReadShift(PPB)
+    s.count(reads(900, 100))
+    s.settled(held_blocks(0, 8))
+    assert s.baseline == 1.0              # everything was outside what was held then
+    s.count(reads(0, 1000))
+    assert not s.wanted()

@@ -1,0 +1,90 @@
+"""Read shift: wake the cycle early when the guest's reads leave what is held (trace source).
+
+Theory of operation
+-------------------
+Pure core (numpy only). The trace source is drained between cycles (about
+once a second, ``run.PUMP_SECONDS``). Each drain, this counts the guest's
+read events that fell in blocks the daemon holds and those outside them.
+
+In steady state the share outside is the guest's background (the hot-zone
+guest: 10 % of its reads), or, when its hot set is larger than the budget,
+high but steady. When the guest moves its hot zones, the share outside
+jumps (0.1 to 0.9), and the policy's ranking follows within seconds (the
+read rate of ``core.intensity`` passes the held zones' about 3 s after the
+move); but the next cycle may be up to an interval (5 s) away. So a drain
+whose share outside is at least ``WAKE_SHARE`` (1/2) and at least
+``WAKE_RATIO`` (2) times the *baseline* asks for a cycle now. The baseline
+is the share outside over the last cycle that ran on schedule.
+
+Bounds:
+
+* a drain of fewer than ``MIN_READS`` read events never wakes (a guest
+  reading little has nothing to gain from a cycle sooner);
+* at most ``MAX_EARLY`` early cycles in a row: a shift the policy does not
+  follow (the new reads are too few to win) costs that many extra cycles,
+  then the next cycle on schedule takes the new share as its baseline and
+  the waking stops;
+* the held blocks are those after the last cycle's loads (``settled``), so
+  once the daemon holds the new zones their reads count as inside.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WAKE_SHARE = 0.5
+WAKE_RATIO = 2.0
+MIN_READS = 512
+MAX_EARLY = 4
+
+
+class ReadShift:
+    """Counts of read events in and outside the held blocks, per drain and per cycle."""
+
+    def __init__(self, pages_per_block: int):
+        self.ppb = int(pages_per_block)
+        self.held = np.zeros(0, dtype=bool)
+        self.baseline: float | None = None       # share outside, last scheduled cycle
+        self.early = 0                           # early cycles in a row
+        self.woke = False                        # the coming cycle was asked for early
+        self._drain = (0, 0)                     # (outside, total) of the last drain
+        self._cycle = [0, 0]                     # (outside, total) since the last cycle
+
+    def count(self, first_pages: np.ndarray) -> None:
+        """One drain's read events, by their first page."""
+        pages = np.asarray(first_pages, dtype=np.int64)
+        total = int(pages.size)
+        if total:
+            blocks = pages // self.ppb
+            inside = blocks < self.held.size
+            inside[inside] = self.held[blocks[inside]]
+            outside = total - int(np.count_nonzero(inside))
+        else:
+            outside = 0
+        self._drain = (outside, total)
+        self._cycle[0] += outside
+        self._cycle[1] += total
+
+    def wanted(self) -> bool:
+        """Whether the last drain asks for a cycle now (and notes that it did)."""
+        outside, total = self._drain
+        if self.woke or self.early >= MAX_EARLY or total < MIN_READS:
+            return self.woke
+        share = outside / total
+        base = self.baseline if self.baseline is not None else 1.0
+        self.woke = share >= WAKE_SHARE and share >= WAKE_RATIO * base
+        return self.woke
+
+    def settled(self, held: np.ndarray) -> None:
+        """A cycle ended holding ``held`` (per block): start counting the next one."""
+        outside, total = self._cycle
+        if self.woke:
+            self.early += 1
+        else:
+            self.early = 0
+            if total >= MIN_READS:
+                self.baseline = outside / total
+        self.woke = False
+        self.held = np.asarray(held, dtype=bool).copy()
+        self._cycle = [0, 0]
+        self._drain = (0, 0)
