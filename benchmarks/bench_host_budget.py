@@ -24,6 +24,10 @@ The daemons run outside the group, ``--interval 5 --uri ''``, their
 defaults otherwise. Reported: the steady (second half) median of each VM's
 IOPS and of their sum. Targets: global ≥ oracle, and ≥ 1.3 × split.
 
+``--rounds K`` (1): the scenario list K times, reversed on every other round
+(A B C D, D C B A: the shared disk here is noisy); the targets are then
+taken on each scenario's median total across rounds, with its min–max.
+
 ``--quick``: 45 s per scenario. ``--doc`` writes section "host-budget" of
 docs/benchmarks.md.
 
@@ -43,7 +47,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.source_common import exit_on_sigterm, fmt, machine, publish  # noqa: E402
+from benchmarks.source_common import (  # noqa: E402
+    exit_on_sigterm, fmt, machine, median, publish, round_orders, spread_text)
 from tools.cgroup import MemoryCgroup  # noqa: E402
 from tools.common import GiB, MiB, stop_process  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
@@ -61,11 +66,11 @@ def steady(fio: FioRun, start: float) -> float:
     return statistics.median(v) if v else float("nan")
 
 
-def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str) -> dict:
+def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str, rnd: int) -> dict:
     for vm in vms:
         evict(vm["path"])
     evict(nb_path)
-    cg = MemoryCgroup(f"host-budget-{name}", args.limit).create()
+    cg = MemoryCgroup(f"host-budget-{name}-{rnd}", args.limit).create()
     holders: list = []
     runs: list[FioRun] = []
     nb = None
@@ -106,10 +111,44 @@ def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str) -> di
             h.stop()
         cg.cleanup()
     per = {vm["name"]: steady(r, args.duration / 2) for vm, r in zip(vms, runs)}
-    out = {"scenario": name, "per_vm": per, "total": sum(per.values()), "held_end": held}
+    out = {"scenario": name, "round": rnd, "per_vm": per, "total": sum(per.values()),
+           "held_end": held}
     print(f"  {name:<7}: total {out['total']:,.0f} IOPS (" + ", ".join(
         f"{k} {v:,.0f}" for k, v in per.items()) + f"); held at the end {fmt(held)}", flush=True)
     return out
+
+
+def report_lines(results: list[dict], names: list[str], rounds: int) -> list[str]:
+    """Per scenario the median total across rounds (min–max), per VM; then the targets."""
+    total = {n: median([r["total"] for r in results if r["scenario"] == n]) for n in names}
+    lines = ["| scenario | total IOPS (steady median" + (", median of the rounds"
+             if rounds > 1 else "") + ") | " + ("min–max | " if rounds > 1 else "")
+             + " | ".join(NAMES) + " | held at the end |",
+             "|---|---|" + ("---|" if rounds > 1 else "") + "---|" * len(NAMES) + "---|"]
+    for n in names:
+        runs = [r for r in results if r["scenario"] == n]
+        lines.append(f"| {n} | {total[n]:,.0f} | "
+                     + (f"{spread_text([r['total'] for r in runs], ',.0f')} | "
+                        if rounds > 1 else "")
+                     + " | ".join(f"{median([r['per_vm'][v] for r in runs]):,.0f}"
+                                  for v in NAMES)
+                     + f" | {fmt(median([r['held_end'] for r in runs]))} |")
+    if rounds > 1:
+        lines += ["", "Per round (total IOPS): " + "; ".join(
+            f"round {k}: " + ", ".join(f"{r['scenario']} {r['total']:,.0f}"
+                                        for r in results if r["round"] == k)
+            for k in range(1, rounds + 1)) + "."]
+    if "global" in total:
+        g, tl = total["global"], []
+        if "oracle" in total:
+            o = total["oracle"]
+            tl.append(f"global ≥ oracle: **{g / o:.2f} ×**, {'met' if g >= o else 'MISSED'}")
+        if "split" in total:
+            s = total["split"]
+            tl.append(f"global ≥ 1.3 × split: **{g / s:.2f} ×**, "
+                      f"{'met' if g >= 1.3 * s else 'MISSED'}")
+        lines += ["", "Targets: " + "; ".join(tl) + "."]
+    return lines
 
 
 def main() -> int:
@@ -121,6 +160,7 @@ def main() -> int:
     ap.add_argument("--limit", type=parse_size, default=768 * MiB)
     ap.add_argument("--duration", type=float, default=None, help="(120)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (1)")
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--doc", action="store_true")
@@ -147,28 +187,15 @@ def main() -> int:
                         "iops": None if k == 0 else args.light_iops})
         nb_path = os.path.join(work, "neighbour.raw")
         make_image(nb_path, GiB)
-        for name in names:
-            results.append(one_scenario(name, vms, nb_path, args, tmp))
+        for rnd, order in enumerate(round_orders(names, args.rounds), 1):
+            if args.rounds > 1:
+                print(f"round {rnd}: {', '.join(order)}", flush=True)
+            for name in order:
+                results.append(one_scenario(name, vms, nb_path, args, tmp, rnd))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    by = {r["scenario"]: r for r in results}
-    lines = ["| scenario | total IOPS (steady median) | " + " | ".join(NAMES) +
-             " | held at the end |", "|---|---|" + "---|" * len(NAMES) + "---|"]
-    for r in results:
-        lines.append(f"| {r['scenario']} | {r['total']:,.0f} | " + " | ".join(
-            f"{r['per_vm'][n]:,.0f}" for n in NAMES) + f" | {fmt(r['held_end'])} |")
-    if "global" in by:
-        g = by["global"]["total"]
-        tl = []
-        if "oracle" in by:
-            o = by["oracle"]["total"]
-            tl.append(f"global ≥ oracle: **{g / o:.2f} ×**, {'met' if g >= o else 'MISSED'}")
-        if "split" in by:
-            s = by["split"]["total"]
-            tl.append(f"global ≥ 1.3 × split: **{g / s:.2f} ×**, "
-                      f"{'met' if g >= 1.3 * s else 'MISSED'}")
-        lines += ["", "Targets: " + "; ".join(tl) + "."]
+    lines = report_lines(results, names, args.rounds)
     body = (f"Four non-sparse images: busy (8 GiB, hot zone {fmt(args.busy_hot)}, as fast as "
             f"it can) and three light ones (1 GiB, hot zones of {fmt(args.light_hot)}, "
             f"fio `--rate_iops={args.light_iops}` each, a cap per direction), each with the "
@@ -178,7 +205,9 @@ def main() -> int:
             f"limited to {fmt(args.limit)}; {args.duration:g} s per scenario from a cold cache. "
             f"global: `vmdisktouch run BUSY L1 L2 L3 --max-hold {fmt(args.budget)}`; split: "
             f"four daemons with `--max-hold {fmt(args.budget // 4)}`; oracle: `vmtouch -l` of "
-            f"each hot zone. Steady = the second half.\n\n" + "\n".join(lines))
+            f"each hot zone. Steady = the second half"
+            + (f"; {args.rounds} rounds, reversed every other round (A B B A)"
+               if args.rounds > 1 else "") + ".\n\n" + "\n".join(lines))
     publish(body, results, args, "host-budget", "One host budget against split budgets")
     return 0
 

@@ -196,7 +196,7 @@ def cleanup_stale_domains() -> None:
 
 def destroy_undefine(name: str) -> None:
     virsh("destroy", name, check=False)
-    virsh("undefine", name, "--nvram", check=False)
+    virsh("undefine", name, "--nvram", "--managed-save", check=False)
     if virsh("domstate", name, check=False):
         virsh("undefine", name, check=False)
 

@@ -1,5 +1,6 @@
 """`vmdisktouch run --libvirt` against a real libvirtd: every eligible disk of every running
-domain served under one budget and followed live (start, destroy, hot-plug, unplug), the
+domain served under one budget and followed live (start, destroy, save, restore, QEMU's own
+shutdown, hot-plug, unplug), the
 ineligible ones listed with their reason, the budget never exceeded (VmLck every 0.2 s);
 the resync finds a change without any event; a second daemon is refused on a served image."""
 
@@ -10,8 +11,8 @@ import time
 
 import pytest
 
-from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
-                               qemu_io, virsh)
+from tests.libvirt_env import (URI, disk_xml, domain_state, domains,  # noqa: F401
+                               libvirt_daemons, qemu_io, virsh)
 from tests.pagecache import data_image
 from tools.daemon_proc import DaemonProc
 from vmdisktouch.adapters.follow import LibvirtFollower
@@ -86,6 +87,40 @@ def test_domains_and_disks_are_followed_live_under_one_budget(domains, tmp_path)
     assert lck.worst <= 24 * MiB, lck.worst
     out = d.output()
     assert "serving" in out and "no running domain uses it any more" in out
+
+
+@pytest.mark.timeout(240)
+def test_a_domain_saved_or_shut_down_by_qemu_is_released_and_a_restored_one_served(
+        domains, tmp_path):  # noqa: F811
+    """The stops that are not a destroy: ``virsh managedsave`` (what libvirt-guests does
+    at host shutdown; libvirt's STOPPED event, detail SAVED) and QEMU shutting down on
+    its own (QMP ``quit``: a SHUTDOWN event, then the process exits, as when the guest
+    powers off). Restoring the saved domain (``virsh start``) serves its disk again."""
+    img = data_image(tmp_path / "c.raw", 16 * MiB)
+    name = domains.define([disk_xml("vda", img)], tag="stops")
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", URI, "--min-free", "0",
+                   "--interval", str(INTERVAL), max_hold="8M", status="host.json")
+    try:
+        d.wait_status(lambda s: img in served(s), "the domain's disk", timeout=60)
+        qemu_io(name, "read 0 8M")
+        d.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold", timeout=30)
+
+        t0 = time.monotonic()
+        virsh("managedsave", name)
+        st = d.wait_status(lambda s: img not in served(s), "the saved domain", timeout=30)
+        assert time.monotonic() - t0 <= INTERVAL + 3 and st["host"]["held_bytes"] == 0
+        assert domain_state(name) == "shut off"
+
+        virsh("start", name)                              # restored from the save, paused
+        d.wait_status(lambda s: img in served(s), "the restored domain", timeout=30)
+
+        t0 = time.monotonic()
+        virsh("qemu-monitor-command", name, '{"execute": "quit"}')
+        st = d.wait_status(lambda s: img not in served(s), "QEMU shut down", timeout=30)
+        assert time.monotonic() - t0 <= INTERVAL + 3 and st["host"]["held_bytes"] == 0
+        assert domain_state(name) == "shut off"
+    finally:
+        assert d.stop() == 0, d.output()[-3000:]
 
 
 def test_the_resync_finds_a_started_domain_with_no_event(domains, tmp_path):  # noqa: F811
