@@ -78,7 +78,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.hotzone_args import parse_args, section_name  # noqa: E402
 from benchmarks.hotzone_chart import draw_chart  # noqa: E402
 from benchmarks.hotzone_report import (DAEMONS, LABELS, Result, Sample, compare_lines,  # noqa: E402
-                                       report, say, steady_start)
+                                       moved_held_lines, report, say, steady_start)
 from benchmarks.hotzone_report import rolling_median, steady_loaded  # noqa: E402,F401 (bench_params: hz.*)
 from benchmarks.hotzone_report import provenance, scenario_text, title  # noqa: E402
 from benchmarks.hotzone_rounds import round_orders, rounds_summary  # noqa: E402
@@ -358,6 +358,8 @@ def main(argv=None) -> int:
         summary = ""
         if a.rounds > 1:
             summary, _ = rounds_summary(rounds, orders, a.order, steady_start(a))
+            if a.variant == "move":
+                summary += "\n".join(moved_held_lines(b, rounds))
         if not {"none", "oracle"} <= set(results):
             say("\n".join(["", *([summary] if summary else []),
                             *compare_lines(a, results, steady_start(a))]))

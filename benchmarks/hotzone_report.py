@@ -193,6 +193,27 @@ def scenario_text(b) -> str:
                                               if VARIANT_TEXT[a.variant] else ""))
 
 
+def moved_held_seconds(b, result: Result) -> float | None:
+    """Variant move: seconds from the move until 90 % of the moved zones are in the
+    status's regions (None: never)."""
+    want = 0.9 * sum(n for _, n in b.phases[-1])
+    moved_at = b.a.duration / 2
+    return next((x.t - moved_at for x in result.samples
+                 if x.t > moved_at and x.last_zones_held >= want), None)
+
+
+def moved_held_lines(b, rounds: list[dict[str, Result]]) -> list[str]:
+    """Variant move with rounds: the moved zones' hold time of each daemon, per round."""
+    out = []
+    for n in DAEMONS:
+        ths = [moved_held_seconds(b, r[n]) for r in rounds if n in r]
+        if ths:
+            out.append(f"- {LABELS[n]}: the moved zones held (90 % of them in the status's "
+                       "regions) after " + ", ".join("never" if t is None else f"{t:.0f} s"
+                                                     for t in ths) + " (per round).")
+    return out + [""] if out else []
+
+
 def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple[str, dict]:
     """The Markdown section of one round (``b``: the Bench, for the scenario's geometry)."""
     a = b.a
@@ -252,9 +273,7 @@ def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple
                          f"steady bytes): {during:,.0f} IOPS, {during / base:.2f} × no daemon "
                          f"in the same seconds ({base:,.0f}).")
         if a.variant == "move":
-            want = 0.9 * sum(n_ for _, n_ in b.phases[-1])
-            th = next((x.t - moved_at for x in results[n].samples
-                       if x.t > moved_at and x.last_zones_held >= want), None)
+            th = moved_held_seconds(b, results[n])
             lines.append("- the moved zones held (90 % of them in the status's regions): "
                          + (f"**{th:.0f} s** after the move, {'met' if th <= 10 else 'missed'} "
                             "(target 10 s)." if th is not None else "**never**, missed."))
