@@ -25,6 +25,7 @@ COMMANDS = {
     "run": ("vmdisktouch.run", "keep the hot regions of a disk image in the page cache"),
     "discover": ("vmdisktouch.adapters.discover", "list libvirt domains' disks and whether each is eligible"),
     "unit-name": ("vmdisktouch.unitname", "print the systemd unit name that keeps a disk warm"),
+    "config": ("vmdisktouch.configcmd", "print the example config file, or check one as run reads it"),
 }
 
 EXIT_ERROR = EX_ERROR
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (modname, helptext) in COMMANDS.items():
         module = importlib.import_module(modname)
         p = sub.add_parser(name, help=helptext, description=helptext)
+        # also after the subcommand; SUPPRESS keeps the top-level value when it is absent
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks and debug logs")
         module.set_argparser(p)
         p.set_defaults(_main=module.main)
     return parser

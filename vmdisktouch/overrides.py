@@ -15,7 +15,7 @@ the config file says so by domain name and disk target::
 ranking heat, so a region of it outranks an equally hot region elsewhere.
 ``cap``: a size, the most the disk may hold of the budget. ``exclude``:
 true or false. A bad value or an unknown key stops the start (and is what
-``configfile --check`` reports), with the file and the key named.
+``vmdisktouch config --check`` reports), with the file and the key named.
 """
 
 from __future__ import annotations

@@ -246,7 +246,9 @@ def configuration_doc() -> str:
     return ("# Configuration of `vmdisktouch run`\n\n"
             "Generated from `vmdisktouch/settings.py` by `python -m vmdisktouch.settings > "
             "docs/configuration.md`; a test checks it is current.\n\n"
-            "Sizes take binary suffixes (`512M`, `4G`, `1.5GiB`); durations take `ms`, `s`, `m`, "
+            "Sizes are read as written, as dd(1) reads them: `512M`, `4G` and `1.5GiB` are "
+            "binary (4G = 4 × 2^30 bytes), `4GB` and `500MB` decimal (4 × 10^9 bytes); "
+            "durations take `ms`, `s`, `m`, "
             "`h` (plain numbers are seconds). Sizes are at most `1E` (1 EiB). Paths are "
             f"non-empty, at most {MAX_PATH_BYTES} bytes, without NUL bytes or line breaks.\n\n"
             + markdown_table() + "\n")

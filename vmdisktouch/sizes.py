@@ -1,4 +1,9 @@
-"""Human byte sizes and durations: ``256M``, ``4G``, ``1.5GiB``, ``30s``, ``2m``.
+"""Human byte sizes and durations: ``256M``, ``4G``, ``1.5GiB``, ``4GB``, ``30s``, ``2m``.
+
+Sizes are read as written, as dd(1) and coreutils read them: a bare letter or
+the IEC form is binary (``4G`` = ``4GiB`` = 4 × 2^30 bytes), the SI form with
+``B`` is decimal (``4GB`` = 4 × 10^9 bytes, what a disk's label says). Case
+does not matter.
 
 Both parsers take any value (a string from a flag, or whatever a TOML file
 holds) and either return a finite result or raise ``ValueError`` with a
@@ -17,14 +22,16 @@ MAX_DURATION = 10 ** 9        # seconds (about 31 years)
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50,
           "e": 1 << 60}
+_SI_UNITS = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12, "p": 10 ** 15,
+             "e": 10 ** 18}
 # No nested or overlapping repetitions: matching is linear in the length of the text.
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
 _SIZE_RE = re.compile(r"^\s*" + _NUMBER + r"\s*([kmgtpe]?)(i?b)?\s*$", re.IGNORECASE)
 _DUR_RE = re.compile(r"^\s*" + _NUMBER + r"\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _DUR_UNITS = {None: Decimal(1), "ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60),
               "h": Decimal(3600)}
-# Every unit is 2**k with k <= 60, so a fraction digit past the 60th cannot change
-# floor(number * unit): dropping them keeps the result exact.
+# Every unit is at most 2**60 (or 10**18), so a fraction digit past the 60th cannot
+# change floor(number * unit): dropping them keeps the result exact.
 _FRACTION_DIGITS = 60
 
 
@@ -39,7 +46,7 @@ def _split_number(number: str) -> tuple[str, str]:
 
 
 def parse_size(text: str | int | float) -> int:
-    """Parse a byte size; suffixes are binary (K = KiB = 1024). Raises ValueError.
+    """Parse a byte size: K = KiB = 1024, KB = 1000 (and so on up to E). Raises ValueError.
 
     The result is a whole number of bytes (a fraction of a byte is dropped),
     from 0 to ``MAX_SIZE`` (1 EiB); larger, negative, infinite or NaN values
@@ -56,13 +63,14 @@ def parse_size(text: str | int | float) -> int:
     elif isinstance(text, str):
         m = _SIZE_RE.match(text)
         if not m:
-            raise ValueError(f"not a size: {_excerpt(text)} (expected e.g. 512M, 4G, 1.5GiB)")
-        number, unit, _ = m.groups()
+            raise ValueError(f"not a size: {_excerpt(text)} (expected e.g. 512M, 4G = 4GiB; 4GB is decimal, 4 x 10^9)")
+        number, unit, byte = m.groups()
         whole, fraction = _split_number(number)
         if len(whole) > 20:                # > 10**19 > MAX_SIZE even without a unit
             raise ValueError(f"too large: at most {format_size(MAX_SIZE)} (1 EiB)")
         fraction = fraction[:_FRACTION_DIGITS]
-        scale = _UNITS[unit.lower()]
+        si = unit and byte is not None and byte.lower() == "b"
+        scale = (_SI_UNITS if si else _UNITS)[unit.lower()]
         value = (int(whole or "0") * scale
                  + int(fraction or "0") * scale // 10 ** len(fraction))
     else:

@@ -84,15 +84,17 @@ def test_notify_ready_status_watchdog_stopping_and_journal_logs(tmp_path):
     assert any(line.startswith("<6>cycle 1:") for line in lines), lines
 
 
-@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("debug", [None, "before", "after"])
 def test_debug_shows_tracebacks_and_only_then(tmp_path, debug):
+    """``--debug`` before the subcommand or after it."""
     cfg = tmp_path / "bad.toml"
     cfg.write_text('max_hold = "1G"\ndecay = "fast"\n')
     img = tmp_path / "disk.img"
     img.write_bytes(b"\0" * 4096)
-    argv = [sys.executable, "-m", "vmdisktouch", *(["--debug"] if debug else []),
-            "run", str(img), "--config", str(cfg), "--uri", ""]
+    argv = [sys.executable, "-m", "vmdisktouch", *(["--debug"] if debug == "before" else []),
+            "run", str(img), "--config", str(cfg), "--uri", "",
+            *(["--debug"] if debug == "after" else [])]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
-    assert ("Traceback" in r.stderr) == debug, r.stderr
+    assert ("Traceback" in r.stderr) == bool(debug), r.stderr
     assert "key decay" in r.stderr

@@ -283,9 +283,9 @@ def limit_memory():
 
 
 def check_file(path):
-    """``python -m vmdisktouch.configfile --check PATH``, bounded in time and memory
+    """``vmdisktouch config --check PATH``, bounded in time and memory
     (in a child: reading /dev/zero unbounded would eat the memory of this process)."""
-    return subprocess.run([sys.executable, "-m", "vmdisktouch.configfile", "--check", path],
+    return subprocess.run([sys.executable, "-m", "vmdisktouch", "config", "--check", path],
                           capture_output=True, text=True, timeout=30, cwd=ROOT,
                           preexec_fn=limit_memory)
 
@@ -298,7 +298,7 @@ def test_devices_are_refused_fast(tmp_path, special):
     start = time.monotonic()
     r = check_file(special)
     assert time.monotonic() - start < 20
-    assert r.returncode == 1 and r.stderr == (
+    assert r.returncode == 78 and r.stderr == (
         f"vmdisktouch: {special}: cannot read config file: it is a character device, not a "
         "regular file\n")
 
@@ -438,7 +438,7 @@ EXAMPLE = ROOT / "examples" / "vmdisktouch.toml"
 
 def test_shipped_example_is_current():
     assert EXAMPLE.read_text() == configfile.example_config(), (
-        "regenerate: python -m vmdisktouch.configfile --example > examples/vmdisktouch.toml")
+        "regenerate: vmdisktouch config --example > examples/vmdisktouch.toml")
 
 
 def test_example_loads_without_warnings():
@@ -472,19 +472,44 @@ def test_toml_value_round_trips():
         assert tomllib.loads(f"k = {configfile.toml_value(value)}")["k"] == value
 
 
-def test_module_prints_the_example_and_checks_files(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "vmdisktouch.configfile", "--example"],
-                       capture_output=True, text=True, check=True, cwd=ROOT)
-    assert r.stdout == configfile.example_config()
+def config_cmd(*argv):
+    return subprocess.run([sys.executable, "-m", "vmdisktouch", "config", *argv],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+
+
+def test_config_prints_the_example_and_checks_files(tmp_path):
+    r = config_cmd("--example")
+    assert r.returncode == 0 and r.stdout == configfile.example_config()
     bad = write(tmp_path, 'max_hold = "1G"\ndecay = "fast"\n')
-    r = subprocess.run([sys.executable, "-m", "vmdisktouch.configfile", "--check", bad],
-                       capture_output=True, text=True, check=False, cwd=ROOT)
-    assert r.returncode == 1 and f"{bad}: key decay" in r.stderr
+    r = config_cmd("--check", bad)
+    assert r.returncode == 78 and f"{bad}: key decay" in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and r.stdout == ""
     odd = write(tmp_path, 'max_hold = "1G"\ntreshold = 1\n', "odd.toml")
-    r = subprocess.run([sys.executable, "-m", "vmdisktouch.configfile", "--check", odd],
-                       capture_output=True, text=True, check=False, cwd=ROOT)
+    r = config_cmd("--check", odd)
     assert r.returncode == 0 and "did you mean 'threshold'" in r.stderr
     assert r.stdout == f"{odd}: ok (1 warnings)\n"
+    # the module path is the same command
+    r = subprocess.run([sys.executable, "-m", "vmdisktouch.configfile", "--check", bad],
+                       capture_output=True, text=True, check=False, cwd=ROOT)
+    assert r.returncode == 78 and f"{bad}: key decay" in r.stderr
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('max_hold = "1G"\nblock_size = "6K"\n', "multiple of the page size"),
+    ('interval = 5\n', "max_hold is not set"),
+    ('max_hold = "1G"\nmin_free = "1E"\n', "not below the host's memory"),
+    ('max_hold = "4K"\n', "smaller than one block"),
+    ('max_hold = "1G"\n[domain.web]\nweight = -1\n', "weight"),
+])
+def test_config_check_refuses_what_run_refuses(tmp_path, text, needle):
+    path = write(tmp_path, text)
+    r = config_cmd("--check", path)
+    assert r.returncode == 78 and needle in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
+    img = tmp_path / "disk.img"
+    img.write_bytes(b"\0" * 65536)
+    r = run_cli(str(img), "--config", path, "--uri", "")       # and run refuses it alike
+    assert r.returncode == 78 and needle in r.stderr, r.stderr
 
 
 # ---------------------------------------------------------------------------

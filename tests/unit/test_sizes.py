@@ -21,7 +21,9 @@ def short_id(value):
 
 @pytest.mark.parametrize("text,expected", [
     ("0", 0), ("512", 512), ("4K", 4096), ("256M", 256 * MiB), ("4G", 4 << 30),
-    ("1.5GiB", 3 << 29), ("1.5gb", 3 << 29), (" 2 m ", 2 * MiB), (".5K", 512), ("3.K", 3072),
+    ("1.5GiB", 3 << 29), ("1.5gib", 3 << 29), ("4GB", 4 * 10 ** 9), ("1.5gb", 1_500_000_000),
+    ("512MB", 512 * 10 ** 6), ("2kb", 2000), ("1EB", 10 ** 18), ("7B", 7),
+    (" 2 m ", 2 * MiB), (".5K", 512), ("3.K", 3072),
     ("1E", 1 << 60), ("1EiB", MAX_SIZE), ("0001K", 1024),
     (5, 5), (0, 0), (1536.9, 1536), (-0.0, 0),
 ])
@@ -37,6 +39,8 @@ def test_parse_size_is_exact_and_rounds_down():
     assert parse_size("1." + "0" * 100_000 + "1M") == MiB      # a long fraction is fine
     assert parse_size("0." + "9" * 59 + "1E") == MAX_SIZE - 1
     assert parse_size("1.5") == 1
+    assert parse_size("0." + "9" * 80 + "GB") == 10 ** 9 - 1      # decimal units too
+    assert parse_size("1.0000000001GB") == 10 ** 9
     assert parse_size(str(MAX_SIZE)) == MAX_SIZE
 
 
@@ -56,6 +60,7 @@ def test_parse_size_is_exact_and_rounds_down():
     ("inf", "not a size"),
     ("nan", "not a size"),
     ("1e9", "not a size"),
+    ("4Gi", "not a size"),
     ("", "not a size"),
     ("lots", "not a size"),
     (True, "true/false"),

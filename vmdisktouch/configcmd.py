@@ -1,0 +1,60 @@
+"""``vmdisktouch config``: the example config file, and a check of one as ``run`` reads it.
+
+``--check FILE`` refuses exactly what ``run --config FILE`` would refuse at
+start: a key or value that is wrong, a missing required setting
+(``max_hold``), a budget smaller than one block or a floor above the host's
+memory, a bad per-domain or per-disk override. It prints the warnings ``run``
+would log, then ``FILE: ok``. The lock limit (``RLIMIT_MEMLOCK``) is the
+running process's, not the unit's (``LimitMEMLOCK=infinity``), so it is only
+reported, never refused here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vmdisktouch import configfile, settings
+from vmdisktouch.errors import VmdtError
+from vmdisktouch.sizes import format_size
+from vmdisktouch.system import meminfo
+
+
+def set_argparser(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--example", action="store_true",
+                       help="print the example config file (every key, commented)")
+    group.add_argument("--check", metavar="FILE",
+                       help="read FILE as `run --config FILE` would; print its warnings, or "
+                            "the first thing `run` would refuse and exit 78")
+
+
+def check(path: str) -> list[str]:
+    """The warnings of ``path`` as ``run --config path`` reads it; ConfigError if refused."""
+    config, warnings = configfile.resolve_run_config(
+        {s.key: None for s in settings.SETTINGS}, path)
+    configfile.load_overrides(path)
+    warnings = list(warnings)
+    try:
+        total = meminfo.mem_total()
+    except VmdtError as exc:               # an unreadable /proc only skips this check
+        warnings.append(f"{exc}: the budget and the floor are not checked against this host")
+    else:
+        warnings += settings.check_host(config, total)
+    allowance = meminfo.memlock_allowance()
+    if allowance is not None and config.max_hold > allowance:
+        warnings.append(f"max_hold {format_size(config.max_hold)} is above this shell's lock "
+                        f"limit (RLIMIT_MEMLOCK {format_size(allowance)}): fine under the unit "
+                        "(LimitMEMLOCK=infinity), refused by a `run` started from here")
+    return warnings
+
+
+def main(args) -> int:
+    if args.example:
+        sys.stdout.write(configfile.example_config())
+        return 0
+    warnings = check(args.check)       # a ConfigError: one line, exit 78 (cli)
+    for w in warnings:
+        print(f"vmdisktouch: warning: {w}", file=sys.stderr)
+    print(f"{args.check}: ok" + (f" ({len(warnings)} warnings)" if warnings else ""))
+    return 0
