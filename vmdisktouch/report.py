@@ -35,6 +35,14 @@ class CycleReport:
     size_bytes: int
 
 
+def status_bytes(status: dict) -> bytes:
+    """The status file's text: one line of compact JSON. ``json`` encodes it in C only
+    without ``indent``: with thousands of rewritten ranges (16 GiB written at random),
+    the indented form took 4.4 ms a cycle, this 0.8 ms. ``python3 -m json.tool FILE``
+    or ``vmdisktouch status`` shows it to a human."""
+    return (json.dumps(status, separators=(",", ":")) + "\n").encode()
+
+
 class Emitter:
     """Writes what the configuration asks for, each cycle."""
 
@@ -53,9 +61,9 @@ class Emitter:
             "budget_bytes": c.max_hold,
             "held_bytes": r.held_bytes,
             "resident_bytes": r.resident_bytes,
-            "regions": [list(x) for x in r.regions],
+            "regions": r.regions,                     # [offset, length] pairs, in bytes
             "rewritten_blocks": r.rewritten_blocks,
-            "rewritten_ranges": [list(x) for x in r.rewritten_ranges],
+            "rewritten_ranges": r.rewritten_ranges,   # [offset, length] pairs, in bytes
             "mem_available_bytes": r.mem_available_bytes,
             "min_free_bytes": c.min_free,
             "loaded_bytes": r.loaded_bytes,
@@ -74,7 +82,7 @@ class Emitter:
              policy) -> None:
         """Write what settings ``c`` ask for; log the cycle's line."""
         if c.status:
-            self.outputs.write("status", c.status, (json.dumps(status, indent=2) + "\n").encode())
+            self.outputs.write("status", c.status, status_bytes(status))
         if c.heat_png or c.map_png:
             from vmdisktouch.adapters import render  # PIL only when PNGs are asked for
             n = held.size

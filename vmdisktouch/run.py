@@ -173,8 +173,7 @@ def _start(args, sig: LoopSignals) -> int:
     config, warnings, config_path, _ = load_settings(cli_values, args.config)
     for w in warnings:
         log.warning("%s", w)
-    if config_path:
-        log.info("settings from %s", config_path)
+    log.info("%s", settings.in_force(config, config_path or ""))
     if len(args.paths) > 1 or args.libvirt:
         from vmdisktouch import run_host
         return run_host.serve(args, config, config_path, cli_values, sig, load_settings)
@@ -222,6 +221,7 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
             else:
                 for w in warns:
                     log.warning("%s", w)
+                log.info("%s", settings.in_force(new, path or ""))
                 watcher.outputs.protected = prot
                 released = watcher.reconfigure(new)
                 log.info("reloaded settings%s: budget %s, floor %s; released %s",

@@ -25,14 +25,14 @@ re-reads the settings (the budget, the floor, ...) for every disk.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 
-from vmdisktouch import configfile, overrides
+from vmdisktouch import configfile, overrides, settings
 from vmdisktouch.adapters import outputs, sdnotify
 from vmdisktouch.errors import ConfigError, ImageError, VmdtError
+from vmdisktouch.report import status_bytes
 from vmdisktouch.sizes import format_size
 from vmdisktouch.system import image_lock
 from vmdisktouch.system.image import open_image
@@ -185,6 +185,7 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
                 log.info("reloaded settings%s: one budget of %s, floor %s",
                          f" from {path}" if path else "", format_size(new.max_hold),
                          format_size(new.min_free))
+                log.info("%s", settings.in_force(new, path or ""))
             sdnotify.ready()
 
         def cycle():
@@ -196,8 +197,7 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
                                       if w.last_report is not None])
                 if syncer is not None:
                     st["host"]["skipped"] = syncer.skipped_json()
-                status_out.write("status", config.status,
-                                 (json.dumps(st, indent=2) + "\n").encode())
+                status_out.write("status", config.status, status_bytes(st))
             if config.host_png:
                 status_out.write("host_png", config.host_png, _overview(host))
             disks.maybe_save(host.watchers)

@@ -59,11 +59,15 @@ class Setting:
     def default_text(self) -> str:
         if self.required:
             return "(required)"
-        if self.default is None:
+        return self.text(self.default)
+
+    def text(self, value: Any) -> str:
+        """``value`` of this setting as a human writes it: 4G, 5.0, true, (none)."""
+        if value is None:
             return "(none)"
         if self.kind == "size":
-            return format_size(self.default)
-        return str(self.default).lower() if isinstance(self.default, bool) else str(self.default)
+            return format_size(value)
+        return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -163,7 +167,10 @@ BY_KEY = {s.key: s for s in SETTINGS}
 
 
 class Config(dict):
-    """Resolved settings: ``config.max_hold`` or ``config["max_hold"]``."""
+    """Resolved settings: ``config.max_hold`` or ``config["max_hold"]``. ``origins``: where
+    ``resolve`` took each from ("flag", "file" or "default"; empty for a copy)."""
+
+    origins: dict[str, str] = {}
 
     def __getattr__(self, name):
         try:
@@ -196,17 +203,33 @@ def resolve(cli: dict[str, Any], file_values: dict[str, Any] | None = None,
             file_name: str = "") -> Config:
     """Merge defaults < config file < command line, parsing and validating each."""
     out = Config()
+    out.origins = {}
     file_values = file_values or {}
     for s in SETTINGS:
         if cli.get(s.key) is not None:
             out[s.key] = parse_value(s, cli[s.key], f"option {s.flag}")
+            out.origins[s.key] = "flag"
         elif s.key in file_values:
             out[s.key] = parse_value(s, file_values[s.key], f"{file_name}: key {s.key}")
+            out.origins[s.key] = "file"
         elif s.required:
             raise ConfigError(f"{s.flag} is required (or set {s.key} in the config file)")
         else:
             out[s.key] = s.default
+            out.origins[s.key] = "default"
     return out
+
+
+def in_force(config: Config, file_name: str = "") -> str:
+    """One line: every setting's value, grouped by where it came from (flag, file, default)."""
+    groups: dict[str, list[str]] = {"flag": [], "file": [], "default": []}
+    for s in SETTINGS:
+        where = config.origins.get(s.key, "default")
+        groups[where].append(f"{s.key}={s.text(config.get(s.key))}")
+    names = {"flag": "from flags", "file": f"from {file_name or 'the file'}",
+             "default": "defaults"}
+    return "settings in force: " + "; ".join(
+        f"{names[k]}: {' '.join(v)}" for k, v in groups.items() if v)
 
 
 def check_host(config: Config, mem_total: int) -> list[str]:

@@ -115,7 +115,8 @@ def test_a_domain_saved_or_shut_down_by_qemu_is_released_and_a_restored_one_serv
         d.wait_status(lambda s: img in served(s), "the restored domain", timeout=30)
 
         t0 = time.monotonic()
-        virsh("qemu-monitor-command", name, '{"execute": "quit"}')
+        # QEMU exits before it answers: virsh reports the monitor's reset, not a failure
+        virsh("qemu-monitor-command", name, '{"execute": "quit"}', check=False)
         st = d.wait_status(lambda s: img not in served(s), "QEMU shut down", timeout=30)
         assert time.monotonic() - t0 <= INTERVAL + 3 and st["host"]["held_bytes"] == 0
         assert domain_state(name) == "shut off"
