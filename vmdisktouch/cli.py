@@ -25,6 +25,7 @@ COMMANDS = {
     "run": ("vmdisktouch.run", "keep the hot regions of a disk image in the page cache"),
     "discover": ("vmdisktouch.adapters.discover", "list libvirt domains' disks and whether each is eligible"),
     "unit-name": ("vmdisktouch.unitname", "print the systemd unit name that keeps a disk warm"),
+    "status": ("vmdisktouch.statuscmd", "show the live state of every running daemon"),
     "config": ("vmdisktouch.configcmd", "print the example config file, or check one as run reads it"),
 }
 

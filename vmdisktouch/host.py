@@ -145,9 +145,12 @@ class Host:
 
     def status_obj(self, disks: list[dict]) -> dict:
         """The host's status: the budget, the sum held and each disk's share, the failures."""
+        from vmdisktouch.report import process_fields
         per = {d["path"]: d for d in disks}
         return {
             "host": {
+                **process_fields(self.interval()),
+                "time": time.time(),
                 "budget_bytes": self.budget,
                 "held_bytes": self.held_bytes(),
                 "cycle": self.cycle,

@@ -1,4 +1,4 @@
-"""Emit: a cycle's report as the status JSON, the two PNGs and one log line.
+"""Emit: a cycle's report as the status JSON, the two PNGs and its log line (``cyclelog``).
 
 Every file goes through ``adapters.outputs`` (checked paths, atomic
 replacement, a failed write logged and counted, never fatal). PIL is
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.sizes import format_size
+from vmdisktouch.cyclelog import CycleLog
 
 log = logging.getLogger("vmdisktouch")
 
@@ -33,6 +34,14 @@ class CycleReport:
     released_bytes: int
     skipped_bytes: int
     size_bytes: int
+    relocked_bytes: int = 0                  # of loaded_bytes: already cached, only locked
+    not_held_reason: str | None = None       # why less than the budget is held (cyclelog)
+
+
+def process_fields(interval: float) -> dict:
+    """What ``vmdisktouch status`` needs to tell a live status file from a stale one."""
+    from vmdisktouch import __version__
+    return {"pid": os.getpid(), "version": __version__, "interval_seconds": interval}
 
 
 def status_bytes(status: dict) -> bytes:
@@ -46,14 +55,16 @@ def status_bytes(status: dict) -> bytes:
 class Emitter:
     """Writes what the configuration asks for, each cycle."""
 
-    def __init__(self, outputs):
+    def __init__(self, outputs, label: str = ""):
         self.outputs = outputs
+        self.cycles = CycleLog(label)
 
     def status_obj(self, r: CycleReport, c, *, path: str, domain_active, holding: bool,
                    lock_cap, charges, source: dict) -> dict:
         """The status JSON of report ``r`` under settings ``c``."""
         return {
             "path": path,
+            **process_fields(c.interval),
             "cycle": r.cycle,
             "cycle_seconds": round(r.cycle_seconds, 4),
             "size_bytes": r.size_bytes,
@@ -67,8 +78,10 @@ class Emitter:
             "mem_available_bytes": r.mem_available_bytes,
             "min_free_bytes": c.min_free,
             "loaded_bytes": r.loaded_bytes,
+            "loaded_from_disk_bytes": r.loaded_bytes - r.relocked_bytes,
             "released_bytes": r.released_bytes,
             "skipped_bytes": r.skipped_bytes,
+            "not_held_reason": r.not_held_reason,
             "domain_active": domain_active,
             "holding": holding,
             "lock_cap_bytes": lock_cap,
@@ -101,9 +114,4 @@ class Emitter:
             if c.heat_png:
                 image = render.heat_image(policy.state.total, layout)
                 self.outputs.write("heat_png", c.heat_png, render.png_bytes(image))
-        log.info("cycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
-                 "loaded %s, released %s, MemAvailable %s, %.3fs",
-                 r.cycle, format_size(r.held_bytes), format_size(c.max_hold), len(r.regions),
-                 format_size(r.resident_bytes), r.rewritten_blocks, format_size(r.loaded_bytes),
-                 format_size(r.released_bytes), format_size(r.mem_available_bytes),
-                 r.cycle_seconds)
+        self.cycles.log(r, c, r.not_held_reason, time.monotonic())

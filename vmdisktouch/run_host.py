@@ -99,6 +99,7 @@ class Disks:
             raise
         self.keys[key] = path
         self.locks[id(w)] = lock
+        w.emitter.cycles.label = f"{img.path}: "       # one log for many disks
         if self.config.state_dir:
             from vmdisktouch.adapters import warm_state
             k = warm_state.Keeper(self.config.state_dir, self.config.state_save_interval,

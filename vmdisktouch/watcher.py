@@ -41,6 +41,7 @@ import numpy as np
 from vmdisktouch.core import heat, regions
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import consecutive_runs, runs_to_mask
+from vmdisktouch.cyclelog import why_not_held
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.recharge import Acted, Recharger
 from vmdisktouch.report import CycleReport, Emitter
@@ -188,6 +189,9 @@ class DiskWatcher:
                 resident_bytes: int) -> CycleReport:
         bs, size = self.block_size, self.image.size
         released_between, self._released_between = self._released_between, 0
+        n = min(acted.held.size, obs.held.size, obs.resident.size)
+        fresh = acted.held[:n] & ~obs.held[:n]           # loaded this cycle
+        relocked = int(float(obs.resident[:n][fresh].sum()) * bs) if fresh.any() else 0
         self.last_report = CycleReport(
             cycle=self.cycle,
             cycle_seconds=self.clock() - t0,
@@ -202,7 +206,11 @@ class DiskWatcher:
             released_bytes=acted.released_bytes + released_between,
             skipped_bytes=acted.result.skipped_bytes,
             size_bytes=size,
+            relocked_bytes=min(relocked, acted.result.loaded_bytes),
         )
+        self.last_report.not_held_reason = why_not_held(
+            self.last_report, self.config, holding=obs.holding,
+            lock_refused=acted.result.lock_refused)
         return self.last_report
 
     def status_obj(self, r: CycleReport) -> dict:

@@ -62,9 +62,9 @@ def hold(d: DaemonProc, image, timeout: float = 30.0) -> None:
 
 
 def more_cycles(d: DaemonProc, n: int = 3, timeout: float = 20.0) -> None:
-    target = d.cycles_logged() + n
+    target = d.cycles_done() + n
     deadline = time.monotonic() + timeout
-    while d.cycles_logged() < target:
+    while d.cycles_done() < target:
         assert d.proc.poll() is None, f"daemon exited: {d.output()[-2000:]}"
         assert time.monotonic() < deadline, f"no {n} more cycles: {d.output()[-2000:]}"
         time.sleep(0.05)

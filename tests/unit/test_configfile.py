@@ -636,3 +636,15 @@ def test_cli_runs_with_file_values_and_cli_overrides(tmp_path, image):
         _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert f"{cfg}: unknown key 'mystery_key'" in err
+
+
+def test_run_logs_every_setting_in_force_and_where_it_came_from(tmp_path):
+    path = write(tmp_path, 'max_hold = "2G"\ndecay = 0.2\n')
+    r = run_cli(str(tmp_path / "missing.img"), "--config", path, "--interval", "2",
+                "--uri", "")
+    assert r.returncode == 66
+    line = next(x for x in r.stderr.splitlines() if "settings in force" in x)
+    assert f"from flags: interval=2.0; from {path}: max_hold=2G decay=0.2; defaults: " in line
+    for s in SETTINGS:
+        assert f" {s.key}=" in line, s.key
+    assert "min_free=1G" in line and "access_source=auto" in line

@@ -1,0 +1,58 @@
+"""``vmdisktouch status`` against real daemons: one per disk and one serving several, live
+and then killed (stale)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.pagecache import data_image
+from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
+
+MiB = 1 << 20
+
+
+def status_cmd(*argv):
+    return subprocess.run([sys.executable, "-m", "vmdisktouch", "status", *argv],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_status_lists_live_daemons_and_says_stale_once_one_is_gone(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    one, a, b = (data_image(tmp_path / f"{n}.raw", 16 * MiB) for n in ("one", "a", "b"))
+    env = env_without_systemd()
+    single = DaemonProc(run, one, "--uri", "", max_hold="8M", interval=1.0,
+                        status="one.json", log="../one.log", env=env)
+    host = DaemonProc(run, [a, b], "--uri", "", max_hold="8M", interval=1.0,
+                      status="host.json", log="../host.log", env=env)
+    try:
+        single.wait_status(lambda s: s["cycle"] >= 1, "the single daemon's first cycle")
+        host.wait_status(lambda s: s["host"]["cycle"] >= 1, "the host daemon's first cycle")
+        r = status_cmd("--dir", str(run))
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert len(lines) == 3 and not any("STALE" in x for x in lines), r.stdout
+        by_path = {x.split(":")[0]: x for x in lines}
+        assert set(by_path) == {one, a, b}
+        assert f"pid {single.pid}" in by_path[one] and f"pid {host.pid}" in by_path[a]
+        assert "held 0/8M" in by_path[one] and "no evidence of use yet" in by_path[one]
+
+        # one disk, named another way; --json
+        r = status_cmd("--dir", str(run), "--json",
+                       os.path.join(os.path.dirname(a), ".", os.path.basename(a)))
+        [entry] = json.loads(r.stdout)
+        assert entry["path"] == a and entry["pid"] == host.pid and entry["stale"] is False
+        assert entry["budget_bytes"] == 8 * MiB and entry["file"] == str(run / "host.json")
+
+        single.kill()                                   # SIGKILL: its status file stays
+        r = status_cmd("--dir", str(run), one)
+        assert r.returncode == 0 and r.stdout.rstrip().endswith("STALE"), r.stdout
+        r = status_cmd("--dir", str(run), str(tmp_path / "nothing.raw"))
+        assert r.returncode == 66 and "no status file" in r.stderr
+        assert len(r.stderr.splitlines()) == 1
+    finally:
+        single.stop()
+        assert host.stop() == 0

@@ -1,0 +1,81 @@
+"""cyclelog: a cycle line at INFO only when something changed, a summary every few minutes,
+and the reason less than the budget is held."""
+
+import logging
+
+import pytest
+
+from vmdisktouch import settings
+from vmdisktouch.cyclelog import CycleLog, why_not_held
+from vmdisktouch.report import CycleReport
+
+MiB = 1 << 20
+CFG = settings.resolve({"max_hold": "64M", "min_free": "1G"})
+
+
+def rep(cycle, held=0, regions=(), loaded=0, relocked=0, released=0, rewritten=0, skipped=0,
+        avail=8 << 30):
+    return CycleReport(cycle=cycle, cycle_seconds=0.01, held_bytes=held, resident_bytes=0,
+                       regions=list(regions), rewritten_blocks=rewritten, rewritten_ranges=[],
+                       mem_available_bytes=avail, loaded_bytes=loaded, released_bytes=released,
+                       skipped_bytes=skipped, size_bytes=1 << 30, relocked_bytes=relocked)
+
+
+def levels(caplog):
+    out = [(r.levelno, r.getMessage()) for r in caplog.records]
+    caplog.clear()
+    return out
+
+
+def test_quiet_cycles_go_to_debug_and_changes_to_info(caplog):
+    caplog.set_level(logging.DEBUG, logger="vmdisktouch")
+    cl = CycleLog()
+    cl.log(rep(1), CFG, "nothing is above the threshold: no evidence of use yet", 0.0)
+    cl.log(rep(2), CFG, "nothing is above the threshold: no evidence of use yet", 5.0)
+    (l1, m1), (l2, _) = levels(caplog)
+    assert (l1, l2) == (logging.INFO, logging.DEBUG)
+    assert m1.startswith("cycle 1: held 0/64M") and m1.endswith(
+        "; not holding more: nothing is above the threshold: no evidence of use yet")
+    cl.log(rep(3, held=32 * MiB, regions=[(0, 32 * MiB)], loaded=32 * MiB, relocked=8 * MiB),
+           CFG, None, 10.0)
+    [(lvl, msg)] = levels(caplog)
+    assert lvl == logging.INFO and "loaded 32M (24M from disk, 8M relocked)" in msg
+    cl.log(rep(4, held=32 * MiB, regions=[(0, 32 * MiB)]), CFG, None, 15.0)
+    assert levels(caplog)[0][0] == logging.DEBUG                 # steady: quiet
+    for kw in ({"rewritten": 3}, {"released": MiB}, {"skipped": MiB},
+               {"regions": [(0, 16 * MiB), (32 * MiB, 16 * MiB)]}):
+        args = {"held": 32 * MiB, "regions": [(0, 32 * MiB)], **kw}
+        cl.log(rep(5, **args), CFG, None, 20.0)
+        assert levels(caplog)[0][0] == logging.INFO, kw
+        if "regions" not in kw:
+            cl.log(rep(6, held=32 * MiB, regions=[(0, 32 * MiB)]), CFG, None, 20.0)
+            caplog.clear()
+
+
+def test_a_summary_every_few_minutes(caplog):
+    caplog.set_level(logging.INFO, logger="vmdisktouch")
+    cl = CycleLog("/img")
+    t = 0.0
+    for k in range(1, 62):                                    # 5 s cycles: 300 s
+        cl.log(rep(k, held=MiB, regions=[(0, MiB)], loaded=MiB if k == 1 else 0), CFG, None, t)
+        t += 5.0
+    msgs = [m for _, m in levels(caplog)]
+    assert msgs[0].startswith("/img: cycle 1:") and len(msgs) == 2
+    assert msgs[1].startswith("/img: last 5 min: 61 cycles") and "loaded 1M" in msgs[1]
+
+
+@pytest.mark.parametrize("kw,holding,refused,needle", [
+    ({}, False, None, "libvirt domain is not running"),
+    ({"skipped": MiB, "avail": 900 * MiB}, True, None, "free-memory floor (min_free 1G)"),
+    ({"skipped": MiB}, True, None, "1M targeted was not loaded"),
+    ({}, True, "RLIMIT_MEMLOCK 8M", "refused to lock more (RLIMIT_MEMLOCK 8M)"),
+    ({}, True, None, "no evidence of use yet"),
+])
+def test_why_not_held(kw, holding, refused, needle):
+    assert needle in why_not_held(rep(1, **kw), CFG, holding=holding, lock_refused=refused)
+
+
+def test_nothing_to_say_when_the_budget_is_held_or_some_is_held_freely():
+    assert why_not_held(rep(1, held=64 * MiB), CFG, holding=True, lock_refused=None) is None
+    assert why_not_held(rep(1, held=MiB), CFG, holding=True, lock_refused=None) is None
+

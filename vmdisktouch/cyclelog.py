@@ -1,0 +1,94 @@
+"""The daemon's log of its cycles: a line when something changed, a summary every few minutes.
+
+A cycle is logged at INFO when it is the first, when it loaded or released
+anything, when the guest rewrote blocks, when its held regions changed, when
+something it targeted was skipped (memory pressure, a lock refused), or when
+the reason it holds nothing changed. Any other cycle is logged at DEBUG
+(``--debug``): a disk whose VM is off, or whose hot set is steady, no longer
+writes 17,280 lines a day. Every ``SUMMARY_SECONDS`` one INFO line sums up
+the cycles since the last one.
+
+The line says how much of what was loaded came from the disk and how much
+was already in the page cache (only locked), and, when less than the budget
+is held, why (``why_not_held``).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+
+from vmdisktouch.sizes import format_size
+
+log = logging.getLogger("vmdisktouch")
+
+SUMMARY_SECONDS = 300.0
+
+
+def why_not_held(r, c, *, holding: bool, lock_refused: str | None) -> str | None:
+    """Why cycle report ``r`` holds less than the budget of settings ``c`` (None: it
+    does not, or nothing stands in its way)."""
+    if r.held_bytes >= c.max_hold:
+        return None
+    if not holding:
+        return "its libvirt domain is not running"
+    if lock_refused:
+        return f"the kernel refused to lock more ({lock_refused})"
+    if r.skipped_bytes and r.mem_available_bytes < c.min_free + c.block_size:
+        return (f"MemAvailable {format_size(r.mem_available_bytes)} is at the free-memory "
+                f"floor (min_free {format_size(c.min_free)})")
+    if r.skipped_bytes:
+        return f"{format_size(r.skipped_bytes)} targeted was not loaded (a lock or read error)"
+    if not r.held_bytes:
+        return "nothing is above the threshold: no evidence of use yet"
+    return None
+
+
+class CycleLog:
+    """Decides the level of each cycle's line and writes the periodic summary."""
+
+    def __init__(self, label: str = ""):
+        self.label = f"{label}: " if label else ""
+        self._last_regions: list | None = None
+        self._last_why: str | None = None
+        self._since: float | None = None        # start of the summary period (cycle time)
+        self._period: list = []                 # the period's reports
+
+    def changed(self, r, why: str | None) -> bool:
+        regions = [tuple(x) for x in r.regions]
+        out = (self._last_regions is None or r.loaded_bytes > 0 or r.released_bytes > 0
+               or r.rewritten_blocks > 0 or r.skipped_bytes > 0 or regions != self._last_regions
+               or why != self._last_why)
+        self._last_regions, self._last_why = regions, why
+        return out
+
+    def log(self, r, c, why: str | None, now: float) -> None:
+        level = logging.INFO if self.changed(r, why) else logging.DEBUG
+        loaded = format_size(r.loaded_bytes)
+        if r.loaded_bytes:
+            loaded += (f" ({format_size(r.loaded_bytes - r.relocked_bytes)} from disk, "
+                       f"{format_size(r.relocked_bytes)} relocked)")
+        log.log(level, "%scycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
+                "loaded %s, released %s, MemAvailable %s, %.3fs%s",
+                self.label, r.cycle, format_size(r.held_bytes), format_size(c.max_hold),
+                len(r.regions), format_size(r.resident_bytes), r.rewritten_blocks, loaded,
+                format_size(r.released_bytes), format_size(r.mem_available_bytes),
+                r.cycle_seconds, f"; not holding more: {why}" if why else "")
+        self._summary(r, c, now)
+
+    def _summary(self, r, c, now: float) -> None:
+        if self._since is None:
+            self._since = now
+        self._period.append(r)
+        if now - self._since < SUMMARY_SECONDS:
+            return
+        p, self._period, minutes = self._period, [], (now - self._since) / 60
+        self._since = now
+        secs = [x.cycle_seconds for x in p]
+        log.info("%slast %.0f min: %d cycles (median %.3fs, max %.3fs), loaded %s, released "
+                 "%s, rewritten %d blocks; now held %s/%s in %d regions",
+                 self.label, minutes, len(p), statistics.median(secs), max(secs),
+                 format_size(sum(x.loaded_bytes for x in p)),
+                 format_size(sum(x.released_bytes for x in p)),
+                 sum(x.rewritten_blocks for x in p), format_size(r.held_bytes),
+                 format_size(c.max_hold), len(r.regions))
