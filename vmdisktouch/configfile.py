@@ -183,6 +183,8 @@ _SAMPLES = {
     "map_png": "/run/vmdisktouch/vm1.map.png",
     "blocks_per_pixel": 16,
     "width": 1024,
+    "metrics_file": "/var/lib/prometheus/node-exporter/vmdisktouch.prom",
+    "metrics_listen": "127.0.0.1:9105",
 }
 _KIND_SAMPLES = {"size": "1G", "duration": "5s", "number": 1.0, "fraction": 0.5, "integer": 1,
                  "path": "/run/vmdisktouch/file", "boolean": True}
@@ -195,6 +197,7 @@ _KIND_NOTES = {
     "path": f"a file path (a non-empty string of at most {settings.MAX_PATH_BYTES} bytes, "
             "without line breaks)",
     "boolean": "true or false",
+    "address": 'a loopback HOST:PORT string: "127.0.0.1:9105", "[::1]:9105"',
 }
 # Set on the unit's command line (per-instance names); a file value is overridden there.
 UNIT_CLI_KEYS = ("status", "heat_png", "map_png", "state_dir")

@@ -200,6 +200,7 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
         return sig.sleep(min(seconds, dog.slice))
 
     watcher = build(image, config, sleep=pace, out=outputs.Outputs(protected))
+    metrics = None
     keeper = None
     if config.state_dir:
         from vmdisktouch.adapters import warm_state
@@ -208,6 +209,9 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
         keeper.restore(watcher)
     domain = None
     try:
+        if config.metrics_file or config.metrics_listen:
+            from vmdisktouch.adapters.metrics import Metrics
+            metrics = Metrics(config, watcher.outputs)
         if args.uri:
             from vmdisktouch.adapters import lifecycle
             domain = lifecycle.start_watcher(args.path, args.uri, sig)
@@ -229,9 +233,11 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
                          format_size(new.min_free), format_size(released))
             sdnotify.ready()
 
-        return _loop(watcher, domain, sig, reload, dog, keeper)
+        return _loop(watcher, domain, sig, reload, dog, keeper, metrics)
     finally:
         sdnotify.stopping()
+        if metrics is not None:
+            metrics.close()
         if keeper is not None:
             keeper.save(watcher)
         if domain is not None:
@@ -240,7 +246,7 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
         log.info("released all holds")
 
 
-def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None) -> int:
+def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None, metrics=None) -> int:
     streak = FailureStreak()
     ready = False
     while not sig.stopping:
@@ -254,6 +260,8 @@ def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None) -> int:
         watcher.domain_active = active
         watcher.hold_enabled = active is not False
         report = streak.run(watcher.tick)
+        if report is not None and metrics is not None:
+            metrics.publish([watcher.status_obj(report)])
         if report is not None:
             line = status_line(report, watcher.config.max_hold)
             if not ready:

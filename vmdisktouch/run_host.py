@@ -151,6 +151,7 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
     disks = Disks(config, config_path, pace, uri=args.uri, force=args.force)
     host = Host([], config.max_hold, config.block_size, close=disks.close,
                 may_be_empty=follow is not None)
+    metrics = None
     try:
         for p in ([] if follow else args.paths):
             try:
@@ -160,6 +161,9 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
         if not follow and not host.watchers:
             raise ImageError("no image can be served: " + ", ".join(args.paths))
         status_out = outputs.Outputs([])
+        if config.metrics_file or config.metrics_listen:
+            from vmdisktouch.adapters.metrics import Metrics
+            metrics = Metrics(config, status_out)
         log.info("serving %s under one budget of %s",
                  "libvirt's running domains" if follow else f"{len(host.watchers)} images",
                  format_size(config.max_hold))
@@ -193,12 +197,15 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
             if syncer is not None:
                 syncer.sync()
             reports = host.tick()
-            if config.status:
+            if config.status or metrics is not None:
                 st = host.status_obj([w.status_obj(w.last_report) for w in host.watchers
                                       if w.last_report is not None])
                 if syncer is not None:
                     st["host"]["skipped"] = syncer.skipped_json()
-                status_out.write("status", config.status, status_bytes(st))
+                if config.status:
+                    status_out.write("status", config.status, status_bytes(st))
+                if metrics is not None:
+                    metrics.publish(st["disks"], st["host"])
             if config.host_png:
                 status_out.write("host_png", config.host_png, _overview(host))
             disks.maybe_save(host.watchers)
@@ -207,6 +214,8 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
         return _loop(HostLoop(host, cycle, config), sig, reload, dog)
     finally:
         sdnotify.stopping()
+        if metrics is not None:
+            metrics.close()
         host.close()
         if follow is not None:
             follow.close()

@@ -185,3 +185,34 @@ class _ShortRepr(reprlib.Repr):
 
 def _show(value: Any) -> str:
     return _ShortRepr().repr(value)
+
+
+def _loopback_listen(v):
+    """``HOST:PORT`` on a loopback address: ``127.0.0.1:9105``, ``[::1]:9105``,
+    ``localhost:9105``. Returns the text as given (checked)."""
+    import ipaddress
+    if not isinstance(v, str):
+        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:9105")
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([^:\[\]]+):(\d{1,5})", v.strip())
+    if not m:
+        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:9105 or [::1]:9105")
+    host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if not 1 <= int(port) <= 65535:
+        raise ValueError("the port must be from 1 to 65535")
+    if host != "localhost":
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IP address or localhost") from None
+        if not loopback:
+            raise ValueError(f"{host} is not a loopback address: the endpoint has no "
+                             "authentication; use 127.0.0.1 or ::1 (and a proxy or "
+                             "node_exporter's textfile collector, metrics_file, for a "
+                             "remote Prometheus)")
+    return v.strip()
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    """``_loopback_listen``'s text -> (host, port)."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)

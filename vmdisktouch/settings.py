@@ -23,8 +23,8 @@ from typing import Any, Callable
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.setting_parsers import (MAX_BLOCK_SIZE, MAX_PATH_BYTES, MIN_LOAD_RATE,
                                           PAGE_SIZE, _block_size, _choice, _duration,
-                                          _float, _int, _load_rate, _num, _path,
-                                          _positive_size, _show)
+                                          _float, _int, _load_rate, _loopback_listen, _num,
+                                          _path, _positive_size, _show)
 from vmdisktouch.sizes import MAX_SIZE, format_size, parse_size
 
 MiB = 1 << 20
@@ -141,6 +141,15 @@ SETTINGS: tuple[Setting, ...] = (
             "Several images or --libvirt: write the host overview PNG here every cycle "
             "(replaced atomically): the budget split between the disks, and one band per "
             "disk with what it holds and has cached.", group="output"),
+    Setting("metrics_file", _path, None, "path", "",
+            "Write Prometheus metrics here every cycle (text format, replaced atomically), "
+            "for node_exporter's textfile collector (a *.prom file in its directory). "
+            "Needs the prometheus_client package.", group="output"),
+    Setting("metrics_listen", _loopback_listen, None, "address", "",
+            "Serve Prometheus metrics over HTTP on this loopback address, HOST:PORT "
+            "(127.0.0.1:9105, [::1]:9105 or localhost:9105; other addresses are refused: "
+            "the endpoint has no authentication). Unset: no endpoint. Needs the "
+            "prometheus_client package.", group="output"),
     Setting("state_dir", _path, None, "path", "",
             "Save each image's heat and held regions in this directory (one file per "
             "image, replaced atomically) every state_save_interval and at stop, and "

@@ -45,10 +45,13 @@ GOOD = {
              ('"/tmp/b out"', "/tmp/b out", "/tmp/b out")],
     "boolean": [("true", "yes", True), ("false", "no", False)],
     "choice": [('"trace"', "trace", "trace"), ('"MINCORE"', "mincore", "mincore")],
+    "address": [('"127.0.0.1:9105"', "127.0.0.1:9105", "127.0.0.1:9105"),
+                ('"[::1]:80"', "[::1]:80", "[::1]:80")],
 }
 BAD = {"size": '"lots"', "duration": '"soon"', "number": '"high"', "fraction": "1.5",
        "integer": "1.5",
-       "path": "5", "boolean": '"maybe"', "choice": '"sometimes"'}
+       "path": "5", "boolean": '"maybe"', "choice": '"sometimes"',
+       "address": '"0.0.0.0:9105"'}
 
 
 def parse_cli(argv):
@@ -118,7 +121,7 @@ def test_bad_value_names_file_and_key(tmp_path, s):
         configfile.load(path)
     msg = str(exc.value)
     assert msg.startswith(f"{path}: key {s.key}: bad value"), msg
-    assert f"expected {'an' if s.kind == 'integer' else 'a'} {s.kind}" in msg
+    assert f"expected {'an' if s.kind[0] in 'aeiou' else 'a'} {s.kind}" in msg
 
 
 def test_bad_value_fails_even_when_the_cli_overrides_it(tmp_path):

@@ -189,11 +189,18 @@ BOUNDS = {
     "width": ([1, 16384], [(0, ">= 1"), (16385, "<= 16384")]),
     "scale": ([1, 64], [(0, ">= 1"), (65, "<= 64")]),
     "aspect": ([0.01, 100], [(0.009, ">= 0.01"), (101, "<= 100"), (0, ">= 0.01")]),
+    "metrics_listen": (["127.0.0.1:1", "127.255.0.9:65535", "[::1]:9105", "localhost:9105"],
+                       [("127.0.0.1:0", "from 1 to 65535"), ("127.0.0.1:65536", "1 to 65535"),
+                        ("0.0.0.0:9105", "not a loopback address"),
+                        ("[::]:9105", "not a loopback address"),
+                        ("192.168.1.5:9105", "not a loopback address"),
+                        ("example.com:80", "not an IP address"), ("9105", "HOST:PORT"),
+                        (9105, "HOST:PORT"), ("127.0.0.1", "HOST:PORT")]),
 }
 
 
 def test_every_setting_has_bounds_tested():
-    paths = {"heat_png", "map_png", "host_png", "state_dir"}          # as status
+    paths = {"heat_png", "map_png", "host_png", "state_dir", "metrics_file"}   # as status
     assert set(BOUNDS) | paths == set(settings.BY_KEY)
 
 

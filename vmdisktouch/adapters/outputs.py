@@ -49,7 +49,8 @@ log = logging.getLogger("vmdisktouch")
 OUTPUT_KEYS = {"status": ("--status", b"{"),
                "map_png": ("--map-png", b"\x89PNG\r\n\x1a\n"),
                "heat_png": ("--heat-png", b"\x89PNG\r\n\x1a\n"),
-               "host_png": ("--host-png", b"\x89PNG\r\n\x1a\n")}
+               "host_png": ("--host-png", b"\x89PNG\r\n\x1a\n"),
+               "metrics_file": ("--metrics-file", b"# HELP ")}
 
 
 @dataclass(frozen=True)

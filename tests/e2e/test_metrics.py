@@ -1,0 +1,92 @@
+"""Prometheus metrics of a real daemon: the loopback endpoint scraped over HTTP and the
+textfile, both parsed with prometheus_client's own parser and checked against the status."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.pagecache import data_image
+from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
+
+MiB = 1 << 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def samples(text: str) -> dict:
+    """(name, disk label or None) -> value, for every sample of the exposition."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, s.labels.get("disk"))] = s.value
+    return out
+
+
+def read_range(path, length):
+    with open(path, "rb") as f:
+        while length > 0:
+            length -= len(f.read(min(length, MiB)) or b"x" * length)
+
+
+def test_endpoint_and_textfile_agree_with_the_status(tmp_path):
+    img = data_image(tmp_path / "disk.raw", 32 * MiB)
+    port = free_port()
+    prom = tmp_path / "vmdisktouch.prom"
+    d = DaemonProc(tmp_path, img, "--uri", "", "--min-free", "0", "--metrics-listen",
+                   f"127.0.0.1:{port}", "--metrics-file", str(prom), max_hold="16M",
+                   interval=1.0, env=env_without_systemd())
+    try:
+        st = d.wait_status(lambda s: s["held_bytes"] > 0, "a hold", timeout=30,
+                           drive=lambda: read_range(img, 16 * MiB))
+        st = d.wait_status(lambda s: s["cycle"] > st["cycle"] + 1, "two more cycles")
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        http = samples(body.decode())
+        assert http[("vmdisktouch_budget_bytes", img)] == 16 * MiB
+        assert 0 < http[("vmdisktouch_held_bytes", img)] <= 16 * MiB
+        assert http[("vmdisktouch_loaded_bytes_total", img)] >= http[("vmdisktouch_held_bytes",
+                                                                        img)]
+        assert http[("vmdisktouch_cycles_total", img)] >= 3
+        assert ("vmdisktouch_events_lost_total", img) in http
+        assert ("vmdisktouch_disk_info", img) in http
+        assert not any(name.startswith("python_") or name.startswith("process_")
+                       for name, _ in http)                # our registry only
+        text = samples(prom.read_text())
+        last = d.read_status()
+        assert text[("vmdisktouch_cycles_total", img)] in (last["cycle"], last["cycle"] - 1)
+        assert text[("vmdisktouch_held_bytes", img)] <= 16 * MiB
+    finally:
+        assert d.stop() == 0, d.output()[-2000:]
+    with socket.socket() as s:                            # the endpoint went with the daemon
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_several_disks_and_the_host_budget(tmp_path):
+    a, b = (data_image(tmp_path / f"{n}.raw", 16 * MiB) for n in "ab")
+    prom = tmp_path / "host.prom"
+    d = DaemonProc(tmp_path, [a, b], "--uri", "", "--min-free", "0", "--metrics-file",
+                   str(prom), max_hold="8M", interval=1.0, env=env_without_systemd())
+    try:
+        d.wait_status(lambda s: s["host"]["cycle"] >= 2, "two cycles")
+        m = samples(prom.read_text())
+        assert m[("vmdisktouch_host_budget_bytes", None)] == 8 * MiB
+        assert ("vmdisktouch_held_bytes", a) in m and ("vmdisktouch_held_bytes", b) in m
+    finally:
+        assert d.stop() == 0, d.output()[-2000:]
+
+
+def test_a_non_loopback_address_is_refused_with_one_line(tmp_path):
+    img = data_image(tmp_path / "disk.raw", 4 * MiB)
+    r = subprocess.run([sys.executable, "-m", "vmdisktouch", "run", img, "--max-hold", "1M",
+                        "--uri", "", "--metrics-listen", "0.0.0.0:9105"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 78 and "not a loopback address" in r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
