@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -56,3 +57,40 @@ def test_status_lists_live_daemons_and_says_stale_once_one_is_gone(tmp_path):
     finally:
         single.stop()
         assert host.stop() == 0
+
+
+def key_paths(obj, prefix=""):
+    """Every key of a status object, as docs/status.md names them (``a.b``, ``a[].b``)."""
+    out = set()
+    for k, v in obj.items():
+        p = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= key_paths(v, p + ".")
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            out |= key_paths(v[0], p + "[].")
+        else:
+            out.add(p)          # a value (an empty list of objects: its own name)
+    return out
+
+
+def test_every_key_of_the_status_is_documented(tmp_path):
+    """docs/status.md names every key a live daemon writes (one disk, and a host)."""
+    doc = (pathlib.Path(ROOT) / "docs" / "status.md").read_text()
+    one, a, b = (data_image(tmp_path / f"{n}.raw", 16 * MiB) for n in ("one", "a", "b"))
+    env = env_without_systemd()
+    single = DaemonProc(tmp_path, one, "--uri", "", "--min-free", "0", max_hold="8M",
+                        interval=1.0, status="one.json", log="one.log", env=env)
+    host = DaemonProc(tmp_path, [a, b], "--uri", "", "--min-free", "0", max_hold="8M",
+                      interval=1.0, status="host.json", log="host.log", env=env)
+    try:
+        st = single.wait_status(lambda s: s["held_bytes"] > 0, "a hold", timeout=30,
+                                drive=lambda: open(one, "rb").read(8 * MiB))
+        hs = host.wait_status(lambda s: s["host"]["cycle"] >= 2, "two host cycles")
+    finally:
+        single.stop()
+        host.stop()
+    keys = key_paths(st) | {k for k in key_paths(hs) if not k.startswith("disks")}
+    missing = sorted(k for k in keys
+                     if f"`{k}`" not in doc and f"`{k}[]." not in doc)
+    assert st["charges"]["available"] and st["regions"]
+    assert not missing, f"docs/status.md does not describe: {missing}"
