@@ -214,7 +214,10 @@ class Demo:
         say(f"  cgroup: OOM kills {c1['oom_kills']} / {c2['oom_kills']}; held pages charged to the "
             f"workload's group (unevictable) {c2['unevictable'] / MiB:.0f} MiB of its "
             f"{self.limit / MiB:.0f} MiB limit")
-        say(f"  output: {self.out}/map.png, heat.png, status.json, daemon.log "
+        out = os.path.abspath(self.out)
+        say(f"  pictures: {out}/map.png (the block map) and {out}/heat.png (the heat map): "
+            "open them in an image viewer")
+        say(f"  also: {out}/status.json, {out}/daemon.log "
             f"({time.monotonic() - t_start:.0f} s in all)")
         return 0
 

@@ -7,6 +7,7 @@ imported only when a PNG is asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -91,27 +92,45 @@ class Emitter:
             "time": time.time(),
         }
 
+    def _pictures(self, r: CycleReport, c, status: dict, resident: np.ndarray,
+                  held: np.ndarray, policy) -> None:
+        from vmdisktouch.adapters import figure, render  # PIL only when PNGs are asked for
+        n = held.size
+        layout = render.Layout.fit(n, blocks_per_pixel=c.blocks_per_pixel,
+                                   width=c.width, aspect=c.aspect)
+        layout = dataclasses.replace(layout, scale=figure.fit_scale(layout.width, c.scale))
+
+        def header(what: str) -> list[str]:
+            return figure.header_lines(
+                status["path"], status["time"], held=r.held_bytes, budget=c.max_hold,
+                resident=r.resident_bytes, size=r.size_bytes, cycle=r.cycle,
+                blocks_per_pixel=layout.blocks_per_pixel, block_size=c.block_size, what=what)
+
+        if c.map_png:
+            red = np.zeros(n, dtype=bool)
+            red[policy.red.blocks] = True
+            thrash = None
+            thrashing = policy.thrashing()
+            if thrashing.size:
+                thrash = np.zeros(n, dtype=bool)
+                thrash[thrashing] = True
+            holes = policy.known.holes[:n] if policy.known.holes.any() else None
+            grid = render.block_map_image(resident, held, red, layout, thrash, holes)
+            fig = figure.compose(grid, layout, c.block_size, header("block map"))
+            self.outputs.write("map_png", c.map_png, render.png_bytes(fig.image))
+        if c.heat_png:
+            vmax = c.amp_resident + c.amp_rewritten
+            grid = render.heat_image(policy.state.total, layout, vmax=vmax, held_mask=held,
+                                     vmin=c.threshold / 10 if c.threshold > 0 else None)
+            fig = figure.compose(grid, layout, c.block_size, header("heat map"),
+                                 colorbar=(vmax, c.threshold))
+            self.outputs.write("heat_png", c.heat_png, render.png_bytes(fig.image))
+
     def emit(self, r: CycleReport, c, status: dict, resident: np.ndarray, held: np.ndarray,
              policy) -> None:
         """Write what settings ``c`` ask for; log the cycle's line."""
         if c.status:
             self.outputs.write("status", c.status, status_bytes(status))
         if c.heat_png or c.map_png:
-            from vmdisktouch.adapters import render  # PIL only when PNGs are asked for
-            n = held.size
-            layout = render.Layout.fit(n, blocks_per_pixel=c.blocks_per_pixel,
-                                       width=c.width, aspect=c.aspect, scale=c.scale)
-            if c.map_png:
-                red = np.zeros(n, dtype=bool)
-                red[policy.red.blocks] = True
-                thrash = None
-                thrashing = policy.thrashing()
-                if thrashing.size:
-                    thrash = np.zeros(n, dtype=bool)
-                    thrash[thrashing] = True
-                image = render.block_map_image(resident, held, red, layout, thrash)
-                self.outputs.write("map_png", c.map_png, render.png_bytes(image))
-            if c.heat_png:
-                image = render.heat_image(policy.state.total, layout)
-                self.outputs.write("heat_png", c.heat_png, render.png_bytes(image))
+            self._pictures(r, c, status, resident, held, policy)
         self.cycles.log(r, c, r.not_held_reason, time.monotonic())

@@ -167,8 +167,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("aspect", _float(MIN_ASPECT, MAX_ASPECT), 1.0, "number", "width/height",
             f"Aspect ratio of the PNGs. From {_num(MIN_ASPECT)} to {_num(MAX_ASPECT)}.",
             group="output"),
-    Setting("scale", _int(1, MAX_SCALE), 1, "integer", "",
-            f"Draw each PNG pixel as a scale x scale square. From 1 to {MAX_SCALE}.",
+    Setting("scale", _int(1, MAX_SCALE), None, "integer", "",
+            "Draw each PNG pixel as a scale x scale square (default: the smallest whole "
+            f"factor that makes the map at least 512 pixels wide). From 1 to {MAX_SCALE}.",
             group="output"),
 )
 

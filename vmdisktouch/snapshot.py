@@ -76,14 +76,18 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                              "used_cachestat, partial_view, note)")
     parser.add_argument("--png", metavar="FILE",
                         help="also write the block map of the image as a PNG, replaced "
-                             "atomically (green brightness = fraction of the pixel's pages "
-                             "cached, black = none, dark grey = padding). Needs exactly one "
-                             "PATH: one map per file, no naming rule to guess")
+                             "atomically, with a header, an offset axis and a legend (green "
+                             "brightness = fraction of the pixel's pages cached, black = "
+                             "none, grey checkerboard = a hole of a sparse file). Needs "
+                             "exactly one PATH: one map per file, no naming rule to guess")
     layout = parser.add_mutually_exclusive_group()
     layout.add_argument("--blocks-per-pixel", type=_positive_int, metavar="N",
                         help="blocks covered by each pixel of the PNG")
     layout.add_argument("--width", type=_positive_int, metavar="W",
-                        help="width of the PNG in pixels; blocks per pixel chosen to fit")
+                        help="map pixels per row of the PNG; blocks per pixel chosen to fit")
+    parser.add_argument("--scale", type=_positive_int, metavar="K",
+                        help="draw each map pixel as a K x K square (default: the smallest "
+                             "factor that makes the map at least 512 pixels wide)")
     parser.add_argument("--block-size", type=_block_size, default=residency.DEFAULT_BLOCK_SIZE,
                         metavar="SIZE",
                         help="bytes per block of the map, a multiple of the page size "
@@ -175,22 +179,37 @@ def format_png_line(path: str, width: int, height: int, blocks_per_pixel: int) -
 # Wiring
 
 
-def _scan_one(path: str, block_size: int, want_ranges: bool):
+def _scan_one(path: str, block_size: int, want_ranges: bool, want_holes: bool = False):
+    """(record, residency, holes per block or None) of one image."""
     with open_image(path) as img:
         t0 = time.perf_counter()
         res = residency.scan(img.fd, img.size, block_size, want_ranges=want_ranges)
         seconds = time.perf_counter() - t0
+        holes = None
+        if want_holes and img.is_regular:
+            from vmdisktouch.core.runs import runs_to_mask
+            holes = ~runs_to_mask(img.data_runs((0, res.nblocks), block_size), res.nblocks)
         return build_record(path=path, kind=img.kind, fmt=img.format, res=res,
-                            scan_seconds=seconds), res
+                            scan_seconds=seconds), res, holes
 
 
-def _write_png(path: str, res: residency.Residency, args) -> str:
-    from vmdisktouch.adapters import render  # PIL is only needed here
+def _write_png(path: str, res: residency.Residency, holes, record: dict, args) -> str:
+    import dataclasses
+
+    from vmdisktouch.adapters import figure, render  # PIL is only needed here
     from vmdisktouch.adapters.atomic import write_png
 
     layout = render.Layout.fit(res.nblocks, blocks_per_pixel=args.blocks_per_pixel,
                                width=args.width)
-    image = render.residency_image(res.fraction(), layout)
+    layout = dataclasses.replace(layout, scale=figure.fit_scale(layout.width, args.scale))
+    grid = render.block_map_image(res.fraction(), None, None, layout, hole_mask=holes)
+    header = figure.header_lines(
+        record["path"], time.time(), resident=record["resident_pages"] * record["page_size"],
+        size=record["size_bytes"], blocks_per_pixel=layout.blocks_per_pixel,
+        block_size=res.block_size, what="page cache")
+    legend = [x for x in figure.MAP_LEGEND if x[1] in (render.CACHED, render.UNCACHED)
+              or (x[1] == render.HOLE[0] and holes is not None)]
+    image = figure.compose(grid, layout, res.block_size, header, legend=legend).image
     try:
         write_png(path, image)
     except OSError as exc:
@@ -216,8 +235,10 @@ def main(args) -> int:
     failed = False
     for path in args.paths:
         try:
-            record, res = _scan_one(path, args.block_size, want_ranges=args.json)
-            png_line = _write_png(args.png, res, args) if args.png is not None else None
+            record, res, holes = _scan_one(path, args.block_size, want_ranges=args.json,
+                                           want_holes=args.png is not None)
+            png_line = (_write_png(args.png, res, holes, record, args)
+                        if args.png is not None else None)
         except VmdtError as exc:
             print(f"vmdisktouch: {exc}", file=sys.stderr, flush=True)
             failed = True

@@ -49,6 +49,7 @@ from tests.pagecache import PAGE, evict, fincore_pages, read_range, require_tool
 from tests.qemu_vm import QemuVM
 from tools.daemon_proc import DaemonProc, env_without_systemd
 from tools.procfs import vmlck
+from vmdisktouch.adapters import figure, render
 from vmdisktouch.system import residency
 
 MiB = 1 << 20
@@ -722,23 +723,31 @@ class PngReader:
 
 
 def pixels(path) -> np.ndarray:
+    """The map's grid out of the composed figure (``figure``: header, axis, legend)."""
     with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"))
+        rgb = np.asarray(img.convert("RGB"))
+    x0, y0 = figure.grid_origin()
+    return rgb[y0:y0 + SIZE // MiB // BPP_WIDTH * SCALE, x0:x0 + BPP_WIDTH * SCALE]
 
 
-def block_colour(rgb: np.ndarray, block: int) -> tuple[int, int, int]:
+def block_colour(rgb: np.ndarray, block: int, uniform: bool = True) -> tuple[int, int, int]:
+    """A block's colour; ``uniform``: its scale x scale square is all that colour (the
+    heat map outlines held regions, so there only the square's inside is)."""
     y, x = divmod(block, BPP_WIDTH)
-    cell = rgb[y * SCALE:(y + 1) * SCALE, x * SCALE:(x + 1) * SCALE].reshape(-1, 3)
+    cell = rgb[y * SCALE:(y + 1) * SCALE, x * SCALE:(x + 1) * SCALE]
+    if not uniform:
+        cell = cell[1:-1, 1:-1]
+    cell = cell.reshape(-1, 3)
     assert (cell == cell[0]).all(), "a block's pixel is not a uniform scale x scale square"
     return tuple(int(v) for v in cell[0])
 
 
 def is_blue(c) -> bool:
-    return c[0] == 0 and c[1] == 0 and c[2] >= 128
+    return c == render.HELD
 
 
 def is_red(c) -> bool:
-    return c[0] >= 128 and c[1] == 0 and c[2] == 0
+    return c == render.REWRITTEN
 
 
 @pytest.mark.qemu
@@ -776,7 +785,7 @@ def test_pngs_are_replaced_atomically_and_show_held_and_rewritten(image, daemons
             assert heat.shape == rgb.shape
             cold = block_colour(heat, COLD[1][0] // MiB + 20)
             assert cold == (0x44, 0x01, 0x54), cold
-            assert block_colour(heat, wblock) != cold
+            assert block_colour(heat, wblock, uniform=False) != cold
             d.wait_cycles(4)
         w.stop()
     assert not reader.failures, reader.failures[:5]
@@ -784,7 +793,7 @@ def test_pngs_are_replaced_atomically_and_show_held_and_rewritten(image, daemons
     for p in (map_png, heat_png):
         assert len(reader.sizes[str(p)]) == 1, reader.sizes[str(p)]
         (fmt, size, _mode), = reader.sizes[str(p)]
-        assert fmt == "PNG" and size == (BPP_WIDTH * SCALE, SIZE // MiB // BPP_WIDTH * SCALE)
+        assert fmt == "PNG" and size[0] >= 512 and size[1] > SIZE // MiB // BPP_WIDTH * SCALE
         assert len(reader.inodes[str(p)]) >= 5, "the PNG is not replaced (new file) each cycle"
     d.assert_within_budget()
     d.assert_clean_stderr()

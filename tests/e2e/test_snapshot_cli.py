@@ -29,12 +29,12 @@ from PIL import Image
 
 from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
 from vmdisktouch import snapshot
+from vmdisktouch.adapters import figure, render
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 MiB = 1 << 20
 GiB = 1 << 30
-PADDING = (40, 40, 40)
 
 
 def run_cli(*args):
@@ -169,25 +169,47 @@ def pixels(path):
         return im.convert("RGB").size, np.asarray(im.convert("RGB"))
 
 
+def grid(path, width, height, scale):
+    """The map's pixels, one RGB row per map pixel, out of the composed figure."""
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.width >= 512
+        return figure.grid_pixels(im, width, height, scale)
+
+
 def test_png_block_map(tmp_path):
-    img = make_image(tmp_path / "d.raw", 60 * MiB)       # 60 blocks: 4 padding pixels at 8 wide
+    img = make_image(tmp_path / "d.raw", 60 * MiB)        # sparse; 4 padding pixels at 8 wide
     out = tmp_path / "map.png"
     proc = run_cli("--png", out, "--blocks-per-pixel", 1, "--width", 8, img)
     assert proc.returncode == 2 and "not allowed with" in proc.stderr   # exclusive options
     with held(img, [(0, 8 * MiB), (16 * MiB, MiB // 2), (59 * MiB, MiB)]):
-        proc = run_cli("--png", out, "--width", 8, img)
+        proc = run_cli("--png", out, "--width", 8, "--scale", 4, img)
     assert proc.returncode == 0, proc.stderr
-    assert f"Map: {out} (8x8 pixels, 1 block per pixel)" in proc.stdout
-    size, px = pixels(out)
-    assert size == (8, 8)
-    flat = px.reshape(-1, 3)
-    assert (flat[:8] == (0, 255, 0)).all()                # blocks 0-7 fully cached
-    assert tuple(flat[16]) == (0, 128, 0)                 # block 16 half cached
-    assert tuple(flat[59]) == (0, 255, 0)
+    assert re.search(rf"Map: {re.escape(str(out))} \(\d+x\d+ pixels, 1 block per pixel\)",
+                     proc.stdout), proc.stdout
+    flat = grid(out, 8, 8, 4)
+    green = np.asarray(render.CACHED, dtype=float)
+    assert (flat[:8] == render.CACHED).all()              # blocks 0-7 fully cached
+    assert tuple(flat[16]) == tuple((green / 2).round().astype(int))    # block 16 half cached
+    assert tuple(flat[59]) == render.CACHED
     others = [i for i in range(60) if i not in (*range(8), 16, 59)]
-    assert (flat[others] == 0).all()                      # nothing cached: black
-    assert (flat[60:] == PADDING).all()                   # after the end of the image
+    assert {tuple(p) for p in flat[others]} <= set(render.HOLE)   # holes, nothing cached
+    assert (flat[60:] == render.PADDING).all()            # after the end of the image
     assert sorted(os.listdir(tmp_path)) == ["d.raw", "map.png"]   # no temporary left
+
+
+def test_png_shows_the_holes_of_a_sparse_image_apart_from_uncached_data(tmp_path):
+    img = make_image(tmp_path / "s.raw", 64 * MiB)                  # all a hole...
+    with open(img, "r+b") as f:                                     # ...but blocks 8-15
+        f.seek(8 * MiB)
+        f.write(os.urandom(8 * MiB))
+    evict(img)
+    out = tmp_path / "map.png"
+    proc = run_cli("--png", out, "--width", 8, "--scale", 8, img)
+    assert proc.returncode == 0, proc.stderr
+    flat = grid(out, 8, 8, 8)
+    assert (flat[8:16] == 0).all()                                  # data, not cached
+    hole = [tuple(p) for i, p in enumerate(flat) if not 8 <= i < 16]
+    assert set(hole) <= set(render.HOLE) and len(hole) == 56
 
 
 def test_png_blocks_per_pixel(tmp_path):
@@ -198,12 +220,12 @@ def test_png_blocks_per_pixel(tmp_path):
         fin = fincore_pages(img)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["resident_pages"] == fin == 5 * MiB // PAGE
-    size, px = pixels(out)
-    assert size[0] * size[1] >= 16 and size[0] * size[1] - 16 < size[0]
-    flat = px.reshape(-1, 3)
-    assert tuple(flat[0]) == (0, 255, 0)        # blocks 0-3 all cached
-    assert tuple(flat[8]) == (0, 64, 0)         # blocks 32-35: one of four cached
-    assert (flat[[i for i in range(16) if i not in (0, 8)]] == 0).all()
+    flat = grid(out, 4, 4, figure.fit_scale(4, None))     # 16 pixels: 4 x 4
+    green = np.asarray(render.CACHED, dtype=float)
+    assert tuple(flat[0]) == render.CACHED                # blocks 0-3 all cached
+    assert tuple(flat[8]) == tuple((green / 4).round().astype(int))   # 32-35: one of four
+    rest = flat[[i for i in range(16) if i not in (0, 8)]]
+    assert {tuple(p) for p in rest} <= set(render.HOLE)    # holes of the sparse file
 
 
 def test_png_unwritable_target_is_one_line(tmp_path):

@@ -25,6 +25,7 @@ from tests.clocks import Stepped
 from tests.pagecache import evict
 from tests.tracing import instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch import settings
+from vmdisktouch.adapters import figure, render
 from vmdisktouch.build import build
 from vmdisktouch.sources import TraceSource
 from vmdisktouch.system.image import open_image
@@ -127,7 +128,7 @@ def test_every_page_written_is_reported_and_an_idle_image_reports_none(watcher):
 
 
 def test_refaults_show_in_the_status_and_on_the_map(watcher):
-    w = watcher(blocks_per_pixel=1)
+    w = watcher(blocks_per_pixel=1, width=64, scale=4)           # one row of 64 blocks
     w.hold_enabled = False                          # nothing held: the cache may evict all
     pages = zone_pages(40, 42, every=1)
     guest_reads(w.test_path, pages)
@@ -139,8 +140,8 @@ def test_refaults_show_in_the_status_and_on_the_map(watcher):
     assert status["trace"]["refaulted_pages"] >= len(pages) // 2, status["trace"]
     thrash = status["thrashing_ranges"]
     assert thrash and all(40 * MiB <= s and s + n <= 48 * MiB for s, n in thrash), thrash
-    rgb = np.asarray(PILImage.open(w.config.map_png).convert("RGB")).reshape(-1, 3)
-    yellow = np.flatnonzero((rgb[:, 0] > 100) & (rgb[:, 1] > 100) & (rgb[:, 2] == 0))
+    rgb = figure.grid_pixels(PILImage.open(w.config.map_png), 64, 1, 4)
+    yellow = np.flatnonzero(np.all(rgb == render.THRASHING, axis=1))
     assert {40, 41} <= set(yellow.tolist()) <= set(range(40, 48)), yellow   # + readahead
 
 

@@ -5,25 +5,34 @@ them. Blocks are laid out row by row, block 0 at the top left. Each pixel
 covers ``blocks_per_pixel`` consecutive blocks; pixels after the end of the
 image are padding (dark grey).
 
-Colours of the block map (documented in the README):
+Colours of the block map (documented in the README), from the Okabe-Ito
+palette, which red-green colour-blind eyes tell apart, bright on a dark
+background so the daemon's own holds are the most visible colour:
 
-* red: at least one block of the pixel was rewritten recently while held; brightness
-  grows with the rewritten share of the pixel (from half to full);
-* blue: otherwise, at least one block is held by the daemon; brightness
+* vermillion: at least one block of the pixel was rewritten recently;
+  brightness grows with the rewritten share of the pixel (from half to full);
+* sky blue: otherwise, at least one block is held by the daemon; brightness
   grows with the held share (from half to full);
 * yellow: otherwise, at least one block of the pixel is thrashing (the
   trace source: its pages keep refaulting, ``Policy.thrashing``) and is not
   held; brightness grows with the share of such blocks (from half to full);
-* green: otherwise, brightness is exactly the fraction of the pixel's pages
-  that are cached (0 = black = nothing cached).
+* bluish green: otherwise, brightness is exactly the fraction of the pixel's
+  pages that are cached (0 = black = data, none of it cached);
+* a grey checkerboard: every block of the pixel is a hole of a sparse file
+  (no data: nothing to cache or hold), when the holes are known;
+* the background grey: past the end of the image.
 
 A pixel's share is the mean over its blocks. Red and blue start at half
 brightness so one block among many is still visible; green is linear so the
 snapshot PNG can be read as a residency measure.
 
 The heat map shows each pixel's hottest block on the viridis scale (dark
-violet = cold, yellow = hot), normalised to ``vmax`` (default: the hottest
-block of the map).
+violet = cold, yellow = hot) on a fixed scale up to ``vmax`` (the run
+passes the highest heat possible, ``amp_resident + amp_rewritten``), so a
+colour means the same heat in every frame; the run's scale is logarithmic
+from a tenth of the threshold (``vmin``), so the threshold, far below the
+top, sits mid-scale and what is just above it is visible. Held pixels are
+outlined in white. ``figure`` adds the header, the axis, the legend and the colour bar.
 """
 
 from __future__ import annotations
@@ -35,7 +44,14 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-PADDING = np.array([40, 40, 40], dtype=np.uint8)
+PADDING = np.array([24, 24, 24], dtype=np.uint8)       # also the figure's background
+UNCACHED = (0, 0, 0)
+CACHED = (0, 158, 115)          # Okabe-Ito bluish green, scaled by the cached fraction
+HELD = (86, 180, 233)           # sky blue
+REWRITTEN = (213, 94, 0)        # vermillion
+THRASHING = (240, 228, 66)      # yellow
+HOLE = ((70, 70, 70), (46, 46, 46))   # checkerboard
+OUTLINE = (255, 255, 255)
 
 # viridis sampled at i/8 (matplotlib's published values); interpolated linearly.
 _VIRIDIS_ANCHORS = np.array([
@@ -95,52 +111,78 @@ def _per_pixel(values: np.ndarray, layout: Layout, how: str) -> np.ndarray:
         return v
     whole = (v.size // bpp) * bpp
     head = v[:whole].reshape(-1, bpp)
-    out = head.max(axis=1) if how == "max" else head.mean(axis=1)
+    reduce = {"max": np.max, "min": np.min, "mean": np.mean}[how]
+    out = reduce(head, axis=1)
     if whole < v.size:
         tail = v[whole:]
-        out = np.append(out, tail.max() if how == "max" else tail.mean())
+        out = np.append(out, reduce(tail))
     return out
 
 
-def _to_image(rgb: np.ndarray, layout: Layout) -> Image.Image:
-    """Place ``npixels`` RGB rows on the grid, pad, scale."""
-    grid = np.empty((layout.width * layout.height, 3), dtype=np.uint8)
+def _to_image(rgb: np.ndarray, layout: Layout, hole: np.ndarray | None = None,
+              outline: np.ndarray | None = None) -> Image.Image:
+    """Place ``npixels`` RGB rows on the grid, pad, scale; ``hole`` pixels get the
+    checkerboard, the edges of ``outline`` pixels a white line."""
+    n = layout.width * layout.height
+    grid = np.empty((n, 3), dtype=np.uint8)
     grid[:] = PADDING
     grid[:rgb.shape[0]] = rgb
-    img = Image.fromarray(grid.reshape(layout.height, layout.width, 3), "RGB")
-    if layout.scale > 1:
-        img = img.resize((layout.width * layout.scale, layout.height * layout.scale),
-                         Image.NEAREST)
-    return img
+    grid = grid.reshape(layout.height, layout.width, 3)
+    k = layout.scale
+    if k > 1:
+        grid = grid.repeat(k, axis=0).repeat(k, axis=1)
+    if hole is not None and hole.any():
+        cells = _grid_mask(hole, layout).repeat(k, axis=0).repeat(k, axis=1)
+        yy, xx = np.indices(cells.shape)
+        check = ((yy // max(1, k // 2)) + (xx // max(1, k // 2))) % 2 == 0
+        grid[cells & check] = HOLE[0]
+        grid[cells & ~check] = HOLE[1]
+    if outline is not None and outline.any():
+        cells = _grid_mask(outline, layout).repeat(k, axis=0).repeat(k, axis=1)
+        edge = np.zeros_like(cells)
+        edge[1:, :] |= cells[1:, :] & ~cells[:-1, :]
+        edge[:-1, :] |= cells[:-1, :] & ~cells[1:, :]
+        edge[:, 1:] |= cells[:, 1:] & ~cells[:, :-1]
+        edge[:, :-1] |= cells[:, :-1] & ~cells[:, 1:]
+        edge[0, :] |= cells[0, :]
+        edge[-1, :] |= cells[-1, :]
+        edge[:, 0] |= cells[:, 0]
+        edge[:, -1] |= cells[:, -1]
+        grid[edge] = OUTLINE
+    return Image.fromarray(np.ascontiguousarray(grid), "RGB")
 
 
-def _brightness(share: np.ndarray) -> np.ndarray:
-    return np.where(share > 0, 127.5 + 127.5 * share, 0).round().astype(np.uint8)
+def _grid_mask(per_pixel: np.ndarray, layout: Layout) -> np.ndarray:
+    m = np.zeros(layout.width * layout.height, dtype=bool)
+    m[:per_pixel.size] = per_pixel
+    return m.reshape(layout.height, layout.width)
+
+
+def _shade(colour, share: np.ndarray) -> np.ndarray:
+    """``colour`` from half (a small share) to full brightness (all of the pixel)."""
+    f = np.where(share > 0, 0.5 + 0.5 * share, 0.0)[:, None]
+    return (f * np.asarray(colour, dtype=np.float64)).round().astype(np.uint8)
 
 
 def block_map_image(fraction: np.ndarray, held_mask: np.ndarray | None,
                     red_mask: np.ndarray | None, layout: Layout,
-                    thrash_mask: np.ndarray | None = None) -> Image.Image:
-    """The block map: red rewritten > blue held > yellow thrashing > green cached > black."""
+                    thrash_mask: np.ndarray | None = None,
+                    hole_mask: np.ndarray | None = None) -> Image.Image:
+    """The block map: rewritten > held > thrashing > cached (or a hole) > uncached."""
     cached = _per_pixel(np.clip(fraction, 0, 1), layout, "mean")
-    rgb = np.zeros((cached.size, 3), dtype=np.uint8)
-    rgb[:, 1] = (cached * 255).round().astype(np.uint8)
-    if thrash_mask is not None:
-        thrash = _per_pixel(thrash_mask, layout, "mean")
-        on = thrash > 0
-        rgb[on] = 0
-        rgb[on, 0] = rgb[on, 1] = _brightness(thrash[on])
-    if held_mask is not None:
-        held = _per_pixel(held_mask, layout, "mean")
-        on = held > 0
-        rgb[on] = 0
-        rgb[on, 2] = _brightness(held[on])
-    if red_mask is not None:
-        red = _per_pixel(red_mask, layout, "mean")
-        on = red > 0
-        rgb[on] = 0
-        rgb[on, 0] = _brightness(red[on])
-    return _to_image(rgb, layout)
+    rgb = (cached[:, None] * np.asarray(CACHED, dtype=np.float64)).round().astype(np.uint8)
+    marked = np.zeros(cached.size, dtype=bool)
+    for mask, colour in ((red_mask, REWRITTEN), (held_mask, HELD), (thrash_mask, THRASHING)):
+        if mask is None:
+            continue
+        share = _per_pixel(mask, layout, "mean")
+        on = (share > 0) & ~marked
+        rgb[on] = _shade(colour, share[on])
+        marked |= on
+    hole = None
+    if hole_mask is not None:
+        hole = (_per_pixel(hole_mask, layout, "min") > 0) & ~marked & (cached == 0)
+    return _to_image(rgb, layout, hole=hole)
 
 
 def residency_image(fraction: np.ndarray, layout: Layout) -> Image.Image:
@@ -155,12 +197,28 @@ def png_bytes(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def heat_image(heat: np.ndarray, layout: Layout, vmax: float | None = None) -> Image.Image:
-    """The heat map on the viridis scale; each pixel shows its hottest block."""
+def heat_fraction(h: np.ndarray, vmax: float, vmin: float | None) -> np.ndarray:
+    """Heat -> [0, 1] along the colour scale: linear from 0 to ``vmax`` without ``vmin``,
+    else logarithmic from ``vmin`` (and below it: 0) to ``vmax``."""
+    h = np.asarray(h, dtype=np.float64)
+    if vmin is None or not 0 < vmin < vmax:
+        return np.clip(h / vmax, 0, 1)
+    lo, hi = math.log10(vmin), math.log10(vmax)
+    with np.errstate(divide="ignore"):
+        t = (np.log10(np.maximum(h, vmin)) - lo) / (hi - lo)
+    return np.clip(t, 0, 1)
+
+
+def heat_image(heat: np.ndarray, layout: Layout, vmax: float | None = None,
+               held_mask: np.ndarray | None = None, vmin: float | None = None) -> Image.Image:
+    """The heat map on the viridis scale up to ``vmax`` (default: the hottest block),
+    logarithmic from ``vmin`` when given (``heat_fraction``); each pixel shows its hottest
+    block; pixels with held blocks are outlined."""
     h = _per_pixel(heat, layout, "max")
     if vmax is None:
         vmax = float(h.max()) if h.size else 0.0
     if not vmax > 0:
         vmax = 1.0
-    idx = (np.clip(h / vmax, 0, 1) * 255).round().astype(np.intp)
-    return _to_image(VIRIDIS[idx], layout)
+    idx = (heat_fraction(h, vmax, vmin) * 255).round().astype(np.intp)
+    held = _per_pixel(held_mask, layout, "max") > 0 if held_mask is not None else None
+    return _to_image(VIRIDIS[idx], layout, outline=held)

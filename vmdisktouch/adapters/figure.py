@@ -1,0 +1,181 @@
+"""A map PNG an operator can read: the grid of ``render`` with a header, an axis and a legend.
+
+Layout, top to bottom: a header (what, when, held / budget, resident,
+cycle), the grid with an offset axis on its left (the offset of the first
+block of a pixel row, in human units: 0, 256M, 1.5G, ...), then a legend of
+the colours, or for the heat map a colour bar on its fixed scale with the
+threshold marked. The canvas is at least ``MIN_WIDTH`` (512) pixels wide: a
+small grid is scaled up by a whole factor (``fit_scale``) rather than drawn
+in a corner. Text uses PIL's default font (FreeType when Pillow has it).
+``Figure.boxes`` names where each legend swatch was drawn (the tests read
+those pixels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from vmdisktouch.adapters import render
+from vmdisktouch.sizes import format_size
+
+MIN_WIDTH = 512
+MAX_AUTO_SCALE = 64              # settings.MAX_SCALE
+TEXT = (230, 230, 230)
+DIM = (150, 150, 150)
+PAD = 8
+AXIS = 64             # px left of the grid for the offset labels
+LINE = 16             # px per line of text
+SWATCH = 12
+
+MAP_LEGEND = (("held by vmdisktouch", render.HELD),
+              ("rewritten lately", render.REWRITTEN),
+              ("cached by the guest (brighter = more)", render.CACHED),
+              ("thrashing (refaults)", render.THRASHING),
+              ("not cached", render.UNCACHED),
+              ("hole (no data)", render.HOLE[0]))
+
+
+def fit_scale(layout_width: int, scale: int | None) -> int:
+    """The pixel scale: as given, else the smallest whole factor that makes the grid at
+    least ``MIN_WIDTH`` wide (at most ``MAX_AUTO_SCALE``)."""
+    if scale:
+        return scale
+    k = -(-MIN_WIDTH // max(1, layout_width))
+    return max(1, min(MAX_AUTO_SCALE, k))
+
+
+def grid_origin(header_lines: int = 2) -> tuple[int, int]:
+    """Where ``compose`` puts the grid's top left (a run's maps have 2 header lines)."""
+    return AXIS, PAD + LINE * header_lines + PAD
+
+
+def grid_pixels(png: Image.Image, layout_width: int, layout_height: int, scale: int,
+                header_lines: int = 2) -> np.ndarray:
+    """The grid of a composed map as one RGB row per map pixel (tests, tools)."""
+    x0, y0 = grid_origin(header_lines)
+    a = np.asarray(png.convert("RGB"))[y0:y0 + layout_height * scale,
+                                       x0:x0 + layout_width * scale]
+    return a[scale // 2::scale, scale // 2::scale].reshape(-1, 3)
+
+
+def _font(size: int = 12):
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, ValueError, OSError, ImportError):   # no FreeType: the bitmap font
+        return ImageFont.load_default()
+
+
+@dataclass
+class Figure:
+    image: Image.Image
+    grid_origin: tuple[int, int]                       # where the grid's top left is
+    boxes: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+
+
+def compose(grid: Image.Image, layout: render.Layout, block_size: int, header: list[str],
+            *, legend=MAP_LEGEND, colorbar: tuple[float, float] | None = None) -> Figure:
+    """The figure around ``grid`` (``render``'s image at ``layout``): ``header`` lines on
+    top, the offset axis on the left, ``legend`` (label, colour) or, for the heat map,
+    ``colorbar`` = (vmax, threshold) below."""
+    font = _font()
+    gw, gh = grid.size
+    head_h = grid_origin(len(header))[1]
+    width = max(MIN_WIDTH, AXIS + gw + PAD)
+    if colorbar is not None:
+        foot_h = PAD + 17 + 3 * LINE + PAD
+    else:
+        per_row = max(1, (width - AXIS) // 250)
+        foot_h = PAD + LINE * -(-len(legend) // per_row) + PAD
+    img = Image.new("RGB", (width, head_h + gh + foot_h), tuple(int(x) for x in render.PADDING))
+    img.paste(grid, (AXIS, head_h))
+    d = ImageDraw.Draw(img)
+    for k, text in enumerate(header):
+        d.text((PAD, PAD + k * LINE), text, fill=TEXT if k == 0 else DIM, font=font)
+    _axis(d, font, layout, block_size, head_h, gh)
+    fig = Figure(img, (AXIS, head_h))
+    y = head_h + gh + PAD
+    if colorbar is not None:
+        _colorbar(d, font, fig, colorbar, y, width)
+    else:
+        per_row = max(1, (width - AXIS) // 250)
+        for k, (label, colour) in enumerate(legend):
+            x = AXIS + (k % per_row) * 250
+            yy = y + (k // per_row) * LINE
+            box = (x, yy + 1, x + SWATCH, yy + 1 + SWATCH)
+            if colour == render.HOLE[0]:
+                d.rectangle(box, fill=render.HOLE[1], outline=DIM)
+                d.rectangle((x, yy + 1, x + SWATCH // 2, yy + 1 + SWATCH // 2),
+                            fill=render.HOLE[0])
+            else:
+                d.rectangle(box, fill=colour, outline=DIM)
+            fig.boxes[label] = box
+            d.text((x + SWATCH + 6, yy), label, fill=TEXT, font=font)
+    return fig
+
+
+def _axis(d, font, layout: render.Layout, block_size: int, top: int, gh: int) -> None:
+    """Offset labels down the left: the first byte of every few pixel rows."""
+    k = layout.scale
+    rows = layout.height
+    every = max(1, -(-(LINE * 3) // k))               # a label at most every 3 lines
+    row_bytes = layout.width * layout.blocks_per_pixel * block_size
+    for r in range(0, rows, every):
+        y = top + r * k
+        d.line((AXIS - 5, y, AXIS - 1, y), fill=DIM)
+        d.text((PAD, y - 6), format_size(r * row_bytes), fill=DIM, font=font)
+    d.text((PAD, top + gh + 2), "offset", fill=DIM, font=font)
+
+
+def _colorbar(d, font, fig: Figure, colorbar, y: int, width: int) -> None:
+    """The heat scale (``render.heat_fraction``: logarithmic from a tenth of the
+    threshold), with tick labels, the threshold marked, and what the outline means."""
+    vmax, threshold = colorbar
+    vmin = threshold / 10 if threshold > 0 else None
+    x0, x1 = AXIS, width - PAD
+    span = max(1, x1 - x0 - 1)
+    for x in range(x0, x1):
+        c = render.VIRIDIS[int(round((x - x0) / span * 255))]
+        d.line((x, y, x, y + 14), fill=tuple(int(v) for v in c))
+    fig.boxes["colorbar"] = (x0, y, x1, y + 14)
+
+    def at(v: float) -> int:
+        return x0 + int(round(float(render.heat_fraction(np.array([v]), vmax, vmin)[0]) * span))
+
+    ticks = [v for v in (0.01, 0.1, 1.0) if vmin is not None and vmin < v < vmax]
+    last = -100
+    for v in [0.0, *ticks, vmax]:
+        x = at(v) if v > 0 else x0
+        label = f"{v:g}"
+        w = d.textlength(label, font=font)
+        lx = min(max(x0, x - w / 2), x1 - w)
+        if lx < last + 6:
+            continue
+        d.line((x, y + 14, x, y + 17), fill=DIM)
+        d.text((lx, y + 17), label, fill=DIM, font=font)
+        last = lx + w
+    if vmin is not None and threshold < vmax:
+        xt = at(threshold)
+        d.line((xt, y - 3, xt, y + 16), fill=render.OUTLINE, width=2)
+        fig.boxes["threshold"] = (xt, y - 3, xt, y + 16)
+    d.text((x0, y + 17 + LINE), f"heat, log scale; white mark: the threshold "
+           f"({threshold:g}), hotter blocks are candidates", fill=TEXT, font=font)
+    d.text((x0, y + 17 + 2 * LINE), "white outline on the map: held by vmdisktouch",
+           fill=TEXT, font=font)
+
+
+def header_lines(path: str, when: float, *, held: int | None = None,
+                 budget: int | None = None, resident: int, size: int,
+                 cycle: int | None = None, blocks_per_pixel: int, block_size: int,
+                 what: str) -> list[str]:
+    import time
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    second = f"{stamp}  resident {format_size(resident)} of {format_size(size)}"
+    if held is not None:
+        second += f"  held {format_size(held)}/{format_size(budget or 0)}"
+    if cycle is not None:
+        second += f"  cycle {cycle}"
+    second += f"  ({format_size(blocks_per_pixel * block_size)} per pixel)"
+    return [f"{what}: {path}", second]
