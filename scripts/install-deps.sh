@@ -42,6 +42,6 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test]'
+  .venv/bin/pip install -q -e '.[test]' uv   # uv: the 3.9 venv (scripts/install-py39.sh)
   touch "$stamp"
 fi

@@ -14,7 +14,10 @@ import difflib
 import os
 import re
 import stat
-import tomllib
+try:
+    import tomllib                      # Python 3.11+
+except ImportError:                     # 3.9, 3.10: the same parser, as a package
+    import tomli as tomllib
 from typing import Any, Iterable
 
 from vmdisktouch.errors import ConfigError, file_kind

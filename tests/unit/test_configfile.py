@@ -21,7 +21,10 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
+try:
+    import tomllib
+except ImportError:        # Python < 3.11
+    import tomli as tomllib
 
 import pytest
 
@@ -53,6 +56,13 @@ BAD = {"size": '"lots"', "duration": '"soon"', "number": '"high"', "fraction": "
        "path": "5", "boolean": '"maybe"', "choice": '"sometimes"',
        "address": '"0.0.0.0:9105"'}
 
+
+# Pythons with the integer-string limit (3.11, 3.10.7+, 3.9.14+) refuse a 5000-digit
+# literal in the TOML parser; older ones parse it and the size check refuses it. Either
+# way it is one line naming the file.
+INT_DIGIT_LIMIT = hasattr(sys, "get_int_max_str_digits")
+HUGE_INT_REFUSAL = ("cannot parse: Exceeds the limit (4300" if INT_DIGIT_LIMIT
+                    else "too large: at most 1E")
 
 def parse_cli(argv):
     """argv through the same flags as `vmdisktouch run` (without PATH)."""
@@ -240,7 +250,7 @@ def test_non_finite_huge_and_odd_values_in_the_file(tmp_path, s, literal):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("max_hold = 1" + "0" * 5000 + "\n", "cannot parse: Exceeds the limit (4300 digits)"),
+    ("max_hold = 1" + "0" * 5000 + "\n", HUGE_INT_REFUSAL),
     ("max_hold = " + "[" * 100_000 + "\n", "nested too deeply"),
     ("x = " + "{a = " * 100_000 + "\n", "nested too deeply"),
     ('max_hold = "1G"\nx = ' + "[" * 100_000 + "1" + "]" * 100_000 + "\n", "nested too deeply"),
@@ -569,7 +579,8 @@ HOSTILE_FILES = {
     "max_hold-400-digits": ("max_hold = " + "1" * 400 + "\n",
                             "key max_hold: bad value <an integer of 400 digits> for max_hold "
                             "(expected a size: too large: at most 1E"),
-    "max_hold-5000-digits": ("max_hold = " + "1" * 5000 + "\n", "{cfg}: cannot parse"),
+    "max_hold-5000-digits": ("max_hold = " + "1" * 5000 + "\n",
+                             "{cfg}: cannot parse" if INT_DIGIT_LIMIT else "{cfg}: key max_hold"),
     "block_size-1000": ('max_hold = "1G"\nblock_size = 1000\n', "multiple of the page size"),
     "deep-nesting": ('max_hold = "1G"\nx = ' + "[" * 100_000 + "\n", "nested too deeply"),
     "2MiB": ('max_hold = "1G"\n' + ("#" * 99 + "\n") * 21_000, "larger than 1M"),

@@ -92,6 +92,6 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH) 
         rgb[on] = 0
         rgb[on, 2] = (127.5 + 127.5 * held_cols[on]).round().astype(np.uint8)
         band = np.repeat(rgb[np.newaxis, :, :], BAND, axis=0)
-        img.paste(Image.fromarray(band, "RGB"), (LABEL, y))
+        img.paste(Image.fromarray(np.ascontiguousarray(band)), (LABEL, y))
         y += BAND + 2
     return img

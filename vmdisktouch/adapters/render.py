@@ -149,7 +149,7 @@ def _to_image(rgb: np.ndarray, layout: Layout, hole: np.ndarray | None = None,
         edge[:, 0] |= cells[:, 0]
         edge[:, -1] |= cells[:, -1]
         grid[edge] = OUTLINE
-    return Image.fromarray(np.ascontiguousarray(grid), "RGB")
+    return Image.fromarray(np.ascontiguousarray(grid))          # uint8 H x W x 3: RGB
 
 
 def _grid_mask(per_pixel: np.ndarray, layout: Layout) -> np.ndarray:

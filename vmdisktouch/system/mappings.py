@@ -33,7 +33,6 @@ mappings and at most one small one between each two.
 
 from __future__ import annotations
 
-import bisect
 import logging
 from dataclasses import dataclass
 from typing import Iterable
@@ -56,8 +55,18 @@ class Segment:
     length: int   # bytes mapped and locked (page-rounded, clipped to the file)
 
 
-def _start(seg: Segment) -> int:
-    return seg.start
+def _bisect(segs: list, block: int, *, right: bool) -> int:
+    """``bisect.bisect_right`` (or ``_left``) of ``block`` among the segments' starts
+    (``bisect``'s ``key=`` needs Python 3.10)."""
+    lo, hi = 0, len(segs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        s = segs[mid].start
+        if s < block or (right and s == block):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class Mappings:
@@ -82,7 +91,7 @@ class Mappings:
 
     def _first(self, block: int) -> int:
         """Index of the segment that holds ``block`` or the first after it."""
-        return max(bisect.bisect_right(self.segs, block, key=_start) - 1, 0)
+        return max(_bisect(self.segs, block, right=True) - 1, 0)
 
     def parts(self, runs: Iterable[Run]) -> list[tuple[int, int, int, int]]:
         """``(start, stop, address, length)`` of the held parts of ``runs``, block-aligned."""
@@ -144,7 +153,7 @@ class Mappings:
     # -- releasing -------------------------------------------------------------
 
     def _insert(self, seg: Segment) -> None:
-        self.segs.insert(bisect.bisect_right(self.segs, seg.start, key=_start), seg)
+        self.segs.insert(_bisect(self.segs, seg.start, right=True), seg)
 
     def _unmap(self, addr: int, length: int) -> None:
         try:
@@ -193,7 +202,7 @@ class Mappings:
 
     def coalesce(self, run: Run, max_pieces: int) -> None:
         """Merge the adjacent mappings inside ``run`` when there are more than ``max_pieces``."""
-        i = bisect.bisect_left(self.segs, run[0], key=_start)
+        i = _bisect(self.segs, run[0], right=False)
         segs = []
         while i < len(self.segs) and self.segs[i].start < run[1]:
             if self.segs[i].stop <= run[1]:
