@@ -292,3 +292,16 @@ def test_one_tib_sparse_image(tmp_path):
     assert 200 * MiB < rec["resident_pages"] * PAGE < 400 * MiB      # a few hundred MiB
     assert rec["resident_ranges"] == want
     assert rec["used_cachestat"] is True
+
+
+def test_without_cachestat_the_mincore_fallback_sees_the_same_pages(tmp_path):
+    """VMDISKTOUCH_NO_CACHESTAT=1 scans as on a kernel before 6.5 (bench_scan measures it)."""
+    img = make_image(tmp_path / "d.raw", 64 * MiB)
+    with held(img, [(0, 4 * MiB), (40 * MiB, MiB)]):
+        fast = run_cli("--json", img)
+        env = dict(os.environ, VMDISKTOUCH_NO_CACHESTAT="1")
+        slow = subprocess.run([sys.executable, "-m", "vmdisktouch", "snapshot", "--json", img],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    a, b = json.loads(fast.stdout)[0], json.loads(slow.stdout)[0]
+    assert a["used_cachestat"] is True and b["used_cachestat"] is False
+    assert a["resident_pages"] == b["resident_pages"] == 5 * MiB // PAGE

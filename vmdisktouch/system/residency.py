@@ -177,9 +177,15 @@ def is_partial_view(fd: int) -> bool:
     return not os.access(f"/proc/self/fd/{fd}", os.W_OK) and os.geteuid() != 0
 
 
+NO_CACHESTAT_ENV = "VMDISKTOUCH_NO_CACHESTAT"   # "1": scan as on a kernel before 6.5
+
+
 def scan(fd: int, size: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
-         want_ranges: bool = False, use_cachestat: bool = True) -> Residency:
-    """Scan residency of the first ``size`` bytes of ``fd``."""
+         want_ranges: bool = False, use_cachestat: bool | None = None) -> Residency:
+    """Scan residency of the first ``size`` bytes of ``fd``. ``use_cachestat`` None: unless
+    ``VMDISKTOUCH_NO_CACHESTAT=1`` (the fallback's benchmark, ``bench_scan``)."""
+    if use_cachestat is None:
+        use_cachestat = os.environ.get(NO_CACHESTAT_ENV) != "1"
     page = libc.PAGE_SIZE
     validate_block_size(block_size, page)
     col = Collector(size, block_size, page, want_ranges)
