@@ -13,6 +13,7 @@ APT_PACKAGES=(
   python3-seccomp  # seccomp filters that emulate the unit's sandbox (tests/e2e/test_sandbox.py)
   systemd
   libxml2-utils  # xmllint, which virt-xml-validate runs (tests/e2e/test_unit.py)
+  man-db  # man: systemd-analyze verify resolves Documentation=man:vmdisktouch(1)
   # libvirt: the daemons (the tests start libvirtd and virtlogd themselves, see
   # tests/libvirt_env.py; no default network, so no dnsmasq), and what
   # `pip install libvirt-python` needs to build (it ships no wheels).

@@ -64,8 +64,14 @@ def install_copy(tmp_path, disk: str, exe_name="vmdisktouch", make_exe=True) -> 
 
 
 def verify(unit: pathlib.Path) -> subprocess.CompletedProcess:
+    """``systemd-analyze verify``, with the man page installed where ``man`` looks
+    (MANPATH): verify checks that ``Documentation=man:vmdisktouch(1)`` resolves."""
+    man1 = unit.parent / "man" / "man1"
+    man1.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "docs" / "vmdisktouch.1", man1 / "vmdisktouch.1")
+    env = dict(os.environ, MANPATH=str(unit.parent / "man"))
     return subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,
-                          text=True, cwd=unit.parent, check=False)
+                          text=True, cwd=unit.parent, check=False, env=env)
 
 
 @pytest.mark.parametrize("disk", [DISK, "/srv/vm images/web-01 (copy).qcow2",

@@ -1,0 +1,118 @@
+"""Generate the man page and the bash completion from the argparse definitions.
+
+    .venv/bin/python -m tools.cli_docs          # writes docs/vmdisktouch.1, completions/vmdisktouch.bash
+    .venv/bin/python -m tools.cli_docs --check  # exit 1 when either is out of date (a test runs it)
+
+The man page comes from ``argparse-manpage`` (every subcommand and option, as
+``vmdisktouch COMMAND --help`` shows them) plus the sections argparse cannot
+know: exit status, files, environment, see also. The completion comes from
+``shtab``. Install them with ``pip install -e '.[test]'``; the daemon needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAN = os.path.join(ROOT, "docs", "vmdisktouch.1")
+COMPLETION = os.path.join(ROOT, "completions", "vmdisktouch.bash")
+
+EXTRA = r"""
+.SH EXIT STATUS
+.TP
+\fB0\fR
+success; \fBrun\fR: stopped by SIGTERM or SIGINT, all holds released
+.TP
+\fB1\fR
+a failure (\fBsnapshot\fR: an image could not be read; \fBrun\fR: too many failed cycles in a row)
+.TP
+\fB2\fR
+a usage error
+.TP
+\fB66\fR
+a disk image or path that does not exist or cannot be opened
+.TP
+\fB70\fR
+an internal error (a bug: rerun with \-\-debug)
+.TP
+\fB75\fR
+the disk image went away or was replaced while served
+.TP
+\fB78\fR
+a configuration error: a bad setting, config file or output path
+.SH FILES
+.TP
+\fI/etc/vmdisktouch/host.toml\fR
+the host service's settings (\fBvmdisktouch.service\fR)
+.TP
+\fI/etc/vmdisktouch/INSTANCE.toml\fR, \fI/etc/vmdisktouch/default.toml\fR
+a per\-disk unit's settings (\fBvmdisktouch@INSTANCE.service\fR)
+.TP
+\fI/run/vmdisktouch/\fR
+status files (read by \fBvmdisktouch status\fR), the PNG maps, the per\-image locks
+.TP
+\fI/var/lib/vmdisktouch/\fR
+the warm\-restart state (\fB\-\-state\-dir\fR)
+.SH ENVIRONMENT
+.TP
+\fBJOURNAL_STREAM\fR
+set by systemd: log lines carry journald priorities (<3> for a fatal one)
+.TP
+\fBNOTIFY_SOCKET\fR, \fBWATCHDOG_USEC\fR
+set by systemd: readiness, status and watchdog notifications
+.TP
+\fBVMDISKTOUCH_NO_CACHESTAT=1\fR
+scan without cachestat(2), as on a kernel before 6.5 (for benchmarks)
+.SH SEE ALSO
+vmtouch(8), fincore(1), systemd.exec(5), virsh(1); the README and docs/ of the source
+(docs/configuration.md: every setting; docs/status.md: every key of the status file).
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    os.environ["COLUMNS"] = "80"            # argparse wraps at the terminal's width
+    sys.path.insert(0, ROOT)
+    from vmdisktouch import cli
+    return cli.build_parser()
+
+
+def man_page() -> str:
+    from argparse_manpage.manpage import Manpage
+    from vmdisktouch import __version__
+    p = parser()
+    page = Manpage(p, _data={"project_name": "vmdisktouch", "version": __version__,
+                             "manual_title": "vmdisktouch manual", "date": "",
+                             "description": "keep the hot parts of QEMU/KVM disk images "
+                                            "in the host page cache"})
+    page.date = "vmdisktouch " + __version__
+    return str(page).rstrip("\n") + "\n" + EXTRA.lstrip("\n")
+
+
+def completion() -> str:
+    import shtab
+    return shtab.complete(parser(), shell="bash")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="generate the man page and the bash completion")
+    ap.add_argument("--check", action="store_true", help="exit 1 if either is out of date")
+    args = ap.parse_args(argv)
+    stale = []
+    for path, text in ((MAN, man_page()), (COMPLETION, completion())):
+        old = open(path).read() if os.path.exists(path) else None
+        if old != text:
+            stale.append(path)
+            if not args.check:
+                with open(path, "w") as f:
+                    f.write(text)
+    if args.check and stale:
+        print("out of date (regenerate: python -m tools.cli_docs): " + ", ".join(stale),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
