@@ -15,6 +15,7 @@ Other domains on the host are ignored. The CLI runs in a subprocess.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -63,6 +64,7 @@ def setup(libvirt_daemons, tmp_path_factory):  # noqa: F811
             with open(images[target], "r+b") as f:
                 f.truncate(16 << 20)
             disks.append(disk_xml(target, str(images[target]), cache=cache, io=io))
+        disks.append(disk_xml("sda", None, device="cdrom", readonly=True))   # no medium
         running = factory.define(disks, tag="cachemodes")
 
         native = work / "native-directsync.raw"
@@ -145,6 +147,22 @@ def test_human_table(setup):
     assert "* not set in the domain XML: QEMU's default (cache=writeback, io=threads)" in out
     (net,) = [ln for ln in lines if ln.startswith(setup["offline"]) and " network " in ln]
     assert net.split()[1] == "shutoff" and net.split()[-2:] == ["no", "-"]
+    assert not any(" sda " in ln and ln.startswith(setup["running"]) for ln in lines)
+    assert re.search(r"^\d+ empty removable drives? \(no medium\) not listed$", out, re.M)
+    assert not any(ln.split()[:1] == [setup["running"]] and "cdrom" in ln for ln in lines)
+
+
+def test_eligible_lists_only_the_disks_it_can_help(setup):
+    out = discover("--eligible").stdout
+    srcs = {str(p) for p in setup["images"].values()}
+    listed = {ln.split()[-1] for ln in out.splitlines() if ln.split()[-1:] and
+              ln.split()[-1] in srcs}
+    assert listed == {str(setup["images"][t]) for t, _, _, ok in CACHE_DISKS if ok}
+    assert "why not:" not in out and " no " not in out.splitlines()[1]
+    objs = json.loads(discover("--eligible", "--json").stdout)
+    assert objs and all(o["eligible"] for o in objs)
+    assert all("unit_enabled" in o and "unit_active" in o for o in objs)
+    assert not any(o["device"] == "cdrom" and o["source"] is None for o in objs)
 
 
 def test_state_changes_are_shown(setup):
