@@ -93,7 +93,7 @@ class Emitter:
         }
 
     def _pictures(self, r: CycleReport, c, status: dict, resident: np.ndarray,
-                  held: np.ndarray, policy) -> None:
+                  held: np.ndarray, policy, holes: np.ndarray | None) -> None:
         from vmdisktouch.adapters import figure, render  # PIL only when PNGs are asked for
         n = held.size
         layout = render.Layout.fit(n, blocks_per_pixel=c.blocks_per_pixel,
@@ -114,7 +114,8 @@ class Emitter:
             if thrashing.size:
                 thrash = np.zeros(n, dtype=bool)
                 thrash[thrashing] = True
-            holes = policy.known.holes[:n] if policy.known.holes.any() else None
+            if holes is not None:
+                holes = holes[:n] if holes.size >= n else None
             grid = render.block_map_image(resident, held, red, layout, thrash, holes)
             fig = figure.compose(grid, layout, c.block_size, header("block map"))
             self.outputs.write("map_png", c.map_png, render.png_bytes(fig.image))
@@ -127,10 +128,11 @@ class Emitter:
             self.outputs.write("heat_png", c.heat_png, render.png_bytes(fig.image))
 
     def emit(self, r: CycleReport, c, status: dict, resident: np.ndarray, held: np.ndarray,
-             policy) -> None:
-        """Write what settings ``c`` ask for; log the cycle's line."""
+             policy, holes: np.ndarray | None = None) -> None:
+        """Write what settings ``c`` ask for; log the cycle's line. ``holes``: per block,
+        for the block map (None: not known)."""
         if c.status:
             self.outputs.write("status", c.status, status_bytes(status))
         if c.heat_png or c.map_png:
-            self._pictures(r, c, status, resident, held, policy)
+            self._pictures(r, c, status, resident, held, policy, holes)
         self.cycles.log(r, c, r.not_held_reason, time.monotonic())

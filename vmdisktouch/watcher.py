@@ -74,6 +74,7 @@ class DiskWatcher:
         self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
         self._released_between = 0               # by a reload or a size change
         self._cycle: tuple | None = None         # prepare's (start, observation, resident)
+        self._hole_map: tuple | None = None      # ((allocation, nblocks), holes per block)
 
     @property
     def outputs(self):
@@ -141,8 +142,21 @@ class DiskWatcher:
         if self.recorder:
             self.recorder.write(obs, plan, acted, self.policy)
         self.emitter.emit(report, self.config, self.status_obj(report), obs.resident,
-                          acted.held, self.policy)
+                          acted.held, self.policy,
+                          holes=self._holes(obs.allocation) if self.config.map_png else None)
         return report
+
+    def _holes(self, allocation: int | None) -> np.ndarray | None:
+        """The image's holes per block, for the block map: probed again only when the
+        allocation (``st_blocks``) or the size changed; None for a block device."""
+        n = self.policy.nblocks
+        key = (allocation, n)
+        if allocation is None:
+            return None
+        if self._hole_map is None or self._hole_map[0] != key:
+            data = runs_to_mask(self.image.data_runs((0, n), self.block_size), n)
+            self._hole_map = (key, ~data)
+        return self._hole_map[1]
 
     def _observe(self, now: float) -> tuple[Observation, int]:
         self.image.check_identity()
