@@ -730,6 +730,26 @@ def pixels(path) -> np.ndarray:
     return rgb[y0:y0 + SIZE // MiB // BPP_WIDTH * SCALE, x0:x0 + BPP_WIDTH * SCALE]
 
 
+def status_and_map(d, map_png, timeout: float = 20.0) -> tuple[dict, np.ndarray]:
+    """A status and the map of the same cycle. The status is replaced before the PNGs: the
+    map read is of the status's cycle when the map file (its inode: each write replaces
+    it) did not change while it was read, is newer than the status, and the status did
+    not change meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        before = d.status_path.stat().st_mtime_ns
+        st = d.latest()
+        p0 = Path(map_png).stat()
+        rgb = pixels(map_png)
+        p1 = Path(map_png).stat()
+        same_png = (p0.st_ino, p0.st_mtime_ns) == (p1.st_ino, p1.st_mtime_ns)
+        if (st is not None and same_png and p1.st_mtime_ns >= before
+                and d.status_path.stat().st_mtime_ns == before):
+            return st, rgb
+        assert time.monotonic() < deadline, "no status and map of one cycle"
+        time.sleep(0.05)
+
+
 def block_colour(rgb: np.ndarray, block: int, uniform: bool = True) -> tuple[int, int, int]:
     """A block's colour; ``uniform``: its scale x scale square is all that colour (the
     heat map outlines held regions, so there only the square's inside is)."""
@@ -761,13 +781,13 @@ def test_pngs_are_replaced_atomically_and_show_held_and_rewritten(image, daemons
         map_png, heat_png = d.map_png, d.heat_png
         with PngReader([map_png, heat_png]) as reader:
             d.wait_held(HOT)
-            d.wait_cycles(2)        # the status is written before the PNGs of the same cycle
-            st = d.latest()
-            rgb = pixels(map_png)
+            d.wait_cycles(2)
+            st, rgb = status_and_map(d, map_png)
             assert rgb.shape == (SIZE // MiB // BPP_WIDTH * SCALE, BPP_WIDTH * SCALE, 3)
             held_blocks = [b for o, n in st["regions"] for b in range(o // MiB, (o + n) // MiB)]
-            assert held_blocks and all(is_blue(block_colour(rgb, b)) for b in held_blocks), \
-                [block_colour(rgb, b) for b in held_blocks]
+            blue = [b for b in range(SIZE // MiB) if is_blue(block_colour(rgb, b))]
+            assert held_blocks and blue == held_blocks, (st["cycle"], st["regions"],
+                                                         sorted(set(blue) ^ set(held_blocks)))
             assert not any(is_red(block_colour(rgb, b)) for b in range(SIZE // MiB))
             cold_colours = {block_colour(rgb, b) for z in COLD
                             for b in range(z[0] // MiB, (z[0] + z[1]) // MiB)}
