@@ -359,7 +359,7 @@ def main(argv=None) -> int:
         if a.rounds > 1:
             summary, _ = rounds_summary(rounds, orders, a.order, steady_start(a))
             if a.variant == "move":
-                summary += "\n".join(moved_held_lines(b, rounds))
+                summary += "\n" + "\n".join(moved_held_lines(b, rounds))
         if not {"none", "oracle"} <= set(results):
             say("\n".join(["", *([summary] if summary else []),
                             *compare_lines(a, results, steady_start(a))]))
