@@ -98,3 +98,41 @@ def test_debug_shows_tracebacks_and_only_then(tmp_path, debug):
     assert r.returncode != 0
     assert ("Traceback" in r.stderr) == bool(debug), r.stderr
     assert "key decay" in r.stderr
+
+
+def test_under_journald_a_fatal_line_is_priority_3(tmp_path):
+    """The repro of the operator's view: `journalctl -p warning` must show why it died."""
+    env = dict(os.environ, JOURNAL_STREAM="8:1")
+    r = subprocess.run([sys.executable, "-m", "vmdisktouch", "run", str(tmp_path / "nope.img"),
+                        "--max-hold", "1G", "--uri", ""], env=env, capture_output=True,
+                       text=True, timeout=60)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 66 and lines, r.stderr
+    assert all(re.match(r"^<[0-7]>", line) for line in lines), lines
+    assert lines[-1].startswith("<3>vmdisktouch: ") and "no such file" in lines[-1]
+    assert lines[0].startswith("<6>settings in force: ")
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_quiet_cycles_are_debug_lines(tmp_path, debug):
+    """An idle image: the first cycle at INFO (<6>) with why nothing is held; the same
+    again at DEBUG (<7>), shown only with --debug."""
+    img = data_image(tmp_path / "idle.img", 16 * MiB)
+    env = dict(os.environ, JOURNAL_STREAM="8:1")
+    env.pop("NOTIFY_SOCKET", None)
+    proc = subprocess.Popen([sys.executable, "-m", "vmdisktouch", "run", str(img),
+                             "--max-hold", "8M", "--interval", "0.2", "--uri", "",
+                             *(["--debug"] if debug else [])],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    cycles = [line for line in err.splitlines() if re.match(r"^<\d>cycle \d+:", line)]
+    assert cycles[0].startswith("<6>cycle 1:") and "no evidence of use yet" in cycles[0]
+    later = cycles[1:]
+    if debug:
+        assert len(later) >= 5 and all(c.startswith("<7>") for c in later), cycles
+    else:
+        assert later == [], cycles
