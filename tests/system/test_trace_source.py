@@ -233,3 +233,20 @@ def test_reads_leaving_the_held_zone_ask_for_a_cycle_early(watcher):
     tick(w)
     st = json.loads(open(w.config.status).read())
     assert st["trace"]["woken_early"] is False and st["trace"]["early_cycles"] == 1
+
+
+def test_loaded_bytes_say_how_much_came_from_disk(watcher):
+    """A zone the guest has cached is only relocked; one it read long ago (evicted
+    since) comes from the disk: the status splits loaded_bytes accordingly."""
+    w = watcher(budget="32M")
+    warm, cold = zone_pages(8, 16, every=1), zone_pages(40, 48, every=16)
+    guest_reads(w.test_path, cold)                  # a page in 16 of 40-48 MiB...
+    evict(w.test_path)                              # ...evicted since
+    guest_reads(w.test_path, warm)                  # all of 8-16 MiB cached now
+    r = tick(w)
+    st = json.load(open(w.config.status))
+    assert r.loaded_bytes >= 16 * MiB, r.loaded_bytes
+    from_disk = st["loaded_from_disk_bytes"]
+    relocked = r.loaded_bytes - from_disk
+    assert relocked >= 7 * MiB, (relocked, st["regions"])      # the warm zone
+    assert from_disk >= 7 * MiB, (from_disk, st["regions"])    # the cold one
