@@ -20,15 +20,14 @@ Bounds:
 
 * a drain of fewer than ``MIN_READS`` read events never wakes (a guest
   reading little has nothing to gain from a cycle sooner);
-* at most ``MAX_EARLY`` (10) early cycles in a row, about two intervals of
-  1 s cycles: the ranking passes the new zones 3 to 6 s after a move (the
-  held zones' read rate decays over 2.5 s, the new zones' heat grows over
-  10 s), and with at most 4 the moved zones were sometimes held only after
-  the next scheduled cycle, 12-13 s after the move (docs/benchmarks.md, the
-  reading after hotzone-move-rounds). A shift the policy does not follow
-  (the new reads are too few to win) costs that many extra cycles, then the
-  next cycle on schedule takes the new share as its baseline and the
-  waking stops;
+* at most ``MAX_EARLY`` (4) early cycles in a row: a shift the policy does
+  not follow (the new reads are too few to win) costs that many extra
+  cycles, then the next cycle on schedule takes the new share as its
+  baseline and the waking stops. Measured after a move (docs/benchmarks.md,
+  hotzone-move-rounds and the reading after it): the early cycles load a
+  first part of the new zones 1-4 s after the move, and the zones are all
+  held 7-13 s after it, when the ranking has passed the old zones; 10 early
+  cycles instead of 4 did not make that sooner (13 s and 13 s);
 * the held blocks are those after the last cycle's loads (``settled``), so
   once the daemon holds the new zones their reads count as inside.
 """
@@ -40,7 +39,7 @@ import numpy as np
 WAKE_SHARE = 0.5
 WAKE_RATIO = 2.0
 MIN_READS = 512
-MAX_EARLY = 10
+MAX_EARLY = 4
 
 
 class ReadShift:
