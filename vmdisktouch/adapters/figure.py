@@ -31,7 +31,7 @@ LINE = 16             # px per line of text
 SWATCH = 12
 
 MAP_LEGEND = (("held by vmdisktouch", render.HELD),
-              ("rewritten lately", render.REWRITTEN),
+              ("held, rewritten lately", render.REWRITTEN),
               ("cached by the guest (brighter = more)", render.CACHED),
               ("thrashing (refaults)", render.THRASHING),
               ("not cached", render.UNCACHED),
