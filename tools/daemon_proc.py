@@ -158,14 +158,12 @@ class DaemonProc:
         return "".join(self.err().splitlines(keepends=True)[-n:]).strip()
 
     def cycles_done(self) -> int:
-        """Cycles the daemon ran: the status file's ``cycle``, else the cycle lines logged
-        (a quiet cycle is logged at DEBUG only: without a status file, pass --debug)."""
-        st = self.read_status()
-        if st is not None and "cycle" in st:
-            return int(st["cycle"])
-        if st is not None and "host" in st:
-            return int(st["host"].get("cycle", 0))
-        return len(CYCLE_LINE.findall(self.err()))
+        """Cycles the daemon ran: the status file's ``cycle`` or the cycle lines logged,
+        whichever is more (a quiet cycle is logged at DEBUG only: where the status file
+        cannot be written, pass --debug)."""
+        st = self.read_status() or {}
+        status = int(st.get("cycle", st.get("host", {}).get("cycle", 0)))
+        return max(status, len(CYCLE_LINE.findall(self.err())))
 
     # -- waiting -----------------------------------------------------------------
 

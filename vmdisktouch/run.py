@@ -173,7 +173,6 @@ def _start(args, sig: LoopSignals) -> int:
     config, warnings, config_path, _ = load_settings(cli_values, args.config)
     for w in warnings:
         log.warning("%s", w)
-    log.info("%s", settings.in_force(config, config_path or ""))
     if len(args.paths) > 1 or args.libvirt:
         from vmdisktouch import run_host
         return run_host.serve(args, config, config_path, cli_values, sig, load_settings)
@@ -188,10 +187,11 @@ def _start(args, sig: LoopSignals) -> int:
         if image.format == "qcow2":
             log.warning("%s is qcow2: blocks are host-file offsets, not guest offsets",
                         image.path)
-        return _serve(args, image, config, protected, cli_values, sig)
+        return _serve(args, image, config, protected, cli_values, sig, config_path)
 
 
-def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
+def _serve(args, image, config, protected, cli_values, sig: LoopSignals,
+           config_path: str | None = None) -> int:
     from vmdisktouch.build import build  # numpy only once the settings are good
     dog = _Watchdog()
 
@@ -233,6 +233,8 @@ def _serve(args, image, config, protected, cli_values, sig: LoopSignals) -> int:
                          format_size(new.min_free), format_size(released))
             sdnotify.ready()
 
+        # once everything that may refuse has accepted: a refusal stays one line
+        log.info("%s", settings.in_force(config, config_path or ""))
         return _loop(watcher, domain, sig, reload, dog, keeper, metrics)
     finally:
         sdnotify.stopping()

@@ -164,6 +164,7 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
         if config.metrics_file or config.metrics_listen:
             from vmdisktouch.adapters.metrics import Metrics
             metrics = Metrics(config, status_out)
+        log.info("%s", settings.in_force(config, config_path or ""))
         log.info("serving %s under one budget of %s",
                  "libvirt's running domains" if follow else f"{len(host.watchers)} images",
                  format_size(config.max_hold))
