@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from vmdisktouch.core.shift import MAX_EARLY, MIN_READS, ReadShift
+from vmdisktouch.core.shift import BASELINE_CYCLES, MAX_EARLY, MIN_READS, ReadShift
 
 PPB = 256                         # 1 MiB blocks of 4 KiB pages
 N = 64
@@ -78,16 +78,27 @@ def test_a_steady_high_share_does_not_wake():
     assert s.wanted()
 
 
-def test_a_shift_not_followed_costs_at_most_max_early_cycles():
+def test_a_shift_not_followed_costs_at_most_max_early_cycles_per_baseline_cycle():
     s = fresh()
     steady(s)
     woken = 0
-    for _ in range(3 * MAX_EARLY):
+    for _ in range(3 * (BASELINE_CYCLES + 1) * MAX_EARLY):
         s.count(reads(100, 900))
         woken += s.wanted()
         s.settled(held_blocks(0, 8))      # the policy did not follow
-    assert woken == MAX_EARLY
-    assert s.early == 0 and s.baseline == 0.9     # the cycle on schedule took the new share
+    assert woken == BASELINE_CYCLES * MAX_EARLY
+    assert s.early == 0 and s.baseline == 0.9     # the scheduled cycles took the new share
+
+
+def test_a_scheduled_cycle_that_straddles_the_move_does_not_raise_the_bar():
+    s = fresh()
+    steady(s)
+    s.count(reads(900, 100))              # a scheduled cycle with the move halfway (two
+    s.count(reads(0, 900))                # drains, the second not asked about)
+    s.settled(held_blocks(0, 8))
+    assert s.early == 0 and s.baseline == 0.1     # its share, 0.5, did not become the bar
+    s.count(reads(100, 900))
+    assert s.wanted()
 
 
 def test_once_the_new_blocks_are_held_their_reads_count_inside():

@@ -14,7 +14,11 @@ read rate of ``core.intensity`` passes the held zones' about 3 s after the
 move); but the next cycle may be up to an interval (5 s) away. So a drain
 whose share outside is at least ``WAKE_SHARE`` (1/2) and at least
 ``WAKE_RATIO`` (2) times the *baseline* asks for a cycle now. The baseline
-is the share outside over the last cycle that ran on schedule.
+is the lowest share outside over the last ``BASELINE_CYCLES`` (3) cycles
+that ran on schedule: a scheduled cycle whose window held the move (half
+its reads before, half after: a share of 0.5) must not raise the bar to
+1.0 and keep the next drains from asking, as it did with the last cycle's
+share alone (the moved zones held 12-13 s after the move in half the runs).
 
 Bounds:
 
@@ -22,8 +26,8 @@ Bounds:
   reading little has nothing to gain from a cycle sooner);
 * at most ``MAX_EARLY`` (4) early cycles in a row: a shift the policy does
   not follow (the new reads are too few to win) costs that many extra
-  cycles, then the next cycle on schedule takes the new share as its
-  baseline and the waking stops. Measured after a move (docs/benchmarks.md,
+  cycles per scheduled cycle, until ``BASELINE_CYCLES`` scheduled cycles
+  have seen the new share and it is the baseline. Measured after a move (docs/benchmarks.md,
   hotzone-move-rounds and the reading after it): the early cycles load a
   first part of the new zones 1-4 s after the move, and the zones are all
   held 7-13 s after it, when the ranking has passed the old zones; 10 early
@@ -34,12 +38,15 @@ Bounds:
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 WAKE_SHARE = 0.5
 WAKE_RATIO = 2.0
 MIN_READS = 512
 MAX_EARLY = 4
+BASELINE_CYCLES = 3
 
 
 class ReadShift:
@@ -48,7 +55,7 @@ class ReadShift:
     def __init__(self, pages_per_block: int):
         self.ppb = int(pages_per_block)
         self.held = np.zeros(0, dtype=bool)
-        self.baseline: float | None = None       # share outside, last scheduled cycle
+        self._recent: deque = deque(maxlen=BASELINE_CYCLES)   # shares, scheduled cycles
         self.early = 0                           # early cycles in a row
         self.woke = False                        # the coming cycle was asked for early
         self._drain = (0, 0)                     # (outside, total) of the last drain
@@ -69,6 +76,11 @@ class ReadShift:
         self._cycle[0] += outside
         self._cycle[1] += total
 
+    @property
+    def baseline(self) -> float | None:
+        """The lowest share outside of the last scheduled cycles (None: none yet)."""
+        return min(self._recent) if self._recent else None
+
     def wanted(self) -> bool:
         """Whether the last drain asks for a cycle now (and notes that it did)."""
         outside, total = self._drain
@@ -87,7 +99,7 @@ class ReadShift:
         else:
             self.early = 0
             if total >= MIN_READS:
-                self.baseline = outside / total
+                self._recent.append(outside / total)
         self.woke = False
         self.held = np.asarray(held, dtype=bool).copy()
         self._cycle = [0, 0]
