@@ -263,7 +263,7 @@ def _loop(watcher, domain, sig: LoopSignals, reload, dog, keeper=None, metrics=N
         watcher.hold_enabled = active is not False
         report = streak.run(watcher.tick)
         if report is not None and metrics is not None:
-            metrics.publish([watcher.status_obj(report)])
+            metrics.publish([watcher.last_status])
         if report is not None:
             line = status_line(report, watcher.config.max_hold)
             if not ready:

@@ -199,8 +199,8 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
                 syncer.sync()
             reports = host.tick()
             if config.status or metrics is not None:
-                st = host.status_obj([w.status_obj(w.last_report) for w in host.watchers
-                                      if w.last_report is not None])
+                st = host.status_obj([w.last_status for w in host.watchers
+                                      if w.last_status is not None])
                 if syncer is not None:
                     st["host"]["skipped"] = syncer.skipped_json()
                 if config.status:

@@ -69,6 +69,7 @@ class DiskWatcher:
         self.recorder = recorder
         self.cycle = 0
         self.last_report: CycleReport | None = None
+        self.last_status: dict | None = None       # the status JSON of the last cycle
         # False while the owning libvirt domain is shut off: hold nothing, keep scanning.
         self.hold_enabled = True
         self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
@@ -141,7 +142,8 @@ class DiskWatcher:
         report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:
             self.recorder.write(obs, plan, acted, self.policy)
-        self.emitter.emit(report, self.config, self.status_obj(report), obs.resident,
+        self.last_status = self.status_obj(report)     # the metrics reuse it
+        self.emitter.emit(report, self.config, self.last_status, obs.resident,
                           acted.held, self.policy,
                           holes=self._holes(obs.allocation) if self.config.map_png else None)
         return report

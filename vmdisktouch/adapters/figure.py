@@ -13,6 +13,7 @@ those pixels).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,7 +62,9 @@ def grid_pixels(png: Image.Image, layout_width: int, layout_height: int, scale: 
     return a[scale // 2::scale, scale // 2::scale].reshape(-1, 3)
 
 
+@functools.lru_cache(maxsize=None)
 def _font(size: int = 12):
+    """Loaded once: the figure is drawn every cycle."""
     try:
         return ImageFont.load_default(size=size)
     except (TypeError, ValueError, OSError, ImportError):   # no FreeType: the bitmap font
@@ -84,10 +87,10 @@ def compose(grid: Image.Image, layout: render.Layout, block_size: int, header: l
     gw, gh = grid.size
     head_h = grid_origin(len(header))[1]
     width = max(MIN_WIDTH, AXIS + gw + PAD)
+    per_row = max(1, (width - AXIS) // 250)             # legend entries per line
     if colorbar is not None:
         foot_h = PAD + 17 + 3 * LINE + PAD
     else:
-        per_row = max(1, (width - AXIS) // 250)
         foot_h = PAD + LINE * -(-len(legend) // per_row) + PAD
     img = Image.new("RGB", (width, head_h + gh + foot_h), tuple(int(x) for x in render.PADDING))
     img.paste(grid, (AXIS, head_h))
@@ -100,7 +103,6 @@ def compose(grid: Image.Image, layout: render.Layout, block_size: int, header: l
     if colorbar is not None:
         _colorbar(d, font, fig, colorbar, y, width)
     else:
-        per_row = max(1, (width - AXIS) // 250)
         for k, (label, colour) in enumerate(legend):
             x = AXIS + (k % per_row) * 250
             yy = y + (k // per_row) * LINE

@@ -43,6 +43,9 @@ COUNTERS = (
     ("rewritten_blocks", "Blocks found rewritten by the guest (summed over cycles).",
      "rewritten_blocks"),
 )
+# the source keeps this total itself: taken as it is, not summed
+EVENTS_LOST = ("events_lost", "Trace events the kernel lost (each forces a mincore "
+               "reconciliation).", "events_lost")
 
 
 def _import():
@@ -75,7 +78,7 @@ class Collector:
                 for name, _, key in COUNTERS:
                     if key:
                         t[name] += int(d.get(key) or 0)
-                t["events_lost"] = int(d.get("events_lost") or 0)     # the source's total
+                t["events_lost"] = int(d.get("events_lost") or 0)
             self._disks, self._host = live, host
 
     def collect(self):
@@ -88,8 +91,7 @@ class Collector:
                 g.add_metric([path], len(d.get("regions", [])) if key is None
                              else float(d.get(key) or 0))
             yield g
-        for name, text, _ in COUNTERS + (("events_lost", "Trace events the kernel lost "
-                                          "(each forces a mincore reconciliation).", None),):
+        for name, text, _ in COUNTERS + (EVENTS_LOST,):
             c = CounterMetricFamily(f"vmdisktouch_{name}", text, labels=["disk"])
             for path, t in totals.items():
                 c.add_metric([path], t[name])
