@@ -29,7 +29,7 @@ class CycleReport:
     resident_bytes: int
     regions: list[tuple[int, int]]          # byte ranges held
     rewritten_blocks: int
-    rewritten_ranges: list[tuple[int, int]]  # byte ranges shown red
+    rewritten_ranges: list[list[int]]        # [offset, length] byte pairs shown red
     mem_available_bytes: int
     loaded_bytes: int
     released_bytes: int

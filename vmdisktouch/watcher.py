@@ -40,7 +40,7 @@ import numpy as np
 
 from vmdisktouch.core import heat, regions
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
-from vmdisktouch.core.runs import consecutive_runs, runs_to_mask
+from vmdisktouch.core.runs import byte_ranges, consecutive_runs, runs_to_mask
 from vmdisktouch.cyclelog import why_not_held
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.recharge import Acted, Recharger
@@ -215,8 +215,7 @@ class DiskWatcher:
             resident_bytes=resident_bytes,
             regions=[(s * bs, min(e * bs, size) - s * bs) for s, e in self.holder.held_runs()],
             rewritten_blocks=int(obs.rewritten.blocks.size),
-            rewritten_ranges=[(s * bs, min(e * bs, size) - s * bs)
-                              for s, e in self.policy.red.runs()],
+            rewritten_ranges=byte_ranges(*self.policy.red.run_edges(), bs, size),
             mem_available_bytes=self.mem_available(),
             loaded_bytes=acted.result.loaded_bytes,
             released_bytes=acted.released_bytes + released_between,

@@ -194,3 +194,51 @@ def test_with_the_trace_rules_the_regions_rewritten_now_rank_by_intensity_not_ol
 
     assert first(TRACED_RULES) == [(250, 300)]
     assert first(SELECT_RULES) == [(50, 100)]   # polling: the rewritten heat decides
+
+
+def test_short_runs_are_not_pieces_of_a_split():
+    from vmdisktouch.core.cuts import split_pieces
+    h = np.ones(300, np.float32)
+    h[100:140] = 8.0          # a zone
+    h[120:123] = 3.0          # a dip inside it, 3 blocks: filled
+    h[200:203] = 8.0          # a bump of 3 blocks: dropped
+    edges = split_pieces(h, 0, 300, 2.0, min_blocks=8)
+    assert edges.tolist() == [0, 100, 100, 140, 140, 300]
+    # one block at a time, as before: the dip and the bump are pieces of their own
+    assert split_pieces(h, 0, 300, 2.0).tolist() == [0, 100, 100, 120, 120, 123, 123, 140,
+                                                     140, 200, 200, 203, 203, 300]
+    bumps = np.ones(300, np.float32)
+    bumps[[10, 50, 51, 200]] = 5.0                    # only noise above the level: flat
+    assert split_pieces(bumps, 0, 300, 2.0, min_blocks=8) is None
+
+
+def test_a_zone_read_at_random_with_a_budget_of_exactly_the_zone_is_not_churned():
+    """The 16 GiB point of docs/benchmarks.md (source-cost-curve), scaled down: the zone's
+    ranking heat is noise (reads at random, 0.6 per block and cycle), the smoothing adds a
+    few blocks past its end, and the budget is the zone. Each cycle's noise is new."""
+    import dataclasses
+    n, zone, tail = 8192, 4096, 5
+    heat = np.zeros(n, np.float32)
+    heat[:zone] = 1.0
+    heat[zone:zone + tail] = np.linspace(0.6, 0.1, tail)
+    rng = np.random.default_rng(5)
+    held = np.zeros(n, bool)
+    held[:zone] = True
+    one_block = dataclasses.replace(TRACED_RULES, split_min_blocks=1)
+
+    def churn(rules):
+        changed = 0
+        for _ in range(20):
+            boost = np.ones(n, np.float32)
+            boost[:zone + tail] = 1 + np.log2(1 + rng.poisson(0.6, zone + tail) / 5.0)
+            m = regions.DiskMap(heat * (1 + 0.6 * rng.random(n)).astype(np.float32), THR,
+                                held_mask=held, boost=boost)
+            out = regions.select_many([m], zone, rules)[0]
+            mask = np.zeros(n, bool)
+            for s, e in out:
+                mask[s:e] = True
+            changed += int((mask & ~held).sum())
+        return changed
+
+    assert churn(TRACED_RULES) == 0
+    assert churn(one_block) > 20       # split at the noise: blocks swapped most cycles

@@ -29,3 +29,13 @@ def test_dense_and_below_follow_the_map_size():
     assert Sparse.empty().dense(4) is None
     assert Sparse.empty().dense(4, always=True).tolist() == [0, 0, 0, 0]
     assert s.where(s.values > 0.3).blocks.tolist() == [4, 8]
+
+
+def test_byte_ranges_are_the_runs_in_bytes_with_the_last_clipped_to_the_size():
+    from vmdisktouch.core.runs import byte_ranges, consecutive_edges, consecutive_runs
+    blocks = np.array([1, 2, 3, 7, 9, 10])
+    starts, stops = consecutive_edges(blocks)
+    assert list(zip(starts.tolist(), stops.tolist())) == consecutive_runs(blocks)
+    assert byte_ranges(starts, stops, 4096, 10 * 4096 + 100) == [
+        [4096, 3 * 4096], [7 * 4096, 4096], [9 * 4096, 4096 + 100]]
+    assert byte_ranges(*consecutive_edges(np.array([], np.int64)), 4096, 0) == []

@@ -119,6 +119,9 @@ from vmdisktouch.core.thrash import Thrash
 #   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
 #                             ranking heat passes halfway from its mean to its peak, when
 #                             the peak is at least twice the mean (``regions``)
+#   SPLIT_MIN_BLOCKS   8      trace source: a split's zones and the gaps between them are at
+#                             least 8 blocks (4 sigma at the default smoothing); shorter runs
+#                             are the noise of a zone read at random (``core.cuts``)
 #   (intensity)               trace source: core.intensity, its RATE_SECONDS; the regions
 #                             rewritten now are ranked by it too (``regions``)
 #   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
@@ -133,11 +136,13 @@ RESERVE_FRACTION = 1 / 16
 AT_LIMIT_FRACTION = 1 / 32
 TRACED_INCUMBENT = 1.25
 SPLIT_CONTRAST = 2.0
+SPLIT_MIN_BLOCKS = 8
 
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
                              rewritten_density=REWRITTEN_DENSITY)
 TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACED_INCUMBENT,
                              rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST,
+                             split_min_blocks=SPLIT_MIN_BLOCKS,
                              rank_rewritten_by_total=True)
 
 

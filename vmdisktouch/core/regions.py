@@ -82,20 +82,18 @@ those blocks.
 
 Split (``Rules.split_contrast``; the trace source's rules only). A region
 too large for what is left is first split, once, when its ranking heat is
-not flat: peak at least ``split_contrast`` (2) times its mean. It is cut
-where the ranking heat crosses halfway from the mean to the peak, and its
-pieces (the runs above that level and those between them) go into the
-queue as regions of their own; a piece that does not fit is windowed as
-above. With the trace source the whole image of a guest that reads
-everywhere now and then is one region (a block read once a cycle is as
-candidate as one read a thousand times), and the read intensity in the
-ranking heat (``core.intensity``) is what tells its hot zones from the rest:
-without the split the hottest window of the budget took one zone and the
-background around it, never two zones (docs/benchmarks.md, hotzone-move).
-Residency has no such contrast inside a region (a cached block is cached),
-so the polling source's rules do not split. Pieces of one region may be
-taken side by side; touching runs are merged in the output, at the place
-of the first taken.
+not flat, into its hot zones and the background between them
+(``core.cuts``); its pieces go into the queue as regions of their own, and
+a piece that does not fit is windowed as above. With the trace source the
+whole image of a guest that reads everywhere now and then is one region (a
+block read once a cycle is as candidate as one read a thousand times), and
+the read intensity in the ranking heat (``core.intensity``) is what tells
+its hot zones from the rest: without the split the hottest window of the
+budget took one zone and the background around it, never two zones
+(docs/benchmarks.md, hotzone-move). Residency has no such contrast inside a region (a cached
+block is cached), so the polling source's rules do not split. Pieces of
+one region may be taken side by side; touching runs are merged in the
+output, at the place of the first taken.
 
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
 region sums) plus O(R) Python for R regions to build the queue: ~4 ms per
@@ -118,6 +116,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmdisktouch.core import cuts
 from vmdisktouch.core.runs import Run, run_indices
 
 
@@ -129,6 +128,7 @@ class Rules:
     incumbent_weight: float    # a held block's resident heat counts this many times
     rewritten_density: float   # first class: mean recent rewritten fraction at least this
     split_contrast: float | None = None  # split a region too large when peak >= this x mean
+    split_min_blocks: int = 1          # pieces of a split are at least this long (core.cuts)
     rank_rewritten_by_total: bool = False  # first class ranked by total heat, not rewritten
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
@@ -221,7 +221,7 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
                     heapq.heappush(queue, entry)
                 continue
         # Does not fit: its region's hottest window of `fit` blocks goes back in the queue.
-        s = _hottest_window(ranked[d].rank_heat, rstart, rstop, fit)
+        s = cuts.hottest_window(ranked[d].rank_heat, rstart, rstop, fit)
         heapq.heappush(queue, ranked[d].window_entry(d, s, s + fit, rstart, rstop))
     return [_coalesced(runs) for runs in out]
 
@@ -282,20 +282,11 @@ class _Ranked:
                         (-totals).tolist(), [d] * len(s_list), s_list, e_list, s_list, e_list))
 
     def split(self, start: int, stop: int) -> np.ndarray | None:
-        """The pieces of region ``[start, stop)`` (edges): its runs at or above the level
-        halfway from its mean ranking heat to its peak, and the runs between them;
-        None when the peak is below ``split_contrast`` x the mean (flat)."""
-        contrast = self.rules.split_contrast
-        if contrast is None or stop - start < 2:
+        """The pieces of region ``[start, stop)`` (edges), or None (``core.cuts``)."""
+        if self.rules.split_contrast is None:
             return None
-        h = self.rank_heat[start:stop]
-        mean, peak = float(h.mean(dtype=np.float64)), float(h.max())
-        if not peak >= contrast * mean or mean <= 0:
-            return None
-        above = h >= (mean + peak) / 2
-        change = np.flatnonzero(above[1:] != above[:-1]) + 1
-        bounds = np.concatenate(([0], change, [stop - start])) + start
-        return np.column_stack((bounds[:-1], bounds[1:])).ravel()
+        return cuts.split_pieces(self.rank_heat, start, stop, self.rules.split_contrast,
+                                 self.rules.split_min_blocks)
 
     def window_entry(self, d: int, start: int, stop: int, rstart: int, rstop: int) -> tuple:
         total = float(self.rank_heat[start:stop].sum(dtype=np.float64))
@@ -370,13 +361,3 @@ def _coalesced(runs: list[Run]) -> list[Run]:
     if len(merged) == len(runs):
         return runs
     return [(a, b) for a, b, _ in sorted(merged, key=lambda m: m[2])]
-
-
-def _hottest_window(heat: np.ndarray, start: int, stop: int, length: int) -> int:
-    """Start of the window of ``length`` blocks in ``[start, stop)`` with the largest sum."""
-    csum = np.zeros(stop - start + 1, dtype=np.float64)
-    np.cumsum(heat[start:stop], dtype=np.float64, out=csum[1:])
-    sums = csum[length:] - csum[:-length]
-    return start + int(np.argmax(sums))
-
-

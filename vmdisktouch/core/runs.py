@@ -67,13 +67,28 @@ def subtract(run: Run, runs: list[Run]) -> list[Run]:
 
 def consecutive_runs(sorted_blocks: np.ndarray) -> list[Run]:
     """Maximal runs of consecutive block numbers in a sorted unique array."""
-    b = np.asarray(sorted_blocks)
-    if not b.size:
-        return []
-    breaks = np.flatnonzero(b[1:] != b[:-1] + 1) + 1
-    starts = b[np.concatenate(([0], breaks))]
-    stops = b[np.concatenate((breaks - 1, [b.size - 1]))] + 1
+    starts, stops = consecutive_edges(sorted_blocks)
     return list(zip(starts.tolist(), stops.tolist()))
+
+
+def consecutive_edges(sorted_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``consecutive_runs`` as two arrays, starts and stops (no Python tuples)."""
+    b = np.asarray(sorted_blocks, dtype=np.int64)
+    if not b.size:
+        return b, b
+    breaks = np.flatnonzero(b[1:] != b[:-1] + 1) + 1
+    return (b[np.concatenate(([0], breaks))],
+            b[np.concatenate((breaks - 1, [b.size - 1]))] + 1)
+
+
+def byte_ranges(starts: np.ndarray, stops: np.ndarray, block_size: int,
+                size: int) -> list[list[int]]:
+    """Block runs as ``[offset, length]`` byte pairs, the last clipped to ``size``: the
+    status file's form. Computed in numpy: a guest writing all over 16 GiB leaves
+    2,500 rewritten runs a cycle, and a Python pair each took ~1 ms."""
+    off = np.asarray(starts, dtype=np.int64) * block_size
+    end = np.minimum(np.asarray(stops, dtype=np.int64) * block_size, size)
+    return np.column_stack((off, end - off)).tolist()
 
 
 def run_indices(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.core.runs import Run, consecutive_runs
+from vmdisktouch.core.runs import Run, consecutive_edges, consecutive_runs
 
 
 @dataclass(frozen=True)
@@ -58,3 +58,7 @@ class Sparse:
     def runs(self) -> list[Run]:
         """Maximal runs of consecutive blocks."""
         return consecutive_runs(self.blocks)
+
+    def run_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """``runs`` as two arrays, starts and stops."""
+        return consecutive_edges(self.blocks)

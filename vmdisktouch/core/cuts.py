@@ -1,0 +1,82 @@
+"""Cuts: a region too large for what is left of the budget, split or windowed.
+
+Theory of operation
+-------------------
+Pure core (numpy only); ``regions`` calls these when the region it popped
+does not fit. Both work on the ranking heat (``regions``: heat, the held
+blocks' incumbency, the read intensity and the thrash).
+
+Split (``split_pieces``; the trace source's rules only). A region whose
+ranking heat is not flat (peak at least ``contrast`` times its mean) is cut
+where the heat crosses halfway from the mean to the peak: the runs above
+that level are its hot zones, the runs between them its background, and
+each becomes a region of its own in the queue. Runs of either kind shorter
+than ``min_blocks`` are not pieces: an above-level run that short is dropped
+(a bump of the noise, not a zone), then a gap that short between zones is
+filled (a dip inside one zone). Without that, a 16 GiB zone read at random
+(0.6 reads per block and cycle) with a budget of exactly the zone was split
+at its noise into pieces down to one block; ranked by their sums, the
+one-block pieces came last, lost their place to the 5 blocks the smoothing
+adds past the zone's end, and came back the next cycle: 3-5 MiB loaded and
+released every cycle, with the mappings split and merged again
+(docs/benchmarks.md, source-cost-curve). When nothing is left above the
+level, the region is flat and is windowed instead.
+
+Window (``hottest_window``). The window of exactly the length left with the
+largest summed ranking heat: a cumulative-sum sliding window, the first on
+ties. The incumbency weight in the ranking heat keeps it on the held blocks
+(``regions``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vmdisktouch.core.runs import run_indices
+
+
+def split_pieces(rank_heat: np.ndarray, start: int, stop: int, contrast: float,
+                 min_blocks: int = 1) -> np.ndarray | None:
+    """The pieces of region ``[start, stop)`` as interleaved edges ``[s0, e0, s1, e1, ...]``,
+    or None when its ranking heat is flat (peak below ``contrast`` x mean, or no run
+    above the halfway level at least ``min_blocks`` long)."""
+    if stop - start < 2:
+        return None
+    h = rank_heat[start:stop]
+    mean, peak = float(h.mean(dtype=np.float64)), float(h.max())
+    if not peak >= contrast * mean or mean <= 0:
+        return None
+    above = h >= (mean + peak) / 2
+    if min_blocks > 1:
+        above = _without_short_runs(above, True, min_blocks)
+        if above.any():
+            above = _without_short_runs(above, False, min_blocks)
+    if above.all() or not above.any():
+        return None
+    change = np.flatnonzero(above[1:] != above[:-1]) + 1
+    bounds = np.concatenate(([0], change, [stop - start])) + start
+    return np.column_stack((bounds[:-1], bounds[1:])).ravel()
+
+
+def hottest_window(heat: np.ndarray, start: int, stop: int, length: int) -> int:
+    """Start of the window of ``length`` blocks in ``[start, stop)`` with the largest sum."""
+    csum = np.zeros(stop - start + 1, dtype=np.float64)
+    np.cumsum(heat[start:stop], dtype=np.float64, out=csum[1:])
+    sums = csum[length:] - csum[:-length]
+    return start + int(np.argmax(sums))
+
+
+def _without_short_runs(mask: np.ndarray, value: bool, min_blocks: int) -> np.ndarray:
+    """``mask`` with each run of ``value`` shorter than ``min_blocks`` flipped."""
+    m = mask if value else ~mask
+    change = np.empty(m.size + 1, dtype=bool)
+    change[0], change[-1] = m[0], m[-1]
+    np.not_equal(m[1:], m[:-1], out=change[1:-1])
+    edges = np.flatnonzero(change)
+    starts, stops = edges[0::2], edges[1::2]
+    short = (stops - starts) < min_blocks
+    if not short.any():
+        return mask
+    out = mask.copy()
+    out[run_indices(starts[short], stops[short])] = not value
+    return out
