@@ -322,7 +322,7 @@ def test_segment_sums_of_sparse_and_dense_runs_agree_with_plain_sums():
         for s in rng.choice(n - 10, runs, replace=False):
             mask[s:s + int(rng.integers(1, 8))] = True
         mask[-1] = True                                   # a run that ends at the map's end
-        edges = regions._edges(mask)
+        edges = regions.mask_edges(mask)
         want = [values[a:b].sum(dtype=np.float64) for a, b in zip(edges[0::2], edges[1::2])]
         np.testing.assert_allclose(regions._segment_sums(values, edges), want, rtol=1e-12)
 

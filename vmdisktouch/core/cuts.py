@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vmdisktouch.core.runs import run_indices
+from vmdisktouch.core.runs import mask_edges, run_indices
 
 
 def split_pieces(rank_heat: np.ndarray, start: int, stop: int, contrast: float,
@@ -68,11 +68,7 @@ def hottest_window(heat: np.ndarray, start: int, stop: int, length: int) -> int:
 
 def _without_short_runs(mask: np.ndarray, value: bool, min_blocks: int) -> np.ndarray:
     """``mask`` with each run of ``value`` shorter than ``min_blocks`` flipped."""
-    m = mask if value else ~mask
-    change = np.empty(m.size + 1, dtype=bool)
-    change[0], change[-1] = m[0], m[-1]
-    np.not_equal(m[1:], m[:-1], out=change[1:-1])
-    edges = np.flatnonzero(change)
+    edges = mask_edges(mask if value else ~mask)
     starts, stops = edges[0::2], edges[1::2]
     short = (stops - starts) < min_blocks
     if not short.any():

@@ -117,7 +117,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.core import cuts
-from vmdisktouch.core.runs import Run, run_indices
+from vmdisktouch.core.runs import Run, mask_edges, run_indices
 
 
 
@@ -133,7 +133,7 @@ class Rules:
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
     """Maximal runs of True in a 1-D boolean mask."""
-    edges = _edges(mask)
+    edges = mask_edges(mask)
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
@@ -146,7 +146,7 @@ def candidate_mask(heat: np.ndarray, threshold: float, held_mask, rules: Rules) 
         held = np.asarray(held_mask, dtype=bool)
         if held.shape != heat.shape:
             raise ValueError(f"held_mask has shape {held.shape}, expected {heat.shape}")
-        edges = _edges(held)
+        edges = mask_edges(held)
         if edges.size:
             starts, stops = edges[0::2], edges[1::2]
             means = _segment_sums(heat, edges) / (stops - starts)
@@ -239,7 +239,7 @@ class _Ranked:
         candidates = m.candidates
         if candidates is None and heat.size:
             candidates = candidate_mask(heat, m.threshold, m.held_mask, rules)
-        self.edges = (_edges(_same_shape(candidates, heat, "candidates")) if heat.size
+        self.edges = (mask_edges(_same_shape(candidates, heat, "candidates")) if heat.size
                       else np.zeros(0, dtype=np.intp))
         w = None if m.rewritten_heat is None else _same_shape(m.rewritten_heat, heat,
                                                               "rewritten_heat")
@@ -306,25 +306,6 @@ def _same_shape(values, like: np.ndarray, name: str) -> np.ndarray:
     if a.shape != like.shape:
         raise ValueError(f"{name} has shape {a.shape}, expected {like.shape}")
     return a
-
-
-def _edges(mask: np.ndarray) -> np.ndarray:
-    """Interleaved ``[start0, stop0, start1, stop1, ...]`` of the runs of True.
-
-    A run starts or stops wherever a block differs from the one before it
-    (with False beyond both ends). Compared as booleans, with no ``np.diff``:
-    ``diff`` with ``prepend``/``append`` copies the mask twice and subtracts
-    in int8, 10x slower (4.4 ms against 0.4 ms per million blocks here).
-    """
-    m = np.asarray(mask, dtype=bool)
-    if m.ndim != 1:
-        raise ValueError("mask must be 1-D")
-    if not m.size:
-        return np.zeros(0, dtype=np.intp)
-    change = np.empty(m.size + 1, dtype=bool)
-    change[0], change[-1] = m[0], m[-1]
-    np.not_equal(m[1:], m[:-1], out=change[1:-1])
-    return np.flatnonzero(change)
 
 
 def _segment_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
