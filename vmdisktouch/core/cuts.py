@@ -10,16 +10,22 @@ Split (``split_pieces``; the trace source's rules only). A region whose
 ranking heat is not flat (peak at least ``contrast`` times its mean) is cut
 where the heat crosses halfway from the mean to the peak: the runs above
 that level are its hot zones, the runs between them its background, and
-each becomes a region of its own in the queue. Runs of either kind shorter
-than ``min_blocks`` are not pieces: an above-level run that short is dropped
-(a bump of the noise, not a zone), then a gap that short between zones is
-filled (a dip inside one zone). Without that, a 16 GiB zone read at random
-(0.6 reads per block and cycle) with a budget of exactly the zone was split
-at its noise into pieces down to one block; ranked by their sums, the
-one-block pieces came last, lost their place to the 5 blocks the smoothing
-adds past the zone's end, and came back the next cycle: 3-5 MiB loaded and
-released every cycle, with the mappings split and merged again
-(docs/benchmarks.md, source-cost-curve). When nothing is left above the
+each becomes a region of its own in the queue. ``regions`` splits only a
+region at least twice what is left of the budget (``split_min_ratio``): the
+split is there to find two hot zones in a region much larger than the
+budget; in a region that nearly fits, the heat's contrast is the noise of
+its reads and writes, and its pieces, ranked by their sums, swap places with
+each other and with the few blocks the smoothing adds past its ends. A
+16 GiB zone read and written at random (0.6 reads and 0.18 writes per
+block and cycle) with a budget of exactly the zone was split every cycle:
+3-5 one-block pieces lost their place to the smoothing's tail and came back
+the next cycle, 30 MiB loaded and released a minute, and mappings split and
+merged again (docs/benchmarks.md, source-cost-curve). Runs of either kind
+shorter than ``min_blocks`` are not pieces either: an above-level run that
+short is dropped (a bump of the noise, not a zone), then a gap that short
+between zones is filled (a dip inside one zone); with pieces of 8 blocks and
+more but no ratio, that zone still lost 1-2 blocks a cycle
+(``tests/unit/test_regions_split.py``). When nothing is left above the
 level, the region is flat and is windowed instead.
 
 Window (``hottest_window``). The window of exactly the length left with the

@@ -119,6 +119,8 @@ from vmdisktouch.core.thrash import Thrash
 #   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
 #                             ranking heat passes halfway from its mean to its peak, when
 #                             the peak is at least twice the mean (``regions``)
+#   SPLIT_MIN_RATIO    2      trace source: only a region at least twice what is left of the
+#                             budget is split; one that nearly fits is windowed (``core.cuts``)
 #   SPLIT_MIN_BLOCKS   8      trace source: a split's zones and the gaps between them are at
 #                             least 8 blocks (4 sigma at the default smoothing); shorter runs
 #                             are the noise of a zone read at random (``core.cuts``)
@@ -137,12 +139,14 @@ AT_LIMIT_FRACTION = 1 / 32
 TRACED_INCUMBENT = 1.25
 SPLIT_CONTRAST = 2.0
 SPLIT_MIN_BLOCKS = 8
+SPLIT_MIN_RATIO = 2.0
 
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
                              rewritten_density=REWRITTEN_DENSITY)
 TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACED_INCUMBENT,
                              rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST,
                              split_min_blocks=SPLIT_MIN_BLOCKS,
+                             split_min_ratio=SPLIT_MIN_RATIO,
                              rank_rewritten_by_total=True)
 
 

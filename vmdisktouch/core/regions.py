@@ -81,8 +81,8 @@ cycles as the heat shifts; the holder then loads and releases only
 those blocks.
 
 Split (``Rules.split_contrast``; the trace source's rules only). A region
-too large for what is left is first split, once, when its ranking heat is
-not flat, into its hot zones and the background between them
+at least twice what is left (``Rules.split_min_ratio``) is first split,
+once, when its ranking heat is not flat, into its hot zones and the background between them
 (``core.cuts``); its pieces go into the queue as regions of their own, and
 a piece that does not fit is windowed as above. With the trace source the
 whole image of a guest that reads everywhere now and then is one region (a
@@ -129,6 +129,7 @@ class Rules:
     rewritten_density: float   # first class: mean recent rewritten fraction at least this
     split_contrast: float | None = None  # split a region too large when peak >= this x mean
     split_min_blocks: int = 1          # pieces of a split are at least this long (core.cuts)
+    split_min_ratio: float = 1.0       # split only a region at least this x what is left
     rank_rewritten_by_total: bool = False  # first class ranked by total heat, not rewritten
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
@@ -213,7 +214,8 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
             left -= stop - start
             room[d] -= stop - start
             continue
-        if (start, stop) == (rstart, rstop) and start not in split[d]:
+        if ((start, stop) == (rstart, rstop) and start not in split[d]
+                and stop - start >= ranked[d].rules.split_min_ratio * fit):
             pieces = ranked[d].split(start, stop)
             if pieces is not None:     # Too large, and not flat: its pieces go in the queue.
                 for entry in ranked[d].entries(d, pieces):
