@@ -31,6 +31,12 @@ sizes whose held bytes do not fit in MemAvailable (with 3 GiB to spare) or
 whose image does not fit on the disk are skipped and named. It shows whether
 the cost grows with the held bytes.
 
+``--curve-span SPAN``: the guest works over the first SPAN bytes at every
+size (all of them cached before each run), not over the held zone: its
+footprint (the distinct blocks it reads and writes per cycle) is the same at
+every point, and what changes is the held bytes alone. Section
+"source-cost-curve-span".
+
 ``--quick``: a 1 GiB image, 256M held (curve: 64M, 256M), 10 s warm-up,
 20 s windows, one round: a smoke run. ``--doc`` writes section
 "source-cost" (or "source-cost-curve") of docs/benchmarks.md.
@@ -91,9 +97,12 @@ def warm_up(d, held: int, args, guest) -> float:
     return time.monotonic() - t0
 
 
-def one_run(name: str, extra, img: str, held: int, args, tmp: str, tag: str) -> dict:
-    t_cache = cache_range(img, 0, held)
-    guest = RateGuest(img, 0, held, [("randwrite", args.write_iops),
+def one_run(name: str, extra, img: str, held: int, args, tmp: str, tag: str,
+            span: int | None = None) -> dict:
+    """One daemon and guest; the guest over the first ``span`` bytes (None: ``held``)."""
+    span = span or held
+    t_cache = cache_range(img, 0, span)
+    guest = RateGuest(img, 0, span, [("randwrite", args.write_iops),
                                      ("randread", args.read_iops)], log_dir=tmp).start()
     d = DaemonProc(tmp, img, "--uri", "", *extra, *shlex.split(args.daemon_args),
                    max_hold=held, interval=args.interval, status=f"status-{tag}.json",
@@ -213,19 +222,20 @@ def plan_curve(args) -> tuple[list[int], int, list[str]]:
     """The held sizes that fit, the image size, and why the others were left out."""
     sizes, skipped = [], []
     avail = mem_available()
+    span = args.curve_span or 0
     for h in sorted(parse_size(x) for x in args.curve_sizes.split(",") if x.strip()):
-        if h + SPARE_MEMORY > avail:
+        if max(h, span) + SPARE_MEMORY > avail:
             skipped.append(f"{fmt(h)}: MemAvailable {fmt(avail)} < held + {fmt(SPARE_MEMORY)}")
         else:
             sizes.append(h)
     image = args.image_size
     free = None if args.image else disk_free(args.dir)
     while sizes:
-        image = (args.image_size if sizes[-1] <= args.image_size // 2
-                 else sizes[-1] + 4 * GiB)
+        top = max(sizes[-1], span)
+        image = args.image_size if top <= args.image_size // 2 else top + 4 * GiB
         if args.image:
             image = os.path.getsize(args.image)
-            if sizes[-1] <= image:
+            if top <= image:
                 break
             skipped.append(f"{fmt(sizes.pop())}: --image {args.image} is only {fmt(image)}")
         elif image + 2 * GiB <= free:
@@ -253,6 +263,8 @@ def main() -> int:
     ap.add_argument("--daemon-args", default="", help="more `vmdisktouch run` options")
     ap.add_argument("--curve", action="store_true", help="trace only, cost against held bytes")
     ap.add_argument("--curve-sizes", default=None, help="held sizes (256M,1G,4G,16G)")
+    ap.add_argument("--curve-span", type=parse_size, default=None,
+                    help="with --curve: the guest over the first SPAN bytes at every size")
     add_run_options(ap, "small and short: a smoke run",
                     image="use this existing non-sparse image (it is written to!)")
     args = ap.parse_args()
@@ -263,6 +275,8 @@ def main() -> int:
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.curve_span and not args.curve:
+        ap.error("--curve-span goes with --curve")
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     bad = [n for n in names if n not in SCENARIOS]
     if bad:
@@ -298,7 +312,7 @@ def main() -> int:
                 k += 1
                 if args.curve:
                     r = one_run("trace", SCENARIOS["trace"], img, item, args, tmp,
-                                f"{k}-trace-{item >> 20}M")
+                                f"{k}-trace-{item >> 20}M", span=args.curve_span)
                 else:
                     r = one_run(item, SCENARIOS[item], img, args.held, args, tmp, f"{k}-{item}")
                 r["round"] = rnd
@@ -308,13 +322,20 @@ def main() -> int:
              f"{args.read_iops} random 4 KiB reads/s (psync, buffered, `--invalidate=0`)")
     if args.curve:
         s = summary(runs, sorted({r["held_target"] for r in runs}), lambda r: r["held_target"])
-        head = (f"The trace source only; a {fmt(image_size)} non-sparse image, the first HELD "
-                f"bytes cached and held (`--max-hold HELD --interval {args.interval:g} --uri '' "
-                f"--access-source trace`), {guest}. Warm-up {args.warmup:g} s (longer until 90 % "
+        zone = ("the first HELD bytes cached and held" if not args.curve_span else
+                f"its first {fmt(args.curve_span)} cached, HELD bytes of them held")
+        where = guest if not args.curve_span else guest.replace(
+            "over the zone", f"over the first {fmt(args.curve_span)} at every size")
+        head = (f"The trace source only; a {fmt(image_size)} non-sparse image, {zone} "
+                f"(`--max-hold HELD --interval {args.interval:g} --uri '' "
+                f"--access-source trace`), {where}. Warm-up {args.warmup:g} s (longer until 90 % "
                 f"of the budget is held), then a {args.duration:g} s window; "
                 f"{args.rounds} round(s), sizes reversed every other round.\n\n")
         body = head + curve_text(s, skipped) + "\n\n" + per_run_table(runs, "held")
         section, title = "source-cost-curve", "Trace source: cost against held bytes"
+        if args.curve_span:
+            section = "source-cost-curve-span"
+            title += f", the guest over {fmt(args.curve_span)} at every size"
     else:
         s = summary(runs, names, lambda r: r["name"])
         head = (f"A {fmt(image_size)} non-sparse image on {args.dir}, its first "
