@@ -119,6 +119,8 @@ from vmdisktouch.core.thrash import Thrash
 #   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
 #                             ranking heat passes halfway from its mean to its peak, when
 #                             the peak is at least twice the mean (``regions``)
+#   (stay)                    trace source: the held candidates stay when the selection's pick
+#                             is as many blocks and carries no more ranking heat (``regions``)
 #   SPLIT_MIN_RATIO    2      trace source: only a region at least twice what is left of the
 #                             budget is split; one that nearly fits is windowed (``core.cuts``)
 #   SPLIT_MIN_BLOCKS   8      trace source: a split's zones and the gaps between them are at
@@ -146,7 +148,7 @@ SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUM
 TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACED_INCUMBENT,
                              rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST,
                              split_min_blocks=SPLIT_MIN_BLOCKS,
-                             split_min_ratio=SPLIT_MIN_RATIO,
+                             split_min_ratio=SPLIT_MIN_RATIO, stay_unless_better=True,
                              rank_rewritten_by_total=True)
 
 

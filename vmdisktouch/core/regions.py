@@ -95,6 +95,16 @@ block is cached), so the polling source's rules do not split. Pieces of
 one region may be taken side by side; touching runs are merged in the
 output, at the place of the first taken.
 
+Stay (``Rules.stay_unless_better``; the trace source's rules only). When
+the held candidate blocks fill as many blocks as the pick and carry at
+least its ranking heat, they are returned instead of the pick (hottest run
+first), unless the guest writes where the pick goes (its unheld blocks'
+mean recent rewrites at the first class's density). A budget under a
+region read and written evenly all over is otherwise filled with a new
+hottest window each cycle, because the noise moves it: 4 GiB held of a
+16 GiB zone loaded and released 33 GiB a minute (docs/benchmarks.md,
+source-cost-curve-span).
+
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
 region sums) plus O(R) Python for R regions to build the queue: ~4 ms per
 million blocks for a clumpy map, ~40 ms for 40 000 regions, ~150 ms in the
@@ -117,7 +127,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.core import cuts
-from vmdisktouch.core.runs import Run, mask_edges, run_indices
+from vmdisktouch.core.runs import Run, mask_edges, run_indices, runs_to_mask
 
 
 
@@ -130,6 +140,7 @@ class Rules:
     split_contrast: float | None = None  # split a region too large when peak >= this x mean
     split_min_blocks: int = 1          # pieces of a split are at least this long (core.cuts)
     split_min_ratio: float = 1.0       # split only a region at least this x what is left
+    stay_unless_better: bool = False   # keep the held candidates unless the pick carries more
     rank_rewritten_by_total: bool = False  # first class ranked by total heat, not rewritten
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
@@ -225,7 +236,7 @@ def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[l
         # Does not fit: its region's hottest window of `fit` blocks goes back in the queue.
         s = cuts.hottest_window(ranked[d].rank_heat, rstart, rstop, fit)
         heapq.heappush(queue, ranked[d].window_entry(d, s, s + fit, rstart, rstop))
-    return [_coalesced(runs) for runs in out]
+    return [ranked[d].stay_or(_coalesced(runs)) for d, runs in enumerate(out)]
 
 
 class _Ranked:
@@ -259,6 +270,9 @@ class _Ranked:
         if m.boost is not None:
             rank_heat = rank_heat * _same_shape(m.boost, heat, "boost")
         self.rank_heat = rank_heat
+        self.stay = (np.asarray(m.held_mask, dtype=bool) & np.asarray(candidates, dtype=bool)
+                     if rules.stay_unless_better and m.held_mask is not None and heat.size
+                     else None)
 
     def entries(self, d: int, edges: np.ndarray | None = None) -> list[tuple]:
         """Queue entries of the regions (``edges``; None: all candidate regions):
@@ -282,6 +296,27 @@ class _Ranked:
         s_list, e_list = starts.tolist(), stops.tolist()
         return list(zip((-is_rew.astype(np.int8)).tolist(), (-score).tolist(),
                         (-totals).tolist(), [d] * len(s_list), s_list, e_list, s_list, e_list))
+
+    def stay_or(self, picked: list[Run]) -> list[Run]:
+        """``picked``, or the held candidate blocks (``Rules.stay_unless_better``) when they
+        are as many blocks and carry at least as much ranking heat; hottest runs first."""
+        if self.stay is None or not picked:
+            return picked
+        edges = mask_edges(self.stay)
+        lengths = edges[1::2] - edges[0::2]
+        if int(lengths.sum()) != sum(b - a for a, b in picked):
+            return picked
+        picked_edges = np.asarray(sorted(picked), dtype=np.intp).ravel()
+        if self.recent is not None:      # the guest writes where the pick goes: first class
+            fresh = runs_to_mask(picked, self.stay.size) & ~self.stay
+            if fresh.any() and float(self.recent[fresh].mean()) \
+                    >= self.rules.rewritten_density:
+                return picked
+        sums = _segment_sums(self.rank_heat, edges)
+        if float(_segment_sums(self.rank_heat, picked_edges).sum()) > float(sums.sum()):
+            return picked
+        order = np.argsort(-sums, kind="stable")
+        return list(zip(edges[0::2][order].tolist(), edges[1::2][order].tolist()))
 
     def split(self, start: int, stop: int) -> np.ndarray | None:
         """The pieces of region ``[start, stop)`` (edges), or None (``core.cuts``)."""
