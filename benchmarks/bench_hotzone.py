@@ -159,9 +159,10 @@ class Bench:
         evict(self.nb_file)
         self.cgroup = cg = MemoryCgroup(f"bench-{name}", self.limit).create()
         holders: list = []
-        lock_s = None
-        nbd = None
+        lock_s = nbd = hcg = None
         try:
+            if a.holder_limit and name in DAEMONS:     # the daemon in a group of its own
+                hcg = MemoryCgroup(f"holders-{name}", parse_size(a.holder_limit)).create()
             if self.via == "nbd":   # QEMU's block layer does the guest's I/O, in the group
                 nbd = QemuNbd(self.image, cgroup=cg, log=os.path.join(self.tmp, f"qemu-nbd-{name}.log"))
                 self.live.append(nbd)
@@ -188,10 +189,12 @@ class Bench:
                                     interval=a.interval, cwd=cwd,
                                     status="status.json" if name == "vmdisktouch"
                                     else f"status-{name}.json",
-                                    log="daemon-rev.log" if name == "rev" else "daemon.log")
+                                    log="daemon-rev.log" if name == "rev" else "daemon.log",
+                                    prefix=hcg.wrap([]) if hcg else ())
                 self.live.append(daemon)
                 holders = [daemon]
-                say(f"  {' '.join(daemon.argv[3:])}  (cwd {daemon.proc_cwd()})")
+                say(f"  {' '.join(daemon.argv[daemon.argv.index('-m') + 1:])}  "
+                    f"(cwd {daemon.proc_cwd()})" + (f", in {hcg.path}" if hcg else ""))
             if self.nb_rate:
                 nb = start_neighbour(cg, self.nb_file, self.nb_rate, size=self.nb_size,
                                         pattern=a.neighbour_pattern)
@@ -292,6 +295,8 @@ class Bench:
                 stop_thing(x)
             self.live.clear()
             cg.cleanup()
+            if hcg:
+                hcg.cleanup()
             self.cgroup = None
 
     def cleanup(self) -> None:

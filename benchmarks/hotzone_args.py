@@ -12,7 +12,7 @@ import argparse
 import os
 import tempfile
 
-from benchmarks.hotzone_report import LABELS, SCENARIOS, VARIANT_TITLES
+from benchmarks.hotzone_report import DAEMONS, LABELS, SCENARIOS, VARIANT_TITLES
 from benchmarks.hotzone_rounds import ORDERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +21,7 @@ DEFAULT_CHART = os.path.join(ROOT, "docs", "img", "hotzone.png")
 
 def section_name(a) -> str:
     return ("hotzone" if a.variant == "base" else f"hotzone-{a.variant}") + \
-        ("-nbd" if a.via == "nbd" else "")
+        ("-nbd" if a.via == "nbd" else "") + ("-holder-limit" if a.holder_limit else "")
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -30,6 +30,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--image-size", default="4G", help="image size (default 4G)")
     p.add_argument("--hot-fraction", type=float, default=0.10, help="hot zone / image (default 0.10)")
     p.add_argument("--limit", default=None, help="cgroup limit (default: budget + 256M)")
+    p.add_argument("--holder-limit", default=None, metavar="SIZE",
+                   help="run the holders (the daemon, vmtouch) in a second cgroup v1 memory "
+                        "group limited to SIZE, as on a host short of memory: the page cache "
+                        "they load and no longer lock is then reclaimed at that limit instead "
+                        "of staying cached in the host's free memory (default: no group)")
     p.add_argument("--neighbour-size", default="1G")
     p.add_argument("--neighbour-rate", default="200M", help="bytes/s (0 = no neighbour)")
     p.add_argument("--neighbour-pattern", default="randread", choices=("randread", "read"))
@@ -108,4 +113,7 @@ def parse_args(argv, description: str):
         p.error("scenario 'rev' needs --compare-rev REV")
     if len(set(names)) != len(names):
         p.error("a scenario is named twice in --scenarios")
+    if a.holder_limit and set(names) - set(DAEMONS) - {"none"}:
+        p.error("--holder-limit puts the daemon in the holder group; the vmtouch scenarios "
+                "(oracle, whole) do not run there: leave them out of --scenarios")
     return a, names

@@ -184,7 +184,9 @@ def scenario_text(b) -> str:
             f"`{a.neighbour_pattern}` of 64 KiB blocks over its own {b.nb_size / GiB:.1f} GiB "
             f"non-sparse file at {b.nb_rate / MiB:.0f} MiB/s); both in a cgroup v1 memory group "
             f"limited to {b.limit / MiB:.0f} MiB. Each scenario runs {a.duration:.0f} s from a "
-            f"cold cache, in a fresh group, with the same fio seed; holders run outside the group. "
+            f"cold cache, in a fresh group, with the same fio seed; holders run outside the group"
+            + (f", the daemon in a group of its own limited to {a.holder_limit}" if
+               getattr(a, "holder_limit", None) else "") + ". "
             f"vmdisktouch: `--max-hold {b.budget >> 20}M` (1.25 × the hot zone), "
             f"`--interval {a.interval:g}`"
             + (f", `{a.daemon_args}`" if a.daemon_args else "") + ", defaults otherwise, "
