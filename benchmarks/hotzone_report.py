@@ -170,7 +170,9 @@ def guest_text(b) -> str:
 
 
 def title(b) -> str:
-    return f"## {VARIANT_TITLES[b.a.variant]}" + (", through qemu-nbd" if b.via == "nbd" else "")
+    return f"## {VARIANT_TITLES[b.a.variant]}" + (", through qemu-nbd" if b.via == "nbd" else "") \
+        + (f", the daemon's own group limited to {b.a.holder_limit}"
+           if getattr(b.a, "holder_limit", None) else "")
 
 
 def scenario_text(b) -> str:

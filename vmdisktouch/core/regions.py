@@ -102,8 +102,8 @@ first), unless the guest writes where the pick goes (its unheld blocks'
 mean recent rewrites at the first class's density). A budget under a
 region read and written evenly all over is otherwise filled with a new
 hottest window each cycle, because the noise moves it: 4 GiB held of a
-16 GiB zone loaded and released 33 GiB a minute (docs/benchmarks.md,
-source-cost-curve-span).
+16 GiB zone loaded and released 33 GiB a minute without this rule, nothing
+with it (docs/benchmarks.md, source-cost-curve-span).
 
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
 region sums) plus O(R) Python for R regions to build the queue: ~4 ms per
