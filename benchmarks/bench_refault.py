@@ -59,20 +59,27 @@ from tools.cgroup import MemoryCgroup  # noqa: E402
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tools.images import evict  # noqa: E402
+from vmdisktouch.adapters import figure, render  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 SKEW = "zoned:75/50:25/50"     # fio: 75 % of reads on the first half of the hot set
 HELD_LEVEL = 0.9
 
 
-def yellow_pixels(png: str) -> int:
-    """Pixels of the block map drawn yellow (thrashing, not held): R = G > 0, B = 0."""
+def yellow_pixels(png: str, size: int, block_size: int) -> int:
+    """Map pixels drawn in the thrashing colour (thrashing, not held): the grid only,
+    read with the daemon's default geometry, so the legend's swatch does not count."""
+    layout = render.Layout.fit(-(-size // block_size))
+    scale = figure.fit_scale(layout.width, None)
     try:
-        rgb = np.asarray(Image.open(png).convert("RGB"), dtype=np.int16)
+        with Image.open(png) as im:
+            rgb = figure.grid_pixels(im, layout.width, layout.height, scale)
     except (OSError, ValueError):
         return 0
-    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    return int(((r == g) & (r > 0) & (b == 0)).sum())
+    # the thrashing colour at any of render's shades (half to full brightness)
+    k = rgb[:, 0] / render.THRASHING[0]
+    want = k[:, None] * np.asarray(render.THRASHING, dtype=np.float64)
+    return int(((k >= 0.45) & np.all(np.abs(rgb - want) <= 1.0, axis=1)).sum())
 
 
 def thrash_bytes(st: dict | None) -> int:
@@ -106,10 +113,11 @@ def one_scenario(name: str, img: str, args, tmp: str, k: int) -> dict:
                 regions = (st or {}).get("regions")
                 tb = thrash_bytes(st)
                 series.append((t, overlap(regions, *a) / a[1], overlap(regions, *b) / b[1], tb))
-                if tb > best["bytes"] and os.path.exists(map_png):
+                if st and tb > best["bytes"] and os.path.exists(map_png):
                     shutil.copyfile(map_png, best_png := os.path.join(
                         tmp, f"map-{name}-{k}-most-thrash.png"))
-                    best.update(bytes=tb, t=t, png=best_png, yellow=yellow_pixels(best_png))
+                    best.update(bytes=tb, t=t, png=best_png, yellow=yellow_pixels(
+                        best_png, st["size_bytes"], st["block_size"]))
                 if int(t) % 30 == 0 and t > 1:
                     print(f"    t={t:4.0f} s: A held {series[-1][1]:.0%}, B {series[-1][2]:.0%}, "
                           f"thrashing {fmt(tb)}, VmLck {fmt(vmlck)}", flush=True)
