@@ -94,7 +94,7 @@ def one_scenario(name: str, img: str, args, tmp: str, k: int) -> dict:
     guest = RateGuest(img, args.hot_offset, args.hot, [("randread", args.read_iops)],
                       log_dir=tmp)
     guest.argv = cg.wrap(guest.argv + [f"--random_distribution={SKEW}"])
-    d = None
+    d = hcg = None
     try:
         refaults0 = cg.stat().get("workingset_refault_file", 0)
         guest.start()
@@ -103,10 +103,13 @@ def one_scenario(name: str, img: str, args, tmp: str, k: int) -> dict:
             w, series, best = None, [], {}
         else:
             map_png = os.path.join(tmp, f"map-{name}-{k}.png")
+            if args.holder_limit:
+                hcg = MemoryCgroup(f"refault-holder-{name}", args.holder_limit).create()
             d = DaemonProc(tmp, img, "--uri", "", "--access-source", name, "--map-png", map_png,
                            *args.daemon_args.split(), max_hold=args.max_hold,
                            interval=args.interval, status=f"status-{name}-{k}.json",
-                           log=f"daemon-{name}-{k}.log", env=env_without_systemd())
+                           log=f"daemon-{name}-{k}.log", env=env_without_systemd(),
+                           prefix=hcg.wrap([]) if hcg else ())
             series, best = [], {"bytes": -1}
 
             def on_second(t, vmlck, st):
@@ -132,6 +135,8 @@ def one_scenario(name: str, img: str, args, tmp: str, k: int) -> dict:
             d.stop()
         rates = guest.stop()
         cg.cleanup()
+        if hcg:
+            hcg.cleanup()
     iops = sum(v[0] for v in rates.values())
     r = {"scenario": name, "round": k, "iops": iops, "refaults": refaults,
          "refaults_per_s": refaults / args.duration}
@@ -211,6 +216,10 @@ def main() -> int:
     ap.add_argument("--scenarios", default="none,trace,mincore")
     ap.add_argument("--rounds", type=int, default=1, help="A B C, C B A, ...")
     ap.add_argument("--daemon-args", default="", help="more `vmdisktouch run` options")
+    ap.add_argument("--holder-limit", type=parse_size, default=None, metavar="SIZE",
+                    help="the daemon in a cgroup v1 memory group of its own limited to SIZE, "
+                         "as on a host short of memory: what it loads and no longer locks is "
+                         "reclaimed there (section refault-holder-limit; default: no group)")
     add_run_options(ap, "1G image, 256M hot set, 60 s", "keep the logs and maps (printed path)")
     args = ap.parse_args()
     q = args.quick
@@ -239,13 +248,17 @@ def main() -> int:
             f"A = the first half gets 75 % of the reads) in a cgroup v1 memory group limited "
             f"to {fmt(args.limit)}, so the LRU thrashes; `vmdisktouch run IMG --max-hold "
             f"{fmt(args.max_hold)} --interval {args.interval:g} --uri '' --access-source "
-            f"SOURCE` outside the group; {args.duration:g} s per scenario, one after the other, "
+            f"SOURCE` outside the group"
+            + (f", in a group of its own limited to {fmt(args.holder_limit)}" if args.holder_limit
+               else "") + f"; {args.duration:g} s per scenario, one after the other, "
             f"the cache dropped before each; {args.rounds} round(s), reversed every other "
             f"round. Group refaults: `workingset_refault_file` of the group's memory.stat. "
             f"Held shares from the status's regions, every second; per round, separated by "
             f"·.\n\n" + table(results, scenarios))
-    publish(body, results, args, "refault",
-            "Refaults: a hot set twice the budget, an LRU that thrashes")
+    publish(body, results, args, "refault-holder-limit" if args.holder_limit else "refault",
+            "Refaults: a hot set twice the budget, an LRU that thrashes"
+            + (f"; the daemon's own group limited to {fmt(args.holder_limit)}"
+               if args.holder_limit else ""))
     return 0
 
 
