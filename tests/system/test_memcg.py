@@ -144,8 +144,17 @@ def run_in_group(group_dir: str, code: str) -> None:
 
 
 def read_in_group(group_dir: str, path, size: int) -> None:
-    run_in_group(group_dir, "from tests.pagecache import read_range\n"
-                            f"read_range({str(path)!r}, 0, {size})\n")
+    """Read ``path`` from a process in the group, so its pages are charged there; read
+    again if some were not resident afterwards (seen once in CI: 1280 of 16384 pages
+    missing when the test locked them, then charged to the locker), and fail if they
+    still are not: the tests below assume every page was read by the group."""
+    for _ in range(3):
+        run_in_group(group_dir, "from tests.pagecache import read_range\n"
+                                f"read_range({str(path)!r}, 0, {size})\n")
+        missing = size // PAGE - resident_pages(path, size)
+        if missing == 0:
+            return
+    raise AssertionError(f"{missing} pages of {path} not resident after reading it in the group")
 
 
 @contextlib.contextmanager
@@ -185,7 +194,7 @@ def test_locked_pages_stay_charged_to_the_readers_group(groups, reader, tmp_path
     with mapped(img, SIZE, lock=True) as addr:
         inos = reader.page_groups(addr, SIZE)
         assert inos.dtype == np.uint64 and inos.size == SIZE // PAGE
-        assert share(inos, ino) >= 0.99, counts(inos)
+        assert share(inos, ino) >= 0.99, (counts(inos), f"the group {ino}, ours {own.ino}")
         sampled = reader.page_groups(addr, SIZE, step_pages=16)
         assert sampled.size == SIZE // PAGE // 16 and share(sampled, ino) >= 0.99
         locked = int(np.sum(inos == ino)) * PAGE
