@@ -332,7 +332,7 @@ def _(tmp_path, image):
 def _(tmp_path, image):
     d = serving(tmp_path, image)
     other = tmp_path / "other.json"
-    other.write_text("{}\n")
+    other.write_text('{"cycle": 0}\n')     # looks like a status file: the rename is tried
     try:
         d.wait_status(lambda s: True, "a status file")
         subprocess.run(["mount", "--bind", str(other), str(d.status_path)], check=True)

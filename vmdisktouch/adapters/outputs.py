@@ -14,8 +14,10 @@ So an output path is checked at start and on every reload
   ``st_rdev``) - or the config file;
 * it exists and is not a regular file (symlink, directory, device, FIFO,
   socket): an output is never written through a symlink;
-* it exists and does not look like this kind of output (a status file
-  starts with ``{``, a PNG with the PNG signature; an empty file is fine):
+* it exists and does not look like this kind of output (a status file is
+  one JSON object with the daemon's fields, ``cycle``, ``version`` or
+  ``host``: a first byte ``{`` alone let one random image in 256 through; a
+  PNG starts with the PNG signature; an empty file is fine):
   the daemon replaces only what it could have written itself, so another
   VM's image named by mistake is refused too;
 * two options name the same file;
@@ -34,6 +36,7 @@ holding. A full ``/run`` thus costs pictures, not the held memory.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -114,7 +117,30 @@ def path_problem(path: str, key: str, protected: list[Protected], *,
         if head and magic and not head.startswith(magic[:len(head)]):
             return (f"it exists and is not a file vmdisktouch writes (it does not start with "
                     f"{magic!r}); remove it or choose another path")
+        if head and key == "status" and not _is_status_file(path, lst.st_size):
+            return ("it exists and is not a file vmdisktouch writes (not a JSON object with "
+                    "a status's fields); remove it or choose another path")
     return _directory_problem(path) if probe_dir else None
+
+
+STATUS_FIELDS = ("cycle", "version", "host")   # one of them in every status file written
+MAX_STATUS_CHECK_BYTES = 64 << 20               # a status file is far smaller
+
+
+def _is_status_file(path: str, size: int) -> bool:
+    """Whether ``path`` holds one JSON object with a status file's fields."""
+    if size > MAX_STATUS_CHECK_BYTES:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "rb") as f:
+            doc = json.loads(f.read(MAX_STATUS_CHECK_BYTES + 1))
+    except (OSError, ValueError):       # UnicodeDecodeError and JSONDecodeError included
+        return False
+    return isinstance(doc, dict) and any(k in doc for k in STATUS_FIELDS)
 
 
 def _head(path: str, n: int) -> bytes | None:

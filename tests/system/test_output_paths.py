@@ -1,0 +1,33 @@
+"""An output path is replaced only when it holds what the daemon itself writes there."""
+
+import json
+import os
+
+from vmdisktouch.adapters import outputs
+
+
+def problem(path):
+    return outputs.path_problem(str(path), "status", [], probe_dir=False)
+
+
+def test_a_status_file_the_daemon_wrote_is_accepted(tmp_path):
+    disk = tmp_path / "disk.json"
+    disk.write_text(json.dumps({"path": "/x.img", "pid": 1, "version": "0.1.0", "cycle": 3}))
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"host": {"pid": 1, "version": "0.1.0"}, "disks": []}))
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    assert [problem(p) for p in (disk, host, empty)] == [None, None, None]
+
+
+def test_a_file_that_only_starts_with_a_brace_is_refused(tmp_path):
+    image = tmp_path / "other-vm.img"                  # an image whose first byte is '{'
+    image.write_bytes(b"{" + os.urandom(64 << 10))
+    config = tmp_path / "app.json"                      # another program's JSON
+    config.write_text(json.dumps({"listen": ":80", "workers": 4}))
+    array = tmp_path / "list.json"
+    array.write_text("[1, 2]")
+    for p in (image, config, array):
+        got = problem(p)
+        assert got and "is not a file vmdisktouch writes" in got, (p, got)
+    assert image.read_bytes()[:1] == b"{"
