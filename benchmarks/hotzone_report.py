@@ -171,8 +171,7 @@ def guest_text(b) -> str:
 
 def title(b) -> str:
     return f"## {VARIANT_TITLES[b.a.variant]}" + (", through qemu-nbd" if b.via == "nbd" else "") \
-        + (f", the daemon's own group limited to {b.a.holder_limit}"
-           if getattr(b.a, "holder_limit", None) else "")
+        + (f", the daemon's own group limited to {b.a.holder_limit}" if b.a.holder_limit else "")
 
 
 def scenario_text(b) -> str:
@@ -187,8 +186,8 @@ def scenario_text(b) -> str:
             f"non-sparse file at {b.nb_rate / MiB:.0f} MiB/s); both in a cgroup v1 memory group "
             f"limited to {b.limit / MiB:.0f} MiB. Each scenario runs {a.duration:.0f} s from a "
             f"cold cache, in a fresh group, with the same fio seed; holders run outside the group"
-            + (f", the daemon in a group of its own limited to {a.holder_limit}" if
-               getattr(a, "holder_limit", None) else "") + ". "
+            + (f", the daemon in a group of its own limited to {a.holder_limit}"
+               if a.holder_limit else "") + ". "
             f"vmdisktouch: `--max-hold {b.budget >> 20}M` (1.25 × the hot zone), "
             f"`--interval {a.interval:g}`"
             + (f", `{a.daemon_args}`" if a.daemon_args else "") + ", defaults otherwise, "

@@ -20,13 +20,13 @@ import os
 import sys
 import time
 
+from vmdisktouch.adapters.outputs import MAX_STATUS_BYTES
 from vmdisktouch.errors import ImageError
 from vmdisktouch.sizes import format_size
 
 STATUS_DIR = "/run/vmdisktouch"
 STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 15.0
-MAX_STATUS_BYTES = 64 << 20
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:

@@ -30,4 +30,3 @@ def test_a_file_that_only_starts_with_a_brace_is_refused(tmp_path):
     for p in (image, config, array):
         got = problem(p)
         assert got and "is not a file vmdisktouch writes" in got, (p, got)
-    assert image.read_bytes()[:1] == b"{"

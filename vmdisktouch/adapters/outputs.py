@@ -124,21 +124,15 @@ def path_problem(path: str, key: str, protected: list[Protected], *,
 
 
 STATUS_FIELDS = ("cycle", "version", "host")   # one of them in every status file written
-MAX_STATUS_CHECK_BYTES = 64 << 20               # a status file is far smaller
+MAX_STATUS_BYTES = 64 << 20                     # a status file is far smaller
 
 
 def _is_status_file(path: str, size: int) -> bool:
     """Whether ``path`` holds one JSON object with a status file's fields."""
-    if size > MAX_STATUS_CHECK_BYTES:
-        return False
+    data = _head(path, MAX_STATUS_BYTES) if size <= MAX_STATUS_BYTES else None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        with os.fdopen(fd, "rb") as f:
-            doc = json.loads(f.read(MAX_STATUS_CHECK_BYTES + 1))
-    except (OSError, ValueError):       # UnicodeDecodeError and JSONDecodeError included
+        doc = json.loads(data) if data is not None else None
+    except ValueError:                  # UnicodeDecodeError and JSONDecodeError included
         return False
     return isinstance(doc, dict) and any(k in doc for k in STATUS_FIELDS)
 
