@@ -14,7 +14,7 @@ from typing import Callable
 
 from vmdisktouch import sources
 from vmdisktouch.adapters import outputs as outputs_mod
-from vmdisktouch.core.policy import Policy, PolicyParams
+from vmdisktouch.core.policy import RESERVE_FRACTION, Policy, PolicyParams
 from vmdisktouch.record import Recorder
 from vmdisktouch.recharge import Recharger
 from vmdisktouch.report import Emitter
@@ -24,6 +24,7 @@ from vmdisktouch.system.checksums import BlockChecksums
 from vmdisktouch.system.holder import Holder
 from vmdisktouch.system.image import Image
 from vmdisktouch.system.residency_tracker import ResidencyTracker
+from vmdisktouch.system.spill import Spiller
 from vmdisktouch.watcher import DiskWatcher
 
 log = logging.getLogger("vmdisktouch")
@@ -46,7 +47,8 @@ def memcg_reader(reader="auto"):
 def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
           mem_available: Callable[[], int] = meminfo.mem_available,
           sleep: Callable[[float], object] = time.sleep,
-          out: outputs_mod.Outputs | None = None, memcg="auto") -> DiskWatcher:
+          out: outputs_mod.Outputs | None = None, memcg="auto",
+          mem_free: Callable[[], int] = meminfo.mem_free) -> DiskWatcher:
     """A ``DiskWatcher`` for ``image`` with ``config``, every part made and connected."""
     bs = config.block_size
     residency.validate_block_size(bs)
@@ -70,4 +72,19 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
         recharger=Recharger(holder, charges, image.path),
         emitter=Emitter(out),
         clock=clock, mem_available=mem_available,
-        recorder=Recorder.from_env(config, image.is_regular))
+        recorder=Recorder.from_env(config, image.is_regular),
+        # Unreadable MemFree reads as 0: nothing is spilled.
+        spiller=Spiller(image, bs, mem_free=meminfo.FailSafe(mem_free),
+                        own_room=own_room(charges.reader), load_rate=config.load_rate,
+                        sleep=sleep))
+
+
+def own_room(reader) -> Callable[[], int | None]:
+    """The room left in the daemon's own memory cgroup (None: no limit, or unknown): its
+    limit minus its usage minus the reserve kept for its reclaim (``policy``'s rules)."""
+    def room() -> int | None:
+        group = reader.own() if reader is not None else None
+        if group is None or group.limit is None:
+            return None
+        return group.limit - group.usage - int(group.limit * RESERVE_FRACTION)
+    return room

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from vmdisktouch.core import regions
+from vmdisktouch.core import regions, spill
 from vmdisktouch.core.policy import SELECT_RULES
 from vmdisktouch.errors import ImageGoneError, VmdtError
 from vmdisktouch.sizes import format_size
@@ -45,12 +45,14 @@ class Host:
     """The disks served together under one budget (``budget`` bytes)."""
 
     def __init__(self, watchers: list, budget: int, block_size: int,
-                 caps: dict[str, int] | None = None, close=None, may_be_empty=False):
+                 caps: dict[str, int] | None = None, close=None, may_be_empty=False,
+                 spill_factor: float = 0.0):
         self.watchers = list(watchers)
         self.weights: dict[str, float] = {}     # image path -> ranking weight (overrides)
         self.may_be_empty = may_be_empty          # following libvirt: no VM running is fine
         self.close_disk = close or _close_watcher   # releases, closes (and saves) a disk
         self.budget = int(budget)
+        self.spill_factor = float(spill_factor)   # ``spill``: x the budget, unlocked
         self.block_size = int(block_size)
         self.caps = dict(caps or {})         # image path -> most bytes it may hold
         self.failed: dict[str, str] = {}     # image path -> why it was dropped
@@ -73,9 +75,12 @@ class Host:
         if not self.watchers and not self.may_be_empty:
             raise NoDiskLeft("no disk left to serve: " + "; ".join(
                 f"{p}: {why}" for p, why in self.failed.items()))
-        chosen = regions.select_many([m for _, m in maps], self.budget // self.block_size,
-                                     SELECT_RULES)
+        budget = self.budget // self.block_size
+        chosen = regions.select_many([m for _, m in maps], budget, SELECT_RULES)
         targets = {id(w): runs for (w, _), runs in zip(maps, chosen)}
+        spilled = spill.beyond([m for _, m in maps], budget, self.spill_factor, SELECT_RULES,
+                               chosen)
+        spills = {id(w): runs for (w, _), runs in zip(maps, spilled)}
         bs = self.block_size
 
         def growth(w) -> int:
@@ -84,7 +89,7 @@ class Host:
         reports = []
         for w in sorted(ready, key=growth):          # who shrinks first
             try:
-                reports.append(w.act(targets.get(id(w), [])))
+                reports.append(w.act(targets.get(id(w), []), spills.get(id(w), ())))
             except (VmdtError, OSError) as exc:
                 self._drop(w, exc)
         self.cycle += 1

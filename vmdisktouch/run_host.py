@@ -150,7 +150,7 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
 
     disks = Disks(config, config_path, pace, uri=args.uri, force=args.force)
     host = Host([], config.max_hold, config.block_size, close=disks.close,
-                may_be_empty=follow is not None)
+                may_be_empty=follow is not None, spill_factor=config.spill)
     metrics = None
     try:
         for p in ([] if follow else args.paths):
@@ -187,6 +187,7 @@ def serve(args, config, config_path, cli_values, sig, load_settings) -> int:
                 if syncer is not None:
                     syncer.overrides = configfile.load_overrides(path)
                 host.budget = new.max_hold
+                host.spill_factor = new.spill
                 disks.config = config = new
                 log.info("reloaded settings%s: one budget of %s, floor %s",
                          f" from {path}" if path else "", format_size(new.max_hold),

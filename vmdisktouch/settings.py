@@ -37,6 +37,7 @@ MAX_THRESHOLD = 1e6
 MAX_BLOCKS_PER_PIXEL = 1 << 40
 MAX_WIDTH = 16384
 MAX_SCALE = 64
+MAX_SPILL = 4.0                 # x max_hold
 MIN_ASPECT, MAX_ASPECT = 0.01, 100.0
 _EIB = format_size(MAX_SIZE)
 
@@ -120,6 +121,12 @@ SETTINGS: tuple[Setting, ...] = (
             "group's free headroom. Held pages over it are recharged to the daemon's group "
             "by reloading them (see docs/architecture.md). From 0 to 1; 1 = no cap.",
             group="budget"),
+    Setting("spill", _float(0, MAX_SPILL), 1.0, "number", "x max_hold",
+            "trace source only: past the budget, the next-hottest regions, up to spill x "
+            "max_hold, are read into the page cache without being locked, while MemFree "
+            "(memory nobody uses) minus the read stays above min_free and the daemon's own "
+            "memory cgroup has room; the kernel reclaims them before anything locked. "
+            f"0 turns it off. From 0 to {_num(MAX_SPILL)}.", group="budget"),
     Setting("access_source", _choice("auto", "trace", "mincore"), "auto", "choice", "",
             "How the guest's reads and writes are seen: trace (kernel tracepoints through "
             "tracefs: every read and write, exactly), mincore (the paper's polling of "

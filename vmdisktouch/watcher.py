@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from vmdisktouch.core import heat, regions
+from vmdisktouch.core import heat, regions, spill
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import byte_ranges, consecutive_runs, runs_to_mask
 from vmdisktouch.cyclelog import why_not_held
@@ -46,6 +46,7 @@ from vmdisktouch.errors import VmdtError
 from vmdisktouch.recharge import Acted, Recharger
 from vmdisktouch.report import CycleReport, Emitter
 from vmdisktouch.sizes import format_size
+from vmdisktouch.system.spill import SpillResult
 
 log = logging.getLogger("vmdisktouch")
 
@@ -55,7 +56,7 @@ class DiskWatcher:
 
     def __init__(self, image, config, *, policy: Policy, holder, source,
                  recharger: Recharger, emitter: Emitter, clock: Callable[[], float],
-                 mem_available: Callable[[], int], recorder=None):
+                 mem_available: Callable[[], int], recorder=None, spiller=None):
         self.image = image
         self.config = config
         self.block_size = config.block_size
@@ -67,6 +68,8 @@ class DiskWatcher:
         self.clock = clock
         self.mem_available = mem_available
         self.recorder = recorder
+        self.spiller = spiller                   # None: no spill (``system.spill``)
+        self.last_spill = SpillResult()
         self.cycle = 0
         self.last_report: CycleReport | None = None
         self.last_status: dict | None = None       # the status JSON of the last cycle
@@ -104,6 +107,8 @@ class DiskWatcher:
         self.config = config
         self.policy.params = PolicyParams.of(config)
         self.holder.load_rate = config.load_rate
+        if self.spiller is not None:
+            self.spiller.load_rate = config.load_rate
         released = self.holder.set_budget(config.max_hold, config.min_free)
         self._released_between += released
         return released
@@ -112,9 +117,12 @@ class DiskWatcher:
 
     def tick(self) -> CycleReport:
         m = self.prepare()
-        targets = ([] if m is None else
-                   regions.select_many([m], self.policy.params.budget_blocks, m.rules)[0])
-        return self.act(targets)
+        if m is None:
+            return self.act([])
+        budget = self.policy.params.budget_blocks
+        targets = regions.select_many([m], budget, m.rules)[0]
+        return self.act(targets, spill.beyond([m], budget, self.config.spill, m.rules,
+                                              [targets])[0])
 
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
@@ -126,8 +134,9 @@ class DiskWatcher:
         self._cycle = (t0, obs, resident_bytes, self.clock())
         return m
 
-    def act(self, targets) -> CycleReport:
-        """Hold ``targets`` (this disk's share of the selection), learn, report."""
+    def act(self, targets, spill_runs=()) -> CycleReport:
+        """Hold ``targets`` (this disk's share of the selection), spill ``spill_runs``
+        (``core.spill``) into free memory, learn, report."""
         t0, obs, resident_bytes, prepared = self._cycle
         # This disk's own time: the selection and, on a host, the other disks' turns
         # between its prepare and its act are not its own.
@@ -138,6 +147,9 @@ class DiskWatcher:
         if acted.result.loaded_bytes:
             self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
         self.source.settled(acted.held)
+        self.last_spill = (self.spiller.warm(spill_runs, self.config.min_free)
+                           if self.spiller is not None and spill_runs and obs.holding
+                           else SpillResult())
         self.cycle += 1
         report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:
@@ -236,7 +248,10 @@ class DiskWatcher:
 
     def _source_status(self) -> dict:
         bs, size = self.block_size, self.image.size
+        sp = self.last_spill
         return {**self.source.status(),
+                "spill": {"target_bytes": sp.target_bytes, "read_bytes": sp.read_bytes,
+                          "stopped": sp.stopped},
                 "thrashing_ranges": [[s * bs, min(e * bs, size) - s * bs]
                                      for s, e in consecutive_runs(self.policy.thrashing())]}
 

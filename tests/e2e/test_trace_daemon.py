@@ -12,13 +12,17 @@ import json
 import os
 import signal
 import threading
+import time
 
+import numpy as np
 import pytest
 
-from tests.pagecache import data_image
+from tests.pagecache import data_image, evict
 from tests.qemu_vm import QemuVM
 from tests.tracing import tracefs_root  # noqa: F401
 from tools.daemon_proc import DaemonProc
+from tools.procfs import vmlck
+from vmdisktouch.system import libc
 from vmdisktouch.sources import instance_name
 
 MiB, PAGE = 1 << 20, 4096
@@ -174,3 +178,49 @@ def test_every_part_qemu_writes_is_reported_and_an_idle_image_none(tmp_path, tra
     assert sorted(seen) == sorted(written)
     for b, parts in written.items():
         assert seen[b] == pytest.approx(len(parts) / 16), (b, seen[b], parts)
+
+
+def test_past_the_budget_the_next_hottest_zone_is_cached_not_locked(tmp_path, tracefs_root):  # noqa: F811
+    """A zone read all over, twice the budget: half held, the other half spilled, read back
+    into the cache after an eviction, and never locked."""
+    image = data_image(tmp_path / "disk.img", 64 * MiB)
+    stop = threading.Event()
+    d = DaemonProc(tmp_path, image, "--uri", "", max_hold="8M", interval=0.3)
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
+        reader_thread(image, 16 * MiB, 32 * MiB, stop)
+        d.wait_status(lambda s: s["held_bytes"] == 8 * MiB
+                      and s["spill"]["target_bytes"] >= 4 * MiB, "half held, half spilled")
+        stop.set()
+        evict(image)              # the guest's cache and the spill go; the held half stays
+        st = d.wait_status(lambda s: s["spill"]["read_bytes"] >= 4 * MiB, "the spill read again")
+        assert st["spill"]["stopped"] is None and st["held_bytes"] <= 8 * MiB
+        assert vmlck(d.pid) <= 8 * MiB
+        held = np.zeros(64 * MiB // PAGE, dtype=bool)
+        for off, n in st["regions"]:
+            held[off // PAGE:(off + n) // PAGE] = True
+        deadline = time.monotonic() + 5
+        while True:          # WILLNEED's reads complete after it returns
+            vec = resident_map(fd, 64 * MiB)
+            spilled = int((vec & ~held)[16 * MiB // PAGE:32 * MiB // PAGE].sum())
+            if spilled * PAGE >= 0.9 * st["spill"]["read_bytes"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert spilled * PAGE >= 0.9 * st["spill"]["read_bytes"], spilled
+        assert not (vec & ~held)[:16 * MiB // PAGE].any()      # nothing outside the zone
+    finally:
+        stop.set()
+        os.close(fd)
+        assert d.stop() == 0
+        d.cleanup()
+
+
+def resident_map(fd: int, length: int) -> np.ndarray:
+    """Per page of [0, length): in the page cache (mincore on a fresh mapping)."""
+    addr = libc.mmap_file(fd, 0, length)
+    try:
+        vec = np.zeros(length // PAGE, dtype=np.uint8)
+        return (libc.mincore(addr, length, vec) & 1).astype(bool)
+    finally:
+        libc.munmap(addr, length)

@@ -160,6 +160,7 @@ def test_block_size_must_be_a_page_multiple():
 BOUNDS = {
     "foreign_share": ([0, "0.1", 1, 0.25], [(1.5, "<= 1"), (-0.1, ">= 0"), ("nan", "finite")]),
     "checksum_share": ([1, "0.125", 0.5], [(0, "> 0"), (1.5, "<= 1"), ("nan", "finite")]),
+    "spill": ([0, "1", 4, 0.5], [(4.5, "<= 4"), (-1, ">= 0"), ("inf", "finite")]),
     "access_source": (["auto", "TRACE", "mincore"], [("ebpf", "one of"), (1, "one of"), ("", "one of")]),
     "max_hold": (["1", "1E", 1 << 60], [(0, "greater than 0"), ("1025P", "at most 1E")]),
     "min_free": ([0, "0", "1E"], [(-1, "negative"), ((1 << 60) + 1, "at most 1E")]),

@@ -129,6 +129,7 @@ from vmdisktouch.core.thrash import Thrash
 #   (intensity)               trace source: core.intensity, its RATE_SECONDS; the regions
 #                             rewritten now are ranked by it too (``regions``)
 #   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
+#   (spill)                   trace source: the next-ranked regions, cached unlocked (``spill``)
 
 INCUMBENT_WEIGHT = 16.0
 HOLD_FRACTION = 0.5
@@ -149,7 +150,7 @@ TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACE
                              rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST,
                              split_min_blocks=SPLIT_MIN_BLOCKS,
                              split_min_ratio=SPLIT_MIN_RATIO, stay_unless_better=True,
-                             rank_rewritten_by_total=True)
+                             rank_rewritten_by_total=True, spill=True)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ class Rules:
     split_min_ratio: float = 1.0       # split only a region at least this x what is left
     stay_unless_better: bool = False   # keep the held candidates unless the pick carries more
     rank_rewritten_by_total: bool = False  # first class ranked by total heat, not rewritten
+    spill: bool = False                # the next-ranked regions past the budget are spilled
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
     """Maximal runs of True in a 1-D boolean mask."""

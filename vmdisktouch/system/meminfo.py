@@ -57,6 +57,11 @@ def mem_available(procfs: str = "/proc") -> int:
     return _field(os.path.join(procfs, "meminfo"), "MemAvailable")
 
 
+def mem_free(procfs: str = "/proc") -> int:
+    """MemFree from ``/proc/meminfo``, in bytes: memory nobody uses (the spill's gauge)."""
+    return _field(os.path.join(procfs, "meminfo"), "MemFree")
+
+
 def mem_total(procfs: str = "/proc") -> int:
     """MemTotal from ``/proc/meminfo``, in bytes."""
     return _field(os.path.join(procfs, "meminfo"), "MemTotal")

@@ -1,0 +1,117 @@
+"""The spiller on real files and the real page cache: read unlocked, only into free memory.
+
+Residency is measured with mincore(2) on a separate mapping at once after
+each step (the kernel here pages out idle unheld page cache on its own, see
+FIELD-NOTES). Locked memory is VmLck of this process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.pagecache import PAGE, evict, make_image, read_range
+from tests.system.test_holder import locked, resident_pages
+from vmdisktouch.system.image import open_image
+from vmdisktouch.system.spill import Spiller
+
+MiB = 1 << 20
+BS = MiB
+PLENTY = 1 << 50
+
+
+@pytest.fixture
+def image(tmp_path):
+    path = make_image(tmp_path / "disk.raw", 64 * MiB, sparse=False)
+    evict(path)
+    img = open_image(path)
+    yield img
+    img.close()
+
+
+def cached(fd: int, offset: int, length: int, *, expect: int) -> int:
+    """Pages of the range resident once the reads ``WILLNEED`` started have completed
+    (mincore counts a page once it is read): polled until ``expect`` or 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        n = resident_pages(fd, offset, length)
+        if n >= expect or time.monotonic() > deadline:
+            return n
+        time.sleep(0.02)
+
+
+def spiller(img, *, free=PLENTY, room=None, **kw):
+    return Spiller(img, BS, mem_free=lambda: free, own_room=lambda: room,
+                   chunk_bytes=4 * MiB, **kw)
+
+
+def test_spilled_runs_are_cached_exactly_and_not_locked(image):
+    before = locked()
+    r = spiller(image).warm([(8, 16), (40, 44)], min_free=0)
+    assert r.target_bytes == 12 * MiB and r.stopped is None
+    assert r.read_bytes == 12 * MiB                       # all of it was cold
+    assert cached(image.fd, 8 * MiB, 8 * MiB, expect=8 * MiB // PAGE) == 8 * MiB // PAGE
+    assert cached(image.fd, 40 * MiB, 4 * MiB, expect=4 * MiB // PAGE) == 4 * MiB // PAGE
+    # Nothing outside the runs: WILLNEED over exactly their bytes.
+    assert resident_pages(image.fd, 0, 8 * MiB) == 0
+    assert resident_pages(image.fd, 16 * MiB, 24 * MiB) == 0
+    assert resident_pages(image.fd, 44 * MiB, 20 * MiB) == 0
+    assert locked() == before                             # cached, never locked
+
+
+def test_what_is_cached_already_is_not_read_again(image):
+    read_range(image.path, 8 * MiB, 4 * MiB)              # the first chunk: the guest's
+    r = spiller(image).warm([(8, 16)], min_free=0)
+    assert r.read_bytes == 4 * MiB                        # only the cold chunk
+    assert spiller(image).warm([(8, 16)], min_free=0).read_bytes == 0
+
+
+def test_free_memory_floor_stops_the_spill(image):
+    # MemFree 10M above the floor: the first 4M chunk and the second fit, not the third.
+    r = spiller(image, free=10 * MiB + 100).warm([(0, 32)], min_free=100)
+    assert (r.read_bytes, r.stopped) == (8 * MiB, "memory")
+    assert cached(image.fd, 0, 8 * MiB, expect=8 * MiB // PAGE) == 8 * MiB // PAGE
+    assert resident_pages(image.fd, 8 * MiB, 24 * MiB) == 0
+
+
+def test_own_group_room_stops_the_spill(image):
+    r = spiller(image, room=5 * MiB).warm([(0, 32)], min_free=0)
+    assert (r.read_bytes, r.stopped) == (4 * MiB, "group")
+    assert resident_pages(image.fd, 4 * MiB, 28 * MiB) == 0
+    assert spiller(image, room=0).warm([(40, 48)], min_free=0).read_bytes == 0
+
+
+def test_holes_of_a_sparse_file_are_not_spilled(tmp_path):
+    path = make_image(tmp_path / "sparse.raw", 64 * MiB)          # all hole
+    with open(path, "r+b") as f:
+        f.seek(20 * MiB)
+        f.write(os.urandom(2 * MiB))                              # data in blocks 20-21
+        f.flush()
+        os.fsync(f.fileno())
+    evict(path)
+    img = open_image(path)
+    try:
+        r = spiller(img).warm([(0, 32)], min_free=0)
+        assert r.read_bytes == 2 * MiB
+        assert cached(img.fd, 20 * MiB, 2 * MiB, expect=2 * MiB // PAGE) == 2 * MiB // PAGE
+        assert resident_pages(img.fd, 0, 20 * MiB) == 0
+        assert resident_pages(img.fd, 22 * MiB, 10 * MiB) == 0
+    finally:
+        img.close()
+
+
+def test_the_spill_is_paced_and_stops_with_the_daemon(image):
+    now = [0.0]
+    waits = []
+
+    def sleep(s):
+        waits.append(s)
+        now[0] += s
+        return len(waits) >= 2                            # the stop event fires on the 2nd wait
+
+    r = spiller(image, load_rate=4 * MiB, sleep=sleep, clock=lambda: now[0]).warm(
+        [(0, 32)], min_free=0)
+    assert waits == [1.0, 1.0]                            # 4M chunks at 4M/s
+    assert (r.read_bytes, r.stopped) == (8 * MiB, "stopping")

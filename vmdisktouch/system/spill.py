@@ -1,0 +1,106 @@
+"""The spiller: reads the spill's runs into the page cache, unlocked, into free memory only.
+
+Theory of operation
+-------------------
+``warm`` gets the runs ``core.spill.beyond`` named, highest priority first,
+and walks them in chunks of ``CHUNK_BYTES`` (whole blocks). A chunk that
+``cachestat(2)`` finds all cached costs nothing more; the others are read
+with ``POSIX_FADV_WILLNEED`` over exactly their bytes (``files.read_ahead``,
+as the holder reads before it locks), and never locked or mapped: the pages
+go on the inactive file LRU, charged to the daemon's memory cgroup, and
+reclaim takes them first. A guest that reads them promotes them like its
+own cache. Holes of a sparse regular file are skipped (reading one would
+cache zeros).
+
+Guards, before every chunk that must be read:
+
+* Free memory. ``MemFree`` (memory nobody uses, not ``MemAvailable``, which
+  counts the page cache as available) minus the chunk stays at or above
+  ``min_free``: the spill never makes the kernel reclaim anything. It is
+  read once per call; what the call read is subtracted.
+* The daemon's own group. When its memory cgroup has a limit, the chunk
+  must fit in the group's room (``own_room``: limit minus usage minus a
+  sixteenth of the limit): past it, the kernel would reclaim the spill's
+  own earlier pages to make room, and each cycle would read them again.
+* Pace. The same ``load_rate`` as the holder's loads (``pacing.Pacer``); the
+  spill runs after the loads, so the two never read at once.
+
+The trace source does not see these reads: its filters leave out the
+daemon's loading thread (``trace_reader``), the thread that calls ``warm``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from vmdisktouch.core.runs import Run
+from vmdisktouch.system import files, libc
+from vmdisktouch.system.pacing import Pacer
+
+MiB = 1 << 20
+CHUNK_BYTES = 32 * MiB
+
+
+@dataclass(frozen=True)
+class SpillResult:
+    target_bytes: int = 0       # the spill's runs, in bytes
+    read_bytes: int = 0         # read from disk by this call (what cachestat found missing)
+    stopped: str | None = None  # why reading stopped short: "memory", "group", "stopping"
+
+
+class Spiller:
+    """Reads runs of one open image into the page cache without locking them."""
+
+    def __init__(self, image, block_size: int, *, mem_free: Callable[[], int],
+                 own_room: Callable[[], int | None] = lambda: None, load_rate: int = 0,
+                 sleep: Callable[[float], object] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic, chunk_bytes: int = CHUNK_BYTES):
+        self.image = image
+        self.block_size = int(block_size)
+        self.mem_free = mem_free
+        self.own_room = own_room
+        self.load_rate = int(load_rate)
+        self.sleep = sleep
+        self.clock = clock
+        self.chunk_blocks = max(1, int(chunk_bytes) // self.block_size)
+        self._cachestat = libc.CacheStatCaller(image.fd)
+
+    def warm(self, runs: Iterable[Run], min_free: int) -> SpillResult:
+        """Read what is not cached of ``runs`` (block runs, priority order), within the guards."""
+        runs = list(runs)
+        bs, size = self.block_size, self.image.size
+        target = sum(max(0, min(b * bs, size) - a * bs) for a, b in runs)
+        if not runs:
+            return SpillResult()
+        pace = Pacer(self.load_rate, self.sleep, self.clock)
+        free = room = None
+        read = 0
+        for a, b in self._data(runs):
+            for pos in range(a, b, self.chunk_blocks):
+                off = pos * bs
+                length = min(min(b, pos + self.chunk_blocks) * bs, size) - off
+                if length <= 0:
+                    break
+                cold = self._cachestat.uncached_bytes(off, length)
+                if not cold:
+                    continue
+                if free is None:
+                    free, room = self.mem_free(), self.own_room()
+                if free - read - cold < min_free:
+                    return SpillResult(target, read, "memory")
+                if room is not None and room - read < cold:
+                    return SpillResult(target, read, "group")
+                if not pace.wait():
+                    return SpillResult(target, read, "stopping")
+                pace.start(cold)
+                files.read_ahead(self.image.fd, off, length)
+                read += cold
+        return SpillResult(target, read)
+
+    def _data(self, runs: list[Run]) -> list[Run]:
+        """The runs cut to the blocks that hold data (a sparse regular file's holes out)."""
+        if not self.image.is_regular:
+            return runs
+        return [piece for run in runs for piece in self.image.data_runs(run, self.block_size)]
