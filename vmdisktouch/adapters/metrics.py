@@ -32,6 +32,8 @@ GAUGES = (
     ("cycle_seconds", "Duration of the disk's last cycle.", "cycle_seconds"),
     ("mem_available_bytes", "MemAvailable at the last cycle.", "mem_available_bytes"),
     ("size_bytes", "Size of the disk image.", "size_bytes"),
+    ("spill_bytes", "Bytes of the regions ranked next past the budget, kept cached unlocked "
+     "in the last cycle (trace source, --spill).", "spill.target_bytes"),
 )
 # (metric, help, status key summed each cycle)
 COUNTERS = (
@@ -42,6 +44,8 @@ COUNTERS = (
     ("released_bytes", "Bytes released (unlocked).", "released_bytes"),
     ("rewritten_blocks", "Blocks found rewritten by the guest (summed over cycles).",
      "rewritten_blocks"),
+    ("spill_read_bytes", "Bytes the spill read from disk into the page cache.",
+     "spill.read_bytes"),
 )
 # the source keeps this total itself: taken as it is, not summed
 EVENTS_LOST = ("events_lost", "Trace events the kernel lost (each forces a mincore "
@@ -55,6 +59,13 @@ def _import():
         raise ConfigError("metrics_file and metrics_listen need the prometheus_client "
                           "package: pip install 'vmdisktouch[metrics]'") from None
     return prometheus_client
+
+
+def _field(status: dict, key: str):
+    """``status[key]``; a dotted key names a field of a nested object (``spill.read_bytes``)."""
+    for part in key.split("."):
+        status = status.get(part) if isinstance(status, dict) else None
+    return status
 
 
 class Collector:
@@ -77,7 +88,7 @@ class Collector:
                 t["cycles"] += 1
                 for name, _, key in COUNTERS:
                     if key:
-                        t[name] += int(d.get(key) or 0)
+                        t[name] += int(_field(d, key) or 0)
                 t["events_lost"] = int(d.get("events_lost") or 0)
             self._disks, self._host = live, host
 
@@ -89,7 +100,7 @@ class Collector:
             g = GaugeMetricFamily(f"vmdisktouch_{name}", text, labels=["disk"])
             for path, d in disks.items():
                 g.add_metric([path], len(d.get("regions", [])) if key is None
-                             else float(d.get(key) or 0))
+                             else float(_field(d, key) or 0))
             yield g
         for name, text, _ in COUNTERS + (EVENTS_LOST,):
             c = CounterMetricFamily(f"vmdisktouch_{name}", text, labels=["disk"])
