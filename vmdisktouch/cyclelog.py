@@ -57,7 +57,8 @@ class CycleLog:
     def changed(self, r, why: str | None) -> bool:
         regions = [tuple(x) for x in r.regions]
         out = (self._last_regions is None or r.loaded_bytes > 0 or r.released_bytes > 0
-               or r.rewritten_blocks > 0 or r.skipped_bytes > 0 or regions != self._last_regions
+               or r.rewritten_blocks > 0 or r.skipped_bytes > 0 or r.spill_read_bytes > 0
+               or regions != self._last_regions
                or why != self._last_why)
         self._last_regions, self._last_why = regions, why
         return out
@@ -68,6 +69,8 @@ class CycleLog:
         if r.loaded_bytes:
             loaded += (f" ({format_size(r.loaded_bytes - r.relocked_bytes)} from disk, "
                        f"{format_size(r.relocked_bytes)} relocked)")
+        if r.spill_read_bytes:
+            loaded += f", spilled {format_size(r.spill_read_bytes)} unlocked"
         log.log(level, "%scycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
                 "loaded %s, released %s, MemAvailable %s, %.3fs%s",
                 self.label, r.cycle, format_size(r.held_bytes), format_size(c.max_hold),

@@ -37,6 +37,7 @@ class CycleReport:
     size_bytes: int
     relocked_bytes: int = 0                  # of loaded_bytes: already cached, only locked
     not_held_reason: str | None = None       # why less than the budget is held (cyclelog)
+    spill_read_bytes: int = 0                # read by the spill in this cycle (unlocked)
 
 
 def process_fields(interval: float) -> dict:

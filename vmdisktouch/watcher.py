@@ -234,6 +234,7 @@ class DiskWatcher:
             skipped_bytes=acted.result.skipped_bytes,
             size_bytes=size,
             relocked_bytes=min(relocked, acted.result.loaded_bytes),
+            spill_read_bytes=self.last_spill.read_bytes,
         )
         self.last_report.not_held_reason = why_not_held(
             self.last_report, self.config, holding=obs.holding,

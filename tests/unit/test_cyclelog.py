@@ -14,11 +14,12 @@ CFG = settings.resolve({"max_hold": "64M", "min_free": "1G"})
 
 
 def rep(cycle, held=0, regions=(), loaded=0, relocked=0, released=0, rewritten=0, skipped=0,
-        avail=8 << 30):
+        avail=8 << 30, spilled=0):
     return CycleReport(cycle=cycle, cycle_seconds=0.01, held_bytes=held, resident_bytes=0,
                        regions=list(regions), rewritten_blocks=rewritten, rewritten_ranges=[],
                        mem_available_bytes=avail, loaded_bytes=loaded, released_bytes=released,
-                       skipped_bytes=skipped, size_bytes=1 << 30, relocked_bytes=relocked)
+                       skipped_bytes=skipped, size_bytes=1 << 30, relocked_bytes=relocked,
+                       spill_read_bytes=spilled)
 
 
 def levels(caplog):
@@ -42,7 +43,7 @@ def test_quiet_cycles_go_to_debug_and_changes_to_info(caplog):
     assert lvl == logging.INFO and "loaded 32M (24M from disk, 8M relocked)" in msg
     cl.log(rep(4, held=32 * MiB, regions=[(0, 32 * MiB)]), CFG, None, 15.0)
     assert levels(caplog)[0][0] == logging.DEBUG                 # steady: quiet
-    for kw in ({"rewritten": 3}, {"released": MiB}, {"skipped": MiB},
+    for kw in ({"rewritten": 3}, {"released": MiB}, {"skipped": MiB}, {"spilled": MiB},
                {"regions": [(0, 16 * MiB), (32 * MiB, 16 * MiB)]}):
         args = {"held": 32 * MiB, "regions": [(0, 32 * MiB)], **kw}
         cl.log(rep(5, **args), CFG, None, 20.0)
@@ -50,6 +51,14 @@ def test_quiet_cycles_go_to_debug_and_changes_to_info(caplog):
         if "regions" not in kw:
             cl.log(rep(6, held=32 * MiB, regions=[(0, 32 * MiB)]), CFG, None, 20.0)
             caplog.clear()
+
+
+def test_a_cycle_that_spilled_says_how_much(caplog):
+    caplog.set_level(logging.DEBUG, logger="vmdisktouch")
+    CycleLog().log(rep(1, held=32 * MiB, regions=[(0, 32 * MiB)], spilled=8 * MiB), CFG,
+                   None, 0.0)
+    [(lvl, msg)] = levels(caplog)
+    assert lvl == logging.INFO and "loaded 0, spilled 8M unlocked, released" in msg
 
 
 def test_a_summary_every_few_minutes(caplog):
