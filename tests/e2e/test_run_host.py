@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.pagecache import data_image
+from tests.tracing import tracefs_root  # noqa: F401
 from tools.daemon_proc import DaemonProc
 from tools.holders import zone_reader_argv
 from vmdisktouch.unitname import escape_path
@@ -72,6 +73,35 @@ def test_three_images_share_one_budget_and_a_deleted_one_is_dropped(tmp_path):
             r.wait()
         assert d.stop() == 0, d.output()[-3000:]
     assert "dropped, the other disks go on" in d.output()
+
+
+@pytest.mark.timeout(120)
+def test_the_spill_is_shared_like_the_budget(tmp_path, tracefs_root):  # noqa: F811
+    """Two traced disks whose zones are three times the budget: the budget held, and the
+    zones ranked next spilled (never locked), the spill of both within spill x budget."""
+    a, b = (data_image(tmp_path / f"{n}.img", 64 * MiB) for n in "ab")
+    za, zb = (16 * MiB, 24 * MiB), (32 * MiB, 24 * MiB)
+    readers = [subprocess.Popen(zone_reader_argv(p, *z, pause=0.1))
+               for p, z in ((a, za), (b, zb))]
+    d = DaemonProc(tmp_path, [a, b], *ARGS, max_hold="16M", status="host.json")
+    try:
+        st = d.wait_status(lambda s: len(s.get("disks", [])) == 2
+                           and s["host"]["held_bytes"] == 16 * MiB
+                           and sum(x["spill"]["target_bytes"] for x in s["disks"]) == 16 * MiB,
+                           "the budget held and as much again spilled", timeout=60)
+        assert all(x["access_source"] == "trace" for x in st["disks"])
+        for x, z in zip(st["disks"], (za, zb)):
+            assert zone_held(x, z) == x["held_bytes"]           # held inside the zones only
+        worst = 0
+        for _ in range(10):
+            worst = max(worst, d.vmlck())
+            time.sleep(0.2)
+        assert worst <= 16 * MiB
+    finally:
+        for r in readers:
+            r.kill()
+            r.wait()
+        assert d.stop() == 0, d.output()[-3000:]
 
 
 def test_several_images_need_a_png_path_per_disk(tmp_path):
