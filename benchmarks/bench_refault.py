@@ -19,11 +19,11 @@ cache cannot hold even the half the daemon leaves it, and the LRU thrashes
 all along; the daemon runs outside
 it, ``vmdisktouch run IMG --max-hold BUDGET --interval 5 --uri ''
 --access-source SOURCE --map-png …``. Scenarios ``none``, ``trace``,
-``mincore``, ``trace-nospill`` (the trace source with ``--spill 0``: the
-spill keeps B cached outside the group, so the LRU thrashes only without
-it; the targets are judged there when it runs) (``--scenarios``) one after the other for ``--duration`` s
-(120) each, the image's cache dropped before each; ``--rounds 2`` runs them
-again in reverse order (A B B A).
+``mincore``, ``trace-nospill`` (``--scenarios``) one after the other for
+``--duration`` s (120) each, the image's cache dropped before each; ``--rounds 2`` runs them
+again in reverse order (A B B A). ``trace-nospill`` is the trace source
+with ``--spill 0``: the spill keeps B cached outside the group, so the LRU
+thrashes only without it, and the targets are judged there when it runs.
 
 Reported per scenario: fio's read IOPS; the kernel's own count of refaults
 in the group (``workingset_refault_file`` of ``memory.stat``, an
@@ -60,14 +60,13 @@ from benchmarks.source_common import (  # noqa: E402
 from tools.cgroup import MemoryCgroup  # noqa: E402
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-
-SCENARIO_ARGS = {"trace-nospill": ("--spill", "0")}   # more daemon options per scenario
 from tools.images import evict  # noqa: E402
 from vmdisktouch.adapters import figure, render  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 SKEW = "zoned:75/50:25/50"     # fio: 75 % of reads on the first half of the hot set
 HELD_LEVEL = 0.9
+SCENARIO_ARGS = {"trace-nospill": ("--spill", "0")}   # more daemon options per scenario
 
 
 def yellow_pixels(png: str, size: int, block_size: int) -> int:

@@ -70,10 +70,10 @@ class Spiller:
     def warm(self, runs: Iterable[Run], min_free: int) -> SpillResult:
         """Read what is not cached of ``runs`` (block runs, priority order), within the guards."""
         runs = list(runs)
-        bs, size = self.block_size, self.image.size
-        target = sum(max(0, min(b * bs, size) - a * bs) for a, b in runs)
         if not runs:
             return SpillResult()
+        bs, size = self.block_size, self.image.size
+        target = sum(max(0, min(b * bs, size) - a * bs) for a, b in runs)
         pace = Pacer(self.load_rate, self.sleep, self.clock)
         free = room = None
         read = 0
