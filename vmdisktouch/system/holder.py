@@ -269,13 +269,17 @@ class Holder:
         """
         runs = list(runs)
         released = self.release(runs)
-        bs = self.block_size
+        bs, piece = self.block_size, files.WILLNEED_BYTES
         for a, b in runs:
-            # Advice only: the reload then finds the pages still charged elsewhere.
-            files.drop_cache(self.fd, a * bs, (b - a) * bs)
-            # Read them back at once: the pages are allocated (and charged) in this
-            # process's context before a guest that keeps reading them faults them first.
-            files.read_ahead(self.fd, a * bs, min(b * bs, self.size) - a * bs)
+            stop = min(b * bs, self.size)
+            # Piece by piece, each dropped and read back at once: the pages are
+            # allocated (and charged) in this process's context before a guest that
+            # keeps reading them faults them first. Dropping a whole run before
+            # reading it back left a window the guest's rereads filled.
+            for off in range(a * bs, stop, piece):
+                n = min(piece, stop - off)
+                files.drop_cache(self.fd, off, n)    # advice only: kept pages stay charged
+                files.read_ahead(self.fd, off, n)
         return released
 
     def release_all(self) -> int:
