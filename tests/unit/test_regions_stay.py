@@ -95,3 +95,26 @@ def test_the_kept_runs_come_hottest_first():
     cand[700:800] = True
     m = regions.DiskMap(heat, THR, held_mask=held, candidates=cand)
     assert regions.select_many([m], 100, TRACED_RULES)[0] == [(500, 550), (100, 150)]
+
+
+def test_background_writes_at_the_first_class_density_do_not_move_the_hold():
+    """A pick whose new blocks are written a little more than the held ones it would drop
+    (both at about the first class's density: the noise of scattered writes) does not
+    replace them; a pick written twice as densely as them does."""
+    n = 1000
+    heat = np.ones(n, np.float32)
+    held = np.zeros(n, bool)
+    held[100:200] = True
+    cand = np.zeros(n, bool)
+    cand[100:200] = cand[600:700] = True
+    recent = np.zeros(n, np.float32)
+
+    def pick(fresh, kept):
+        recent[100:200], recent[600:700] = kept, fresh
+        m = regions.DiskMap(heat, THR, held_mask=held, recent_rewrites=recent,
+                            candidates=cand)
+        return regions.select_many([m], 100, TRACED_RULES)[0]
+
+    assert pick(0.07, 0.06) == [(100, 200)]
+    assert pick(0.07, 0.0) == [(600, 700)]                   # the held ones are not written
+    assert pick(0.25, 0.06) == [(600, 700)]

@@ -42,10 +42,9 @@ One cycle:
 With the trace source (``Observation.reads`` set) step 2 has nothing to
 suppress: the evidence is the guest's reads, held blocks included, and the
 daemon's own loading is not traced; residency counts only in a cycle whose
-events were lost (``reconcile``). Step 6 then ranks held heat with a small
-margin (``TRACED_INCUMBENT``), multiplies it by the block's read intensity (``core.intensity``) and its
-thrash (``core.thrash``), and splits a region larger than the budget where
-the intensity does (``Rules.split_contrast``).
+events were lost (``reconcile``). Step 6 then ranks held heat with a small margin
+(``TRACED_INCUMBENT``), multiplies it by the read intensity (``core.intensity``)
+and thrash (``core.thrash``), and splits a region too large where the intensity does.
 
 ``settle(held, holes, ceded)`` after the holder acted:
 
@@ -119,8 +118,9 @@ from vmdisktouch.core.thrash import Thrash
 #   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
 #                             ranking heat passes halfway from its mean to its peak, when
 #                             the peak is at least twice the mean (``regions``)
-#   (stay)                    trace source: the held candidates stay when the selection's pick
-#                             is as many blocks and carries no more ranking heat (``regions``)
+#   (stay)                    trace source: the held candidates stay when the pick is as many
+#                             blocks and carries no more ranking heat, unless its new blocks
+#                             are written twice as densely as those it drops (``regions``)
 #   SPLIT_MIN_RATIO    2      trace source: only a region at least twice what is left of the
 #                             budget is split; one that nearly fits is windowed (``core.cuts``)
 #   SPLIT_MIN_BLOCKS   8      trace source: a split's zones and the gaps between them are at

@@ -98,12 +98,20 @@ output, at the place of the first taken.
 Stay (``Rules.stay_unless_better``; the trace source's rules only). When
 the held candidate blocks fill as many blocks as the pick and carry at
 least its ranking heat, they are returned instead of the pick (hottest run
-first), unless the guest writes where the pick goes (its unheld blocks'
-mean recent rewrites at the first class's density). A budget under a
-region read and written evenly all over is otherwise filled with a new
-hottest window each cycle, because the noise moves it: 4 GiB held of a
-16 GiB zone loaded and released 33 GiB a minute without this rule, nothing
-with it (docs/benchmarks.md, source-cost-curve-span).
+first), unless the guest writes where the pick goes: its unheld blocks'
+mean recent rewrites at the first class's density *and* at least
+``STAY_WRITE_CONTRAST`` (2) times those of the held blocks it gives up. A
+budget under a region read and written evenly all over is otherwise filled
+with a new hottest window each cycle, because the noise moves it: 4 GiB
+held of a 16 GiB zone loaded and released 33 GiB a minute without this
+rule, nothing with it (docs/benchmarks.md, source-cost-curve-span). The
+contrast: a guest's scattered background writes sit at about the first
+class's density (hotzone-write50: about one write per block and cycle, a
+sixteenth), so whichever background window the noise lifted over it won
+against an equal held one, and the budget's spare 100 MiB hopped every
+two or three cycles; the pick of a zone the guest moved to wins against
+blocks no longer written, and against blocks still written on the ranking
+heat, which carries the read intensity.
 
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
 region sums) plus O(R) Python for R regions to build the queue: ~4 ms per
@@ -129,6 +137,7 @@ import numpy as np
 from vmdisktouch.core import cuts
 from vmdisktouch.core.runs import Run, mask_edges, run_indices, runs_to_mask
 
+STAY_WRITE_CONTRAST = 2.0    # the stay: see "Stay" above and policy's rules table
 
 
 @dataclass(frozen=True)
@@ -308,16 +317,23 @@ class _Ranked:
         if int(lengths.sum()) != sum(b - a for a, b in picked):
             return picked
         picked_edges = np.asarray(sorted(picked), dtype=np.intp).ravel()
-        if self.recent is not None:      # the guest writes where the pick goes: first class
-            fresh = runs_to_mask(picked, self.stay.size) & ~self.stay
-            if fresh.any() and float(self.recent[fresh].mean()) \
-                    >= self.rules.rewritten_density:
-                return picked
+        if self.recent is not None and self._writes_favour(runs_to_mask(picked, self.stay.size)):
+            return picked
         sums = _segment_sums(self.rank_heat, edges)
         if float(_segment_sums(self.rank_heat, picked_edges).sum()) > float(sums.sum()):
             return picked
         order = np.argsort(-sums, kind="stable")
         return list(zip(edges[0::2][order].tolist(), edges[1::2][order].tolist()))
+
+    def _writes_favour(self, picked: np.ndarray) -> bool:
+        """The guest writes the pick's new blocks at the first class's density and at least
+        ``STAY_WRITE_CONTRAST`` times as densely as the held blocks the pick gives up."""
+        fresh, gone = picked & ~self.stay, self.stay & ~picked
+        if not fresh.any():
+            return False
+        new = float(self.recent[fresh].mean())
+        old = float(self.recent[gone].mean()) if gone.any() else 0.0
+        return new >= self.rules.rewritten_density and new >= STAY_WRITE_CONTRAST * old
 
     def split(self, start: int, stop: int) -> np.ndarray | None:
         """The pieces of region ``[start, stop)`` (edges), or None (``core.cuts``)."""
