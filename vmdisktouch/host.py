@@ -79,7 +79,7 @@ class Host:
         chosen = regions.select_many([m for _, m in maps], budget, SELECT_RULES)
         targets = {id(w): runs for (w, _), runs in zip(maps, chosen)}
         spilled = spill.beyond([m for _, m in maps], budget, self.spill_factor, SELECT_RULES,
-                               chosen)
+                               chosen, [w.spilled for w, _ in maps])
         spills = {id(w): runs for (w, _), runs in zip(maps, spilled)}
         bs = self.block_size
 

@@ -70,6 +70,7 @@ class DiskWatcher:
         self.recorder = recorder
         self.spiller = spiller                   # None: no spill (``system.spill``)
         self.last_spill = SpillResult()
+        self.spilled: list = []                  # the runs spilled last cycle (``core.spill``)
         self.cycle = 0
         self.last_report: CycleReport | None = None
         self.last_status: dict | None = None       # the status JSON of the last cycle
@@ -122,7 +123,7 @@ class DiskWatcher:
         budget = self.policy.params.budget_blocks
         targets = regions.select_many([m], budget, m.rules)[0]
         return self.act(targets, spill.beyond([m], budget, self.config.spill, m.rules,
-                                              [targets])[0])
+                                              [targets], [self.spilled])[0])
 
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
@@ -147,9 +148,10 @@ class DiskWatcher:
         if acted.result.loaded_bytes:
             self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
         self.source.settled(acted.held)
-        self.last_spill = (self.spiller.warm(spill_runs, self.config.min_free)
-                           if self.spiller is not None and spill_runs and obs.holding
+        spilling = self.spiller is not None and spill_runs and obs.holding
+        self.last_spill = (self.spiller.warm(spill_runs, self.config.min_free) if spilling
                            else SpillResult())
+        self.spilled = list(spill_runs) if spilling else []   # the next selection's incumbents
         self.cycle += 1
         report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:

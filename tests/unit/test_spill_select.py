@@ -60,3 +60,45 @@ def test_several_disks_share_the_spill_and_only_trace_disks_spill():
     assert chosen == [[(0, 50)], [(0, 50)], []]
     assert spilled[1] == []                           # the polling disk's share is not read
     assert spilled[0] == [(200, 260)] and spilled[2] == [(100, 140)]
+
+
+def test_what_was_spilled_last_cycle_stays_against_an_equal_or_slightly_hotter_pick():
+    """The spill's incumbents: two background zones past the budget, room for one; the one
+    spilled last cycle stays while the other is within the incumbency margin, and gives
+    way to one that is clearly hotter."""
+    def spill_of(other_heat, previous):
+        h = heat_of(1000, [(100, 150, 5.0), (400, 450, 1.0), (700, 750, other_heat)])
+        m = regions.DiskMap(h, T, rules=TRACED_RULES)
+        chosen = regions.select_many([m], 50, TRACED_RULES)
+        return spill.beyond([m], 50, 1.0, TRACED_RULES, chosen, previous)[0]
+
+    assert spill_of(1.1, None) == [(700, 750)]        # no memory: the hotter by a hair
+    assert spill_of(1.1, [[(400, 450)]]) == [(400, 450)]
+    assert spill_of(2.0, [[(400, 450)]]) == [(700, 750)]
+
+
+def test_a_spill_over_background_read_at_random_is_not_read_again_every_cycle():
+    """write50's shape, scaled: the budget holds the hot zone and a little more; the spill
+    is background whose read rates are noise. Remembering last cycle's spill, the spill
+    stays put; forgetting it, another window of the noise was picked nearly every cycle."""
+    n, budget = 2000, 120
+    zone = (500, 600)
+
+    def new_blocks(remember: bool) -> int:
+        rng = np.random.default_rng(3)
+        held, prev, fresh = np.zeros(n, bool), [], 0
+        for c in range(20):
+            h = (1.0 + rng.normal(0, 0.15, n)).astype(np.float32)
+            h[zone[0]:zone[1]] = 5.0
+            m = regions.DiskMap(h, T, held_mask=held, rules=TRACED_RULES)
+            chosen = regions.select_many([m], budget, TRACED_RULES)
+            (sp,) = spill.beyond([m], budget, 1.0, TRACED_RULES, chosen,
+                                 [prev] if remember else None)
+            if c:
+                fresh += int((runs_to_mask(sp, n) & ~runs_to_mask(prev, n)).sum())
+            held, prev = runs_to_mask(chosen[0], n), sp
+        return fresh
+
+    kept, forgot = new_blocks(True), new_blocks(False)
+    assert kept <= budget // 4, kept
+    assert forgot > 5 * budget, forgot                 # 1130 blocks: half of it a cycle

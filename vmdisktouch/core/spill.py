@@ -13,6 +13,14 @@ the same priority order), less what the budget's own selection chose, at
 most ``factor`` times the budget, highest priority first. The system side
 (``system.spill``) reads them, paced, only into free memory.
 
+What was spilled last cycle counts as held in that wider selection: it is
+cached already, as a held block is, and ranks with the same incumbency and
+stay rules (``regions``). Without that, the spill past a hot zone is
+background read at random, and the noise picked another 511M of it nearly
+every other cycle (a hot zone of 409M, a 511M budget, write50's guest):
+1.8G read in the first 5 cycles of a run and 410M in a single cycle later,
+each read beside the guest's own I/O.
+
 Only a disk whose rules have ``spill`` (the trace source) spills: its
 evidence is the guest's reads, which the daemon's own reads do not add to.
 With the polling source the daemon's reads would be residency, the feedback
@@ -28,14 +36,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from vmdisktouch.core import regions
-from vmdisktouch.core.runs import Run, subtract
+from vmdisktouch.core.runs import Run, runs_to_mask, subtract
 
 
 def beyond(maps: list[regions.DiskMap], budget_blocks: int, factor: float,
-           rules: regions.Rules, chosen: list[list[Run]]) -> list[list[Run]]:
+           rules: regions.Rules, chosen: list[list[Run]],
+           previous: list[list[Run]] | None = None) -> list[list[Run]]:
     """Per disk: the runs to spill, highest priority first, disjoint from ``chosen`` (the
-    budget's selection of the same ``maps``), at most ``factor x budget_blocks`` in all."""
+    budget's selection of the same ``maps``), at most ``factor x budget_blocks`` in all.
+    ``previous``: per disk, the runs spilled last cycle (they count as held: see above)."""
     extra = int(budget_blocks * max(0.0, factor))
     out: list[list[Run]] = [[] for _ in maps]
     if extra <= 0 or not any((m.rules or rules).spill for m in maps):
@@ -43,8 +55,9 @@ def beyond(maps: list[regions.DiskMap], budget_blocks: int, factor: float,
     # A disk that does not spill keeps what it was chosen, no more: the room is the others'.
     wide = [replace(m, cap_blocks=sum(b - a for a, b in chosen[d]))
             if not (m.rules or rules).spill
-            else m if m.cap_blocks is None
-            else replace(m, cap_blocks=int(m.cap_blocks * (1 + factor)))
+            else _incumbent(m if m.cap_blocks is None
+                            else replace(m, cap_blocks=int(m.cap_blocks * (1 + factor))),
+                            previous[d] if previous else ())
             for d, m in enumerate(maps)]
     wider = regions.select_many(wide, budget_blocks + extra, rules)
     left = extra
@@ -60,3 +73,14 @@ def beyond(maps: list[regions.DiskMap], budget_blocks: int, factor: float,
                 out[d].append((a, b))
                 left -= b - a
     return out
+
+
+def _incumbent(m: regions.DiskMap, spilled: list[Run]) -> regions.DiskMap:
+    """``m`` with the blocks spilled last cycle marked held: the wider selection weighs
+    them as incumbents and keeps them unless a pick carries more (``Rules``)."""
+    if not spilled:
+        return m
+    n = np.asarray(m.total_heat).size
+    mask = runs_to_mask([(a, min(b, n)) for a, b in spilled if a < n], n)
+    return replace(m, held_mask=mask if m.held_mask is None
+                   else np.asarray(m.held_mask, dtype=bool) | mask)
