@@ -80,7 +80,6 @@ def _incumbent(m: regions.DiskMap, spilled: list[Run]) -> regions.DiskMap:
     them as incumbents and keeps them unless a pick carries more (``Rules``)."""
     if not spilled:
         return m
-    n = np.asarray(m.total_heat).size
-    mask = runs_to_mask([(a, min(b, n)) for a, b in spilled if a < n], n)
+    mask = runs_to_mask(spilled, np.asarray(m.total_heat).size)   # clipped: a shrunk image
     return replace(m, held_mask=mask if m.held_mask is None
                    else np.asarray(m.held_mask, dtype=bool) | mask)

@@ -63,6 +63,18 @@ def drop_cache(fd: int, offset: int, length: int) -> None:
     advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
+def drop_and_read_back(fd: int, offset: int, length: int) -> None:
+    """``DONTNEED`` then ``WILLNEED``, ``WILLNEED_BYTES`` at a time: each piece's pages are
+    allocated again (and charged) in this process's context right after the drop, before
+    a reader that keeps reading them faults them first. Dropping a whole range before
+    reading it back left a window such a reader filled. Advice only: pages the kernel
+    kept (mapped, dirty) stay charged where they were."""
+    for off in range(offset, offset + length, WILLNEED_BYTES):
+        n = min(WILLNEED_BYTES, offset + length - off)
+        drop_cache(fd, off, n)
+        advise(fd, off, n, os.POSIX_FADV_WILLNEED)
+
+
 def pread(fd: int, length: int, offset: int) -> bytes:
     try:
         return os.pread(fd, length, offset)

@@ -262,24 +262,17 @@ class Holder:
 
         ``POSIX_FADV_DONTNEED`` after the unlock: the kernel drops the pages
         that nothing else maps (it skips mapped and dirty ones); the
-        ``WILLNEED`` that follows reads them again in this process's context,
+        ``WILLNEED`` that follows, piece by piece (``files.drop_and_read_back``),
+        reads them again in this process's context,
         so they are charged to its memory cgroup, and the next ``apply``
         locks them without waiting (``charges``: recharging). The bytes read
         are the caller's to bound (``charges.to_recharge``'s ``per_cycle``).
         """
         runs = list(runs)
         released = self.release(runs)
-        bs, piece = self.block_size, files.WILLNEED_BYTES
+        bs = self.block_size
         for a, b in runs:
-            stop = min(b * bs, self.size)
-            # Piece by piece, each dropped and read back at once: the pages are
-            # allocated (and charged) in this process's context before a guest that
-            # keeps reading them faults them first. Dropping a whole run before
-            # reading it back left a window the guest's rereads filled.
-            for off in range(a * bs, stop, piece):
-                n = min(piece, stop - off)
-                files.drop_cache(self.fd, off, n)    # advice only: kept pages stay charged
-                files.read_ahead(self.fd, off, n)
+            files.drop_and_read_back(self.fd, a * bs, min(b * bs, self.size) - a * bs)
         return released
 
     def release_all(self) -> int:
