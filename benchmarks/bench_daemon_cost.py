@@ -483,7 +483,7 @@ def _nice(v: float) -> float:
 
 def daemon_defaults() -> str:
     """The heat and budget defaults of `vmdisktouch run` as installed now."""
-    from vmdisktouch import settings
+    from vmdisktouch.config import settings
     keys = ("block_size", "decay", "threshold", "sigma_resident", "amp_resident",
             "min_free", "load_rate")
     by_key = {st.key: st for st in settings.SETTINGS}

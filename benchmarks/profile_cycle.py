@@ -1,4 +1,4 @@
-"""Profile the daemon's cycle in-process: where one `DiskWatcher.tick` spends its time.
+"""Profile the daemon's cycle in-process: where one cycle of a host of one disk spends its time.
 
 The companion of bench_daemon_cost.py, for its missed targets: the same
 cached state (a sparse image with ``--extents`` scattered 1 MiB extents of data,
@@ -33,8 +33,9 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from benchmarks.cached_state import cached  # noqa: E402
-from vmdisktouch import settings  # noqa: E402
-from vmdisktouch.build import build  # noqa: E402
+from vmdisktouch.daemon.host import host_of
+from vmdisktouch.config import settings  # noqa: E402
+from vmdisktouch.daemon.build import build  # noqa: E402
 from vmdisktouch.system.image import open_image  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
@@ -54,10 +55,11 @@ def profile(path: str, a: argparse.Namespace) -> None:
         cfg = settings.resolve({"path": path, "max_hold": a.max_hold, "interval": a.interval})
         now = [0.0]
         watcher = build(open_image(path), cfg, clock=lambda: now[0])
+        host = host_of(watcher)
 
         def tick():
             now[0] += a.interval
-            return watcher.tick()
+            return host.tick()[0]
 
         print(f"{format_size(a.size)} sparse image, {a.extents} x 1 MiB extents pinned, "
               f"--max-hold {a.max_hold}, --interval {a.interval:g}")

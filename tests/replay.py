@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from vmdisktouch.core.policy import Observation, Policy, PolicyParams
+from vmdisktouch.core.policy import Observation, Plan, Policy, PolicyParams, select
 from vmdisktouch.core.runs import runs_to_mask
 from vmdisktouch.core.sparse import Sparse
 
@@ -69,6 +69,14 @@ class RecordedProbes:
         return [tuple(run)]
 
 
+def plan_one(policy: Policy, obs: Observation, probe) -> Plan:
+    """One disk's plan through the one selection the host runs for every disk
+    (``policy.select``), with no spill."""
+    m = policy.prepare(obs, probe)
+    targets = [] if m is None else select([m], policy.params.budget_blocks, 0.0, [[]])[0][0]
+    return policy.finish(targets)
+
+
 def replay(cycles: list[dict], strict: bool = True):
     """Yield (cycle number, record, plan, policy) for every recorded cycle."""
     first = cycles[0]
@@ -82,7 +90,7 @@ def replay(cycles: list[dict], strict: bool = True):
         if c["nblocks"] != policy.nblocks:
             policy.resize(c["nblocks"])
         probes = RecordedProbes(c["probes"], strict)
-        plan = policy.decide(observation(c), probes)
+        plan = plan_one(policy, observation(c), probes)
         assert not (strict and probes.left), f"cycle {i}: recorded probes not made: {probes.left}"
         yield i, c, plan, policy
         policy.settle(runs_to_mask(c["held_after"], c["nblocks"]),

@@ -13,10 +13,10 @@ import os
 import pytest
 
 from tests.pagecache import data_image
-from vmdisktouch.system import tracefs
+from vmdisktouch.system import libc, tracefs
 from vmdisktouch.system.trace_reader import TraceUnavailable
 
-PAGE = 4096
+PAGE = libc.PAGE_SIZE          # the unit of the events' page indices
 _names = itertools.count()
 
 

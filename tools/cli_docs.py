@@ -74,7 +74,7 @@ vmtouch(8), fincore(1), systemd.exec(5), virsh(1); the README and docs/ of the s
 def parser() -> argparse.ArgumentParser:
     os.environ["COLUMNS"] = "80"            # argparse wraps at the terminal's width
     sys.path.insert(0, ROOT)
-    from vmdisktouch import cli
+    from vmdisktouch.commands import cli
     return cli.build_parser()
 
 

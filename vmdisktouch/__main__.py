@@ -1,3 +1,3 @@
-from vmdisktouch.cli import main
+from vmdisktouch.commands.cli import main
 
 raise SystemExit(main())

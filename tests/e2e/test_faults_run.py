@@ -30,9 +30,11 @@ from tests.pagecache import data_image, read_range, require_tool
 from tools.common import ROOT
 from tools.daemon_proc import DaemonProc
 from tools.procfs import vmlck
+from vmdisktouch.daemon.host import host_of
 from vmdisktouch.system import checksums, holder, libc
-from vmdisktouch import errors, settings
-from vmdisktouch.build import build
+from vmdisktouch import errors
+from vmdisktouch.config import settings
+from vmdisktouch.daemon.build import build
 from vmdisktouch.system.image import open_image
 
 HOT = (8 * MiB, 6 * MiB)
@@ -108,7 +110,7 @@ PHASES = {   # phase -> (module attribute to wrap, on which call)
     "select": ("vmdisktouch.core.regions:select_many", 3),
     "load": ("vmdisktouch.system.files:read_ahead", 1),
     "emit": ("vmdisktouch.adapters.outputs:Outputs.write", 3),
-    "reload": ("vmdisktouch.run:load_settings", 2),
+    "reload": ("vmdisktouch.daemon.service:load_settings", 2),
     "wait": ("vmdisktouch.system.signals:LoopSignals.wait", 3),
 }
 
@@ -129,7 +131,7 @@ LAUNCHER = textwrap.dedent("""
             os.kill(os.getpid(), sig)
         return orig(*a, **k)
     setattr(owner, name, wrapped)
-    from vmdisktouch import cli
+    from vmdisktouch.commands import cli
     sys.exit(cli.main(sys.argv[4:]))
 """)
 
@@ -226,7 +228,7 @@ def _(tmp_path, image):
     target = tmp_path / "hup_twice.py"
     target.write_text(hup)
     proc = subprocess.Popen([sys.executable, "-c", f"exec(open({str(target)!r}).read())\n"
-                             "from vmdisktouch import cli; import sys; sys.exit(cli.main("
+                             "from vmdisktouch.commands import cli; import sys; sys.exit(cli.main("
                              "sys.argv[1:]))", "run", image, "--config", cfg, *FAST],
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
     time.sleep(3)
@@ -553,6 +555,7 @@ def _(tmp_path, image):
         return 1 << 40
 
     w = _watcher(image, min_free=MiB)
+    h = host_of(w)
     w.mem_available.read = mem          # the FailSafe the holder reads through
     warnings = []
     handler = logging.Handler(logging.WARNING)
@@ -561,19 +564,19 @@ def _(tmp_path, image):
     try:
         for _ in range(20):
             read_range(image, *HOT)
-            w.tick()
+            h.tick()[0]
             if w.holder.held_bytes():
                 break
         assert w.holder.held_bytes() > 0
         fail[0] = True
         for _ in range(3):
             read_range(image, *HOT)
-            assert w.tick().held_bytes == 0
+            assert h.tick()[0].held_bytes == 0
         assert len([m for m in warnings if "/proc/meminfo" in m]) == 1, warnings
         fail[0] = False
         for _ in range(20):
             read_range(image, *HOT)
-            if w.tick().held_bytes:
+            if h.tick()[0].held_bytes:
                 break
         assert w.holder.held_bytes() > 0
     finally:
@@ -585,13 +588,14 @@ def _(tmp_path, image):
        "no exception; the heat stays finite; within budget", "ticks go on, heat finite")
 def _(tmp_path, image):
     w = _watcher(image)
+    h = host_of(w)
     now = [0.0]
     w.clock = lambda: now[0]
     try:
         for step in (1.0, 1.0, 1e9, -10.0, 1.0, 1.0):
             now[0] += step
             read_range(image, *HOT)
-            r = w.tick()
+            r = h.tick()[0]
             assert np.isfinite(w.state.total).all()
             assert r.held_bytes <= 16 * MiB
     finally:

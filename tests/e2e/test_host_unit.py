@@ -10,7 +10,8 @@ import shlex
 from tests.e2e.test_unit import SHIPPED_EXE, U as TEMPLATE, verify
 from tests.sandbox_exec import parse_unit
 from tools.host_unit import TEMPLATE as TEMPLATE_PATH, host_unit
-from vmdisktouch import cli, configfile
+from vmdisktouch.commands import cli
+from vmdisktouch.config import file as configfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "vmdisktouch.service"

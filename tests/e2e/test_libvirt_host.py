@@ -15,7 +15,7 @@ from tests.libvirt_env import (URI, disk_xml, domain_state, domains,  # noqa: F4
                                libvirt_daemons, qemu_io, virsh)
 from tests.pagecache import data_image
 from tools.daemon_proc import DaemonProc
-from vmdisktouch.adapters.follow import LibvirtFollower
+from vmdisktouch.adapters.libvirt_watch import LibvirtWatch, wanted
 
 MiB = 1 << 20
 INTERVAL = 1.0
@@ -127,13 +127,13 @@ def test_a_domain_saved_or_shut_down_by_qemu_is_released_and_a_restored_one_serv
 def test_the_resync_finds_a_started_domain_with_no_event(domains, tmp_path):  # noqa: F811
     img = data_image(tmp_path / "quiet.raw", 8 * MiB)
     name = domains.define([disk_xml("vda", img)], start=False, tag="resync")
-    f = LibvirtFollower(URI, wake=None)                 # nobody listens to the events
+    f = LibvirtWatch(URI, wake=None)                    # nobody listens to the events
     try:
-        assert img not in f.disks().serve
+        assert img not in wanted(f.disks()).serve
         virsh("start", name, "--paused")
-        assert f.disks().serve[img].domain == name      # the next cycle's resync sees it
+        assert wanted(f.disks()).serve[img].domain == name   # the next cycle's resync
         virsh("destroy", name)
-        assert img not in f.disks().serve
+        assert img not in wanted(f.disks()).serve
     finally:
         f.close()
 

@@ -1,5 +1,5 @@
 """The libvirt side of the daemon against a real libvirtd: owner look-up, the eligibility
-check, the lifecycle watcher, and guest-like I/O through libvirt's own QEMU.
+check, the libvirt watch (events, resync, reconnection), and guest-like I/O through libvirt's own QEMU.
 
 Domains are started paused (no guest OS); I/O is driven with ``virsh
 qemu-monitor-command --hmp 'qemu-io -d ...'``. Residency is measured right
@@ -12,14 +12,15 @@ import os
 import stat
 import subprocess
 import threading
+import time
 
 import pytest
 
 from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                qemu_io, restart_libvirtd, started_libvirtd, virsh)
 from tests.pagecache import PAGE, data_image, evict, fincore_pages
-from vmdisktouch.adapters import lifecycle
 from vmdisktouch.adapters import libvirt_disks as ld
+from vmdisktouch.adapters import libvirt_watch as lw
 
 MiB = 1 << 20
 
@@ -38,7 +39,12 @@ def conn(libvirt_daemons):  # noqa: F811
 # -- owner look-up ------------------------------------------------------------
 
 
-def test_find_disk_owner_by_path_symlink_and_hard_link(domains, conn, tmp_path):  # noqa: F811
+def owner(conn, path):
+    found = lw.owners(ld.list_disks(conn, with_units=False), path)
+    return found[0] if found else None
+
+
+def test_the_owner_of_a_path_a_symlink_and_a_hard_link(domains, conn, tmp_path):  # noqa: F811
     img = image(tmp_path / "vm.raw")
     name = domains.define([disk_xml("vda", img)], start=False, tag="owner")
     link = tmp_path / "link.raw"
@@ -46,15 +52,14 @@ def test_find_disk_owner_by_path_symlink_and_hard_link(domains, conn, tmp_path):
     hard = tmp_path / "hard.raw"
     os.link(img, hard)
     for p in (img, str(link), str(hard)):
-        found = ld.find_disk_owner(conn, p)
-        assert found is not None, p
-        dom, disk = found
-        assert dom.name() == name and disk.target == "vda" and disk.source == img
+        disk = owner(conn, p)
+        assert disk is not None, p
+        assert disk.domain == name and disk.target == "vda" and disk.source == img
         assert (disk.state, disk.active) == ("shutoff", False)
-    assert ld.find_disk_owner(conn, image(tmp_path / "other.raw")) is None
+    assert owner(conn, image(tmp_path / "other.raw")) is None
 
 
-def test_find_disk_owner_of_a_block_device_by_device_number(domains, conn, tmp_path):  # noqa: F811
+def test_the_owner_of_a_block_device_by_device_number(domains, conn, tmp_path):  # noqa: F811
     backing = image(tmp_path / "backing.raw")
     loop = subprocess.run(["losetup", "-f", "--show", backing], check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -62,9 +67,9 @@ def test_find_disk_owner_of_a_block_device_by_device_number(domains, conn, tmp_p
         name = domains.define([disk_xml("vda", loop, dtype="block")], start=False, tag="blk")
         alias = tmp_path / "alias-node"      # another device node: other path, same st_rdev
         os.mknod(alias, 0o600 | stat.S_IFBLK, os.stat(loop).st_rdev)
-        dom, disk = ld.find_disk_owner(conn, str(alias))
-        assert dom.name() == name and disk.type == "block" and disk.source == loop
-        assert ld.find_disk_owner(conn, backing) is None   # the file under it is not the disk
+        disk = owner(conn, str(alias))
+        assert disk.domain == name and disk.type == "block" and disk.source == loop
+        assert owner(conn, backing) is None   # the file under it is not the disk
     finally:
         subprocess.run(["losetup", "-d", loop], check=False)
 
@@ -72,91 +77,78 @@ def test_find_disk_owner_of_a_block_device_by_device_number(domains, conn, tmp_p
 # -- eligibility check for `run` ------------------------------------------------
 
 
-def test_check_eligible(domains, tmp_path):  # noqa: F811
+def test_require_eligible(domains, conn, tmp_path):  # noqa: F811
     good = image(tmp_path / "wt.raw")
     bad = image(tmp_path / "none.raw")
     domains.define([disk_xml("vda", good, cache="writethrough"),
                     disk_xml("vdb", bad, cache="none")], start=False, tag="elig")
-    ok, reason = lifecycle.check_eligible(good, URI)
-    assert ok and "cache=writethrough" in reason
-    ok, reason = lifecycle.check_eligible(bad, URI)
-    assert not ok and "cache=none" in reason and "O_DIRECT" in reason
-    assert lifecycle.check_eligible(image(tmp_path / "free.raw"), URI) is None
-    assert lifecycle.check_eligible(good, "qemu:///nonexistent") is None   # unreachable: as before
-
-    lifecycle.require_eligible(good, URI)
-    with pytest.raises(lifecycle.IneligibleDiskError) as e:
-        lifecycle.require_eligible(bad, URI)
+    listed = ld.list_disks(conn, with_units=False)
+    lw.require_eligible(lw.owners(listed, good), good)
+    lw.require_eligible([], image(tmp_path / "free.raw"))     # not under libvirt
+    with pytest.raises(lw.IneligibleDiskError) as e:
+        lw.require_eligible(lw.owners(listed, bad), bad)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{bad}: domain ") and "cache=none" in msg
-    assert "--force" in msg
-    lifecycle.require_eligible(bad, URI, force=True)
+    assert "O_DIRECT" in msg and "--force" in msg
+    lw.require_eligible(lw.owners(listed, bad), bad, force=True)
 
 
-# -- the lifecycle watcher ----------------------------------------------------------
+# -- the watch: events wake, the resync tells, a lost libvirtd is reconnected -------
 
 
-def wait_for(watcher, wake, value, timeout=15.0):
-    """Wait until domain_active() == value; the wake event must fire on the change."""
-    woke = wake.wait(timeout)
-    wake.clear()
-    assert woke, f"wake event not set; domain_active() is {watcher.domain_active()}"
-    assert watcher.domain_active() is value
-
-
-def test_watcher_follows_destroy_and_start(domains, tmp_path):  # noqa: F811
+def test_the_watch_wakes_on_lifecycle_events_and_the_resync_tells_the_state(
+        domains, tmp_path):  # noqa: F811
     img = image(tmp_path / "vm.raw")
     name = domains.define([disk_xml("vda", img)], tag="watch")
     wake = threading.Event()
-    # poll_interval is long: only the lifecycle events can be this quick.
-    with lifecycle.LifecycleWatcher(img, URI, wake=wake, poll_interval=600) as w:
-        assert w.domain_active() is True and w.domains == [name]
+    watch = lw.LibvirtWatch(URI, wake=wake)
+    try:
+        assert owner_of(watch, img).active is True
         wake.clear()
         virsh("destroy", name)
-        wait_for(w, wake, False)
+        assert wake.wait(15.0), "no event woke the loop"
+        assert owner_of(watch, img).active is False
+        wake.clear()
         virsh("start", name, "--paused")
-        wait_for(w, wake, True)
-        virsh("destroy", name)
-        wait_for(w, wake, False)
-        virsh("undefine", name)           # the owner vanished: still "not running"
-        assert not wake.wait(2.0)
-        assert w.domain_active() is False
+        assert wake.wait(15.0)
+        assert owner_of(watch, img).active is True
+    finally:
+        watch.close()
 
 
-def test_watcher_sees_a_domain_defined_later(domains, tmp_path):  # noqa: F811
-    img = image(tmp_path / "vm.raw")
-    wake = threading.Event()
-    with lifecycle.LifecycleWatcher(img, URI, wake=wake, poll_interval=600) as w:
-        assert w.domain_active() is None and w.domains == []   # not under libvirt
-        name = domains.define([disk_xml("vda", img)], tag="late")
-        wait_for(w, wake, True)
-        assert w.domains == [name]
+def owner_of(watch, path):
+    found = lw.owners(watch.disks(), path)
+    return found[0] if found else None
 
 
-def test_watcher_for_a_disk_not_under_libvirt(libvirt_daemons, tmp_path):  # noqa: F811
-    with lifecycle.LifecycleWatcher(image(tmp_path / "free.raw"), URI) as w:
-        assert w.domain_active() is None
-    with lifecycle.LifecycleWatcher(image(tmp_path / "x.raw"), "qemu:///nonexistent",
-                                    retry_interval=0.2) as w:
-        assert w.domain_active() is None
+def test_the_watch_of_an_unreachable_libvirt_says_none(libvirt_daemons):  # noqa: F811
+    watch = lw.LibvirtWatch("qemu:///nonexistent")
+    try:
+        assert watch.disks() is None and watch.disks() is None
+    finally:
+        watch.close()
 
 
-def test_watcher_reconnects_after_libvirtd_restarts(domains, tmp_path):  # noqa: F811
+def test_the_watch_reconnects_after_libvirtd_restarts(domains, tmp_path):  # noqa: F811
     if started_libvirtd() is None:
         pytest.skip("libvirtd was already running before the tests: not restarting a "
                     "daemon these tests do not own")
     img = image(tmp_path / "vm.raw")
     name = domains.define([disk_xml("vda", img)], tag="reconnect")
     wake = threading.Event()
-    with lifecycle.LifecycleWatcher(img, URI, wake=wake, poll_interval=600,
-                                    retry_interval=0.5) as w:
-        assert w.domain_active() is True
-        wake.clear()
+    watch = lw.LibvirtWatch(URI, wake=wake)
+    try:
+        assert owner_of(watch, img).active is True
         restart_libvirtd(tmp_path)
-        assert w.domain_active() is True     # kept across the outage
-        assert not wake.is_set()
+        deadline = time.monotonic() + 30
+        while watch.disks() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        wake.clear()
         virsh("destroy", name)               # seen only through the new connection
-        wait_for(w, wake, False)
+        assert wake.wait(15.0), "no event through the new connection"
+        assert owner_of(watch, img).active is False
+    finally:
+        watch.close()
 
 
 # -- guest-like I/O through libvirt's QEMU ------------------------------------------

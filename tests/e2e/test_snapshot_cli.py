@@ -28,7 +28,7 @@ import pytest
 from PIL import Image
 
 from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
-from vmdisktouch import snapshot
+from vmdisktouch.commands import snapshot
 from vmdisktouch.adapters import figure, render
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from tests.tracing import tracefs_root  # noqa: F401
 from tools.daemon_proc import DaemonProc
 from tools.procfs import vmlck
 from vmdisktouch.system import libc
-from vmdisktouch.sources import instance_name
+from vmdisktouch.daemon.sources import instance_name
 
 MiB, PAGE = 1 << 20, 4096
 

@@ -24,7 +24,10 @@ import time
 import pytest
 
 from tests.sandbox_exec import parse_unit
-from vmdisktouch import cli, configfile, errors, settings
+from vmdisktouch import errors
+from vmdisktouch.commands import cli
+from vmdisktouch.config import file as configfile
+from vmdisktouch.config import settings
 from vmdisktouch.unitname import escape_path, unit_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

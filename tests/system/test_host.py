@@ -10,9 +10,9 @@ import pytest
 
 from tests.clocks import Stepped
 from tests.pagecache import data_image, held
-from vmdisktouch import settings
-from vmdisktouch.build import build
-from vmdisktouch.host import Host, NoDiskLeft
+from vmdisktouch.config import settings
+from vmdisktouch.daemon.build import build
+from vmdisktouch.daemon.host import Host, NoDiskLeft
 from vmdisktouch.system.image import open_image
 
 MiB = 1 << 20
@@ -60,7 +60,7 @@ def test_the_hottest_regions_of_all_disks_share_one_budget(tmp_path, host):
     assert held_of(h, a) == 16 * MiB                        # the larger zone whole
     assert held_of(h, b) == 4 * MiB                         # the rest of the budget
     assert held_of(h, c) == 0
-    st = h.status_obj([w.status_obj(w.last_report) for w in h.watchers])
+    st = h.status_obj([w.status_obj(w.last_report) for w in h.watchers], 1.0)
     assert st["host"]["budget_bytes"] == 20 * MiB and st["host"]["held_bytes"] == 20 * MiB
     assert [d["held_bytes"] for d in st["host"]["disks"]] == [16 * MiB, 4 * MiB, 0]
     assert [d["path"] for d in st["disks"]] == [a, b, c]
@@ -101,7 +101,7 @@ def test_a_cap_and_a_weight_from_the_overrides(tmp_path, host):
         for _ in range(4):
             tick(h)
         assert held_of(h, b) == 8 * MiB and held_of(h, a) == 8 * MiB
-        st = h.status_obj([])
+        st = h.status_obj([], 1.0)
         assert [d["weight"] for d in st["host"]["disks"]] == [1.0, 2.0]
 
 
@@ -124,7 +124,7 @@ def test_a_disks_cycle_time_is_its_own_not_the_other_disks(tmp_path):
                  cfg.max_hold, cfg.block_size)
         try:
             reports = [h.tick() for _ in range(3)]
-            assert h.status_obj([])["host"]["cycle_seconds"] > 0
+            assert h.status_obj([], 1.0)["host"]["cycle_seconds"] > 0
             return [r[0].cycle_seconds for r in reports]
         finally:
             h.close()

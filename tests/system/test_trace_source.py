@@ -24,10 +24,11 @@ from PIL import Image as PILImage
 from tests.clocks import Stepped
 from tests.pagecache import evict
 from tests.tracing import instance_name, scratch, tracefs_root  # noqa: F401
-from vmdisktouch import settings
+from vmdisktouch.daemon.host import host_of
+from vmdisktouch.config import settings
 from vmdisktouch.adapters import figure, render
-from vmdisktouch.build import build
-from vmdisktouch.sources import TraceSource
+from vmdisktouch.daemon.build import build
+from vmdisktouch.daemon.sources import TraceSource
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.residency_tracker import ResidencyTracker
 from vmdisktouch.system.trace_reader import TraceReader
@@ -60,8 +61,11 @@ def watcher(scratch, tmp_path, tracefs_root):      # noqa: F811
 
 
 def tick(w):
+    """One cycle of ``w``'s host of one (the host drives every cycle)."""
     w.test_clock.t += 5.0
-    return w.tick()
+    if not hasattr(w, "test_host"):
+        w.test_host = host_of(w)
+    return w.test_host.tick()[0]
 
 
 def guest_reads(path, pages):

@@ -7,7 +7,8 @@ from vmdisktouch.core import access
 from vmdisktouch.core.access import ADD, DELETE, READ, WRITE, AccessLog
 
 MiB = 1 << 20
-PPB = MiB // 4096          # pages per 1 MiB block
+PAGE = 4096                # these tests' page size (test_page_size.py: others)
+PPB = MiB // PAGE          # pages per 1 MiB block
 S = 1_000_000_000          # ns
 
 
@@ -17,7 +18,7 @@ def feed(log, events, lost=0):
 
 
 def test_reads_mark_every_block_touched_once():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [(READ, 1, 0, 0), (READ, 2, 5, 5),              # block 0 twice
                (READ, 3, 3 * PPB - 1, 3 * PPB),                # crosses blocks 2 and 3
                (READ, 4, 10 * PPB + 7, 10 * PPB + 7)])
@@ -30,7 +31,7 @@ def test_reads_mark_every_block_touched_once():
 
 
 def test_reads_beyond_the_image_are_dropped():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [(READ, 1, 20 * PPB, 20 * PPB)])
     assert log.take(16).reads.blocks.size == 0
     # with the recency weights too (the image shrank under reads: none left in it)
@@ -44,7 +45,7 @@ def test_reads_beyond_the_image_are_dropped():
 
 
 def test_writes_count_parts_like_the_checksums():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     part = PPB // 16
     feed(log, [(WRITE, 1, 0, 0), (WRITE, 2, 1, 1),             # one part of block 0
                (WRITE, 3, part, part),                         # a second part of block 0
@@ -56,14 +57,14 @@ def test_writes_count_parts_like_the_checksums():
 
 
 def test_a_block_written_all_over_is_one():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [(WRITE, i, i, i) for i in range(PPB)])
     a = log.take(4)
     assert a.writes.values.tolist() == [1.0]
 
 
 def test_refault_is_an_addition_soon_after_a_deletion():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [(DELETE, 1 * S, 7, 7), (ADD, 2 * S, 7, 7),        # refault of page 7
                (ADD, 3 * S, 3 * PPB, 3 * PPB),                    # first miss: not a refault
                (ADD, 4 * S, 9, 9), (DELETE, 5 * S, 9, 9)])        # added then deleted: not
@@ -74,7 +75,7 @@ def test_refault_is_an_addition_soon_after_a_deletion():
 
 
 def test_a_block_s_refaults_are_the_share_of_its_pages_that_refaulted():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [(DELETE, 1 * S, 0, PPB // 2 - 1), (DELETE, 1 * S, PPB, PPB + 7),
                (ADD, 2 * S, 0, PPB - 1),                          # half of block 0 refaults
                (ADD, 2 * S, PPB, PPB + 7), (DELETE, 3 * S, PPB, PPB + 7),
@@ -85,7 +86,7 @@ def test_a_block_s_refaults_are_the_share_of_its_pages_that_refaulted():
 
 
 def test_refault_across_cycles_and_window():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [(DELETE, 10 * S, 2 * PPB, 2 * PPB + 3)])           # a 4-page folio
     assert log.take(16, now_ns=10 * S).refaults.blocks.size == 0
     assert log.remembered_deletions == 4
@@ -101,7 +102,7 @@ def test_refault_across_cycles_and_window():
 
 def test_deletions_remembered_are_bounded(monkeypatch):
     monkeypatch.setattr(access, "MAX_DELETIONS", 10)
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [(DELETE, i, i, i) for i in range(25)])
     log.take(4)
     assert log.remembered_deletions == 10
@@ -110,7 +111,7 @@ def test_deletions_remembered_are_bounded(monkeypatch):
 
 
 def test_lost_events_are_summed_per_cycle():
-    log = AccessLog(MiB)
+    log = AccessLog(MiB, PAGE)
     feed(log, [], lost=3)
     feed(log, [(READ, 1, 0, 0)], lost=4)
     assert log.take(4).lost == 7
@@ -119,7 +120,7 @@ def test_lost_events_are_summed_per_cycle():
 
 def test_block_size_must_hold_whole_parts():
     with pytest.raises(ValueError):
-        AccessLog(4096)
+        AccessLog(4096, PAGE)
 
 
 def test_grouped_running_max_does_not_leak_between_groups():
@@ -132,7 +133,7 @@ def test_grouped_running_max_does_not_leak_between_groups():
 
 
 def test_event_residency_counts_adds_and_deletes_between_reconciliations():
-    r = access.EventResidency(4, MiB)
+    r = access.EventResidency(4, MiB, PAGE)
     r.reconcile(np.array([0.5, 0, 1, 0]))
     assert r.counts.tolist() == [PPB // 2, 0, PPB, 0]
     r.feed(np.array([ADD, ADD, DELETE, DELETE]), np.array([0, PPB, 2 * PPB, 3 * PPB]),
@@ -146,6 +147,6 @@ def test_event_residency_counts_adds_and_deletes_between_reconciliations():
 
 
 def test_event_residency_splits_a_folio_across_blocks():
-    r = access.EventResidency(3, MiB)
+    r = access.EventResidency(3, MiB, PAGE)
     r.feed(np.array([ADD]), np.array([PPB - 2]), np.array([2 * PPB + 1]))  # 2 + 256 + 2 pages
     assert r.counts.tolist() == [2, PPB, 2]

@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 from tools import cli_docs
-from vmdisktouch import cli, settings
+from vmdisktouch.commands import cli
+from vmdisktouch.config import settings
 
 ROOT = cli_docs.ROOT
 

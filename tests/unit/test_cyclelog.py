@@ -5,9 +5,9 @@ import logging
 
 import pytest
 
-from vmdisktouch import settings
-from vmdisktouch.cyclelog import CycleLog, why_not_held
-from vmdisktouch.report import CycleReport
+from vmdisktouch.config import settings
+from vmdisktouch.daemon.cyclelog import CycleLog, why_not_held
+from vmdisktouch.daemon.emit import CycleReport
 
 MiB = 1 << 20
 CFG = settings.resolve({"max_hold": "64M", "min_free": "1G"})

@@ -17,10 +17,18 @@ The replay feeds the observations to a fresh ``Policy``, answers its probes
 from the record, and asserts that every cycle's plan is the recorded one.
 The traces were recorded with the daemon as it was before the policy was
 taken out of it (commit 5da9cb1), so they pin the behaviour across rewrites.
+
+The ``trace-*`` files are the same four variants run with ``--access-source
+trace`` (commit 876a386, 100 s each): their cycles also carry the guest's
+reads, read counts (all and by recency) and refaults, and pin the rules only
+that source uses: the stay, the split, the read intensity, the thrash and
+the traced incumbency. (The spill is not recorded, so not replayed.)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import pathlib
 
 import numpy as np
@@ -30,13 +38,15 @@ from tests.replay import read_record, replay
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "policy"
 SCENARIOS = ("base", "move", "write50", "bigset")
+TRACE_SCENARIOS = tuple(f"trace-{name}" for name in SCENARIOS)
+MiB = 1 << 20
 
 
 def load(name: str) -> list[dict]:
     return read_record(GOLDEN / f"{name}.jsonl.gz")
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", SCENARIOS + TRACE_SCENARIOS)
 def test_the_policy_makes_the_recorded_plan_every_cycle(name):
     cycles = load(name)
     assert len(cycles) >= 20
@@ -62,6 +72,104 @@ def test_a_changed_rule_changes_the_plans(monkeypatch):
     from vmdisktouch.core import policy as policy_mod
     monkeypatch.setattr(policy_mod, "RELEASED_GRACE", 0.0)
     cycles = load("move")
+    differ = [i for i, c, plan, _ in replay(cycles, strict=False)
+              if [list(r) for r in plan.targets] != c["targets"]]
+    assert differ
+
+
+# -- the trace source's traces ------------------------------------------------
+
+def held_share(c: dict, start_mib: int, length_mib: int) -> float:
+    """The share of a zone (MiB, as bench_hotzone prints its phases) held after cycle ``c``."""
+    bs = c["settings"]["block_size"]
+    a, b = start_mib * MiB // bs, (start_mib + length_mib) * MiB // bs
+    return sum(max(0, min(b, y) - max(a, x)) for x, y in c["held_after"]) / (b - a)
+
+
+def since_start(cycles: list[dict], c: dict) -> float:
+    return c["t"] - cycles[0]["t"]
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_trace_traces_carry_the_guests_reads(name):
+    """Every cycle of a trace trace has the trace source's evidence, and reads were seen."""
+    cycles = load(f"trace-{name}")
+    assert all(c.get("reads") is not None and c.get("read_counts") and c.get("read_recent")
+               and c.get("refaults") for c in cycles)
+    assert sum(bool(c["reads"]) for c in cycles) >= len(cycles) - 1     # all but the first
+    assert sum(bool(c["read_counts"][0]) for c in cycles) >= len(cycles) - 1
+    assert sum(bool(c["targets"]) for c in cycles) >= len(cycles) // 2
+
+
+def test_trace_base_holds_the_hot_zone_and_stays():
+    """The hot zone (409M at 1024M) is held from the first plan on, and the held set does
+    not change in the second half (the stay and the traced incumbency)."""
+    cycles = load("trace-base")
+    assert all(held_share(c, 1024, 409) >= 0.95 for c in cycles[1:])
+    assert len({tuple(map(tuple, c["held_after"])) for c in cycles[len(cycles) // 2:]}) == 1
+
+
+def test_trace_move_follows_the_zones_that_moved():
+    """Two zones of 204M at 614M and 2252M move at 50 s to 1433M and 3276M: the first are
+    held before the move, the new ones within 15 s after it (the intensity), and the old
+    ones are let go."""
+    old, new = [(614, 204), (2252, 204)], [(1433, 204), (3276, 204)]
+    cycles = load("trace-move")
+    before = [c for c in cycles[1:] if since_start(cycles, c) < 50]
+    assert before and all(held_share(c, *z) >= 0.95 for c in before for z in old)
+    assert not any(held_share(c, *z) for c in before for z in new)
+    followed = [c for c in cycles if all(held_share(c, *z) >= 0.95 for z in new)]
+    assert followed and since_start(cycles, followed[0]) <= 65
+    assert not any(held_share(cycles[-1], *z) for z in old)
+
+
+def test_trace_write50_sees_the_writes():
+    """Half the guest's I/O is writes: rewrites every cycle, held blocks shown red, and
+    the hot zone (409M at 1024M) held."""
+    cycles = load("trace-write50")
+    assert sum(bool(c["rewritten"][0]) for c in cycles) >= len(cycles) - 1
+    assert sum(bool(c["red"]) for c in cycles) >= len(cycles) // 2
+    assert held_share(cycles[-1], 1024, 409) >= 0.95
+
+
+def test_trace_bigset_thrashes_and_the_hotter_zone_keeps_the_hold():
+    """A hot set twice the budget (409M at 1024M, 613M at 1689M): pages refault, blocks
+    thrash, the budget is full and the hotter zone has it."""
+    cycles = load("trace-bigset")
+    assert sum(bool(c["refaults"][0]) for c in cycles) >= len(cycles) // 2
+    assert [i for i, _, _, policy in replay(cycles) if policy.thrashing().size]
+    last = cycles[-1]
+    budget = last["settings"]["max_hold"] // last["settings"]["block_size"]
+    assert sum(b - a for a, b in last["held_after"]) == budget
+    assert held_share(last, 1024, 409) >= 0.95
+
+
+def _traced_rules(**changes):
+    def change(monkeypatch):
+        from vmdisktouch.core import policy as policy_mod
+        monkeypatch.setattr(policy_mod, "TRACED_RULES",
+                            dataclasses.replace(policy_mod.TRACED_RULES, **changes))
+    return change
+
+
+def _constant(module: str, name: str, value):
+    def change(monkeypatch):
+        monkeypatch.setattr(importlib.import_module(f"vmdisktouch.core.{module}"), name, value)
+    return change
+
+
+@pytest.mark.parametrize("name, change", [
+    ("base", _traced_rules(stay_unless_better=False)),
+    ("move", _traced_rules(split_contrast=None)),
+    ("bigset", _traced_rules(incumbent_weight=1.0)),
+    ("write50", _traced_rules(rank_rewritten_by_total=False)),
+    ("move", _constant("intensity", "RATE_SECONDS", 25.0)),
+    ("move", _constant("thrash", "WEIGHT", 0.0)),
+], ids=["stay", "split", "traced-incumbent", "rank-rewritten-by-total", "intensity", "thrash"])
+def test_a_changed_trace_rule_changes_the_plans(monkeypatch, name, change):
+    """The trace traces pin the trace source's own rules: without one, a replay diverges."""
+    change(monkeypatch)
+    cycles = load(f"trace-{name}")
     differ = [i for i, c, plan, _ in replay(cycles, strict=False)
               if [list(r) for r in plan.targets] != c["targets"]]
     assert differ

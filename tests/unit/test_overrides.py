@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmdisktouch import configfile, overrides
+from vmdisktouch.config import file as configfile
+from vmdisktouch.config import overrides
 from vmdisktouch.errors import ConfigError
 
 GiB = 1 << 30

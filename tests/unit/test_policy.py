@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.replay import plan_one
 from vmdisktouch.core import heat, policy
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import consecutive_runs, runs_to_mask
@@ -57,7 +58,7 @@ class World:
         resident = np.maximum(self.guest, (self.loaded & self.data).astype(np.float32))
         obs = Observation(self.now, resident, self.held.copy(), Sparse.empty(),
                           self.allocation, holding)
-        plan = self.policy.decide(obs, self.probe)
+        plan = plan_one(self.policy, obs, self.probe)
         wanted = runs_to_mask(plan.targets, self.n)
         self.held = wanted & self.data
         self.held[list(ceded_now)] = False
@@ -222,11 +223,11 @@ def test_rewrites_make_a_region_first_class_and_red():
     resident = np.zeros(64, np.float32)
     resident[8:16] = 1.0                                    # much hotter by residency
     rew = Sparse(np.arange(40, 44), np.full(4, 0.5))
-    plan = pol.decide(Observation(5.0, resident, held, rew, None), w.probe)
+    plan = plan_one(pol, Observation(5.0, resident, held, rew, None), w.probe)
     assert plan.targets[0][0] >= 36 and plan.recent[40:44].min() == 0.5
     assert pol.red.runs() == [(40, 44)]
     pol.settle(held)
-    plan = pol.decide(Observation(10.0, resident, held, Sparse.empty(), None), w.probe)
+    plan = plan_one(pol, Observation(10.0, resident, held, Sparse.empty(), None), w.probe)
     assert plan.recent is not None and plan.recent[40] == 0.5   # the cycle before counts
     assert not plan.quiet[40] and plan.quiet[8]
 

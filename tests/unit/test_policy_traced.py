@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.replay import plan_one
 from vmdisktouch.core import policy
 from vmdisktouch.core.policy import Observation, Policy
 from vmdisktouch.core.runs import runs_to_mask
@@ -39,7 +40,7 @@ class TracedWorld:
                           reads=ones(list(reads)),
                           refaults=refaults if isinstance(refaults, Sparse) else ones(list(refaults)),
                           reconcile=reconcile, read_counts=read_counts)
-        plan = self.policy.decide(obs, lambda run: [run])
+        plan = plan_one(self.policy, obs, lambda run: [run])
         self.held = runs_to_mask(plan.targets, self.n)
         self.policy.settle(self.held)
         return plan

@@ -147,7 +147,7 @@ def test_the_intensity_is_no_multiplier_until_something_is_read_and_fades_after(
 def test_recent_reads_weigh_by_their_age_and_a_move_two_seconds_old_wins():
     from vmdisktouch.core.access import READ, AccessLog
     n, ppb, s = 4096, 256, 10**9
-    log = AccessLog(ppb * 4096)
+    log = AccessLog(ppb * 4096, 4096)
     it = Intensity(n)
 
     def cycle(end, events):          # events: (block, time in s), read one page each

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from vmdisktouch import settings
+from vmdisktouch.config import settings
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.sizes import format_size
 

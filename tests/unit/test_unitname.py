@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from vmdisktouch.commands import unit_name as unit_name_cmd
 from vmdisktouch import unitname
 from vmdisktouch.errors import ConfigError
 
@@ -162,8 +163,8 @@ def test_unescape_agrees_with_systemd(instance):
 
 def _run_subcommand(argv):
     parser = argparse.ArgumentParser()
-    unitname.set_argparser(parser)
-    return unitname.main(parser.parse_args(argv))
+    unit_name_cmd.set_argparser(parser)
+    return unit_name_cmd.main(parser.parse_args(argv))
 
 
 def test_subcommand_prints_one_name_per_path(capsys):

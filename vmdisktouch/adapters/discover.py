@@ -14,32 +14,13 @@ least ``domain``, ``state``, ``target``, ``source``, ``type``, ``format``,
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import subprocess
-import sys
 
-from vmdisktouch.adapters import libvirt_disks
-from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI, Disk
-
-COLUMNS = ("DOMAIN", "STATE", "TARGET", "TYPE", "FORMAT", "CACHE", "IO", "ELIGIBLE", "SOURCE")
-
-
-def set_argparser(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "List every libvirt domain (running or not) and its disks: source, type, format, "
-        "cache and io modes, whether vmdisktouch can help it (disks opened with O_DIRECT, "
-        "i.e. cache=none/directsync or io=native, cannot be helped), and the systemd unit "
-        "to enable for it.")
-    parser.add_argument("--uri", default=DEFAULT_URI,
-                        help=f"libvirt connection URI (default: {DEFAULT_URI})")
-    parser.add_argument("--json", action="store_true",
-                        help="print a JSON array with one object per disk")
-    parser.add_argument("--eligible", action="store_true",
-                        help="list only the disks vmdisktouch can help")
+from vmdisktouch.adapters.libvirt_disks import Disk
 
 HOST_UNIT = "vmdisktouch.service"
+COLUMNS = ("DOMAIN", "STATE", "TARGET", "TYPE", "FORMAT", "CACHE", "IO", "ELIGIBLE", "SOURCE")
 
 
 def unit_states(units: list[str]) -> dict[str, tuple[str, str]]:
@@ -102,31 +83,6 @@ def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0) 
         out.append("")
         out.append("* not set in the domain XML: QEMU's default (cache=writeback, io=threads)")
     return "\n".join(out)
-
-
-def main(args) -> int:
-    conn = libvirt_disks.connect(args.uri)
-    try:
-        disks = libvirt_disks.list_disks(conn)
-    finally:
-        conn.close()
-    shown = [d for d in disks if not is_empty_drive(d)]
-    empty = len(disks) - len(shown)
-    if args.eligible:
-        shown = [d for d in shown if d.eligible]
-    states = unit_states(sorted({d.unit for d in shown if d.eligible and d.unit}
-                                | {HOST_UNIT}))
-    if args.json:
-        json.dump([dict(d.to_json(), unit_enabled=states.get(d.unit, (None, None))[0],
-                        unit_active=states.get(d.unit, (None, None))[1]) for d in shown],
-                  sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    elif not shown:
-        print(f"no {'eligible ' if args.eligible else ''}disks at {args.uri}"
-              + (f" ({empty} empty removable drives)" if empty else ""))
-    else:
-        print(format_table(shown, states, empty))
-    return 0
 
 
 def is_empty_drive(d: Disk) -> bool:

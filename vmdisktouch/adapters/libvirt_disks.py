@@ -5,9 +5,9 @@ Two layers:
 * **Pure** (no libvirt needed): ``parse_domain_xml`` turns a domain XML
   document into ``Disk`` records, and ``assess`` decides whether each disk is
   *eligible*, with the reason.
-* **libvirt** (``libvirt-python``, imported lazily): ``connect``,
-  ``list_disks`` (every domain, active and inactive, with its state) and
-  ``find_disk_owner`` (which domain uses a given image path).
+* **libvirt** (``libvirt-python``, imported lazily): ``connect`` and
+  ``list_disks`` (every domain, active and inactive, with its state);
+  ``libvirt_watch`` follows them and finds which domain uses a path.
 
 Eligibility. vmdisktouch keeps pages of the image in the *host* page cache,
 so it only helps a disk that QEMU reads and writes through that cache:
@@ -277,24 +277,3 @@ def list_disks(conn, *, with_units: bool = True) -> list[Disk]:
            for disk in disks]
     out.sort(key=lambda d: (d.domain, d.target))
     return out
-
-
-def find_disk_owners(conn, path: str) -> list[tuple[object, Disk]]:
-    """Every (virDomain, Disk) whose disk source is ``path``; active domains first.
-
-    Matches by realpath, and by inode (files) or device number (block devices),
-    so a symlink or a /dev/disk/by-* alias finds the owner too.
-    """
-    found = []
-    for dom, disks in _domains_and_disks(conn, with_units=False):
-        for disk in disks:
-            if disk.source and disk.type in ("file", "block") and same_file(disk.source, path):
-                found.append((dom, disk))
-    found.sort(key=lambda dd: (not dd[1].active, dd[1].domain))
-    return found
-
-
-def find_disk_owner(conn, path: str):
-    """(virDomain, Disk) using ``path`` (an active domain if any), or None."""
-    owners = find_disk_owners(conn, path)
-    return owners[0] if owners else None

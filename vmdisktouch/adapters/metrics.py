@@ -136,7 +136,7 @@ class Metrics:
         self.registry.register(self.collector)
         self.server = None
         if config.metrics_listen:
-            from vmdisktouch.setting_parsers import split_listen
+            from vmdisktouch.config.parsers import split_listen
             host, port = split_listen(config.metrics_listen)
             try:
                 self.server, _thread = pc.start_http_server(port, addr=host,

@@ -120,7 +120,7 @@ def _read(path: str, image, block_size: int, now_wall: float):
         saved_at = float(meta["saved_at"])
         if not math.isfinite(saved_at) or saved_at > now_wall + 60:
             return None, f"saved in the future ({saved_at:.0f})"
-        n = -(-image.size // block_size)
+        n = image.block_count(block_size)
         hr = np.asarray(z["heat_resident"], dtype=np.float32)
         hw = np.asarray(z["heat_rewritten"], dtype=np.float32)
         held = np.asarray(z["held"], dtype=np.int64).reshape(-1, 2)

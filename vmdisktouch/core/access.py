@@ -39,8 +39,12 @@ starts the next:
 The exact pages are kept too (``Access.write_pages``, ``Access.read_events``)
 for the status and the tests: every page a write dirtied in the cycle.
 
-Pages are 4 KiB (``PAGE``); a block is ``block_size // PAGE`` pages. A read
-range that crosses a block boundary counts for every block it touches.
+Events name pages by index, in the host's pages: ``page_size`` bytes (the
+system layer's ``libc.PAGE_SIZE``, 4 KiB on x86_64, often 64 KiB on arm64 and
+ppc64le), given to ``AccessLog`` and ``EventResidency``, never assumed here;
+page ``i`` is bytes ``[i*page_size, (i+1)*page_size)`` and a block is
+``block_size // page_size`` pages. A read range that crosses a block
+boundary counts for every block it touches.
 """
 
 from __future__ import annotations
@@ -53,7 +57,6 @@ from vmdisktouch.core.intensity import RATE_SECONDS
 from vmdisktouch.core.sparse import Sparse
 
 READ, WRITE, ADD, DELETE = 0, 1, 2, 3
-PAGE = 4096
 PARTS = 16
 REFAULT_SECONDS = 60.0
 MAX_DELETIONS = 1 << 22          # 64 MiB of (page, time) pairs at most
@@ -76,10 +79,12 @@ class Access:
 class AccessLog:
     """Accumulates trace events into per-block evidence, one cycle at a time."""
 
-    def __init__(self, block_size: int):
-        if block_size % (PAGE * PARTS):
-            raise ValueError(f"block_size must be a multiple of {PAGE * PARTS}")
-        self.pages_per_block = block_size // PAGE
+    def __init__(self, block_size: int, page_size: int):
+        self.page_size = int(page_size)
+        self.pages_per_block = pages_per_block(block_size, page_size)
+        if self.pages_per_block % PARTS:
+            raise ValueError(f"block_size must be a multiple of {page_size * PARTS} "
+                             f"({PARTS} pages of {page_size} bytes)")
         self.pages_per_part = self.pages_per_block // PARTS
         self._deleted_pages = np.zeros(0, dtype=np.int64)   # sorted, unique
         self._deleted_at = np.zeros(0, dtype=np.int64)      # ns, aligned
@@ -218,6 +223,14 @@ class AccessLog:
 
 # -- helpers -----------------------------------------------------------------
 
+def pages_per_block(block_size: int, page_size: int) -> int:
+    """Pages of ``page_size`` bytes in a block; a block is a whole number of them."""
+    if page_size <= 0 or block_size < page_size or block_size % page_size:
+        raise ValueError(f"block_size {block_size} is not a multiple of the page size "
+                         f"({page_size})")
+    return block_size // page_size
+
+
 def _unique(chunks: list[np.ndarray]) -> np.ndarray:
     if not chunks:
         return np.zeros(0, dtype=np.int64)
@@ -285,8 +298,9 @@ class EventResidency:
     reconciles every few cycles and whenever events were lost.
     """
 
-    def __init__(self, nblocks: int, block_size: int):
-        self.pages_per_block = block_size // PAGE
+    def __init__(self, nblocks: int, block_size: int, page_size: int):
+        self.page_size = int(page_size)
+        self.pages_per_block = pages_per_block(block_size, page_size)
         self.counts = np.zeros(int(nblocks), dtype=np.int32)
 
     def reconcile(self, fraction: np.ndarray) -> None:

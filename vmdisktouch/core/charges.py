@@ -11,10 +11,7 @@ pages a VM's QEMU read, they stay charged to the VM's group and become
 unevictable there: where that group has a limit (libvirt
 ``<memtune><hard_limit>``, ``MemoryMax=`` on machine.slice, a KubeVirt pod),
 the daemon shrinks the memory the VM can use, and the group's OOM killer
-ends up choosing QEMU. Measured on the code before this module: a group
-limited to 256 MiB whose reader had cached a 200 MiB hot zone had 215 MiB
-unevictable once the daemon held the zone, and a process of the group that
-then allocated 205 MiB was OOM-killed (docs/benchmarks.md, cgroup).
+ends up choosing QEMU (docs/benchmarks.md, why-charges and cgroup).
 
 The rule, per memory cgroup ``G`` other than the daemon's own, with an
 effective limit ``L`` (its own or an ancestor's), ``P`` bytes of it that

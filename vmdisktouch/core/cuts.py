@@ -15,18 +15,14 @@ region at least twice what is left of the budget (``split_min_ratio``): the
 split is there to find two hot zones in a region much larger than the
 budget; in a region that nearly fits, the heat's contrast is the noise of
 its reads and writes, and its pieces, ranked by their sums, swap places with
-each other and with the few blocks the smoothing adds past its ends. A
-16 GiB zone read and written at random (0.6 reads and 0.18 writes per
-block and cycle) with a budget of exactly the zone was split every cycle:
-3-5 one-block pieces lost their place to the smoothing's tail and came back
-the next cycle, 30 MiB loaded and released a minute, and mappings split and
-merged again (docs/benchmarks.md, source-cost-curve). Runs of either kind
-shorter than ``min_blocks`` are not pieces either: an above-level run that
-short is dropped (a bump of the noise, not a zone), then a gap that short
-between zones is filled (a dip inside one zone); with pieces of 8 blocks and
-more but no ratio, that zone still lost 1-2 blocks a cycle
-(``tests/unit/test_regions_split.py``). When nothing is left above the
-level, the region is flat and is windowed instead.
+each other and with the few blocks the smoothing adds past its ends, which
+are then loaded and released every cycle (docs/benchmarks.md, why-cuts).
+Runs of either kind shorter than ``min_blocks`` are not pieces either: an
+above-level run that short is dropped (a bump of the noise, not a zone),
+then a gap that short between zones is filled (a dip inside one zone); the
+minimum length alone, without the ratio, does not stop the swapping
+(docs/benchmarks.md, why-cuts; ``tests/unit/test_regions_split.py``). When
+nothing is left above the level, the region is flat and is windowed instead.
 
 Window (``hottest_window``). The window of exactly the length left with the
 largest summed ranking heat: a cumulative-sum sliding window, the first on

@@ -25,8 +25,9 @@ is their sum (``HeatState.total``). One cycle (``step``):
    ``s_w = A_w * G_{sigma_w} * e_w``, with ``G`` the discrete Gaussian of
    ``scipy.ndimage.gaussian_filter1d`` (radius 4 sigma) in ``mode="constant"``
    (beyond the ends of the image is nothing: the edges do not reflect).
-   ``smooth`` computes exactly that kernel with shifted numpy sums, 5x
-   faster than scipy's float32 path; a test checks it against scipy.
+   ``smooth`` computes exactly that kernel with shifted numpy sums, faster
+   than scipy's float32 path (docs/benchmarks.md, why-heat); a test checks
+   it against scipy.
    Normalisation: the kernel sums to 1, so the filter preserves mass.
    A wide, fully resident region reaches exactly ``A`` in its interior
    (blocks more than 4 sigma from its ends); a single isolated fully
@@ -36,11 +37,10 @@ is their sum (``HeatState.total``). One cycle (``step``):
    With A_r = 1, sigma_r = 2, a threshold of 0.2 would treat a lone
    resident block as noise (just under it) and two adjacent ones (0.376
    each) as heat. The default threshold is lower, 0.05: under memory
-   pressure a guest's hot blocks are only partly resident (about 17 % in
-   the demo's scenario), and at 0.2 nothing reached the threshold, so
-   nothing was held (docs/benchmarks.md, section hotzone).
+   pressure a guest's hot blocks are only partly resident, and at 0.2 they
+   did not reach the threshold (docs/benchmarks.md, why-heat).
    ``sigma = 0`` means no smoothing (``s = A * e``). The cost is
-   proportional to sigma (17 taps at sigma 2: ~2.5 ms per million blocks).
+   proportional to sigma (17 taps at sigma 2; docs/benchmarks.md, why-heat).
    Sparse evidence (its reach, ``2r + 1`` blocks around each nonzero block,
    at most a ``SPARSE_RATIO``-th of the map) is smoothed over that reach
    only, gathered end to end (``_reach``): the same values, exactly, for
@@ -78,9 +78,8 @@ that keep a held region held are
   (in sixteenths, see ``checksums``) feeds ``heat_rewritten`` (A_w = 1 by
   default, so one cycle that rewrites a wide region all over adds
   ``1 - k``, ~0.39 at 5 s cycles; steady rewriting of f of every block
-  holds it near f). A_w was 4 until the moved hot zones of
-  docs/benchmarks.md (hotzone-move), measured side by side in one run,
-  were followed in 40 s at 4 (93 % of the oracle) and 29 s at 1 (101 %);
+  holds it near f). Not 4, its earlier default: at 4 moved hot zones were
+  followed later than at 1 (docs/benchmarks.md, why-heat);
 * hysteresis in ``regions.select``: a held run stays a candidate while its
   mean heat is at least ``threshold * policy.HOLD_FRACTION``;
 * incumbency in ``regions.select``: the resident heat of held blocks
@@ -203,9 +202,9 @@ def smooth(evidence: np.ndarray, sigma: float, amp: float) -> np.ndarray:
 
     Equal (to float32 rounding) to ``amp * scipy.ndimage.gaussian_filter1d(
     evidence, sigma, mode="constant")``: outside the image is cold. It is
-    computed as a symmetric sum of shifted copies, which is ~5x faster than
-    ``gaussian_filter1d`` on float32 (2.5 ms instead of 12 ms per million
-    blocks at sigma 2); the tests check the two agree. ``sigma == 0``: no
+    computed as a symmetric sum of shifted copies, which is faster than
+    ``gaussian_filter1d`` on float32 (docs/benchmarks.md, why-heat); the
+    tests check the two agree. ``sigma == 0``: no
     smoothing. Returns a new float32 array.
     """
     x = np.asarray(evidence, dtype=DTYPE)

@@ -6,9 +6,9 @@ Pure core (numpy only). Holding a hole would spend the budget on zeros.
 Every candidate block whose state is not known yet is probed before the
 selection (``probe``: the image's SEEK_DATA/SEEK_HOLE, a few ``lseek``
 calls per candidate run, once). Learning the holes only from what the
-holder was given left the budget two-thirds empty: on a 1 TiB thin image
-with 1000 cached 1 MiB extents and a 256 MiB budget each selected region was
-an extent and 4 blocks of hole around it (docs/benchmarks.md, daemon-cost).
+holder was given leaves most of a thin image's budget empty: each region
+selected is an extent of data and the hole the smoothing adds around it
+(docs/benchmarks.md, why-holes).
 
 What is known holds while the file's allocated size is unchanged. When it
 grows (the guest filled a hole) the known holes are probed again as they

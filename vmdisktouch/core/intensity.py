@@ -11,7 +11,7 @@ accesses spread over the image: 0.5 reads/s per MiB, a read in most blocks
 every 5 s cycle) as hot as its hot zones (40 reads/s per MiB): the whole
 image is one region above the threshold, larger than the budget, and its
 hottest window is one zone and background, never two zones
-(docs/benchmarks.md, hotzone-move).
+(docs/benchmarks.md, why-regions).
 
 So the trace source keeps, beside the heat, ``rate``: the read events per
 second of each block, smoothed like the heat's resident evidence (its
@@ -20,11 +20,11 @@ events' own times (``core.access``'s ``read_recent``), not of the cycle's
 counts. After the hot zones move, the new zones' rate passes the old ones'
 ``RATE_SECONDS * ln 2`` = 1.7 s after the move, and their factor passes the
 held zones' by the policy's margin (``TRACED_INCUMBENT``, 1.25) about 3 s
-after it, so the first cycle after that holds them. Measured with a 5 s average of the cycle's counts, the
-zones were held 12 s after the move (docs/benchmarks.md, hotzone-move): the
-cycle that ended 2 s after the move still saw three seconds of the old
-zones against two of the new. The hot zones' rate is tens of events per
-second and block, so the short constant adds little noise where it decides;
+after it, so the first cycle after that holds them. An average of the
+cycle's counts instead would make a cycle that ends soon after the move
+still see mostly the old zones (docs/benchmarks.md, why-intensity). The
+hot zones' rate is tens of events per second and block, so the short
+constant adds little noise where it decides;
 the background's noise is compressed by the logarithm below (0.5 reads/s
 per block: a factor 1.6, give or take 0.15). The ranking multiplies a block's
 heat by ``multiplier = 1 + log2(1 + rate)``: 1 for a block not read, 1.6

@@ -5,14 +5,15 @@ Theory of operation
 Everything that decides what is held lives in this module, the way a state
 machine's rules live in one file: the rules table below, and ``Policy``,
 which applies them. It is pure (numpy only): the daemon observes the image,
-asks ``decide`` for a plan, has the holder carry it out, and tells
+asks ``prepare``, ``select`` and ``finish`` for a plan, has the holder carry it out, and tells
 ``settle`` what was held in the end. Nothing here reads a file, a clock or
 a page-cache bit; the same observations give the same plans, which is what
 the golden replay tests (``tests/unit/test_golden.py``) check.
 
 One cycle:
 
-``decide(observation, probe) -> Plan``
+``prepare(observation, probe) -> DiskMap``, ``select`` (over every disk served),
+``finish(targets) -> Plan``
 
 1. Rewrites. The blocks rewritten (``Observation.rewritten``, the fraction
    of each block), if held, are shown red for ``rewritten_seconds`` (the
@@ -58,18 +59,16 @@ Blocks the daemon loaded
 A block loaded while the guest had not cached it (a region's shoulders:
 the smoothing makes a region wider than the guest's cached extent) stays
 cached after its release, and its residency would then heat it as if the
-guest used it: measured on a 1 TiB image with 1000 cached extents, held
-regions grew by the smoothing's reach (~9 blocks) every cycle and the
-cached total rose from 1000 MiB to 1.6 GiB in 8 cycles.
+guest used it: held regions would grow by the smoothing's reach every
+cycle (docs/benchmarks.md, why-policy).
 
 Blocks the daemon released
 ^^^^^^^^^^^^^^^^^^^^^^^^^^
 Right after a release a block is still cached *because we held it*. When
 it was let go because hotter regions took its place (displaced: still a
-candidate), that residency would win it the rematch at once: on the moved
-hot zones of docs/benchmarks.md (hotzone-move) an old zone cut by half came
-back whole two cycles later (177 MiB reloaded), and the second new zone was
-held only 35 s after the move. So a displaced block's residency is
+candidate), that residency would win it the rematch at once: an old hot
+zone cut for a new one comes back whole and delays the new zones
+(docs/benchmarks.md, why-policy). So a displaced block's residency is
 suppressed for ``RELEASED_GRACE`` (four cycles at the defaults): time for
 reclaim to take what the guest left. Blocks released because their lease
 ran out (no longer candidates) are not suppressed: their renewal is the
@@ -84,7 +83,7 @@ from functools import cached_property
 
 import numpy as np
 
-from vmdisktouch.core import heat, regions
+from vmdisktouch.core import heat, regions, spill
 from vmdisktouch.core.holes import KnownHoles, Probe
 from vmdisktouch.core.intensity import Intensity
 from vmdisktouch.core.runs import Run, runs_to_mask
@@ -113,8 +112,8 @@ from vmdisktouch.core.thrash import Thrash
 #                             at it: all its excess is recharged at once (``charges``)
 #   TRACED_INCUMBENT   1.25   trace source: a held block's heat is the guest's own reads (no
 #                             suppression to make up for), but its read intensity is noisy:
-#                             without a margin the budget's spare part hopped between equal
-#                             background windows, 40-80 MiB reloaded a cycle (hotzone, 1)
+#                             without a margin the budget's spare part hops between equal
+#                             background windows (docs/benchmarks.md, why-policy)
 #   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
 #                             ranking heat passes halfway from its mean to its peak, when
 #                             the peak is at least twice the mean (``regions``)
@@ -228,13 +227,6 @@ class Policy:
         self._prepared: tuple | None = None    # prepare's maps, for finish
 
     # -- one cycle ---------------------------------------------------------
-
-    def decide(self, obs: Observation, probe: Probe) -> Plan:
-        """The plan for this cycle (steps 1-6 of the module docstring), on its own budget."""
-        m = self.prepare(obs, probe)
-        targets = ([] if m is None else
-                   regions.select_many([m], self.params.budget_blocks, m.rules)[0])
-        return self.finish(targets)
 
     def prepare(self, obs: Observation, probe: Probe) -> regions.DiskMap | None:
         """Steps 1-5: this disk's part of a selection (None: holding is off); a
@@ -370,6 +362,16 @@ class Policy:
         if mask.any():
             self.released = self.released.merged(Sparse.of_mask(mask, now))
         self.released = self.released.newer_than(now, RELEASED_GRACE)
+
+
+def select(maps: list[regions.DiskMap], budget_blocks: int, spill_factor: float,
+           spilled: list[list[Run]]) -> tuple[list[list[Run]], list[list[Run]]]:
+    """Step 6 for one disk or many, the one selection every mode runs: (each disk's
+    targets, each disk's spill). Every disk's regions go in one priority queue under one
+    budget (``regions.select_many``); the regions ranked next are spilled (``spill``);
+    ``spilled``: each disk's spill of the last cycle."""
+    chosen = regions.select_many(maps, budget_blocks, SELECT_RULES)
+    return chosen, spill.beyond(maps, budget_blocks, spill_factor, SELECT_RULES, chosen, spilled)
 
 
 def self_loaded(previous, resident, held_before, held_after) -> np.ndarray:

@@ -30,20 +30,16 @@ Ranking. Regions go into a priority queue (``heapq``), highest first:
    rewritten sixteenths as blocks). They rank among themselves by their
    summed ``rewritten_heat``. Data the guest writes through the host cache
    is data it is working on right now. Recency and density, not the size
-   of the rewritten heat, decide the class: with the class decided on the
-   rewritten sum, two hot zones that moved were not followed in the 60 s
-   after the move, because the old zones' rewritten heat lasted minutes;
-   with "any block rewritten recently", the stray writes that still land
-   on a zone the guest left (a quarter of its blocks per cycle, one
-   sixteenth or less of each) kept it in the class (docs/benchmarks.md,
-   hotzone-move);
+   of the rewritten heat, decide the class: the rewritten sum outlasts the
+   guest's move by minutes, and a zone it left still takes stray writes,
+   below that density (docs/benchmarks.md, why-regions);
    With the trace source (``Rules.rank_rewritten_by_total``) the first
    class is ranked by its summed ranking heat instead, which carries the
    read intensity (``core.intensity``): the rewritten heat decays over
-   1/decay (10 s), and two hot zones that moved were held 12–13 s after the
-   move, because the old zones, still written in the cycle of the move, kept
-   the first place on the writes they had had (docs/benchmarks.md,
-   hotzone-move); the intensity passes to the new zones 1.7 s after the move;
+   1/decay (10 s), so after a move the old zones, still written in the
+   cycle of the move, would keep the first place on their old writes
+   (docs/benchmarks.md, why-regions); the intensity passes to the new zones
+   1.7 s after the move;
 2. all other regions, ranked by summed total heat. A sum, not a peak: a wide
    warm region beats a narrow hot one when it carries more heat in all,
    because it serves more of the guest's I/O per cycle.
@@ -54,10 +50,9 @@ windows (not in the cut at the threshold). Feedback suppression makes a
 held block's resident heat decay while an equally used unheld block keeps
 its heat, so without a weight a full budget would swap its holds for equal
 candidates every cycle: a thrash that reloads the whole budget each cycle
-(measured: 256 MiB per 5 s cycle on a 1 TiB image with 1000 equal cached
-extents) and gains nothing. With the weight a hold keeps its place until
-hysteresis releases it (its lease, see ``heat``) or until a challenger
-carries 16 times its current heat. The rewritten heat is not weighted:
+and gains nothing (docs/benchmarks.md, why-regions). With the weight a
+hold keeps its place until hysteresis releases it (its lease, see
+``heat``) or until a challenger carries 16 times its current heat. The rewritten heat is not weighted:
 it is not suppressed on held blocks (it is observed *only* there), so it
 needs no compensation, and weighting it would make a zone the guest wrote
 once outrank fresh use for minutes.
@@ -90,8 +85,9 @@ block read once a cycle is as candidate as one read a thousand times), and
 the read intensity in the ranking heat (``core.intensity``) is what tells
 its hot zones from the rest: without the split the hottest window of the
 budget took one zone and the background around it, never two zones
-(docs/benchmarks.md, hotzone-move). Residency has no such contrast inside a region (a cached
-block is cached), so the polling source's rules do not split. Pieces of
+(docs/benchmarks.md, why-regions). Residency has no such contrast inside
+a region (a cached block is cached), so the polling source's rules do not
+split. Pieces of
 one region may be taken side by side; touching runs are merged in the
 output, at the place of the first taken.
 
@@ -102,21 +98,19 @@ first), unless the guest writes where the pick goes: its unheld blocks'
 mean recent rewrites at the first class's density *and* at least
 ``STAY_WRITE_CONTRAST`` (2) times those of the held blocks it gives up. A
 budget under a region read and written evenly all over is otherwise filled
-with a new hottest window each cycle, because the noise moves it: 4 GiB
-held of a 16 GiB zone loaded and released 33 GiB a minute without this
-rule, nothing with it (docs/benchmarks.md, source-cost-curve-span). The
-contrast: a guest's scattered background writes sit at about the first
-class's density (hotzone-write50: about one write per block and cycle, a
-sixteenth), so whichever background window the noise lifted over it won
-against an equal held one, and the budget's spare 100 MiB hopped every
-two or three cycles; the pick of a zone the guest moved to wins against
+with a new hottest window each cycle, because the noise moves it, and
+reloads most of itself (docs/benchmarks.md, why-regions). The contrast: a
+guest's scattered background writes sit at about the first class's
+density, so without it any background window the noise lifts over that
+density would win against an equal held one, and the budget's spare part
+would hop; the pick of a zone the guest moved to wins against
 blocks no longer written, and against blocks still written on the ranking
 heat, which carries the read intensity.
 
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
-region sums) plus O(R) Python for R regions to build the queue: ~4 ms per
-million blocks for a clumpy map, ~40 ms for 40 000 regions, ~150 ms in the
-pathological case of a noise map cut into 260 000 regions.
+region sums) plus O(R) Python for R regions to build the queue; the
+pathological case is a noise map cut into hundreds of thousands of regions
+(docs/benchmarks.md, why-regions).
 
 The output runs are disjoint and not adjacent (regions are separated by at
 least one non-candidate block, windows lie inside their region) and come
@@ -367,8 +361,8 @@ def _segment_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
 
     The runs' blocks are gathered first when they are a small part of the
     map (the usual case: a few thousand candidate blocks in a million), so
-    the sum reads only them, not the gaps between them (1.4 ms per million
-    blocks for a ``reduceat`` over the whole map).
+    the sum reads only them, not the gaps between them (a ``reduceat`` over
+    the whole map costs more: docs/benchmarks.md, why-regions).
     """
     starts, stops = edges[0::2], edges[1::2]
     lengths = stops - starts

@@ -84,8 +84,8 @@ def consecutive_edges(sorted_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def byte_ranges(starts: np.ndarray, stops: np.ndarray, block_size: int,
                 size: int) -> list[list[int]]:
     """Block runs as ``[offset, length]`` byte pairs, the last clipped to ``size``: the
-    status file's form. Computed in numpy: a guest writing all over 16 GiB leaves
-    2,500 rewritten runs a cycle, and a Python pair each took ~1 ms."""
+    status file's form. Computed in numpy: a guest writing all over a large image
+    leaves thousands of rewritten runs a cycle (docs/benchmarks.md, why-regions)."""
     off = np.asarray(starts, dtype=np.int64) * block_size
     end = np.minimum(np.asarray(stops, dtype=np.int64) * block_size, size)
     return np.column_stack((off, end - off)).tolist()
@@ -97,7 +97,7 @@ def mask_edges(mask: np.ndarray) -> np.ndarray:
     A run starts or stops wherever a block differs from the one before it
     (with False beyond both ends). Compared as booleans, with no ``np.diff``:
     ``diff`` with ``prepend``/``append`` copies the mask twice and subtracts
-    in int8, 10x slower (4.4 ms against 0.4 ms per million blocks here).
+    in int8, much slower (docs/benchmarks.md, why-regions).
     """
     m = np.asarray(mask, dtype=bool)
     if m.ndim != 1:
@@ -135,6 +135,12 @@ def runs_to_mask(runs: Iterable[Run], nblocks: int) -> np.ndarray:
 def page_round(n: int, page: int) -> int:
     """``n`` rounded up to a multiple of ``page``."""
     return -(-n // page) * page
+
+
+def blocks_of(size: int, block_size: int) -> int:
+    """How many blocks ``size`` bytes make: the last one may be short (the one home of
+    the rounding; ``Image.block_count`` asks it)."""
+    return -(-int(size) // int(block_size))
 
 
 def priority_pieces(target_runs: Iterable[Run], nblocks: int) -> list[Run]:

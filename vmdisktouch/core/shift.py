@@ -18,7 +18,7 @@ is the lowest share outside over the last ``BASELINE_CYCLES`` (3) cycles
 that ran on schedule: a scheduled cycle whose window held the move (half
 its reads before, half after: a share of 0.5) must not raise the bar to
 1.0 and keep the next drains from asking, as it did with the last cycle's
-share alone (the moved zones held 12-13 s after the move in half the runs).
+share alone (docs/benchmarks.md, why-intensity).
 
 Bounds:
 
@@ -27,12 +27,10 @@ Bounds:
 * at most ``MAX_EARLY`` (4) early cycles in a row: a shift the policy does
   not follow (the new reads are too few to win) costs that many extra
   cycles per scheduled cycle, until ``BASELINE_CYCLES`` scheduled cycles
-  have seen the new share and it is the baseline. Measured after a move
-  (docs/benchmarks.md, hotzone-move-rounds and the reading after it): the
-  early cycles load a first part of the new zones 1-4 s after the move, and
-  all of them once the ranking has passed the old zones: 8 and 9 s after
-  the move with this baseline, 7-13 s with the last cycle's share alone;
-  10 early cycles instead of 4 did not make that sooner (13 s and 13 s);
+  have seen the new share and it is the baseline. After a move the early
+  cycles load a first part of the new zones, and all of them once the
+  ranking has passed the old zones; more early cycles did not make that
+  sooner (docs/benchmarks.md, why-intensity);
 * the held blocks are those after the last cycle's loads (``settled``), so
   once the daemon holds the new zones their reads count as inside.
 """

@@ -16,20 +16,17 @@ most ``factor`` times the budget, highest priority first. The system side
 What was spilled last cycle counts as held in that wider selection: it is
 cached already, as a held block is, and ranks with the same incumbency and
 stay rules (``regions``). Without that, the spill past a hot zone is
-background read at random, and the noise picked another 511M of it nearly
-every other cycle (a hot zone of 409M, a 511M budget, write50's guest):
-1.8G read in the first 5 cycles of a run and 410M in a single cycle later,
-each read beside the guest's own I/O.
+background read at random, and the noise picks another window of it
+nearly every other cycle, each read beside the guest's own I/O
+(docs/benchmarks.md, why-spill).
 
 Only a disk whose rules have ``spill`` (the trace source) spills: its
 evidence is the guest's reads, which the daemon's own reads do not add to.
 With the polling source the daemon's reads would be residency, the feedback
 ``policy.self_loaded`` exists to suppress; its lease already leaves released
-regions cached (docs/benchmarks.md, "hot set twice the budget"), without a
-bound. Measured there before this module: with the trace source holding the
-budget and nothing else, the image's cached total stayed at 580M of a 1 GiB
-hot set while the polling source's reached 994M, and the guest read 0.83x
-as fast.
+regions cached, without a bound, and against it a trace source that held
+the budget and nothing else left its guest slower (docs/benchmarks.md,
+why-spill).
 """
 
 from __future__ import annotations

@@ -8,12 +8,10 @@ to the time since the last, so each within ``RESAMPLE_SECONDS``, but never
 more than ``RESAMPLE_MAX_BYTES`` (32 MiB) a cycle: beyond 384 MiB held at
 5 s cycles a full pass takes longer, 16 GiB in about 43 minutes, which only
 delays noticing a removed group's pages moved to its parent. Every cycle is
-then equally cheap and the cost does not grow with what is held: sampling
-3 GiB at once took ~75 ms, the slowest cycle of a 5 s trace-source daemon; a
-daemon holding 16 GiB, resampled in shares of 60 s, used 1.4 % of a core
-against 0.3 % with 256 MiB held, and with 256 MiB a cycle, 0.87 % (the
-system time of the pagemap and kpagecgroup reads, 0.02 % at 256 MiB held,
-was 0.18 %: docs/benchmarks.md, source-cost-curve). A block is sampled
+then equally cheap and the cost does not grow with what is held; sampling
+a large hold at once made the daemon's slowest cycle, and larger shares
+made its CPU grow with the bytes held (docs/benchmarks.md,
+why-charge-tracker). A block is sampled
 every ``STEP_PAGES``-th page through the holder's own mapping
 (``memcg.MemcgReader.page_groups``: pagemap and kpagecgroup); it is
 attributed to the foreign group (not the daemon's own) most of its samples
@@ -37,7 +35,7 @@ log = logging.getLogger("vmdisktouch")
 
 STEP_PAGES = 16            # one sample per 64 KiB
 RESAMPLE_SECONDS = 60.0
-RESAMPLE_MAX_BYTES = 32 << 20      # per cycle (256 MiB took ~6 ms here)
+RESAMPLE_MAX_BYTES = 32 << 20      # per cycle (docs/benchmarks.md, why-charge-tracker)
 
 
 class ChargeTracker:

@@ -10,20 +10,18 @@ unwritten block, 1 for one written all over.
 
 Why parts. A 1 MiB block takes the guest's hot writes and a stray write
 alike; as a yes/no per block, the stray writes that land on a held zone the
-guest has left (measured: about 25 % of its blocks per cycle, from the
-10 % of accesses spread over the disk in docs/benchmarks.md, hotzone-move)
-look like the hot zone's writes, and the daemon kept the old zone. In parts
-the two differ by 50 times there (0.015 against 0.75 of the parts), as
-residency differs between a hot and a cold unheld block.
+guest has left look like the hot zone's writes, and the daemon kept the old
+zone. In parts the two differ many times over, as residency differs between
+a hot and a cold unheld block (docs/benchmarks.md, why-checksums).
 
 Rotation: the cost is bounded. Hashing every held block every cycle costs
-a read and a hash of every held byte, whatever the guest does (at 3 GiB
-held with a guest writing, half a core). ``update(..., share=s)`` hashes
+a read and a hash of every held byte, whatever the guest does
+(docs/benchmarks.md, why-checksums). ``update(..., share=s)`` hashes
 only ``k = ceil(s * n)`` of the ``n`` blocks given (at least one): the next
 ones in block order from a cursor, which then moves past the last block
 hashed and wraps at the end. So the cost is ``s`` × the held bytes per
-cycle (``benchmarks/bench_checksums.py``: 1 GiB held, 1/16 takes about
-1/13 of the CPU time of share 1; the rest is a fixed cost per call), and
+cycle, plus a fixed cost per call (``benchmarks/bench_checksums.py``;
+docs/benchmarks.md, why-checksums), and
 while the held set is stable every held block is hashed at least once
 within ``ceil(1 / s)`` consecutive passes (``k`` consecutive blocks a pass
 cover the ``n`` in ``ceil(n / k) <= ceil(1 / s)``). A cursor rather than a
@@ -50,7 +48,7 @@ before rotation.
   ``POSIX_FADV_RANDOM``: otherwise the kernel's readahead would cache up to
   8 MiB past every held region, the next cycle would take those pages for
   the guest's, and the holds would creep outwards cycle after cycle
-  (measured: 9 blocks per cycle per region). Contiguous blocks are read together, up to
+  (docs/benchmarks.md, why-holder). Contiguous blocks are read together, up to
   ``READ_BYTES`` (8 MiB) per call, and hashed per block over slices of a
   memoryview: no system call per block.
 - A block seen for the first time, or not passed to the previous
@@ -106,7 +104,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from vmdisktouch.core.runs import consecutive_runs
+from vmdisktouch.core.runs import blocks_of, consecutive_runs
 from vmdisktouch.errors import SyscallError
 from vmdisktouch.system import files
 from vmdisktouch.system.image import Image
@@ -308,7 +306,7 @@ class BlockChecksums:
 
     def _follow_size(self, size: int) -> None:
         bs = self.block_size
-        self.resize(-(-size // bs))                  # forgets the blocks past the end
+        self.resize(blocks_of(size, bs))             # forgets the blocks past the end
         if self._size is not None and self._size != size:
             for end in (self._size, size):           # their blocks changed length
                 if end % bs:

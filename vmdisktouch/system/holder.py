@@ -23,11 +23,10 @@ budget. ``apply`` turns what is held now into that target:
    sequential I/O, and nothing past the region is read: the fault path's
    readahead is not bounded by the mapping, and a page cached past a
    region's end would look like the guest's use in the next cycle (the
-   holds then crept outwards by ~9 blocks a cycle; ``policy.self_loaded``).
+   holds then crept outwards cycle after cycle; ``policy.self_loaded``).
    ``MADV_RANDOM`` keeps any fault the advice missed to its own page.
-   Measured here on a cold non-sparse file: 128 MiB in 88 ms and 9 MiB in
-   8 ms, 0 bytes read past the end; ``MADV_SEQUENTIAL`` without WILLNEED
-   read 7 MiB past the end of a 9 MiB region, and 5 MiB past a 3 MiB one.
+   ``MADV_SEQUENTIAL`` without WILLNEED reads megabytes past a region's end
+   (docs/benchmarks.md, why-holder).
 3. Pace. With ``load_rate`` > 0, chunk ``k+1`` starts no earlier than
    ``chunk_k bytes / load_rate`` after chunk ``k`` started; the wait goes
    through the injected ``sleep``. When ``sleep`` returns True (it is
@@ -36,8 +35,9 @@ budget. ``apply`` turns what is held now into that target:
    ``cachestat(2)`` first, its already cached bytes count for nothing, and a
    chunk that is all cached is neither waited for nor read ahead. A lease
    renewed (a region released and taken again while the guest keeps it
-   cached, see ``heat``) thus reads nothing and waits for nothing: paced
-   as if read, 256 MiB of cached regions took a 1 s cycle at 256 MiB/s.
+   cached, see ``heat``) thus reads nothing and waits for nothing, where
+   pacing it as if read would make a renewal cycle wait a second for every
+   ``load_rate`` of bytes renewed (docs/benchmarks.md, why-holder).
 4. Guards before every chunk: ``held + chunk <= max_hold`` and
    ``mem_available() - chunk >= min_free``. ``MemAvailable`` is read again
    once a chunk's worth (``CHUNK_BYTES``) has been locked since the last
@@ -86,11 +86,11 @@ nothing. ``apply`` cuts every target piece to the blocks that hold data
 (``Image.data_runs``); a block with any data is held whole. A hole the
 guest writes later is data at the next cycle and is loaded then.
 ``last_holes`` tells the caller which target blocks were holes, so that it
-can give their share of the budget to data. Measured on a 1 TiB sparse image with 1000 cached 1 MiB extents: the region shoulders the
-smoothing adds around each extent are holes there, and zero-filling them for
-``mlock`` was most of the daemon's system time (docs/benchmarks.md,
-daemon-cost-profile). Block devices (``Image.is_regular`` False: ``skip_holes``
-off) are taken as all data.
+can give their share of the budget to data. On a thin image the shoulders
+the smoothing adds around each extent are holes, and zero-filling them for
+``mlock`` costs system time (docs/benchmarks.md, why-holder). Block
+devices (``Image.is_regular`` False: ``skip_holes`` off) are taken as all
+data.
 
 The run arithmetic (priority pieces, the diff of held vs target, the shed
 order) is ``core.runs``; the clock and ``sleep`` are passed in.
@@ -103,8 +103,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from vmdisktouch.core.runs import (Run, clip_runs, diff_runs, lowest_first, page_round,
-                                   priority_pieces, subtract)
+from vmdisktouch.core.runs import (Run, blocks_of, clip_runs, diff_runs, lowest_first,
+                                   page_round, priority_pieces, subtract)
 from vmdisktouch.errors import ClosedError, LockLimitError, SyscallError
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.image import Image
@@ -177,7 +177,9 @@ class Holder:
 
     @property
     def nblocks(self) -> int:
-        return -(-self.size // self.block_size)
+        # Of the holder's own ``size``, not the image's: ``resize`` needs the old count
+        # after ``Image.refresh_size`` has read the new size (the same rounding, ``blocks_of``).
+        return blocks_of(self.size, self.block_size)
 
     def held_runs(self) -> list[Run]:
         """Sorted block runs held now (adjacent mappings reported as one run)."""

@@ -26,7 +26,7 @@ import stat
 import struct
 from dataclasses import dataclass
 
-from vmdisktouch.core.runs import Run
+from vmdisktouch.core.runs import Run, blocks_of
 from vmdisktouch.errors import ImageError, ImageGoneError, SyscallError, VmdtError, syscall_error
 from vmdisktouch.system import files, libc
 
@@ -85,6 +85,11 @@ class Image:
         """Re-read the size into ``size`` and return it."""
         self.size = self.current_size()
         return self.size
+
+    def block_count(self, block_size: int) -> int:
+        """Blocks of ``block_size`` bytes in the image at ``size`` (what ``refresh_size``
+        last read): the last one may be short. The one place the count is made."""
+        return blocks_of(self.size, block_size)
 
     def covers(self, end: int) -> bool:
         """Whether the image reaches byte ``end`` now (False when its size cannot be read)."""

@@ -25,10 +25,9 @@ old mapping, then ``mlock`` of the same pages in the new mapping, then
 disk, and the locked total never counts a page twice. A mapping larger
 than ``MERGE_MAX_BYTES`` (256 MiB) is never moved; only the smaller ones
 beside it are merged with each other. Moving a lock walks every page of
-it: a 16 GiB hold whose window drifted by a block at its ends every few
-cycles had its whole lock moved each time, 80 ms of system time per cycle
-(docs/benchmarks.md, source-cost-curve); so a long run is a few large
-mappings and at most one small one between each two.
+it, and a large hold whose window drifts by a block at its ends would have
+its whole lock moved each time (docs/benchmarks.md, why-holder); so a long
+run is a few large mappings and at most one small one between each two.
 """
 
 from __future__ import annotations

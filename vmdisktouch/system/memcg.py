@@ -47,15 +47,11 @@ usage 0 there), ``memory.stat`` ``unevictable`` (hierarchical). The effective
 limit is the minimum over the group and every ancestor up to the mount point.
 Values are read fresh on each call; a read failure is a missing value.
 
-Cost, measured here (2 cores, 6.18, ext4; 1 GiB file read with readahead,
-mapped and mlocked: 262144 pages in ~1200 runs of consecutive PFNs; median
-of 20, two runs; ``.venv/bin/python benchmarks/bench_memcg.py``):
-``page_groups`` 35-42 ms at step 1, 22-25 ms at step 16; ``page_mapcounts``
-38-48 ms and 28-32 ms. The pagemap pread is 1-2 ms; most of the rest is the
-kernel's lookup per PFN read (~70 ns: 19 ms for 262144 PFNs) and numpy. At
-step 16 the samples of one folio are 16 PFNs apart and still share a pread
-(``SPAN_GAP``): 16384 single-PFN preads cost about the same. PFNs in random
-order (no runs) would cost a pread each, ~1 µs.
+Cost: mostly the kernel's lookup per PFN read, and numpy; the PFNs of a
+folio are read together (``SPAN_GAP``: at step 16 the samples of one folio
+still share a pread), since PFNs read one pread each would cost more
+(``.venv/bin/python benchmarks/bench_memcg.py``; docs/benchmarks.md,
+why-memcg).
 """
 
 from __future__ import annotations
@@ -69,9 +65,9 @@ from typing import Callable
 import numpy as np
 
 from vmdisktouch.errors import SyscallError
-from vmdisktouch.system import files
+from vmdisktouch.system import files, libc
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+PAGE_SIZE = libc.PAGE_SIZE
 PFN_MASK = (1 << 55) - 1
 PRESENT = 1 << 63
 UNLIMITED_FROM = 1 << 62     # v1 limits at or above this are "no limit"

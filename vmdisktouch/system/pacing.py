@@ -5,8 +5,8 @@
 ``sleep`` (the daemon's stop event: True from it stops the load).
 ``MemGauge`` reads ``MemAvailable`` at most once per chunk's worth of bytes
 locked and subtracts what was locked in between (reading
-``/proc/meminfo`` for each of 256 single-block regions cost ~15 ms of
-system time per cycle).
+``/proc/meminfo`` for each single-block region cost system time in every
+renewal cycle: docs/benchmarks.md, why-holder).
 """
 
 from __future__ import annotations

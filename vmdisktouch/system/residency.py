@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmdisktouch.core.runs import blocks_of
 from vmdisktouch.system import libc
 
 DEFAULT_BLOCK_SIZE = 1 << 20
@@ -92,7 +93,7 @@ class Residency:
 
 
 def block_page_totals(size: int, block_size: int, page_size: int = libc.PAGE_SIZE) -> np.ndarray:
-    nblocks = -(-size // block_size)
+    nblocks = blocks_of(size, block_size)
     totals = np.full(nblocks, block_size // page_size, dtype=np.uint32)
     if nblocks:
         tail = size - (nblocks - 1) * block_size
@@ -114,7 +115,7 @@ class Collector:
         self.block_size = block_size
         self.page_size = page_size
         self.ppb = block_size // page_size
-        self.counts = np.zeros(-(-size // block_size), dtype=np.uint32) if counts is None \
+        self.counts = np.zeros(blocks_of(size, block_size), dtype=np.uint32) if counts is None \
             else counts
         self.totals = block_page_totals(size, block_size, page_size)
         self.ranges: list[list[int]] | None = [] if want_ranges else None

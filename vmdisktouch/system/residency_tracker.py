@@ -4,15 +4,15 @@ Theory of operation
 -------------------
 ``residency.scan`` answers "which blocks are cached" from nothing, and its
 cost is that of walking every cached page once per level of its descent
-(about 0.1 s for 1 GiB cached in 1000 extents of a 1 TiB image). The daemon
+(docs/benchmarks.md, why-residency-tracker). The daemon
 asks the same question every few seconds about an image whose cache
 changes only where the guest is working.
 
 The image is cut into ranges of ``RANGE_BYTES`` (1 GiB, whole blocks). Each
 cycle every range is asked ``cachestat(2)`` once, and its whole record
 (cached, dirty, writeback, evicted and recently evicted pages) is its
-signature: 1024 calls and one walk of the cached pages for 1 TiB (~9 ms
-here). A range whose signature equals the previous cycle's keeps its
+signature: 1024 calls and one walk of the cached pages for 1 TiB. A range
+whose signature equals the previous cycle's keeps its
 per-block counts; a changed range (or every range, on the first cycle and
 after a size change) is zeroed and descended as ``residency.scan`` does.
 
@@ -27,12 +27,12 @@ stale; to bound how long, every scan also checks one ``REFRESH_EVERY``-th
 (12th) of the ranges that hold cached pages, in turn, so each is checked at
 least every 12 scans (60 s at 5 s cycles). Spreading the refresh keeps every
 cycle equally cheap: re-reading all ranges at once every 6th cycle (the first
-design) cost 170 ms of CPU in that cycle at 1 TiB with 1000 cached extents,
-and was a third of the daemon's CPU. The check itself is one ``cachestat``
+design) made that cycle a large share of the daemon's CPU
+(docs/benchmarks.md, why-residency-tracker). The check itself is one ``cachestat``
 per block known to hold cached pages (at most ``VERIFY_BLOCKS``): when each
 still holds exactly its count and the counts add up to the range's, no page
-can lie elsewhere, and the range is not descended (about 36 calls for a
-1 GiB range with one cached extent); anything else re-reads the range.
+can lie elsewhere, and the range is not descended; anything else re-reads
+the range.
 The signature is taken before the descent, so a change during the descent
 shows as a changed signature next cycle.
 
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vmdisktouch.core.runs import blocks_of
 from vmdisktouch.system import libc, residency
 from vmdisktouch.system.image import Image
 
@@ -87,7 +88,7 @@ class ResidencyTracker:
         record = self.cs.record
         sigs = [record(off, length) for off, length in ranges]
         if size != self._size:
-            self._counts = np.zeros(-(-size // bs), dtype=np.uint32)
+            self._counts = np.zeros(blocks_of(size, bs), dtype=np.uint32)
             changed = [r for r, sig in zip(ranges, sigs) if sig[0]]
             self._turn = 0
             self.last_checked = 0

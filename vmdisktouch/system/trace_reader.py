@@ -48,13 +48,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.errors import ClosedError, SyscallError, VmdtError, file_kind
-from vmdisktouch.system import files, ringbuf, tracefs
+from vmdisktouch.system import files, libc, ringbuf, tracefs
 from vmdisktouch.system.tracefs import TraceUnavailable
 
 log = logging.getLogger("vmdisktouch")
 
 READ, WRITE, ADD, DELETE = 0, 1, 2, 3
-PAGE = 4096
 GET_PAGES = "filemap/mm_filemap_get_pages"
 DIRTY = "writeback/writeback_dirty_folio"
 ADDED = "filemap/mm_filemap_add_to_page_cache"
@@ -75,7 +74,7 @@ def kernel_dev(dev: int) -> int:
 class Events:
     kind: np.ndarray    # uint8, one of READ/WRITE/ADD/DELETE
     ts: np.ndarray      # int64, CLOCK_MONOTONIC ns (trace_clock mono)
-    first: np.ndarray   # int64, first page index (page = 4096 bytes)
+    first: np.ndarray   # int64, first page index (in pages of ``libc.PAGE_SIZE`` bytes)
     last: np.ndarray    # int64, last page index, inclusive
     lost: int           # events the kernel reported lost since the previous drain (>= 0)
 
@@ -104,6 +103,7 @@ class TraceReader:
     def __init__(self, fd: int, *, name: str, buffer_kb: int = 1024, max_buffer_kb: int = 65536,
                  exclude_tid: int | None = None, root: str | None = None):
         self.name = name
+        self.page_size = libc.PAGE_SIZE    # the unit of the events' page indices
         self.buffer_kb = int(buffer_kb)
         self.max_buffer_kb = max(int(max_buffer_kb), self.buffer_kb)
         self.exclude_tid = exclude_tid
@@ -198,7 +198,7 @@ class TraceReader:
         me = threading.get_native_id()
         for _ in range(CONFIRM_TRIES):
             try:
-                files.pread(fd, PAGE, 0)
+                files.pread(fd, self.page_size, 0)
             except SyscallError as exc:
                 raise TraceUnavailable(f"cannot read page 0 of {self._path}: {exc}") from None
             events, pid, sdev = self._collect(extra=True)

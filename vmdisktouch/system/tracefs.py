@@ -248,7 +248,7 @@ class Instance:
         path = os.path.join(self.path, "buffer_subbuf_size_kb")
         if os.path.exists(path):
             return int(self._read("buffer_subbuf_size_kb").split()[0]) * 1024
-        return os.sysconf("SC_PAGE_SIZE")
+        return libc.PAGE_SIZE
 
     def buffer_kb(self) -> int:
         return int(self._read("buffer_size_kb").split()[0])

@@ -12,12 +12,12 @@ import logging
 import time
 from typing import Callable
 
-from vmdisktouch import sources
+from vmdisktouch.daemon import sources
 from vmdisktouch.adapters import outputs as outputs_mod
 from vmdisktouch.core.policy import RESERVE_FRACTION, Policy, PolicyParams
-from vmdisktouch.record import Recorder
-from vmdisktouch.recharge import Recharger
-from vmdisktouch.report import Emitter
+from vmdisktouch.daemon.record import Recorder
+from vmdisktouch.daemon.act import Recharger
+from vmdisktouch.daemon.emit import Emitter
 from vmdisktouch.system import meminfo, residency
 from vmdisktouch.system.charge_tracker import ChargeTracker
 from vmdisktouch.system.checksums import BlockChecksums
@@ -25,7 +25,7 @@ from vmdisktouch.system.holder import Holder
 from vmdisktouch.system.image import Image
 from vmdisktouch.system.residency_tracker import ResidencyTracker
 from vmdisktouch.system.spill import Spiller
-from vmdisktouch.watcher import DiskWatcher
+from vmdisktouch.daemon.disk import DiskWatcher
 
 log = logging.getLogger("vmdisktouch")
 
@@ -58,7 +58,7 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
     if out is None:
         out = outputs_mod.Outputs([outputs_mod.Protected.of_fd(
             image.fd, f"the disk image {image.path}")])
-    nblocks = -(-image.size // bs)
+    nblocks = image.block_count(bs)
     holder = Holder(image, bs, config.max_hold, config.min_free,
                     mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
     charges = ChargeTracker(memcg_reader(memcg), bs, nblocks)

@@ -1,14 +1,16 @@
-"""Several disk images, one budget: the host's cycle over many ``DiskWatcher``s.
+"""The one cycle driver: 1..N disk images, one budget, every cycle driven here.
 
 Theory of operation
 -------------------
 Each disk keeps its own heat, access source, holder and recharger (a
-``DiskWatcher``); only the selection is shared. Each cycle ``Host.tick``:
+``DiskWatcher``, which observes and acts for its disk and runs no cycle of
+its own); the selection is shared. A single disk is a host of one. Each
+cycle ``Host.tick``:
 
 1. asks every disk to observe and decide up to the selection
    (``DiskWatcher.prepare``: its ``regions.DiskMap``, its candidate regions
    with the heat that ranks them; heat is in the same units on every disk);
-2. selects over all of them at once (``regions.select_many``): the regions
+2. selects over all of them at once (``policy.select``): the regions
    of every disk in one priority queue, taken until the host's budget is
    full, so memory goes where the heat is, whichever disk it is on, each
    disk within its own cap (its ``max_hold``) when it has one;
@@ -16,9 +18,12 @@ Each disk keeps its own heat, access source, holder and recharger (a
    less than before first, so that their releases come before the others'
    loads and the sum held never exceeds the budget, even within a cycle.
 
-A disk that fails (deleted, replaced, truncated, unreadable) is released,
-closed and reported in ``failed``; the others go on. The cycle fails only
-when no disk is left.
+A disk whose image is gone (deleted, replaced) is released, closed and
+reported in ``failed`` at once; any other failure (unreadable, truncated
+under a read) is logged, and the disk dropped at the ``ERROR_THRESHOLD``-th
+in a row. The others go on. The cycle fails only when no disk is left
+(``NoDiskLeft``, with the exit status of the last failure: 75 when the image
+went, so systemd restarts the daemon on whatever the path names then).
 """
 
 from __future__ import annotations
@@ -29,16 +34,24 @@ from dataclasses import replace
 
 import numpy as np
 
-from vmdisktouch.core import regions, spill
-from vmdisktouch.core.policy import SELECT_RULES
+from vmdisktouch.core import regions
+from vmdisktouch.core.policy import select
 from vmdisktouch.errors import ImageGoneError, VmdtError
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
 
 
+# After this many failed cycles in a row a disk is dropped (an image gone: at once).
+ERROR_THRESHOLD = 10
+
+
 class NoDiskLeft(ImageGoneError):
-    """Every disk of the host failed (exit 75: a restart serves what the paths name then)."""
+    """Every disk of the host failed; the exit status is the last failure's."""
+
+    def __init__(self, message: str, exit_code: int = ImageGoneError.exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class Host:
@@ -56,6 +69,8 @@ class Host:
         self.block_size = int(block_size)
         self.caps = dict(caps or {})         # image path -> most bytes it may hold
         self.failed: dict[str, str] = {}     # image path -> why it was dropped
+        self.failures: dict[int, int] = {}   # id(watcher) -> failed cycles in a row
+        self._last_error: BaseException | None = None
         self.cycle = 0
         self.cycle_seconds = 0.0      # the last tick, every disk's turn and the selection
 
@@ -67,19 +82,14 @@ class Host:
             try:
                 m = w.prepare()
             except (VmdtError, OSError) as exc:
-                self._drop(w, exc)
+                self._failed(w, exc)
                 continue
             ready.append(w)
             if m is not None:
                 maps.append((w, self._weighed(w.image.path, m)))
-        if not self.watchers and not self.may_be_empty:
-            raise NoDiskLeft("no disk left to serve: " + "; ".join(
-                f"{p}: {why}" for p, why in self.failed.items()))
-        budget = self.budget // self.block_size
-        chosen = regions.select_many([m for _, m in maps], budget, SELECT_RULES)
+        chosen, spilled = select([m for _, m in maps], self.budget // self.block_size,
+                                 self.spill_factor, [w.spilled for w, _ in maps])
         targets = {id(w): runs for (w, _), runs in zip(maps, chosen)}
-        spilled = spill.beyond([m for _, m in maps], budget, self.spill_factor, SELECT_RULES,
-                               chosen, [w.spilled for w, _ in maps])
         spills = {id(w): runs for (w, _), runs in zip(maps, spilled)}
         bs = self.block_size
 
@@ -91,7 +101,11 @@ class Host:
             try:
                 reports.append(w.act(targets.get(id(w), []), spills.get(id(w), ())))
             except (VmdtError, OSError) as exc:
-                self._drop(w, exc)
+                self._failed(w, exc)
+            else:
+                self.failures.pop(id(w), None)
+        if not self.watchers and not self.may_be_empty:
+            self._no_disk_left()
         self.cycle += 1
         self.cycle_seconds = time.perf_counter() - started
         return reports
@@ -107,9 +121,6 @@ class Host:
                      else boost * np.float32(weight))
         return replace(m, boost=boost,
                        cap_blocks=None if cap is None else cap // self.block_size)
-
-    def interval(self) -> float:
-        return self.watchers[0].config.interval if self.watchers else 1.0
 
     def held_bytes(self) -> int:
         return sum(w.holder.held_bytes() for w in self.watchers)
@@ -135,9 +146,31 @@ class Host:
                 self._close(w)
                 log.info("%s: %s; released %s", path, why, format_size(held))
 
+    def _failed(self, w, exc: BaseException) -> None:
+        """A cycle of ``w`` failed: counted, and ``w`` dropped when its image is gone or at
+        the ``ERROR_THRESHOLD``-th failure in a row."""
+        n = self.failures.get(id(w), 0) + 1
+        if isinstance(exc, ImageGoneError) or n >= ERROR_THRESHOLD:
+            self.failures.pop(id(w), None)
+            self._drop(w, exc)
+            return
+        self.failures[id(w)] = n
+        log.error("%scycle failed (%d/%d): %s", w.emitter.cycles.label, n, ERROR_THRESHOLD,
+                  str(exc) or exc.__class__.__name__)
+
+    def _no_disk_left(self) -> None:
+        exc = self._last_error
+        code = getattr(exc, "exit_code", ImageGoneError.exit_code)
+        if len(self.failed) == 1:        # one disk: its own failure is the message
+            raise NoDiskLeft(next(iter(self.failed.values())), code)
+        raise NoDiskLeft("no disk left to serve: " + "; ".join(
+            f"{p}: {why}" for p, why in self.failed.items()), code)
+
     def _drop(self, w, exc: BaseException) -> None:
+        self._last_error = exc
         why = str(exc) or exc.__class__.__name__
-        log.error("%s: dropped, the other disks go on: %s", w.image.path, why)
+        log.error("%s: dropped%s: %s", w.image.path,
+                  ", the other disks go on" if len(self.watchers) > 1 else "", why)
         self.failed[w.image.path] = why
         self.watchers.remove(w)
         self._close(w)
@@ -148,13 +181,13 @@ class Host:
         except (VmdtError, OSError) as err:
             log.warning("%s: releasing it failed: %s", w.image.path, err)
 
-    def status_obj(self, disks: list[dict]) -> dict:
+    def status_obj(self, disks: list[dict], interval: float) -> dict:
         """The host's status: the budget, the sum held and each disk's share, the failures."""
-        from vmdisktouch.report import process_fields
+        from vmdisktouch.daemon.emit import process_fields
         per = {d["path"]: d for d in disks}
         return {
             "host": {
-                **process_fields(self.interval()),
+                **process_fields(interval),
                 "time": time.time(),
                 "budget_bytes": self.budget,
                 "held_bytes": self.held_bytes(),
@@ -182,3 +215,8 @@ def _close_watcher(w) -> None:
         w.image.close()
 
 
+
+
+def host_of(w) -> Host:
+    """A host of one disk: ``w``'s cycle driver, with its own settings (tests, profiles)."""
+    return Host([w], w.config.max_hold, w.block_size, spill_factor=w.config.spill)

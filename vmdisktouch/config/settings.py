@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vmdisktouch.errors import ConfigError
-from vmdisktouch.setting_parsers import (MAX_BLOCK_SIZE, MAX_PATH_BYTES, MIN_LOAD_RATE,
+from vmdisktouch.config.parsers import (MAX_BLOCK_SIZE, MAX_PATH_BYTES, MIN_LOAD_RATE,
                                           PAGE_SIZE, _block_size, _choice, _duration,
                                           _float, _int, _load_rate, _loopback_listen, _num,
                                           _path, _positive_size, _show)
@@ -282,9 +282,9 @@ def markdown_table() -> str:
 
 
 def configuration_doc() -> str:
-    """The text of docs/configuration.md (regenerate with ``python -m vmdisktouch.settings``)."""
+    """The text of docs/configuration.md (regenerate with ``python -m vmdisktouch.config.settings``)."""
     return ("# Configuration of `vmdisktouch run`\n\n"
-            "Generated from `vmdisktouch/settings.py` by `python -m vmdisktouch.settings > "
+            "Generated from `vmdisktouch/config/settings.py` by `python -m vmdisktouch.config.settings > "
             "docs/configuration.md`; a test checks it is current.\n\n"
             "Sizes are read as written, as dd(1) reads them: `512M`, `4G` and `1.5GiB` are "
             "binary (4G = 4 × 2^30 bytes), `4GB` and `500MB` decimal (4 × 10^9 bytes); "

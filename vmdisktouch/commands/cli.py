@@ -21,12 +21,12 @@ from vmdisktouch.errors import EX_ERROR, EX_SOFTWARE, EX_USAGE, VmdtError
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "snapshot": ("vmdisktouch.snapshot", "report page-cache residency of disk images"),
-    "run": ("vmdisktouch.run", "keep the hot regions of a disk image in the page cache"),
-    "discover": ("vmdisktouch.adapters.discover", "list libvirt domains' disks and whether each is eligible"),
-    "unit-name": ("vmdisktouch.unitname", "print the systemd unit name that keeps a disk warm"),
-    "status": ("vmdisktouch.statuscmd", "show the live state of every running daemon"),
-    "config": ("vmdisktouch.configcmd", "print the example config file, or check one as run reads it"),
+    "snapshot": ("vmdisktouch.commands.snapshot", "report page-cache residency of disk images"),
+    "run": ("vmdisktouch.commands.run", "keep the hot regions of a disk image in the page cache"),
+    "discover": ("vmdisktouch.commands.discover", "list libvirt domains' disks and whether each is eligible"),
+    "unit-name": ("vmdisktouch.commands.unit_name", "print the systemd unit name that keeps a disk warm"),
+    "status": ("vmdisktouch.commands.status", "show the live state of every running daemon"),
+    "config": ("vmdisktouch.commands.config", "print the example config file, or check one as run reads it"),
 }
 
 EXIT_ERROR = EX_ERROR

@@ -1,4 +1,4 @@
-"""The value parsers of the settings (``vmdisktouch.settings``).
+"""The value parsers of the settings (``vmdisktouch.config.settings``).
 
 Each takes any value (a flag's string or a TOML value: inf, nan, a huge
 integer, an array, a table, a date) and returns the setting's value, finite
@@ -14,9 +14,9 @@ import reprlib
 from typing import Any, Callable
 
 from vmdisktouch.sizes import format_size, parse_duration, parse_size
+from vmdisktouch.system.libc import PAGE_SIZE     # read once, there
 
 MiB = 1 << 20
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 MAX_BLOCK_SIZE = 64 * MiB       # the checksum pass keeps a buffer of one block
 MIN_LOAD_RATE = MiB             # slower, one chunk would take hours
 MAX_PATH_BYTES = 4096

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmdisktouch.core.access import PAGE, READ, AccessLog, EventResidency
+from vmdisktouch.core.access import READ, AccessLog, EventResidency
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.errors import ConfigError
@@ -104,18 +104,20 @@ class TraceSource:
     name = "trace"
 
     def __init__(self, reader, tracker, block_size: int, nblocks: int, *,
-                 clock_ns=time.monotonic_ns):
+                 page_size: int | None = None, clock_ns=time.monotonic_ns):
         self.reader = reader
         self.tracker = tracker
         self.block_size = block_size
+        # The unit of the events' page indices: the reader's (``libc.PAGE_SIZE``).
+        self.page_size = int(reader.page_size if page_size is None else page_size)
         self.clock_ns = clock_ns
-        self.log = AccessLog(block_size)
-        self.residency = EventResidency(nblocks, block_size)
+        self.log = AccessLog(block_size, self.page_size)
+        self.residency = EventResidency(nblocks, block_size, self.page_size)
         self.cycles = 0
         self.events_lost = 0
         self.last: dict = {}
         self.last_access = None              # the last cycle's Access (exact pages: tests)
-        self.shift = ReadShift(block_size // PAGE)
+        self.shift = ReadShift(self.log.pages_per_block)
         self.early_cycles = 0                # cycles asked for early by a read shift
         self._drained_ns: int | None = None   # the last drain, and the one before it
         self._previous_ns = 0                 # (the first drain: none before, no rate)
@@ -166,7 +168,7 @@ class TraceSource:
         self.last = {"reads": acc.read_events, "written_pages": int(acc.write_pages.size),
                      "refaulted_pages": acc.refault_pages, "lost": acc.lost,
                      "reconciled": bool(reconcile)}
-        return Seen(self.residency.fraction(), self.residency.resident_pages() * PAGE,
+        return Seen(self.residency.fraction(), self.residency.resident_pages() * self.page_size,
                     acc.writes, reads=acc.reads, refaults=acc.refaults,
                     read_counts=acc.read_counts, read_recent=acc.read_recent,
                     reconcile=first or acc.lost > 0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.cyclelog import CycleLog
+from vmdisktouch.daemon.cyclelog import CycleLog
 
 log = logging.getLogger("vmdisktouch")
 

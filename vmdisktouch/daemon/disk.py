@@ -1,8 +1,12 @@
-"""One disk image's cycle: observe, decide, act, emit.
+"""One disk image's part of a cycle: observe, decide, act, emit.
 
 Theory of operation
 -------------------
-``DiskWatcher.tick`` runs one cycle with the parts ``build`` made:
+A ``DiskWatcher`` observes and acts for its own disk, with the parts
+``build`` made; it runs no cycle of its own: the host (``daemon.host``)
+drives every cycle, for one disk or many, and between ``prepare`` (steps 1
+and 2 up to the selection) and ``act`` (steps 3 and 4) selects over every
+disk served (``policy.select``).
 
 1. Observe (``_observe``). Check the image is still the same file and
    follow a size change. Ask the access source (``sources``) what the
@@ -14,9 +18,10 @@ Theory of operation
    checksummed (``BlockChecksums``): the fraction of each block's sixteen
    parts that changed is how much of it the guest rewrote. Read the file's
    allocated size. Together: one ``policy.Observation``.
-2. Decide. ``Policy.decide`` turns the observation and the policy's memory
-   into a ``Plan``: the target runs in priority order (``core/policy``
-   explains every rule). Its only question to the system is the probe for
+2. Decide. ``Policy.prepare`` turns the observation and the policy's memory
+   into this disk's candidate map; the host's selection (``policy.select``)
+   gives it its targets, in priority order, and ``Policy.finish`` the
+   ``Plan`` (``core/policy`` explains every rule). Its only question to the system is the probe for
    holes (``Image.data_runs``).
 3. Act. ``Recharger.act`` hands the targets to the holder, which releases
    first, then loads in priority order, never above the budget or below
@@ -38,13 +43,13 @@ from typing import Callable
 
 import numpy as np
 
-from vmdisktouch.core import heat, regions, spill
+from vmdisktouch.core import heat
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import byte_ranges, consecutive_runs, runs_to_mask
-from vmdisktouch.cyclelog import why_not_held
+from vmdisktouch.daemon.cyclelog import why_not_held
 from vmdisktouch.errors import VmdtError
-from vmdisktouch.recharge import Acted, Recharger
-from vmdisktouch.report import CycleReport, Emitter
+from vmdisktouch.daemon.act import Acted, Recharger
+from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.sizes import format_size
 from vmdisktouch.system.spill import SpillResult
 
@@ -115,15 +120,6 @@ class DiskWatcher:
         return released
 
     # -- the cycle --------------------------------------------------------
-
-    def tick(self) -> CycleReport:
-        m = self.prepare()
-        if m is None:
-            return self.act([])
-        budget = self.policy.params.budget_blocks
-        targets = regions.select_many([m], budget, m.rules)[0]
-        return self.act(targets, spill.beyond([m], budget, self.config.spill, m.rules,
-                                              [targets], [self.spilled])[0])
 
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
@@ -210,7 +206,7 @@ class DiskWatcher:
             old, new = f"{before} bytes", f"{size} bytes"
         log.warning("%s: size changed from %s to %s; adapting", self.image.path, old, new)
         self._released_between += self.holder.resize(size)
-        n = -(-size // self.block_size)
+        n = self.image.block_count(self.block_size)
         self.policy.resize(n)
         self.source.resize(n)
         self.recharger.charges.resize(n)

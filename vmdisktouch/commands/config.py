@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vmdisktouch import configfile, settings
+from vmdisktouch.config import file as configfile
+from vmdisktouch.config import settings
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.sizes import format_size
 from vmdisktouch.system import meminfo

@@ -1,0 +1,1 @@
+"""The command line: ``cli`` and one module per subcommand."""

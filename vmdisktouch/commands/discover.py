@@ -1,0 +1,51 @@
+"""``vmdisktouch discover``: every libvirt domain's disks and whether each can be helped
+(the table and its rules: ``adapters.discover``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vmdisktouch.adapters import libvirt_disks
+from vmdisktouch.adapters.discover import HOST_UNIT, format_table, is_empty_drive, unit_states
+from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI
+
+
+def set_argparser(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "List every libvirt domain (running or not) and its disks: source, type, format, "
+        "cache and io modes, whether vmdisktouch can help it (disks opened with O_DIRECT, "
+        "i.e. cache=none/directsync or io=native, cannot be helped), and the systemd unit "
+        "to enable for it.")
+    parser.add_argument("--uri", default=DEFAULT_URI,
+                        help=f"libvirt connection URI (default: {DEFAULT_URI})")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON array with one object per disk")
+    parser.add_argument("--eligible", action="store_true",
+                        help="list only the disks vmdisktouch can help")
+
+
+def main(args) -> int:
+    conn = libvirt_disks.connect(args.uri)
+    try:
+        disks = libvirt_disks.list_disks(conn)
+    finally:
+        conn.close()
+    shown = [d for d in disks if not is_empty_drive(d)]
+    empty = len(disks) - len(shown)
+    if args.eligible:
+        shown = [d for d in shown if d.eligible]
+    states = unit_states(sorted({d.unit for d in shown if d.eligible and d.unit}
+                                | {HOST_UNIT}))
+    if args.json:
+        json.dump([dict(d.to_json(), unit_enabled=states.get(d.unit, (None, None))[0],
+                        unit_active=states.get(d.unit, (None, None))[1]) for d in shown],
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not shown:
+        print(f"no {'eligible ' if args.eligible else ''}disks at {args.uri}"
+              + (f" ({empty} empty removable drives)" if empty else ""))
+    else:
+        print(format_table(shown, states, empty))
+    return 0

@@ -1,0 +1,1 @@
+"""The settings: each defined once, read from flags, the config file and its overrides."""

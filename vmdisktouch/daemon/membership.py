@@ -1,0 +1,109 @@
+"""Which disks the daemon serves: one interface, two kinds.
+
+Theory of operation
+-------------------
+``want()`` answers, once a cycle, which image paths to serve and, for each,
+what libvirt says of it (``Member``: its domain and target, and whether the
+domain is running), or None when that cannot be told now (libvirt
+unreachable: the caller keeps what it serves). Both kinds ask the one
+``LibvirtWatch`` (a resync a cycle; its events wake the loop):
+
+* ``GivenPaths``: the images named on the command line (``run IMG ...``).
+  They are served for the daemon's whole life; with a libvirt URI each one's
+  owning domain is followed: while it is shut off (``active`` False) the
+  disk's holds are released and none are taken, and they come back when it
+  starts. A path no domain uses is not under libvirt (``active`` None).
+  A path that cannot be opened at start, or fails later, is not tried again
+  (``retry`` False): systemd restarts a unit whose every disk failed.
+* ``RunningDomains`` (``run --libvirt``): the eligible, writable disks of
+  every running domain (``libvirt_watch.wanted``); a disk that appears is
+  opened, one that goes is released at once, one that cannot be opened is
+  tried again each cycle (``retry`` True).
+
+Both check at open that libvirt does not open the image with O_DIRECT
+(``check``, refused unless ``--force``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vmdisktouch.adapters import libvirt_watch
+
+
+@dataclass(frozen=True)
+class Member:
+    """One disk to serve, as libvirt knows it (all None: not under libvirt)."""
+    path: str
+    domain: str | None = None
+    target: str | None = None
+    active: bool | None = None       # its domain runs; None: no domain uses it
+
+
+@dataclass
+class Want:
+    serve: dict[str, Member]                                # image path -> member
+    skipped: dict[tuple[str, str], str] = field(default_factory=dict)  # (dom, target) -> why
+
+
+class GivenPaths:
+    """The paths named on the command line; their owning domains followed (``watch``)."""
+
+    retry = False
+
+    def __init__(self, paths: list[str], watch: libvirt_watch.LibvirtWatch | None,
+                 force: bool = False):
+        self.paths = list(paths)
+        self.watch = watch
+        self.force = force
+        self._owned: set[str] = set()         # paths a domain was seen to use
+        self._last: dict[str, Member] = {p: Member(p) for p in self.paths}
+
+    def check(self, path: str) -> None:
+        """Refuse a disk libvirt opens with O_DIRECT (``IneligibleDiskError``)."""
+        listed = self.watch.disks() if self.watch is not None else None
+        if listed is not None:
+            libvirt_watch.require_eligible(libvirt_watch.owners(listed, path), path,
+                                           self.force)
+
+    def want(self) -> Want:
+        listed = self.watch.disks() if self.watch is not None else None
+        if listed is not None:
+            self._last = {p: self._member(p, libvirt_watch.owners(listed, p))
+                          for p in self.paths}
+        return Want(dict(self._last))
+
+    def _member(self, path: str, found) -> Member:
+        if not found:
+            # once seen under libvirt, a vanished owner means "not running"
+            return Member(path, active=False if path in self._owned else None)
+        self._owned.add(path)
+        d = found[0]
+        return Member(path, d.domain, d.target, any(bool(o.active) for o in found))
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
+
+class RunningDomains:
+    """The eligible disks of libvirt's running domains, followed live."""
+
+    retry = True
+
+    def __init__(self, watch: libvirt_watch.LibvirtWatch):
+        self.watch = watch
+
+    def check(self, path: str) -> None:
+        """``want`` served only eligible disks: nothing more to check."""
+
+    def want(self) -> Want | None:
+        listed = self.watch.disks()
+        if listed is None:
+            return None
+        w = libvirt_watch.wanted(listed)
+        return Want({p: Member(p, d.domain, d.target, True) for p, d in w.serve.items()},
+                    dict(w.skipped))
+
+    def close(self) -> None:
+        self.watch.close()

@@ -1,0 +1,151 @@
+"""The disks served: each opened, locked, checked, built and warmed; released and closed.
+
+Every disk goes through ``Served.open`` whatever chose it (the command
+line or libvirt): the image is opened and locked (``image_lock``: no other
+daemon may serve it), named twice is refused, its outputs are checked
+against every file no output may replace (``protected``: every image
+served and the config file, one live list shared by every writer, so the
+host's status file and each disk's PNGs are refused the same files), and
+it is built into a ``DiskWatcher`` with its saved heat (``warm_state``).
+
+``disk_config`` gives a disk its own PNG paths: with several disks the
+``--map-png``/``--heat-png`` paths must contain ``{disk}``, replaced by the
+image's escaped path (as in a unit instance name). The status file of a
+host of one is its disk's status, written by the disk before its PNGs, as
+docs/status.md has it; of several, the host's, written by the service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from vmdisktouch.adapters import outputs
+from vmdisktouch.errors import ConfigError, ImageError
+from vmdisktouch.system import image_lock
+from vmdisktouch.system.image import open_image
+from vmdisktouch.unitname import escape_path
+
+log = logging.getLogger("vmdisktouch")
+
+PLACEHOLDER = "{disk}"
+PER_DISK_OUTPUTS = ("map_png", "heat_png")
+
+
+def disk_config(config, path: str, several: bool = True):
+    """The settings of one disk: its own PNG paths; the status file its own only when it is
+    the one disk served (the host's otherwise)."""
+    over = {"status": None} if several else {}
+    for key in PER_DISK_OUTPUTS:
+        value = config.get(key)
+        if value:
+            over[key] = value.replace(PLACEHOLDER, escape_path(path))
+    return type(config)(config, **over)
+
+
+def check_placeholders(config, several: bool) -> None:
+    for key in PER_DISK_OUTPUTS:
+        value = config.get(key)
+        if value and several and PLACEHOLDER not in value:
+            raise ConfigError(f"--{key.replace('_', '-')} {value}: with several images it must "
+                              f"contain {PLACEHOLDER} (each disk's PNG is its own file)")
+
+
+def check_outputs(config, paths: list[str], protected: list[outputs.Protected]) -> None:
+    """Refuse (``ConfigError``) an output path that names a protected file, at start and on
+    every reload: the host's outputs, and each served disk's own PNG paths."""
+    host_only = type(config)(config, map_png=None, heat_png=None)
+    outputs.check_paths(host_only, protected)
+    for path in paths:
+        outputs.check_paths(type(config)(disk_config(config, path), status=config.status),
+                            protected)
+
+
+def config_protected(config_path: str | None) -> list[outputs.Protected]:
+    p = outputs.Protected.of_path(config_path, f"the config file {config_path}") \
+        if config_path else None
+    return [p] if p is not None else []
+
+
+class Served:
+    """Opens, locks and builds the disks served; closes them (saving their warm state)."""
+
+    def __init__(self, config, config_path, pace, check, *, several: bool):
+        self.config = config
+        self.pace = pace                  # the holder's sleep between paced loads
+        self.check = check                # membership's check of a path (O_DIRECT)
+        self.several = several            # one log line for many disks: label each
+        self.protected = config_protected(config_path)   # the live list every writer shares
+        self.locks: dict[int, image_lock.ImageLock] = {}     # id(watcher) ->
+        self.keepers: dict[int, object] = {}
+        self.keys: dict[str, str] = {}                       # lock name -> path served
+        self._images: dict[int, outputs.Protected] = {}
+
+    def images(self) -> list[outputs.Protected]:
+        """The images served now, as files no output may replace."""
+        return list(self._images.values())
+
+    def set_config(self, config, config_path: str | None) -> None:
+        """A reload: the new settings, and the config file they came from."""
+        self.config = config
+        self.protected[:] = config_protected(config_path) + self.images()
+
+    def open(self, path: str):
+        """A watcher serving ``path``; VmdtError (one line) when it cannot be served."""
+        from vmdisktouch.daemon.build import build
+        self.check(path)
+        img = open_image(path)
+        lock = None
+        try:
+            key = image_lock.lock_name(os.fstat(img.fd))
+            if key in self.keys:
+                raise ImageError(f"{path}: the same image as {self.keys[key]}, named twice")
+            lock = image_lock.acquire(img)
+            mine = outputs.Protected.of_fd(img.fd, f"the disk image {img.path}")
+            check_outputs(self.config, [img.path], self.protected + [mine])
+            w = build(img, disk_config(self.config, img.path, self.several), sleep=self.pace,
+                      out=outputs.Outputs(self.protected))
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            img.close()
+            raise
+        if img.format == "qcow2":
+            log.warning("%s is qcow2: blocks are host-file offsets, not guest offsets", img.path)
+        self.keys[key] = path
+        self.locks[id(w)] = lock
+        self._images[id(w)] = mine
+        self.protected.append(mine)
+        if self.several:
+            w.emitter.cycles.label = f"{img.path}: "       # one log for many disks
+        if self.config.state_dir:
+            from vmdisktouch.adapters import warm_state
+            k = warm_state.Keeper(self.config.state_dir, self.config.state_save_interval,
+                                  w.clock, time.time)
+            k.restore(w)
+            self.keepers[id(w)] = k
+        return w
+
+    def maybe_save(self, watchers) -> None:
+        for w in watchers:
+            k = self.keepers.get(id(w))
+            if k is not None:
+                k.maybe_save(w)
+
+    def close(self, w) -> None:
+        """Save, release and close one disk (``Host``'s ``close``)."""
+        k = self.keepers.pop(id(w), None)
+        try:
+            if k is not None:
+                k.save(w)
+            w.close()
+        finally:
+            w.image.close()
+            lock = self.locks.pop(id(w), None)
+            if lock is not None:
+                lock.release()
+            mine = self._images.pop(id(w), None)
+            if mine in self.protected:
+                self.protected.remove(mine)
+            self.keys = {key: p for key, p in self.keys.items() if p != w.image.path}

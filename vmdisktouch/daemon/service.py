@@ -1,0 +1,348 @@
+"""The one runtime: ``vmdisktouch run`` for one disk image or many, or libvirt's disks.
+
+Theory of operation
+-------------------
+Whatever it serves, the daemon is a host (``daemon.host``) whose disks come
+from one membership (``daemon.membership``): the paths given, their owning
+domains followed, or libvirt's running domains. A single disk is a host of
+one. Everything below is written once and applies in every mode.
+
+Start-up: the settings (``load_settings``: defaults < config file < flags,
+checked against the host: a floor above the host's memory, a budget below
+one block or above the lock limit without CAP_IPC_LOCK); the disks opened
+(``served``: locked, refused with O_DIRECT unless ``--force``, their outputs
+checked against every image served and the config file before anything is
+held, warmed from ``--state-dir``). A path that cannot be served is left
+out in one line; when none can, the daemon does not start.
+
+The loop: ``while not stopping: cycle; wait``. A cycle resyncs the
+membership (a disk that appears is opened, one that goes is released; a
+domain shut off releases its disks' holds until it starts again) and runs
+``Host.tick``; then the status file (one disk: that disk's status, as
+docs/status.md has it; several: the ``host`` object and one entry per disk),
+the metrics, the host PNG and the warm state. Signal handlers only store a
+flag and wake the loop through a pipe (``signals``), so a cycle is never cut
+in half: SIGTERM/SIGINT stop (every hold released on the way out), SIGHUP
+reloads between cycles keeping the holds (``reload``: the same checks as at
+start, a bad file or output path rejected and the old settings kept). A
+libvirt event wakes the loop at once; between cycles trace events are
+drained once a second, and a drain whose reads left what is held starts the
+next cycle now (``core.shift``).
+
+Under systemd (``Type=notify``): ``READY=1`` after the first cycle, a
+``STATUS=`` line every cycle, ``WATCHDOG=1`` at least every half watchdog
+period, even in the middle of a paced load.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from vmdisktouch.adapters import outputs, sdnotify
+from vmdisktouch.config import file as configfile
+from vmdisktouch.config import overrides, settings
+from vmdisktouch.daemon import served as served_mod
+from vmdisktouch.daemon.emit import status_bytes
+from vmdisktouch.daemon.host import Host
+from vmdisktouch.daemon.membership import GivenPaths, Member, RunningDomains
+from vmdisktouch.errors import ConfigError, ImageError, VmdtError
+from vmdisktouch.sizes import format_size
+from vmdisktouch.system import meminfo
+
+log = logging.getLogger("vmdisktouch")
+
+PUMP_SECONDS = 1.0     # between cycles, trace events are drained this often
+
+
+class Watchdog:
+    """Pings systemd's watchdog at most once a second, when it is enabled."""
+
+    def __init__(self):
+        self.period = sdnotify.watchdog_interval()
+        self.last = 0.0
+
+    @property
+    def slice(self) -> float:
+        """Longest wait between pings."""
+        return self.period / 2 if self.period else 3600.0
+
+    def ping(self) -> None:
+        now = time.monotonic()
+        if self.period and now - self.last >= min(1.0, self.period / 4):
+            sdnotify.watchdog_ping()
+            self.last = now
+
+
+def check_host(config) -> list[str]:
+    """Refuse settings this host can never honour; return the warnings (see the docstring)."""
+    try:
+        total = meminfo.mem_total()
+    except VmdtError as exc:
+        return [f"{exc}: the budget and the floor are not checked against the host's memory"]
+    warnings = settings.check_host(config, total)
+    allowance = meminfo.memlock_allowance()
+    if allowance is not None and config.max_hold > allowance:
+        raise ConfigError(
+            f"max_hold {format_size(config.max_hold)} is above this process's lock limit "
+            f"(RLIMIT_MEMLOCK {format_size(allowance)}, no CAP_IPC_LOCK): raise the limit "
+            "(systemd: LimitMEMLOCK=infinity), grant CAP_IPC_LOCK, or lower max_hold")
+    return warnings
+
+
+def load_settings(cli_values, config_arg):
+    """(config, warnings, config path): the settings from flags and file, checked against
+    the host."""
+    config, warnings, config_path = configfile.load_for_run(cli_values, config_arg)
+    return config, list(warnings) + check_host(config), config_path
+
+
+def membership(args, wake):
+    """The paths given, or libvirt's running domains (``--libvirt``); libvirt's events set
+    ``wake``."""
+    watch = None
+    if args.uri:
+        from vmdisktouch.adapters.libvirt_watch import LibvirtWatch
+        watch = LibvirtWatch(args.uri, wake=wake)
+    if args.libvirt:
+        if watch is None:
+            raise ConfigError("--libvirt needs a libvirt URI (--uri), not ''")
+        return RunningDomains(watch)
+    return GivenPaths(args.paths, watch, args.force)
+
+
+class Service:
+    """The daemon's state between cycles: its settings, disks, host and outputs."""
+
+    def __init__(self, args, config, config_path, cli_values, sig):
+        self.args, self.cli_values, self.sig = args, cli_values, sig
+        self.config, self.config_path = config, config_path
+        self.members = membership(args, sig)
+        self.single = isinstance(self.members, GivenPaths) and len(args.paths) == 1
+        served_mod.check_placeholders(config, not self.single)
+        self.dog = Watchdog()
+        self.served = served_mod.Served(config, config_path, self.pace, self.members.check,
+                                        several=not self.single)
+        self.host = Host([], config.max_hold, config.block_size, close=self.served.close,
+                         may_be_empty=self.members.retry, spill_factor=config.spill)
+        self.out = outputs.Outputs(self.served.protected)
+        self.overrides = configfile.load_overrides(config_path)
+        self.skipped: dict = {}
+        self.refused: dict[str, str] = {}     # path -> why it cannot be served (said once)
+        self._first_error: VmdtError | None = None
+        self.metrics = None
+        self.started = False
+
+    def pace(self, seconds: float) -> bool:
+        """The holder's sleep between paced loads: the watchdog is fed, a stop ends it."""
+        self.dog.ping()
+        return self.sig.sleep(min(seconds, self.dog.slice))
+
+    # -- start and stop ----------------------------------------------------
+
+    def start(self) -> None:
+        """Open what the membership serves now; refuse to start when a path given cannot
+        be served at all (one path: its own error). The outputs are checked against the
+        paths given before any is opened: a path that names one refuses the start."""
+        if isinstance(self.members, GivenPaths):
+            given = [outputs.Protected.of_path(p, f"the disk image {p}") for p in self.args.paths]
+            served_mod.check_outputs(self.config, self.args.paths,
+                                     self.served.protected + [g for g in given if g])
+            for path in self.args.paths:        # in the order given, a path named twice too
+                self._open(path, Member(path))
+        self.sync()
+        if isinstance(self.members, GivenPaths) and not self.host.watchers:
+            if self.single:
+                raise self._first_error
+            raise ImageError("no image can be served: " + ", ".join(self.args.paths))
+        served_mod.check_outputs(self.config, [w.image.path for w in self.host.watchers],
+                                 self.served.protected)
+        if self.config.metrics_file or self.config.metrics_listen:
+            from vmdisktouch.adapters.metrics import Metrics
+            self.metrics = Metrics(self.config, self.out)
+        log.info("%s", settings.in_force(self.config, self.config_path or ""))
+        self.started = True
+        if not self.single:
+            log.info("serving %s under one budget of %s",
+                     "libvirt's running domains" if self.members.retry
+                     else f"{len(self.host.watchers)} images", format_size(self.config.max_hold))
+
+    def close(self) -> None:
+        sdnotify.stopping()
+        try:
+            if self.metrics is not None:
+                self.metrics.close()
+            self.host.close()
+        finally:
+            self.members.close()
+        if self.started:
+            log.info("released all holds")
+
+    # -- the membership ----------------------------------------------------
+
+    def sync(self) -> None:
+        """Serve what the membership wants now; follow each disk's domain."""
+        want = self.members.want()
+        if want is None:                       # libvirt unreachable: keep what is served
+            return
+        for path, m in list(want.serve.items()):
+            ov = (overrides.for_disk(self.overrides, m.domain, m.target) if m.domain
+                  else overrides.Override())
+            if ov.exclude:
+                del want.serve[path]
+                want.skipped[(m.domain, m.target)] = "excluded by the config file"
+            else:
+                self.host.set_override(path, ov.weight, ov.cap)
+        for key, why in want.skipped.items():
+            if self.skipped.get(key) != why:
+                log.info("libvirt: %s %s skipped: %s", key[0], key[1], why)
+        self.skipped = dict(want.skipped)
+        served = {w.image.path: w for w in self.host.watchers}
+        for path in sorted(set(served) - set(want.serve)):
+            self.host.remove(path, "no running domain uses it any more")
+        for path, m in sorted(want.serve.items()):
+            w = served.get(path)
+            if w is None:
+                w = self._open(path, m)
+            if w is not None:
+                self._follow(w, m.active)
+
+    def _open(self, path: str, m):
+        if not self.members.retry and (path in self.refused or path in self.host.failed):
+            return None                        # a path given is tried once
+        try:
+            w = self.served.open(path)
+        except VmdtError as exc:
+            self._first_error = self._first_error or exc
+            if self.refused.get(path) != str(exc) and not self.single:   # one: its exit line
+                where = f"libvirt: {m.domain} {m.target} not served" if self.members.retry \
+                    else "left out"
+                log.error("%s: %s", where, exc)
+            self.refused[path] = str(exc)
+            return None
+        self.refused.pop(path, None)
+        self.host.add(w)
+        if self.members.retry:
+            log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
+        return w
+
+    @staticmethod
+    def _follow(w, active) -> None:
+        """Hold while the owning domain is not shut off (``active`` None: no domain)."""
+        if active is False and w.hold_enabled:
+            log.info("%s: its libvirt domain is not running; releasing the holds",
+                     w.image.path)
+        elif active is not False and not w.hold_enabled:
+            log.info("%s: its libvirt domain is running; holding again", w.image.path)
+        w.domain_active = active
+        w.hold_enabled = active is not False
+
+    # -- a cycle -----------------------------------------------------------
+
+    def cycle(self) -> list:
+        self.sync()
+        reports = self.host.tick()
+        c = self.config
+        if c.status or self.metrics is not None:
+            disks = [w.last_status for w in self.host.watchers if w.last_status is not None]
+            st = self.host.status_obj(disks, c.interval)
+            if self.members.retry:
+                st["host"]["skipped"] = [{"domain": d, "target": t, "reason": why}
+                                         for (d, t), why in sorted(self.skipped.items())]
+            if c.status and not self.single:   # one disk: its own status (``served``)
+                self.out.write("status", c.status, status_bytes(st))
+            if self.metrics is not None:
+                self.metrics.publish(st["disks"], None if self.single else st["host"])
+        if c.host_png:
+            self.out.write("host_png", c.host_png, self._overview())
+        self.served.maybe_save(self.host.watchers)
+        return reports
+
+    def status_line(self) -> str:
+        h = self.host
+        if self.single and h.watchers and h.watchers[0].last_report is not None:
+            r = h.watchers[0].last_report
+            return (f"held {format_size(r.held_bytes)}/{format_size(h.budget)}, "
+                    f"rewritten {r.rewritten_blocks} blocks, cycle {r.cycle}")
+        return (f"held {format_size(h.held_bytes())}/{format_size(h.budget)} "
+                f"over {len(h.watchers)} disks, cycle {h.cycle}")
+
+    def _overview(self) -> bytes:
+        from vmdisktouch.adapters import host_render, render
+        bands = []
+        for w in self.host.watchers:
+            resident, held = w.last_maps()
+            bands.append(host_render.DiskBand(w.image.path, w.holder.held_bytes(), resident,
+                                              held))
+        return render.png_bytes(host_render.host_overview_image(bands, self.host.budget))
+
+    # -- reload --------------------------------------------------------------
+
+    def reload(self) -> None:
+        """SIGHUP: the settings read again and checked as at start, for every disk; a bad
+        file or output path is rejected and the current settings stay."""
+        sdnotify.reloading()
+        try:
+            new, warns, path = load_settings(self.cli_values, self.args.config)
+            served_mod.check_placeholders(new, not self.single)
+            served_mod.check_outputs(new, [w.image.path for w in self.host.watchers],
+                                     served_mod.config_protected(path) + self.served.images())
+            ovr = configfile.load_overrides(path)
+        except ConfigError as exc:
+            log.error("reload rejected, keeping the current settings: %s", exc)
+            sdnotify.ready()
+            return
+        for line in warns:
+            log.warning("%s", line)
+        log.info("%s", settings.in_force(new, path or ""))
+        self.served.set_config(new, path)
+        released = sum(w.reconfigure(served_mod.disk_config(new, w.image.path, not self.single))
+                       for w in self.host.watchers)
+        self.overrides = ovr
+        self.host.budget, self.host.spill_factor = new.max_hold, new.spill
+        self.config, self.config_path = new, path
+        log.info("reloaded settings%s: budget %s, floor %s; released %s",
+                 f" from {path}" if path else "", format_size(new.max_hold),
+                 format_size(new.min_free), format_size(released))
+        sdnotify.ready()
+
+
+def serve(args, config, config_path, cli_values, sig) -> int:
+    """Serve until a stop signal (see the module docstring); the exit status."""
+    svc = Service(args, config, config_path, cli_values, sig)
+    try:
+        svc.start()
+        return _loop(svc)
+    finally:
+        svc.close()
+
+
+def _loop(svc: Service) -> int:
+    sig, ready = svc.sig, False
+    while not sig.stopping:
+        started = time.monotonic()
+        reports = svc.cycle()                 # NoDiskLeft ends the daemon
+        if reports or not svc.host.watchers:  # a cycle that served something, or nothing
+            (sdnotify.status if ready else sdnotify.ready)(svc.status_line())
+            ready = True
+        svc.dog.ping()
+        _wait_for_next_cycle(svc, started + svc.config.interval)
+    log.info("received %s; releasing holds and exiting", sig.stop_name())
+    return 0
+
+
+def _wait_for_next_cycle(svc: Service, deadline: float) -> None:
+    """Sleep until ``deadline``; reload on SIGHUP meanwhile; return early on stop or wake-up,
+    or when a disk's reads left what it holds (``core.shift``)."""
+    sig, dog = svc.sig, svc.dog
+    while not sig.stopping:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if sig.wait(min(remaining, dog.slice, PUMP_SECONDS)):
+            if not sig.take_reload():
+                return                     # a stop, or libvirt woke us: act now
+            svc.reload()
+        if any([w.pump() for w in svc.host.watchers]):    # every disk drains
+            return
+        dog.ping()
