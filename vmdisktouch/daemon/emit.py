@@ -47,9 +47,8 @@ def process_fields(interval: float) -> dict:
 
 
 def status_bytes(status: dict) -> bytes:
-    """The status file's text: one line of compact JSON. ``json`` encodes it in C only
-    without ``indent``: with thousands of rewritten ranges (16 GiB written at random),
-    the indented form took 4.4 ms a cycle, this 0.8 ms. ``python3 -m json.tool FILE``
+    """The status file's text: one line of compact JSON, because ``json`` encodes it in C
+    only without ``indent`` (docs/benchmarks.md, why-status). ``python3 -m json.tool FILE``
     or ``vmdisktouch status`` shows it to a human."""
     return (json.dumps(status, separators=(",", ":")) + "\n").encode()
 
