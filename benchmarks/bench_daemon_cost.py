@@ -77,7 +77,7 @@ from benchmarks.cached_state import cached as cache_and_pin  # noqa: E402
 from benchmarks.report import provenance, update_section  # noqa: E402
 from tools.daemon_proc import DaemonProc  # noqa: E402
 from tools.procfs import memory_fields  # noqa: E402
-from tools.worktree import rev_worktree  # noqa: E402
+from tools.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.system import libc  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
@@ -540,9 +540,7 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         tree = None
         if args.compare_rev:
-            tree = stack.enter_context(rev_worktree(args.compare_rev))
-            print(f"--compare-rev {args.compare_rev}: {tree.sha[:10]} in {tree.path}; python -m "
-                  f"vmdisktouch there imports {tree.check_imports()}", flush=True)
+            tree = enter_rev_worktree(stack, args.compare_rev)
         for size in sizes:
             ext = scaled_extents(size, args.extents)
             results += run_case(f"{format_size(size)}iB scattered", size, ext, 0, 0, args, tree)

@@ -28,15 +28,24 @@ IOPS and of their sum. Targets: global ≥ oracle, and ≥ 1.3 × split.
 (A B C D, D C B A: the shared disk here is noisy); the targets are then
 taken on each scenario's median total across rounds, with its min–max.
 
+``--compare-rev REV``: each daemon scenario (global, split) also runs with
+the daemon of commit REV (``global-rev``, ``split-rev``: ``python -m
+vmdisktouch run`` with its cwd a temporary git worktree of REV, removed
+afterwards; same images, arguments and fio seed), right after its current
+twin in each round (so A B, then B A on the reversed rounds); reported: each
+headline figure now, at REV and current ÷ REV.
+
 ``--quick``: 45 s per scenario. ``--doc`` writes section "host-budget" of
 docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/bench_host_budget.py [--quick] [--doc]
+    .venv/bin/python benchmarks/bench_host_budget.py [--quick] [--doc] [--rounds K]
+        [--compare-rev REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -48,17 +57,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    exit_on_sigterm, fmt, machine, median, publish, round_orders, spread_text)
+    add_compare_rev, exit_on_sigterm, fmt, machine, median, publish, ratio_text, round_orders,
+    side_by_side, spread_text)
 from tools.cgroup import MemoryCgroup  # noqa: E402
-from tools.common import GiB, MiB, stop_process  # noqa: E402
+from tools.common import ROOT as CHECKOUT, GiB, MiB, stop_process  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tools.fio import FioJob, FioRun, start_neighbour  # noqa: E402
 from tools.holders import VmtouchLock  # noqa: E402
 from tools.images import evict, make_image  # noqa: E402
+from tools.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 SCENARIOS = ("none", "oracle", "global", "split")
+DAEMONS = ("global", "split")
+REV = "-rev"            # global-rev, split-rev: the same with the daemon of --compare-rev
 NAMES = ("busy", "light1", "light2", "light3")
+
+
+def with_rev_twins(names: list[str]) -> list[str]:
+    """``names`` with each daemon scenario followed by its ``-rev`` twin."""
+    return [x for n in names for x in ((n, n + REV) if n in DAEMONS else (n,))]
 
 
 def steady(fio: FioRun, start: float) -> float:
@@ -66,7 +84,11 @@ def steady(fio: FioRun, start: float) -> float:
     return statistics.median(v) if v else float("nan")
 
 
-def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str, rnd: int) -> dict:
+def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str, rnd: int,
+                 rev_tree=None) -> dict:
+    """One scenario from a cold cache; ``NAME-rev`` runs NAME with ``rev_tree``'s daemon."""
+    kind = name[:-len(REV)] if name.endswith(REV) else name
+    cwd = rev_tree.path if kind != name else CHECKOUT
     for vm in vms:
         evict(vm["path"])
     evict(nb_path)
@@ -75,23 +97,26 @@ def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str, rnd: 
     runs: list[FioRun] = []
     nb = None
     try:
-        if name == "oracle":
+        if kind == "oracle":
             for vm in vms:
                 h = VmtouchLock(vm["path"], *vm["zone"])
                 h.start()
                 holders.append(h)
-        elif name == "global":
+        elif kind == "global":
             holders.append(DaemonProc(tmp, [vm["path"] for vm in vms], "--uri", "",
                                       max_hold=args.budget, interval=5.0,
                                       status=f"status-{name}.json", log=f"daemon-{name}.log",
-                                      env=env_without_systemd()))
-        elif name == "split":
+                                      env=env_without_systemd(), cwd=cwd))
+        elif kind == "split":
             for vm in vms:
                 holders.append(DaemonProc(tmp, vm["path"], "--uri", "",
                                           max_hold=args.budget // len(vms), interval=5.0,
                                           status=f"status-{name}-{vm['name']}.json",
                                           log=f"daemon-{name}-{vm['name']}.log",
-                                          env=env_without_systemd()))
+                                          env=env_without_systemd(), cwd=cwd))
+        if kind != name:
+            print(f"  {name}: {len(holders)} daemon(s) of {rev_tree.rev}, cwd "
+                  f"{holders[0].proc_cwd()}", flush=True)
         nb = start_neighbour(cg, nb_path, 200 * MiB, runtime=args.duration + 30)
         for vm in vms:
             extra = [] if vm["iops"] is None else [f"--rate_iops={vm['iops']}"]
@@ -151,6 +176,48 @@ def report_lines(results: list[dict], names: list[str], rounds: int) -> list[str
     return lines
 
 
+def compare_lines(results: list[dict], names: list[str], rounds: int, rev: str,
+                  sha: str) -> list[str]:
+    """--compare-rev: each daemon scenario's figures now and at REV, and current ÷ REV."""
+    def med(n, f):
+        return median([f(r) for r in results if r["scenario"] == n])
+
+    rows = []
+    pairs = [n for n in DAEMONS if n in names and n + REV in names]
+    for n in pairs:
+        for what, f, spec in (("total IOPS", lambda r: r["total"], ",.0f"),
+                              ("busy VM IOPS", lambda r: r["per_vm"]["busy"], ",.0f"),
+                              ("light VMs IOPS (sum)",
+                               lambda r: sum(v for k, v in r["per_vm"].items() if k != "busy"),
+                               ",.0f"),
+                              ("held at the end", lambda r: r["held_end"], fmt)):
+            rows.append((f"{n}: {what}", med(n, f), med(n + REV, f), spec))
+    total = {n: med(n, lambda r: r["total"]) for n in names}
+
+    def div(x, y):
+        return x / y if y else float("nan")
+
+    if "global" in pairs:
+        for other, target in (("oracle", 1), ("split", 1.3)):
+            if other in total:      # REV's global against REV's split, the same oracle
+                twin = other + REV if other in DAEMONS else other
+                rows.append((f"global ÷ {other} (target ≥ {target:g})",
+                             div(total["global"], total[other]),
+                             div(total["global" + REV], total[twin]), ".2f"))
+    how = ("the same images, arguments and fio seed, each daemon scenario run with the current "
+           f"daemon and with that of {rev} (`python -m vmdisktouch run` in a git worktree of it) "
+           "one right after the other" + (", the order reversed every other round; medians of "
+                                          "the rounds" if rounds > 1 else ""))
+    lines = side_by_side(rev, sha, rows, how)
+    if rounds > 1:
+        per = [f"{n} " + ", ".join(
+            ratio_text(*(next((r["total"] for r in results if r["scenario"] == x
+                               and r["round"] == k), float("nan")) for x in (n, n + REV)))
+            for k in range(1, rounds + 1)) for n in pairs]
+        lines += ["", f"Total IOPS current ÷ {rev} in each round: " + "; ".join(per) + "."]
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--busy-hot", type=parse_size, default=800 * MiB)
@@ -165,14 +232,24 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--doc", action="store_true")
     ap.add_argument("--json", metavar="FILE")
+    add_compare_rev(ap)
     args = ap.parse_args()
     args.duration = args.duration or (45.0 if args.quick else 120.0)
     names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    for n in names:
+        if n not in SCENARIOS:
+            ap.error(f"unknown scenario {n!r} (of {', '.join(SCENARIOS)})")
+    if args.compare_rev:
+        if not set(names) & set(DAEMONS):
+            ap.error("--compare-rev needs a daemon scenario (global, split) in --scenarios")
+        names = with_rev_twins(names)
     exit_on_sigterm("bench_host_budget")
     print(f"{machine()}; busy hot zone {fmt(args.busy_hot)}, 3 light ones of "
           f"{fmt(args.light_hot)} at {args.light_iops} IOPS; budget {fmt(args.budget)}; group "
           f"limit {fmt(args.limit)}; {args.duration:g} s per scenario: {', '.join(names)}",
           flush=True)
+    stack = contextlib.ExitStack()
+    tree = enter_rev_worktree(stack, args.compare_rev) if args.compare_rev else None
     work = tempfile.mkdtemp(prefix="bench-host-budget-", dir=args.dir)
     tmp = tempfile.mkdtemp(prefix="bench-host-budget-", dir="/tmp")
     results = []
@@ -191,11 +268,14 @@ def main() -> int:
             if args.rounds > 1:
                 print(f"round {rnd}: {', '.join(order)}", flush=True)
             for name in order:
-                results.append(one_scenario(name, vms, nb_path, args, tmp, rnd))
+                results.append(one_scenario(name, vms, nb_path, args, tmp, rnd, tree))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        stack.close()
     lines = report_lines(results, names, args.rounds)
+    if tree:
+        lines += [""] + compare_lines(results, names, args.rounds, tree.rev, tree.sha)
     body = (f"Four non-sparse images: busy (8 GiB, hot zone {fmt(args.busy_hot)}, as fast as "
             f"it can) and three light ones (1 GiB, hot zones of {fmt(args.light_hot)}, "
             f"fio `--rate_iops={args.light_iops}` each, a cap per direction), each with the "
@@ -205,7 +285,9 @@ def main() -> int:
             f"limited to {fmt(args.limit)}; {args.duration:g} s per scenario from a cold cache. "
             f"global: `vmdisktouch run BUSY L1 L2 L3 --max-hold {fmt(args.budget)}`; split: "
             f"four daemons with `--max-hold {fmt(args.budget // 4)}`; oracle: `vmtouch -l` of "
-            f"each hot zone. Steady = the second half"
+            f"each hot zone."
+            + (f" NAME-rev: the same with the daemon of `{tree.rev}` ({tree.sha[:10]})."
+               if tree else "") + " Steady = the second half"
             + (f"; {args.rounds} rounds, reversed every other round (A B B A)"
                if args.rounds > 1 else "") + ".\n\n" + "\n".join(lines))
     publish(body, results, args, "host-budget", "One host budget against split budgets")

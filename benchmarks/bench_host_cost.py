@@ -13,15 +13,22 @@ the budget is held), a ``--duration`` (60) s window: the daemon's CPU
 memory besides the held pages (VmRSS - VmLck of /proc/PID/status). Targets:
 CPU at most 2 % of a core, memory besides held pages at most 256 MiB.
 
+``--compare-rev REV``: then the same with the daemon of commit REV
+(``python -m vmdisktouch run`` with its cwd a temporary git worktree of REV,
+removed afterwards), on the same images, with the same guest still reading;
+the images' page cache is dropped before each daemon starts, so both warm up
+alike. Reported: each headline figure now, at REV and current ÷ REV.
+
 ``--quick``: 4 images of 4 GiB, 10 s warm-up, 20 s window. ``--doc`` writes
 section "host-cost" of docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/bench_host_cost.py [--quick] [--doc]
+    .venv/bin/python benchmarks/bench_host_cost.py [--quick] [--doc] [--compare-rev REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -33,10 +40,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    CLK_TCK, cpu_ticks, exit_on_sigterm, fmt, machine, median, publish)
-from tools.common import GiB, MiB  # noqa: E402
+    CLK_TCK, add_compare_rev, cpu_ticks, exit_on_sigterm, fmt, machine, median, publish,
+    side_by_side)
+from tools.common import ROOT as CHECKOUT, GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tools.images import evict  # noqa: E402
 from tools.procfs import memory_fields  # noqa: E402
+from tools.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 TARGET_CPU = 2.0
@@ -87,44 +97,14 @@ def mem(pid: int) -> int:
     return f.get("VmRSS", 0) - f.get("VmLck", 0)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--images", type=int, default=None, help="(32)")
-    ap.add_argument("--image-size", type=parse_size, default=None, help="(64G)")
-    ap.add_argument("--extents", type=int, default=8)
-    ap.add_argument("--extent", type=parse_size, default=4 * MiB)
-    ap.add_argument("--reads", type=float, default=50.0, help="per image per second")
-    ap.add_argument("--max-hold", default="1G")
-    ap.add_argument("--interval", type=float, default=5.0)
-    ap.add_argument("--warmup", type=float, default=None, help="(30)")
-    ap.add_argument("--duration", type=float, default=None, help="(60)")
-    ap.add_argument("--daemon-args", default="")
-    ap.add_argument("--dir", default="/var/tmp")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--doc", action="store_true")
-    ap.add_argument("--json", metavar="FILE")
-    args = ap.parse_args()
-    q = args.quick
-    for key, full, quick in (("images", 32, 4), ("image_size", 64 * GiB, 4 * GiB),
-                             ("warmup", 30.0, 10.0), ("duration", 60.0, 20.0)):
-        if getattr(args, key) is None:
-            setattr(args, key, quick if q else full)
-    exit_on_sigterm("bench_host_cost")
-    print(f"{machine()}; {args.images} sparse images of {fmt(args.image_size)}, "
-          f"{args.extents} x {fmt(args.extent)} of data each, {args.reads:g} reads/s each",
-          flush=True)
-    tmp = tempfile.mkdtemp(prefix="bench-host-cost-", dir="/tmp")
-    images, guest, d = [], None, None
+def run_daemon(images, args, tmp: str, tag: str, cwd) -> dict:
+    """One daemon over every image: warm-up, then the window; its figures."""
+    d = DaemonProc(tmp, [p for p, _ in images], "--uri", "", "--min-free", "0",
+                   *args.daemon_args.split(), max_hold=args.max_hold,
+                   interval=args.interval, status=f"host-{tag}.json", log=f"daemon-{tag}.log",
+                   env=env_without_systemd(), cwd=cwd)
     try:
-        images = make_images(args, tmp)
-        env = dict(os.environ, **{f"EXTENTS_{i}": ",".join(map(str, offs))
-                                  for i, (_, offs) in enumerate(images)})
-        guest = subprocess.Popen([sys.executable, "-c", GUEST, str(args.reads), str(args.extent),
-                                  *[p for p, _ in images]], env=env)
-        d = DaemonProc(tmp, [p for p, _ in images], "--uri", "", "--min-free", "0",
-                       *args.daemon_args.split(), max_hold=args.max_hold,
-                       interval=args.interval, status="host.json", log="daemon.log",
-                       env=env_without_systemd())
+        print(f"  {tag}: pid {d.pid}, cwd {d.proc_cwd()}", flush=True)
         want = 0.9 * min(parse_size(args.max_hold), args.images * args.extents * args.extent)
         t0 = time.monotonic()
         while time.monotonic() - t0 < args.warmup or \
@@ -149,34 +129,114 @@ def main() -> int:
         if rc != 0:
             raise RuntimeError(f"the daemon exited {rc}:\n{d.log_tail(20)}")
     finally:
-        if d is not None:
-            d.stop()
+        d.stop()
+    r = {"daemon": tag, "cpu": cpu, "rss_max": max(rss), "rss_median": median(rss),
+         "held_median": median(held), "warm": warm, "disks": len(st.get("disks", [])),
+         "host_cycle": host_cycle, "disk_cycle_max": max(cycles) if cycles else 0}
+    print(f"  {tag}: CPU {cpu:.2f} % of a core, memory besides held pages {fmt(r['rss_max'])} "
+          f"max / {fmt(r['rss_median'])} median, held {fmt(r['held_median'])}, warm-up "
+          f"{warm:.0f} s, last cycle {host_cycle * 1000:.0f} ms", flush=True)
+    return r
+
+
+def compare_lines(cur: dict, old: dict, rev: str, sha: str) -> list[str]:
+    """--compare-rev: the headline figures now and at REV, and current ÷ REV."""
+    ms = lambda v: f"{v * 1000:.0f} ms"  # noqa: E731
+    rows = [("CPU, % of a core", cur["cpu"], old["cpu"], ".2f"),
+            ("memory besides held pages, max", cur["rss_max"], old["rss_max"], fmt),
+            ("memory besides held pages, median", cur["rss_median"], old["rss_median"], fmt),
+            ("held (median)", cur["held_median"], old["held_median"], fmt),
+            ("last cycle, the host's", cur["host_cycle"], old["host_cycle"], ms),
+            ("last cycle, the slowest disk's", cur["disk_cycle_max"], old["disk_cycle_max"], ms),
+            ("warm-up", cur["warm"], old["warm"], lambda v: f"{v:.0f} s")]
+    return side_by_side(rev, sha, rows, "the same images and guest, the daemon of "
+                        f"{rev} (`python -m vmdisktouch run` in a git worktree of it) right "
+                        "after the current one, each from a dropped page cache")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=None, help="(32)")
+    ap.add_argument("--image-size", type=parse_size, default=None, help="(64G)")
+    ap.add_argument("--extents", type=int, default=8)
+    ap.add_argument("--extent", type=parse_size, default=4 * MiB)
+    ap.add_argument("--reads", type=float, default=50.0, help="per image per second")
+    ap.add_argument("--max-hold", default="1G")
+    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--warmup", type=float, default=None, help="(30)")
+    ap.add_argument("--duration", type=float, default=None, help="(60)")
+    ap.add_argument("--daemon-args", default="")
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--doc", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    add_compare_rev(ap)
+    args = ap.parse_args()
+    q = args.quick
+    for key, full, quick in (("images", 32, 4), ("image_size", 64 * GiB, 4 * GiB),
+                             ("warmup", 30.0, 10.0), ("duration", 60.0, 20.0)):
+        if getattr(args, key) is None:
+            setattr(args, key, quick if q else full)
+    exit_on_sigterm("bench_host_cost")
+    print(f"{machine()}; {args.images} sparse images of {fmt(args.image_size)}, "
+          f"{args.extents} x {fmt(args.extent)} of data each, {args.reads:g} reads/s each",
+          flush=True)
+    stack = contextlib.ExitStack()
+    tmp = tempfile.mkdtemp(prefix="bench-host-cost-", dir="/tmp")
+    images, guest, tree = [], None, None
+    try:
+        if args.compare_rev:
+            tree = enter_rev_worktree(stack, args.compare_rev)
+        images = make_images(args, tmp)
+        env = dict(os.environ, **{f"EXTENTS_{i}": ",".join(map(str, offs))
+                                  for i, (_, offs) in enumerate(images)})
+        guest = subprocess.Popen([sys.executable, "-c", GUEST, str(args.reads), str(args.extent),
+                                  *[p for p, _ in images]], env=env)
+        runs = [("current", CHECKOUT)] + ([(f"@{tree.rev}", tree.path)] if tree else [])
+        out = []
+        for tag, cwd in runs:
+            if tree:            # both from the same page cache: none of the images
+                for p, _ in images:
+                    evict(p)
+            out.append(run_daemon(images, args, tmp, tag, cwd))
+    finally:
         if guest is not None:
             guest.kill()
             guest.wait()
         for p, _ in images:
             os.unlink(p)
         shutil.rmtree(tmp, ignore_errors=True)
-    r = {"cpu": cpu, "rss_max": max(rss), "rss_median": median(rss), "held_median": median(held),
-         "warm": warm, "disks": len(st.get("disks", [])),
-         "host_cycle": host_cycle, "disk_cycle_max": max(cycles) if cycles else 0}
+        stack.close()
+    r = out[0]
+    cpu = r["cpu"]
+    head = "| disks served | held (median) | CPU, % of a core | memory besides held pages " \
+           "(VmRSS - VmLck), max / median | last cycle: the host's (every disk) / the slowest disk's own |"
+    rows = [f"| {x['disks']} | {fmt(x['held_median'])} | {x['cpu']:.2f} | {fmt(x['rss_max'])} / "
+            f"{fmt(x['rss_median'])} | {x['host_cycle'] * 1000:.0f} ms / "
+            f"{x['disk_cycle_max'] * 1000:.0f} ms |" for x in out]
+    if tree:                    # a first column: whose daemon
+        head = "| daemon " + head
+        rows = [f"| {x['daemon']} " + row for x, row in zip(out, rows)]
+    table = "\n".join([head, "|---" * head.count(" | ") + "|---|", *rows])
     body = (f"{args.images} sparse images of {fmt(args.image_size)} on {args.dir}, each with "
             f"{args.extents} extents of {fmt(args.extent)} of data; a guest process reads 4 KiB "
             f"at random in every image's extents, {args.reads:g} reads/s per image; one daemon "
             f"`vmdisktouch run IMG... --max-hold {args.max_hold} --interval {args.interval:g} "
             f"--uri '' --min-free 0` (trace source). After {r['warm']:.0f} s of warm-up, a "
-            f"{args.duration:g} s window.\n\n"
-            "| disks served | held (median) | CPU, % of a core | memory besides held pages "
-            "(VmRSS - VmLck), max / median | last cycle: the host's (every disk) / the slowest disk's own |\n"
-            "|---|---|---|---|---|\n"
-            f"| {r['disks']} | {fmt(r['held_median'])} | {cpu:.2f} | {fmt(r['rss_max'])} / "
-            f"{fmt(r['rss_median'])} | {r['host_cycle'] * 1000:.0f} ms / "
-            f"{r['disk_cycle_max'] * 1000:.0f} ms |\n\n"
+            f"{args.duration:g} s window."
+            + (f" Then the same with the daemon of `{tree.rev}` ({tree.sha[:10]}), after "
+               f"{out[1]['warm']:.0f} s of warm-up; the images' cache dropped before each."
+               if tree else "") + "\n\n"
+            + table + "\n\n"
             f"Targets: CPU ≤ {TARGET_CPU:g} % of a core: **{cpu:.2f} %**, "
             f"{'met' if cpu <= TARGET_CPU else 'MISSED'}; memory besides held pages ≤ "
             f"{fmt(TARGET_RSS)}: **{fmt(r['rss_max'])}**, "
-            f"{'met' if r['rss_max'] <= TARGET_RSS else 'MISSED'}.")
-    publish(body, r, args, "host-cost", "Many disks, one process: CPU and memory")
+            f"{'met' if r['rss_max'] <= TARGET_RSS else 'MISSED'}."
+            + ("\n\n" + "\n".join(compare_lines(out[0], out[1], tree.rev, tree.sha))
+               if tree else ""))
+    results = r if not tree else {"current": out[0], "rev": dict(out[1], rev=tree.rev,
+                                                                  sha=tree.sha)}
+    publish(body, results, args, "host-cost", "Many disks, one process: CPU and memory")
     return 0
 
 

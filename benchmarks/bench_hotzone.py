@@ -92,7 +92,7 @@ from tools.fio import FioJob, FioRun, parse_iops_log, start_neighbour  # noqa: E
 from tools.holders import VmtouchLock  # noqa: E402
 from tools.images import evict, make_image, resident_bytes  # noqa: E402
 from tools.nbd import QemuNbd  # noqa: E402
-from tools.worktree import rev_worktree  # noqa: E402
+from tools.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 
@@ -335,10 +335,8 @@ def main(argv=None) -> int:
     stack = contextlib.ExitStack()
     try:
         if a.compare_rev:
-            b.rev_tree = stack.enter_context(rev_worktree(a.compare_rev))
+            b.rev_tree = enter_rev_worktree(stack, a.compare_rev, say)
             a.compare_rev_sha = b.rev_tree.sha
-            say(f"--compare-rev {a.compare_rev}: {b.rev_tree.sha[:10]} in {b.rev_tree.path}; "
-                f"python -m vmdisktouch there imports {b.rev_tree.check_imports()}")
         say(f"image {b.size / GiB:.1f} GiB, hot zone {b.hot_len / MiB:.0f} MiB at {b.hot_off / MiB:.0f} MiB, "
             f"budget {b.budget / MiB:.0f} MiB, cgroup limit {b.limit / MiB:.0f} MiB, "
             f"{a.duration:.0f} s per scenario; variant {a.variant}: phases "

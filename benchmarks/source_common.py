@@ -15,7 +15,10 @@ bench_readonly_hold): images, caching, the rate-limited guest, the daemon's cost
 * ``round_orders``: A B, B A, ... so that a drift of the shared machine falls
   on every scenario alike;
 * ``write_section``: the date, the machine and the exact command, then the
-  body, as section NAME of docs/benchmarks.md.
+  body, as section NAME of docs/benchmarks.md;
+* ``add_compare_rev`` and ``side_by_side``: ``--compare-rev REV`` (the
+  daemon of an older commit, from ``tools.worktree``) and the table of each
+  headline figure, current, REV's and current ÷ REV.
 """
 
 from __future__ import annotations
@@ -356,3 +359,36 @@ def publish(body: str, results, args, section: str, title: str) -> None:
             json.dump(results, f, indent=1, default=str)
     if args.doc:
         write_section(section, title, body)
+
+
+# -- --compare-rev ---------------------------------------------------------------------
+
+def add_compare_rev(ap) -> None:
+    ap.add_argument("--compare-rev", metavar="REV",
+                    help="also run the daemon scenario(s) with the daemon of commit REV (from a "
+                         "temporary git worktree, removed afterwards: `python -m vmdisktouch run` "
+                         "there), on the same workload, and report current / REV")
+
+
+def ratio_text(cur: float, old: float) -> str:
+    """``cur / old`` to 3 digits; ``—`` when it has no value."""
+    try:
+        r = cur / old
+    except (TypeError, ZeroDivisionError):
+        return "—"
+    return "—" if math.isnan(r) or math.isinf(r) else f"{r:.3f}"
+
+
+def side_by_side(rev: str, sha: str, rows, how: str) -> list[str]:
+    """A table of ``(figure, current, REV's, format)`` rows with current ÷ REV; ``format`` a
+    format spec or a function of the value. ``how``: how the two ran, said before the table."""
+    def text(v, f):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "—"
+        return f(v) if callable(f) else format(v, f)
+
+    lines = [f"Side by side with `{rev}` ({sha[:10]}): {how} (current ÷ {rev}):", "",
+             f"| figure | current | {rev} | current ÷ {rev} |", "|---|---|---|---|"]
+    for name, cur, old, f in rows:
+        lines.append(f"| {name} | {text(cur, f)} | {text(old, f)} | **{ratio_text(cur, old)}** |")
+    return lines

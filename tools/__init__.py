@@ -17,7 +17,7 @@ each module usable alone:
 * ``procfs``: ``vmlck`` (the one VmLck reader outside the package) and the
   other ``/proc/PID/status`` figures;
 * ``worktree``: ``rev_worktree``, an older commit beside this one, to run its
-  daemon side by side;
+  daemon side by side (``enter_rev_worktree``: a benchmark's ``--compare-rev``);
 * ``stats``: ``steady_median``, ``first_time_at_or_above``;
 * ``common``: sizes, ``WorkloadError``, ``require_tool``, ``stop_process``.
 """

@@ -10,6 +10,10 @@ The same venv python runs both: with ``cwd`` the worktree, ``python -m``
 puts that directory first on ``sys.path``, ahead of the venv's editable
 install of the current checkout; ``tree.check_imports()`` proves it by
 importing ``vmdisktouch`` there and comparing its path.
+
+A benchmark's ``--compare-rev REV`` takes its tree with
+``enter_rev_worktree(stack, REV)``: the worktree for the rest of the
+``ExitStack``, its commit and import path printed.
 """
 
 from __future__ import annotations
@@ -74,3 +78,15 @@ def rev_worktree(rev: str, repo=ROOT):
         except WorkloadError as exc:
             print(f"warning: {exc}; remove {path} with `git worktree remove --force`",
                   file=sys.stderr)
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def enter_rev_worktree(stack: contextlib.ExitStack, rev: str, say=_say) -> RevTree:
+    """``rev_worktree(rev)`` entered on ``stack`` (removed when it closes), imports checked and said."""
+    tree = stack.enter_context(rev_worktree(rev))
+    say(f"--compare-rev {rev}: {tree.sha[:10]} in {tree.path}; python -m vmdisktouch there "
+        f"imports {tree.check_imports()}")
+    return tree
