@@ -23,6 +23,12 @@ from vmdisktouch.core.regions import mask_runs
 ENV = "VMDISKTOUCH_RECORD"
 
 
+def _f32(values) -> list[float]:
+    """float32 values as the shortest decimals that give them back: the policy reads them as
+    float32, and 17 digits of a float32 do not compress."""
+    return [float(x) for x in np.asarray(values, dtype=np.float32).astype(str)]
+
+
 def _runs(runs) -> list[list[int]]:
     return [[int(a), int(b)] for a, b in runs]
 
@@ -57,7 +63,7 @@ class Recorder:
                           amp_resident=c.amp_resident, sigma_resident=c.sigma_resident,
                           amp_rewritten=c.amp_rewritten, sigma_rewritten=c.sigma_rewritten,
                           decay=c.decay, threshold=c.threshold),
-            resident=[nz.tolist(), obs.resident[nz].astype(float).tolist()],
+            resident=[nz.tolist(), _f32(obs.resident[nz])],
             held=_runs(mask_runs(obs.held)),
             rewritten=[obs.rewritten.blocks.tolist(),
                        np.asarray(obs.rewritten.values, dtype=float).tolist()],
@@ -72,7 +78,7 @@ class Recorder:
                          np.asarray(obs.read_counts.values, dtype=float).tolist()],
                         read_recent=None if obs.read_recent is None else
                         [obs.read_recent.blocks.tolist(),
-                         np.asarray(obs.read_recent.values, dtype=float).tolist()],
+                         _f32(obs.read_recent.values)],
                         refaults=[obs.refaults.blocks.tolist(),
                                   np.asarray(obs.refaults.values, dtype=float).tolist()],
                         reconcile=obs.reconcile)
