@@ -1,5 +1,6 @@
 """``vmdisktouch status`` against real daemons: one per disk and one serving several, live
-and then killed (stale)."""
+and then killed (stale); and against a status directory holding every kind of bad file
+(issue 31; one row each in ``test_faults_status.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
+
+import pytest
 
 from tests.pagecache import data_image
 from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
@@ -57,6 +61,70 @@ def test_status_lists_live_daemons_and_says_stale_once_one_is_gone(tmp_path):
     finally:
         single.stop()
         assert host.stop() == 0
+
+
+def test_every_valid_entry_is_shown_beside_every_kind_of_bad_file(tmp_path):
+    """Valid files (one disk; a host of two with a failed disk) beside a FIFO, a directory,
+    a symlink, a sparse file past the size cap, bad JSON, bad UTF-8, deep nesting, a list,
+    a bad value: each bad file one line, exit 0, no hang; PATH still finds its entry (a
+    NUL in another entry's path included); every string printed is escaped."""
+    run = tmp_path / "run"
+    run.mkdir()
+    one, a, b = (str(tmp_path / f"{n}.raw") for n in ("one", "a", "b"))
+
+    def disk(path, **over):
+        return {"path": path, "pid": os.getpid(), "version": "0-test", "interval_seconds": 1.0,
+                "time": time.time(), "cycle": 2, "cycle_seconds": 0.01, "budget_bytes": 8 * MiB,
+                "held_bytes": MiB, "regions": [[0, MiB]], "access_source": "mincore", **over}
+
+    head = {k: v for k, v in disk("").items() if k != "path" and k != "regions"}
+    (run / "one.json").write_text(json.dumps(disk(one)))
+    (run / "host.json").write_text(json.dumps({
+        "host": {**head, "disks": [{"path": a}, {"path": b}],
+                 "failed": [{"path": "/gone.img", "error": "deleted\x1b[1m"}]},
+        "disks": [disk(a), disk(b)]}))
+    (run / "nul.json").write_text(json.dumps(disk("/img/a\0b")))
+    os.mkfifo(run / "fifo.json")
+    (run / "dir.json").mkdir()
+    (run / "link.json").symlink_to(run / "one.json")
+    with open(run / "big.json", "wb") as f:
+        f.truncate(65 * MiB)                            # sparse: past the 64 MiB cap
+    (run / "text.json").write_text("not json")
+    (run / "utf8.json").write_bytes(b'{"path": "\xff"}')
+    (run / "deep.json").write_text("{\"a\": " * 50_000)
+    (run / "list.json").write_text("[1, 2]")
+    (run / "value.json").write_text(json.dumps(disk(one, held_bytes=-1)))
+    bad = {"fifo": "unreadable: a FIFO", "dir": "unreadable: a directory",
+           "link": "unreadable: a symbolic link", "big": "unreadable: larger than 64M",
+           "text": "malformed: not JSON", "utf8": "malformed: not JSON",
+           "deep": "malformed: JSON nested too deep",
+           "list": "malformed: the document is not a JSON object",
+           "value": "malformed: held_bytes is not a byte count"}
+
+    r = status_cmd("--dir", str(run))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 5 + len(bad), r.stdout
+    for name, why in bad.items():
+        assert f"{run}/{name}.json: {why}" in r.stdout, (name, r.stdout)
+    for path in (one, a, b):
+        assert sum(x.startswith(f"{path}: held 1M/8M in 1 regions") for x in lines) == 1
+    assert "/img/a\\x00b: held" in r.stdout and "\x1b" not in r.stdout
+    assert "/gone.img: FAILED: deleted\\x1b[1m (pid" in r.stdout
+    assert not any("STALE" in x for x in lines if "unreadable" not in x and "malformed" not in x)
+
+    entries = json.loads(status_cmd("--dir", str(run), "--json").stdout,
+                         parse_constant=lambda c: pytest.fail(f"--json printed {c}"))
+    assert len(entries) == 5 + len(bad)
+    assert all(e["stale"] and set(e) == {"file", "error", "stale"}
+               for e in entries if "path" not in e)
+
+    r = status_cmd("--dir", str(run), a)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1 and "pid" in r.stdout, r
+    r = status_cmd("--dir", str(run), str(tmp_path / "nothing.raw"))
+    assert r.returncode == 66 and f"({len(bad)} unreadable or malformed" in r.stderr
+    r = status_cmd("--dir", str(tmp_path / "no\x1b[2Jdir"))
+    assert r.returncode == 0 and r.stdout == f"no status files in {tmp_path}/no\\x1b[2Jdir\n"
 
 
 def key_paths(obj, prefix=""):
