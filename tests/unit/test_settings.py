@@ -159,7 +159,9 @@ def test_block_size_must_be_a_page_multiple():
 # key -> (accepted values, refused values); each refused one with what the message says
 BOUNDS = {
     "foreign_share": ([0, "0.1", 1, 0.25], [(1.5, "<= 1"), (-0.1, ">= 0"), ("nan", "finite")]),
-    "checksum_share": ([1, "0.125", 0.5], [(0, "> 0"), (1.5, "<= 1"), ("nan", "finite")]),
+    "checksum_share": ([1, "0.125", 0.5, 1 / 256],
+                       [(0, ">= 0.00390625"), (1e-320, ">= 0.0039"), (1 / 257, ">= 0.0039"),
+                        (1.5, "<= 1"), ("nan", "finite")]),
     "spill": ([0, "1", 4, 0.5], [(4.5, "<= 4"), (-1, ">= 0"), ("inf", "finite")]),
     "access_source": (["auto", "TRACE", "mincore"], [("ebpf", "one of"), (1, "one of"), ("", "one of")]),
     "max_hold": (["1", "1E", 1 << 60], [(0, "greater than 0"), ("1025P", "at most 1E")]),
@@ -174,8 +176,11 @@ BOUNDS = {
     "amp_rewritten": ([0, "1e6"], [("-1", ">= 0"), ("2e6", "<= 1000000")]),
     "sigma_resident": ([0, 64, "64"], [(64.5, "<= 64"), (-1, ">= 0")]),
     "sigma_rewritten": ([0, 64], [(65, "<= 64"), (1e9, "<= 64")]),
-    "decay": ([100, 1e-9], [(0, "> 0"), (100.5, "<= 100")]),
-    "threshold": ([1e6, 1e-9], [(0, "> 0"), (2e6, "<= 1000000")]),
+    "decay": ([100, 1e-4, "0.001"], [(0, ">= 0.0001"), (1e-320, ">= 0.0001"),
+                                    ("1e-320", ">= 0.0001"), (9.9e-5, ">= 0.0001"),
+                                    (100.5, "<= 100")]),
+    "threshold": ([1e6, 1e-4], [(0, ">= 0.0001"), (1e-320, ">= 0.0001"), (1e-9, ">= 0.0001"),
+                                (2e6, "<= 1000000")]),
     "rewritten_seconds": ([86400, "1ms"], [(0, "greater than 0"), (86401, "at most 86400 s")]),
     "load_rate": ([0, "1M", "1E"], [(1, "0 (unpaced) or at least 1M/s"), ("1023K", "1M/s"),
                                     ((1 << 60) + 1, "at most 1E")]),
@@ -222,7 +227,10 @@ def test_bounds(key):
 
 def test_help_states_the_bounds():
     for key, needle in [("interval", "From 0.1 s"), ("block_size", "multiple of the page size"),
-                        ("sigma_resident", "From 0 to 64"), ("decay", "at most 100"),
+                        ("sigma_resident", "From 0 to 64"), ("decay", "From 0.0001"),
+                        ("decay", "to 100"), ("threshold", "From 0.0001"),
+                        ("threshold", "below amp_resident + amp_rewritten"),
+                        ("checksum_share", "From 1/256"),
                         ("load_rate", "0, or from 1M"), ("max_hold", "at most 1E"),
                         ("scale", "From 1 to 64"), ("aspect", "From 0.01 to 100")]:
         assert needle in settings.BY_KEY[key].help
@@ -275,3 +283,48 @@ def test_check_host_warns_about_a_budget_above_the_memory():
     assert "min_free 1G" in warnings[0] and "can never be reached" in warnings[0]
     assert "\n" not in warnings[0]
     assert settings.check_host(host_config(max_hold="16G"), 16 * GiB) == []
+
+
+# Floors: a value past one makes the daemon useless, so it is refused where the
+# setting is defined, the same from a flag, a file, a reload and ``config --check``.
+
+@pytest.mark.parametrize("key,value", [("decay", "1e-320"), ("decay", "0.00005"),
+                                       ("threshold", "1e-320"), ("checksum_share", "1e-320")])
+def test_a_value_below_the_floor_is_refused_from_a_flag_and_a_file(key, value):
+    s = settings.BY_KEY[key]
+    with pytest.raises(ConfigError, match=f"^option {s.flag}: bad value '{value}' for {key} "):
+        settings.resolve(parse(argv_with(s, value)))
+    with pytest.raises(ConfigError, match=f"^host.toml: key {key}: bad value {float(value)!r}"):
+        settings.resolve(parse([]), {"max_hold": "1G", key: float(value)}, "host.toml")
+
+
+def test_every_floor_is_stated_in_the_docs():
+    doc = settings.configuration_doc()
+    for needle in ["From 0.0001 (slower", "From 0.0001 (lower", "From 1/256",
+                   "From 0.1 s", "From 1 s", "0, or from 1M"]:
+        assert needle in doc, needle
+
+
+@pytest.mark.parametrize("over,where", [
+    ({"threshold": 2}, "f.toml: key threshold"),
+    ({"threshold": 5, "amp_rewritten": 4}, "f.toml: key threshold"),
+    ({"amp_resident": 0, "amp_rewritten": 0}, "f.toml: key amp_resident"),
+    ({"amp_resident": 1e-320, "amp_rewritten": "1e-320"}, "f.toml: key amp_resident"),
+    ({"amp_resident": 0.01, "amp_rewritten": 0.02}, "f.toml: key amp_resident"),
+])
+def test_a_threshold_no_heat_can_reach_is_refused_naming_the_key(over, where):
+    with pytest.raises(ConfigError) as exc:
+        settings.check_host(host_config(**over), 16 * GiB)
+    msg = str(exc.value)
+    assert msg.startswith(f"{where}: threshold ") and "nothing could ever be held" in msg, msg
+    assert "\n" not in msg
+
+
+def test_the_threshold_check_names_the_flag_and_passes_what_can_be_reached():
+    cfg = settings.resolve(parse(["--max-hold", "4G", "--threshold", "3"]))
+    with pytest.raises(ConfigError, match="^option --threshold: threshold 3 is not below "
+                                          "amp_resident \\+ amp_rewritten = 2"):
+        settings.check_host(cfg, 16 * GiB)
+    assert settings.check_host(host_config(threshold=1.9, access_source="trace"), 16 * GiB) == []
+    warnings = settings.check_host(host_config(threshold=1.5), 16 * GiB)   # auto: maybe mincore
+    assert len(warnings) == 1 and "with the mincore source" in warnings[0], warnings

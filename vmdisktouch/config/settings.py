@@ -11,7 +11,8 @@ so each value is checked once, here: whatever the input (any string, any
 TOML value: inf, nan, a huge integer, an array, a table, a date), the result
 is a finite value within the bounds stated in the setting's help, or a
 ``ConfigError``, never another exception. ``check_host`` checks what only
-the host's memory can tell.
+the host's memory, or two settings together (a threshold the amplitudes
+cannot reach), can tell.
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ from vmdisktouch.config.parsers import (MAX_BLOCK_SIZE, MAX_PATH_BYTES, MIN_LOAD
 from vmdisktouch.sizes import MAX_SIZE, format_size, parse_size
 
 MiB = 1 << 20
+# The bounds, each with why: outside them a value makes the daemon useless or
+# harmful. Bounds that need two settings (threshold and the amplitudes) and
+# the host (min_free, max_hold) are ``check_host``'s.
 MIN_INTERVAL = 0.1              # a shorter cycle would keep a core busy
 MAX_SECONDS = 86400.0           # interval, rewritten_seconds: one day
 MAX_AMP = 1e6
 MAX_SIGMA = 64.0                # blocks; the kernel has 8 x sigma + 1 taps
+# 1/s. Slower than MIN_DECAY (a time constant over 2.8 h), a block read without pause
+# takes 8 min to reach the default threshold and an unused hold 10 h to be let go.
+MIN_DECAY = 1e-4
 MAX_DECAY = 100.0               # 1/s
+MIN_THRESHOLD = 1e-4            # lower, a lone cached block's faint smoothing edge is use
 MAX_THRESHOLD = 1e6
+MIN_CHECKSUM_SHARE = 1 / 256    # rarer, a held block's rewrites are seen 256+ cycles late
 MAX_BLOCKS_PER_PIXEL = 1 << 40
 MAX_WIDTH = 16384
 MAX_SCALE = 64
@@ -91,23 +100,29 @@ SETTINGS: tuple[Setting, ...] = (
             "buffers one block)."),
     Setting("amp_resident", _float(0, MAX_AMP), 1.0, "number", "heat per resident block",
             "Amplitude A_r of the Gaussian filter applied to the residency map. "
-            f"From 0 to {_num(MAX_AMP)}.", group="heat"),
+            f"From 0 to {_num(MAX_AMP)}; amp_resident + amp_rewritten must be above threshold "
+            "(checked at start).", group="heat"),
     Setting("sigma_resident", _float(0, MAX_SIGMA), 2.0, "number", "blocks",
             "Width sigma_r of the Gaussian filter applied to the residency map. "
             f"From 0 to {_num(MAX_SIGMA)} (the filter has 8 x sigma + 1 taps: its cost grows "
             "with sigma).", group="heat"),
     Setting("amp_rewritten", _float(0, MAX_AMP), 1.0, "number", "heat per rewritten block",
             "Amplitude A_w of the Gaussian filter applied to the rewritten-blocks map. "
-            f"From 0 to {_num(MAX_AMP)}.", group="heat"),
+            f"From 0 to {_num(MAX_AMP)}; see amp_resident.", group="heat"),
     Setting("sigma_rewritten", _float(0, MAX_SIGMA), 2.0, "number", "blocks",
             "Width sigma_w of the Gaussian filter applied to the rewritten-blocks map. "
             f"From 0 to {_num(MAX_SIGMA)}.", group="heat"),
-    Setting("decay", _float(0, MAX_DECAY, lo_open=True), 0.1, "number", "1/s",
+    Setting("decay", _float(MIN_DECAY, MAX_DECAY), 0.1, "number", "1/s",
             "Decay coefficient: heat relaxes toward the current input with time constant "
-            f"1/decay seconds. Greater than 0, at most {_num(MAX_DECAY)}.", group="heat"),
-    Setting("threshold", _float(0, MAX_THRESHOLD, lo_open=True), 0.05, "number", "heat",
+            f"1/decay seconds. From {_num(MIN_DECAY)} (slower, a block the guest reads "
+            "without pause takes minutes to be held and an unused hold hours to be let go) "
+            f"to {_num(MAX_DECAY)}.", group="heat"),
+    Setting("threshold", _float(MIN_THRESHOLD, MAX_THRESHOLD), 0.05, "number", "heat",
             "Threshold: blocks with heat at or above it form the candidate regions. "
-            f"Greater than 0, at most {_num(MAX_THRESHOLD)}.", group="heat"),
+            f"From {_num(MIN_THRESHOLD)} (lower, the faint edge of the smoothing of a lone "
+            f"cached block counts as use) to {_num(MAX_THRESHOLD)}, and below amp_resident + "
+            "amp_rewritten (the most heat a block can reach), checked at start.",
+            group="heat"),
     Setting("rewritten_seconds", _duration(0, MAX_SECONDS, lo_open=True), 60.0, "duration",
             "seconds", "How long a rewritten block stays red on the block map. "
             f"Greater than 0, at most {_num(MAX_SECONDS)} s.", group="output"),
@@ -132,11 +147,12 @@ SETTINGS: tuple[Setting, ...] = (
             "tracefs: every read and write, exactly), mincore (the paper's polling of "
             "residency and checksums of held blocks), or auto (trace where tracefs is "
             "usable, else mincore; said in one log line at start).", group="access"),
-    Setting("checksum_share", _float(0, 1, lo_open=True), 1 / 16, "fraction",
+    Setting("checksum_share", _float(MIN_CHECKSUM_SHARE, 1), 1 / 16, "fraction",
             "of the held bytes per cycle",
             "mincore source only: the share of the held bytes checksummed per cycle, "
             "rotating, so every held block is checked within 1/share cycles and the cost "
-            "is bounded. Greater than 0, at most 1 (1 = every held block every cycle).",
+            f"is bounded. From 1/{round(1 / MIN_CHECKSUM_SHARE)} (rarer, rewrites are seen "
+            "long after they happened) to 1 (every held block every cycle).",
             group="access"),
     Setting("status", _path, None, "path", "",
             "Write a JSON status file here every cycle (replaced atomically).", group="output"),
@@ -188,6 +204,7 @@ class Config(dict):
     ``resolve`` took each from ("flag", "file" or "default"; empty for a copy)."""
 
     origins: dict[str, str] = {}
+    file_name: str = ""          # the config file ``resolve`` read, if any
 
     def __getattr__(self, name):
         try:
@@ -221,6 +238,7 @@ def resolve(cli: dict[str, Any], file_values: dict[str, Any] | None = None,
     """Merge defaults < config file < command line, parsing and validating each."""
     out = Config()
     out.origins = {}
+    out.file_name = file_name
     file_values = file_values or {}
     for s in SETTINGS:
         if cli.get(s.key) is not None:
@@ -256,6 +274,7 @@ def check_host(config: Config, mem_total: int) -> list[str]:
     warnings (one line each) for settings that work but cannot be reached.
     Pure: the caller reads /proc/meminfo, at start and on every reload.
     """
+    warnings = _check_heat(config)
     mem = format_size(mem_total)
     if config.min_free >= mem_total:
         raise ConfigError(f"min_free {format_size(config.min_free)} is not below the host's "
@@ -264,13 +283,40 @@ def check_host(config: Config, mem_total: int) -> list[str]:
         raise ConfigError(f"max_hold {format_size(config.max_hold)} is smaller than one block "
                           f"(block_size {format_size(config.block_size)}): nothing could ever "
                           "be held")
-    warnings = []
     if config.max_hold > mem_total:
         warnings.append(f"max_hold {format_size(config.max_hold)} is more than the host's "
                         f"memory (MemTotal {mem}): allowed, since the free-memory floor "
                         f"(min_free {format_size(config.min_free)}) still limits what is held, "
                         "but the budget can never be reached")
     return warnings
+
+
+def _where(config: Config, key: str) -> str:
+    """Where ``config[key]`` came from, as a ConfigError names it."""
+    origin = config.origins.get(key, "default")
+    if origin == "flag":
+        return f"option {BY_KEY[key].flag}"
+    return f"{config.file_name or 'the config file'}: key {key}" if origin == "file" else key
+
+
+def _check_heat(config: Config) -> list[str]:
+    """Refuse a threshold no heat can reach: a block's heat never exceeds amp_resident +
+    amp_rewritten (each input is a fraction, smoothed by a unit-sum kernel and averaged).
+    Warn when only the trace source can start a hold: mincore sees rewrites only in
+    blocks already held, so what it starts holding has at most amp_resident."""
+    amps = config.amp_resident + config.amp_rewritten
+    keys = ["threshold", "amp_resident", "amp_rewritten"]
+    key = next((k for k in keys if config.origins.get(k, "default") != "default"), keys[0])
+    if config.threshold >= amps:
+        raise ConfigError(f"{_where(config, key)}: threshold {config.threshold:g} is not below "
+                          f"amp_resident + amp_rewritten = {amps:g}, the most heat a block "
+                          "can reach: nothing could ever be held")
+    if config.threshold >= config.amp_resident and config.access_source != "trace":
+        return [f"threshold {config.threshold:g} is not below amp_resident "
+                f"{config.amp_resident:g}: with the mincore source (access_source "
+                f"{config.access_source}) nothing is ever held: only writes the trace "
+                "source sees can heat a block that is not held past it"]
+    return []
 
 
 def markdown_table() -> str:

@@ -52,11 +52,47 @@ Everything here is pure: the charges of the held blocks and the groups'
 figures come in (``memcg`` reads them; the daemon samples each block once,
 when it is loaded, since a locked page is never evicted and so never
 changes hands), the runs to recharge come out.
+
+Overshoot: how far past its cap a group can be, and for how long
+------------------------------------------------------------------
+Whose a page is can only be read once the daemon has it mapped and
+faulted in, that is once it is locked: so a block the guest has cached is
+pinned in the guest's group from its ``mlock`` until the daemon samples it
+(after ``Holder.apply``) and drops or releases it (the next round of
+``Recharger.act``, or its cede step). Such blocks are the ones held for
+the first time and the ones the guest read again between a recharge's
+drop and reload. Measured (kernel 6.18, cgroup v1, a 64 MiB zone cached
+by a guest limited to 256 MiB, cap 25.6 MiB): the group's unevictable rose
+to 64 MiB for about 20 ms in the first cycle, then stayed at 25 MiB; a
+probe reading ``memory.stat`` every 0.5 s catches such a window now and
+then (issue 31, weak 9: 29 MiB). The bound, per group ``G``:
+
+* Bytes: the cap, plus what one ``apply`` newly locks of the pages ``G``
+  has cached. Not ``load_rate x interval``: cached pages are neither read
+  nor paced (``holder``), so a first cycle may pin all of a guest's cached
+  hot zone, up to ``max_hold``, for the window below.
+* Time: from the lock to the end of that ``apply`` (its paced reads from
+  disk after the block: bytes read / ``load_rate``, at most ``max_hold /
+  load_rate`` at a cold start), one sample pass (``charge_tracker``:
+  22-25 ms per GiB) and the drop. Never past the cycle: at the end of an
+  ``act`` that loaded anything, every group is within its cap in the
+  samples' estimate, since the cede step (``to_recharge`` unpaced) takes
+  whole blocks until it is. When nothing could be loaded (the floor), the
+  drop still released what ``to_recharge`` chose: the excess shrinks by
+  ``per_cycle`` a cycle over all groups, all of it for a group at its limit.
+* Precision: the estimate counts one page in ``STEP_PAGES`` (16) of each
+  block: what the guest cached in aligned 64 KiB units is counted exactly,
+  longer runs within 64 KiB at each end, scattered 4 KiB pages within the
+  binomial error of 16 samples a block.
+
+The figures the status shows (``last``) were read before the drop and the
+cede; ``recount`` counts them again after, so the status no longer shows a
+group over its cap for a cycle that brought it back within.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -116,6 +152,24 @@ def charges(block_ino: np.ndarray, block_bytes: np.ndarray, groups: dict[int, Gr
             continue
         held = int(block_bytes[block_ino == ino].sum())
         out.append(GroupCharge(g, held, cap(g, held, share), at_limit(g)))
+    return out
+
+
+def recount(last: list[GroupCharge], block_ino: np.ndarray, block_bytes: np.ndarray,
+            share: float) -> list[GroupCharge]:
+    """``last`` (``charges``) after held blocks were released: the held bytes counted again.
+
+    What each group pins of its own (``pinned - held``) is as it was read;
+    only what the daemon holds there moved, so no group is read again (a
+    ``memory.stat`` read right after an ``munlock`` may not show it yet).
+    Groups the daemon no longer holds anything of are left out, as in ``charges``.
+    """
+    out = []
+    for c in last:
+        held = int(block_bytes[block_ino == c.group.ino].sum())
+        if held:
+            g = replace(c.group, pinned=max(0, c.group.pinned - c.held + held))
+            out.append(GroupCharge(g, held, cap(g, held, share), at_limit(g)))
     return out
 
 

@@ -65,6 +65,7 @@ class Recharger:
         """Apply ``plan``; ``config`` gives the recharge's pace and the groups' share."""
         n = held_before.size
         result: ApplyResult | None = None
+        recharge: list[Run] = []
         holes: list[Run] = []
         before = held_before
         held = held_before
@@ -87,6 +88,8 @@ class Recharger:
         if result.loaded_bytes and holding:
             ceded, cede_bytes, held = self._cede(plan, held, now, config.foreign_share)
             released += cede_bytes
+        elif recharge:                   # dropped after the last figures, nothing reloaded
+            self.charges.recount(config.foreign_share)
         return Acted(result, held, holes, ceded, released)
 
     def _recharge(self, plan: Plan, config) -> list[Run]:
@@ -122,6 +125,7 @@ class Recharger:
                  CEDE_SECONDS)
         held = held & ~runs_to_mask(runs, held.size)
         self.charges.update(self.holder, held, held, now)
+        self.charges.recount(share)      # the status shows what is held now, not before
         return runs, released, held
 
     def _note_lock_refusal(self, message: str | None) -> None:

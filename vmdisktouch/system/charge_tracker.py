@@ -142,6 +142,10 @@ class ChargeTracker:
             self.recharged += sum(int(self.bytes[a:b].sum()) for a, b in runs)
         return runs
 
+    def recount(self, share: float) -> None:
+        """``last`` after releases since it was read (``charges.recount``: no group read)."""
+        self.last = charges.recount(self.last, self.ino, self.bytes, share)
+
     def status(self) -> dict:
         """For the status JSON: held bytes per foreign group, their caps, what was recharged."""
         return {
