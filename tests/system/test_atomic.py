@@ -157,3 +157,49 @@ def test_a_hard_link_target_is_replaced_by_rename_and_the_other_file_kept(tmp_pa
     os.link(other, tmp_path / "s.json")
     atomic.write_bytes(str(tmp_path / "s.json"), b"{}")
     assert other.read_text() == "keep" and (tmp_path / "s.json").read_bytes() == b"{}"
+
+
+# -- issue 31: a directory swapped for a symlink, or one others can write ----------------------
+
+def test_a_directory_swapped_for_a_symlink_is_never_written_through(tmp_path):
+    out, target = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    target.mkdir()
+    atomic.write_bytes(str(out / "s.json"), b"{}")
+    out.rename(tmp_path / "out.real")
+    out.symlink_to(target)
+    with pytest.raises(OSError, match="is a symbolic link"):
+        atomic.write_bytes(str(out / "s.json"), b"{}")
+    assert list(target.iterdir()) == []
+
+
+def test_a_symlink_above_it_is_followed_only_when_no_one_else_could_change_it(tmp_path):
+    (tmp_path / "real" / "out").mkdir(parents=True)
+    os.symlink(tmp_path / "real", tmp_path / "mine")                  # root's, in root's dir
+    atomic.write_bytes(str(tmp_path / "mine" / "out" / "a.json"), b"{}")
+    assert (tmp_path / "real" / "out" / "a.json").read_bytes() == b"{}"
+    os.symlink(tmp_path / "real", tmp_path / "theirs")
+    os.lchown(tmp_path / "theirs", 65534, 65534)                      # another user's link
+    with pytest.raises(OSError, match="another user could change"):
+        atomic.write_bytes(str(tmp_path / "theirs" / "out" / "b.json"), b"{}")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)                                           # anyone may swap it
+    os.symlink(tmp_path / "real", shared / "link")
+    with pytest.raises(OSError, match="another user could change"):
+        atomic.write_bytes(str(shared / "link" / "out" / "c.json"), b"{}")
+    assert sorted(p.name for p in (tmp_path / "real" / "out").iterdir()) == ["a.json"]
+
+
+def test_private_directories_are_closed_to_other_users(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)                                          # sticky: not enough
+    atomic.write_bytes(str(shared / "map.png"), b"x")                 # a PNG may go there
+    with pytest.raises(OSError, match="can be written by other users"):
+        atomic.write_bytes(str(shared / "s.json"), b"{}", private=True)
+    (shared / "mine").mkdir(mode=0o755)                               # below a sticky one: fine
+    atomic.write_bytes(str(shared / "mine" / "s.json"), b"{}", private=True)
+    os.chown(shared / "mine", 65534, 65534)
+    with pytest.raises(OSError, match="owned by uid 65534"):
+        atomic.write_bytes(str(shared / "mine" / "s.json"), b"{}", private=True)

@@ -112,3 +112,62 @@ def test_the_directory_follows_the_user_and_the_environment(monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
     assert image_lock.lock_dir() == "/run/user/1000/vmdisktouch/locks"
 
+
+
+# -- issue 31: what a local user or a stray file can plant -----------------------------------
+
+def lock_path(directory, image) -> str:
+    return os.path.join(str(directory), image_lock.lock_name(os.stat(image)))
+
+
+@pytest.mark.parametrize("plant,why", [
+    (os.mkfifo, "it is a FIFO, not a regular file"),
+    (lambda p: os.symlink("/etc/passwd", p), "it is a symbolic link"),
+    (lambda p: os.link(p + ".victim", p), "it has 2 hard links"),
+])
+def test_a_planted_lock_file_is_refused_not_truncated(tmp_path, locks, plant, why):
+    path = make_image(tmp_path / "disk.img", MiB)
+    os.makedirs(locks, mode=0o700)
+    lock = lock_path(locks, path)
+    with open(lock + ".victim", "w") as f:
+        f.write("keep")
+    plant(lock)
+    with open_image(str(path)) as img, pytest.raises(image_lock.ConfigError, match=why) as err:
+        image_lock.acquire(img, locks)
+    assert err.value.exit_code == 78 and "\n" not in str(err.value)
+    assert open(lock + ".victim").read() == "keep"
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda d: (os.mkdir(d), os.chmod(d, 0o777)), "can be written by other users"),
+    (lambda d: (os.mkdir(d), os.chown(d, 65534, 65534)), "owned by uid 65534"),
+    (lambda d: (os.mkdir(d + ".real"), os.symlink(d + ".real", d)), "is a symbolic link"),
+])
+def test_a_lock_directory_others_control_is_refused(tmp_path, locks, make, why):
+    path = make_image(tmp_path / "disk.img", MiB)
+    make(locks)
+    with open_image(str(path)) as img, pytest.raises(image_lock.ConfigError, match=why):
+        image_lock.acquire(img, locks)
+
+
+def test_lock_files_are_private_and_the_holder_is_shown_printable(tmp_path, locks):
+    path = make_image(tmp_path / "disk.img", MiB)
+    os.makedirs(locks, mode=0o700)
+    lock = lock_path(locks, path)
+    with open(lock, "w") as f:
+        f.write("\x1b[2J\x1b]0;title\x07pid 7 /x" + "\u202e" * 3 + "y" * 5000)
+    os.chmod(lock, 0o644)
+    with open(lock) as held:
+        fcntl_flock(held)
+        with open_image(str(path)) as img, pytest.raises(image_lock.ImageBusyError) as err:
+            image_lock.acquire(img, locks)
+    msg = str(err.value)
+    assert msg.isprintable() and "?[2J?]0;title?pid 7 /x???yyy" in msg
+    assert msg.count("y") < image_lock.HOLDER_CHARS + 10
+    with open_image(str(path)) as img, image_lock.acquire(img, locks):
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+
+
+def fcntl_flock(f) -> None:
+    import fcntl
+    fcntl.flock(f, fcntl.LOCK_EX)

@@ -30,3 +30,20 @@ def test_a_file_that_only_starts_with_a_brace_is_refused(tmp_path):
     for p in (image, config, array):
         got = problem(p)
         assert got and "is not a file vmdisktouch writes" in got, (p, got)
+
+
+def test_the_status_directory_must_be_closed_to_other_users(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    got = outputs.path_problem(str(shared / "s.json"), "status", [])
+    assert got and "not closed to other users" in got and "0777" in got
+    assert outputs.path_problem(str(shared / "map.png"), "map_png", []) is None
+
+
+def test_an_output_directory_that_is_a_symlink_is_refused(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    for key, name in (("status", "s.json"), ("map_png", "map.png")):
+        got = outputs.path_problem(str(tmp_path / "link" / name), key, [])
+        assert got and "is a symbolic link" in got, got

@@ -82,8 +82,115 @@ def test_another_version_size_block_size_or_a_future_save_is_ignored(tmp_path, i
         warm_state.save(d, img, MiB, heat(1), heat(2), [], 1000.0)
     assert "block size" in ignored(caplog, d, image, block_size=2 * MiB)
     assert "future" in ignored(caplog, d, image, now=100.0)
-    monkeypatch.setattr(warm_state, "VERSION", 2)
+    monkeypatch.setattr(warm_state, "VERSION", warm_state.VERSION + 1)
     assert "version" in ignored(caplog, d, image)
     monkeypatch.undo()
     os.truncate(image, 2 * N * MiB)
     assert "bytes" in ignored(caplog, d, image)
+
+
+# -- issue 31: what a local user or a stray file can plant -----------------------------------
+
+def plant(tmp_path, image, make):
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700, exist_ok=True)
+    with open_image(image) as img:
+        make(warm_state.state_path(str(d), img))
+    return str(d)
+
+
+@pytest.mark.parametrize("make,why", [
+    (os.mkfifo, "it is a FIFO, not a regular file"),
+    (lambda p: os.symlink("/dev/zero", p), "it is a symbolic link"),
+    (lambda p: os.truncate(open(p, "wb").name, 1 << 30), "bytes, more than the"),
+])
+def test_a_planted_state_is_ignored_without_blocking_or_reading_it(tmp_path, image, caplog,
+                                                                   make, why):
+    assert why in ignored(caplog, plant(tmp_path, image, make), image)
+
+
+def repacked(path, compression, **members):
+    """The state at ``path`` with ``members`` replaced (raw .npy bytes), packed anew."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        old = {i.filename: z.read(i) for i in z.infolist()}
+    old.update({f"{k}.npy": v for k, v in members.items()})
+    with zipfile.ZipFile(path, "w", compression) as z:
+        for name, data in old.items():
+            z.writestr(name, data)
+
+
+def npy(array) -> bytes:
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array)
+    return buf.getvalue()
+
+
+def test_what_is_unpacked_is_bounded_by_the_image(tmp_path, image, caplog):
+    import io
+    import zipfile
+    d = str(tmp_path / "state")
+    with open_image(image) as img:
+        path = warm_state.save(d, img, MiB, heat(1), heat(2), [], 1000.0)
+    limit = warm_state.limits(N)["heat_resident"]
+    repacked(path, zipfile.ZIP_DEFLATED, heat_resident=npy(np.zeros(limit, np.float32)))
+    assert os.path.getsize(path) < warm_state.file_limit(N)        # small: the bomb's part
+    assert f"its heat_resident unpacks to {limit * 4 + 128} bytes" in ignored(caplog, d, image)
+    with open_image(image) as img:
+        path = warm_state.save(d, img, MiB, heat(1), heat(2), [], 1000.0)
+    repacked(path, zipfile.ZIP_BZIP2)                               # unbounded by read(n)
+    assert "packed in a way vmdisktouch never writes" in ignored(caplog, d, image)
+    with open_image(image) as img:
+        path = warm_state.save(d, img, MiB, heat(1), heat(2), [], 1000.0)
+    liar = io.BytesIO()                                             # the header lies
+    np.lib.format.write_array_header_1_0(liar, {"descr": "<f4", "fortran_order": False,
+                                                "shape": (10 ** 10,)})
+    repacked(path, zipfile.ZIP_DEFLATED, heat_resident=liar.getvalue() + bytes(4 * N))
+    assert "not the array its header says" in ignored(caplog, d, image)
+
+
+def test_a_reused_inode_number_is_another_image(tmp_path, image, caplog):
+    d = str(tmp_path / "state")
+    with open_image(image) as img:
+        ident = warm_state.identity(img)
+        assert "generation" in ident                # ext4 under the tests
+        path = warm_state.save(d, img, MiB, heat(1), heat(2), [], 1000.0)
+    import json
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        meta = json.loads(bytes(np.lib.format.read_array(z.open("meta.npy"))).decode())
+    meta["identity"]["generation"] += 1             # the inode's former file
+    repacked(path, zipfile.ZIP_DEFLATED,
+             meta=npy(np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)))
+    assert "another image" in ignored(caplog, d, image)
+
+
+def test_without_a_generation_the_first_4k_tell_images_apart(caplog):
+    import tempfile
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:       # tmpfs: no generation
+        os.chmod(shm, 0o700)
+        image = make_image(os.path.join(shm, "disk.img"), N * MiB, sparse=False)
+        d = os.path.join(shm, "state")
+        with open_image(image) as img:
+            assert "generation" not in warm_state.identity(img)
+            warm_state.save(d, img, MiB, heat(1), heat(2), [], 1000.0)
+            assert warm_state.load(d, img, MiB, 1010.0) is not None
+        with open(image, "r+b") as f:
+            f.write(os.urandom(4096))                                # another image's head
+        assert "another image" in ignored(caplog, d, image)
+
+
+def test_a_state_directory_others_can_write_is_refused(tmp_path):
+    from vmdisktouch.errors import ConfigError
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    (tmp_path / "real").mkdir()
+    for d, why in ((shared, "can be written by other users"), (tmp_path / "link",
+                                                               "is a symbolic link")):
+        with pytest.raises(ConfigError, match=why):
+            warm_state.check_directory(str(d))
+    warm_state.check_directory(str(tmp_path / "new"))               # made, 0700
+    assert os.stat(tmp_path / "new").st_mode & 0o777 == 0o700

@@ -7,9 +7,15 @@ viewer watching the PNG sees the old picture or the new one, never half.
 The daemon runs as root and its output directory may be writable by
 others, so nothing here is done by a path an attacker could swap:
 
-* the directory is opened once (``O_DIRECTORY``) and every step works
-  relative to that descriptor, so a directory swapped for a symlink in the
-  middle changes nothing;
+* the directory is opened once per write (``files.open_dir``: walked from
+  ``/``, its last component never a symlink, a symlink above it followed
+  only when root's or the daemon's own and where no one else can change
+  it; ``private``: it and every directory above it root's or the daemon's
+  user's, none writable by others) and every step works relative to that
+  descriptor, so a directory swapped for a symlink, before the write or in
+  the middle of it, is never written through (a status directory swapped
+  for a symlink after start had the status and map files written into the
+  link's target);
 * the temporary file is created ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never
   an existing file, never through a symlink), mode 0600, and its final mode
   is set on the open descriptor (``fchmod``): a temp file swapped for a
@@ -34,6 +40,7 @@ import stat
 from typing import Callable
 
 from vmdisktouch.errors import file_kind
+from vmdisktouch.system import files
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -50,14 +57,17 @@ def target_problem(st: os.stat_result) -> str | None:
 
 
 def write_bytes(path: str, data: bytes, mode: int = 0o644, *,
-                check: Callable[[os.stat_result], str | None] | None = None) -> tuple[int, int]:
+                check: Callable[[os.stat_result], str | None] | None = None,
+                private: bool = False) -> tuple[int, int]:
     """Replace ``path`` with ``data`` atomically; returns the new file's (st_dev, st_ino).
 
     ``check``: called with the ``lstat`` of an existing target (a regular
     file); a string it returns refuses the write with that reason.
+    ``private``: the directory must be closed to other users (``files.open_dir``).
+    ``files.UnsafePath`` (an ``OSError``) when the directory is refused.
     """
     directory, name = os.path.split(os.path.abspath(path))
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dfd = files.open_dir(directory, private=private)
     try:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)

@@ -24,9 +24,18 @@ So an output path is checked at start and on every reload
 * its directory does not exist, is not a directory, or a file cannot be
   created there (read-only or pseudo file system, no permission): a probe
   file is created and removed, so the error comes at start, before
-  anything is held.
+  anything is held;
+* its directory is a symlink, or is reached through one another user could
+  change (``files.open_dir``), or, for the status file (what ``vmdisktouch
+  status`` and the operator read), is not closed to other users: it and
+  every directory above it must be root's or the daemon's user's, none
+  writable by group or others (an ancestor may be sticky, as ``/tmp``).
+  The PNGs and the metrics file may go to a shared directory (a tmpfs,
+  node_exporter's): they are never written through a link there either.
 
-At run time (``Outputs.write``) each write checks the target again, in the
+At run time (``Outputs.write``) each write walks to the directory again
+(a directory swapped for a symlink after start is refused, never followed)
+and checks the target again, in the
 writer's own ``lstat``, when it is not the file the daemon wrote last
 (someone swapped it), and a failure of any kind (ENOSPC, EROFS, the directory removed, a
 refused target) is logged once per streak of failures of that output, with
@@ -45,6 +54,7 @@ from dataclasses import dataclass
 
 from vmdisktouch.adapters import atomic
 from vmdisktouch.errors import ConfigError
+from vmdisktouch.system import files
 
 log = logging.getLogger("vmdisktouch")
 
@@ -120,7 +130,7 @@ def path_problem(path: str, key: str, protected: list[Protected], *,
         if head and key == "status" and not _is_status_file(path, lst.st_size):
             return ("it exists and is not a file vmdisktouch writes (not a JSON object with "
                     "a status's fields); remove it or choose another path")
-    return _directory_problem(path) if probe_dir else None
+    return _directory_problem(path, key) if probe_dir else None
 
 
 STATUS_FIELDS = ("cycle", "version", "host")   # one of them in every status file written
@@ -150,14 +160,16 @@ def _head(path: str, n: int) -> bytes | None:
         os.close(fd)
 
 
-def _directory_problem(path: str) -> str | None:
+def _directory_problem(path: str, key: str = "") -> str | None:
     directory = os.path.dirname(os.path.abspath(path))
     try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dfd = files.open_dir(directory)
     except FileNotFoundError:
         return f"its directory {directory} does not exist"
     except NotADirectoryError:
         return f"{directory} is not a directory"
+    except files.UnsafePath as exc:
+        return f"{exc.strerror}: an output is never written through a link"
     except OSError as exc:
         return f"its directory {directory} cannot be opened: {exc.strerror or exc}"
     probe = f".vmdisktouch-probe.{secrets.token_hex(6)}"
@@ -170,6 +182,18 @@ def _directory_problem(path: str) -> str | None:
         return f"cannot create a file in {directory}: {exc.strerror or exc}"
     finally:
         os.close(dfd)
+    return _private_problem(directory) if key in PRIVATE_KEYS else None
+
+
+PRIVATE_KEYS = ("status",)          # written in a directory closed to other users
+
+
+def _private_problem(directory: str) -> str | None:
+    try:
+        os.close(files.open_dir(directory, private=True))
+    except OSError as exc:
+        return (f"its directory is not closed to other users: {exc.strerror or exc} "
+                "(another user could swap the file or plant one)")
     return None
 
 
@@ -204,7 +228,8 @@ class Outputs:
         """Replace ``path`` with ``data``; False (logged, counted) when it failed."""
         try:
             self._written[key] = atomic.write_bytes(
-                path, data, check=lambda st: self._problem(key, path, st))
+                path, data, check=lambda st: self._problem(key, path, st),
+                private=key in PRIVATE_KEYS)
         except OSError as exc:
             self.errors += 1
             n = self._streak.get(key, 0) + 1

@@ -24,10 +24,38 @@ or device number for a block device: a replaced image is never restored),
 of another size or block size, or from the future, is ignored with one
 line saying why. Nothing here ever stops the daemon: warm state is an
 optimisation.
+
+What a local user or a stray file can plant there (issue 31). The state
+directory must be closed to other users (``files.open_dir(private=True)``:
+root's or the daemon's user's, as every directory above it, none writable
+by group or others, never reached through a symlink it ends in); one that
+is not refuses the start (exit 78, as an output path would: a setup
+error), and is made 0700 when missing. A state file is opened
+``O_NONBLOCK | O_NOFOLLOW`` relative to that directory and must be a
+regular file (``fstat``): a FIFO hung the start in ``open`` for good, deaf
+to SIGTERM, and a symlink to ``/dev/zero`` or ``/etc/shadow`` was read. What
+is read and what is unpacked are bounded by what this image's state can
+be: ``limits(n)`` for ``n`` blocks (each heat map 4 bytes a block, the held
+runs at most one per two blocks, the meta 64 KiB), checked against the
+file's size, each member's unpacked size in the zip's directory and the
+bytes actually unpacked (read ``limit + 1`` at most), and each ``.npy``
+header's shape against its bytes, so no array is allocated before its data
+is there (a 1 GiB sparse file cost 1.09 GB of memory, a 1.9 MB zip bomb
+1.98 GB and 9.4 s). Such a file is ignored with one line.
+
+The identity is the device and inode (a block device: its device number)
+and, since an inode number is reused (``rm img; cp other img`` got the same
+one back on ext4 and restored the other image's heat), the inode's
+generation (``FS_IOC_GETVERSION``: ext4, XFS, btrfs give a new one to a new
+file), or where the file system has none (tmpfs, NFS, a block device) a
+fingerprint of the image's first 4 KiB: a guest that rewrote them between
+the save and the start starts cold, which costs a warm-up, never wrong heat.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import io
 import json
 import logging
@@ -40,11 +68,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.adapters import atomic
+from vmdisktouch.errors import ConfigError, VmdtError, file_kind
 from vmdisktouch.sizes import format_size
+from vmdisktouch.system import files
 
 log = logging.getLogger("vmdisktouch")
 
-VERSION = 1
+VERSION = 2                      # 2: the identity has the generation or the fingerprint
+META_BYTES = 64 << 10            # the meta's JSON is far smaller
+SLACK = 64 << 10                 # the zip's and the .npy headers
+FINGERPRINT_BYTES = 4096
+PACKED = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)   # bzip2 and lzma unpack unbounded
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class Refused(ValueError):
+    """A state file that is not one this daemon could have written for this image."""
 
 
 @dataclass(frozen=True)
@@ -58,24 +97,63 @@ class Saved:
 def identity(image) -> dict:
     st = os.fstat(image.fd)
     if stat.S_ISBLK(st.st_mode):
-        return {"kind": "block", "rdev": [os.major(st.st_rdev), os.minor(st.st_rdev)]}
-    return {"kind": "file", "dev": [os.major(st.st_dev), os.minor(st.st_dev)],
-            "ino": st.st_ino}
+        ident = {"kind": "block", "rdev": [os.major(st.st_rdev), os.minor(st.st_rdev)]}
+    else:
+        ident = {"kind": "file", "dev": [os.major(st.st_dev), os.minor(st.st_dev)],
+                 "ino": st.st_ino}
+        generation = files.inode_generation(image.fd)
+        if generation is not None:
+            ident["generation"] = generation
+            return ident
+    ident["fingerprint"] = _fingerprint(image)
+    return ident
+
+
+def _fingerprint(image) -> str | None:
+    try:
+        head = files.pread(image.fd, FINGERPRINT_BYTES, 0)
+    except VmdtError:
+        return None
+    return hashlib.blake2b(head, digest_size=8).hexdigest()
+
+
+def state_name(image) -> str:
+    st = os.fstat(image.fd)
+    if stat.S_ISBLK(st.st_mode):
+        return f"blk-{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}.state.npz"
+    return f"file-{os.major(st.st_dev)}:{os.minor(st.st_dev)}-{st.st_ino}.state.npz"
 
 
 def state_path(directory: str, image) -> str:
-    ident = identity(image)
-    if ident["kind"] == "block":
-        name = "blk-{}:{}.state.npz".format(*ident["rdev"])
-    else:
-        name = "file-{}:{}-{}.state.npz".format(*ident["dev"], ident["ino"])
-    return os.path.join(directory, name)
+    return os.path.join(directory, state_name(image))
+
+
+def check_directory(directory: str) -> None:
+    """Refuse (``ConfigError``) a state directory others could plant files in; make it
+    (0700) when it is missing."""
+    try:
+        os.close(files.open_dir(directory, private=True, create=0o700))
+    except OSError as exc:
+        raise ConfigError(f"refusing --state-dir {directory}: "
+                          f"{exc.strerror or exc}") from None
+
+
+def limits(n: int) -> dict[str, int]:
+    """The most bytes each member of the state of an image of ``n`` blocks unpacks to."""
+    return {"meta": META_BYTES, "heat_resident": 4 * n + SLACK,
+            "heat_rewritten": 4 * n + SLACK, "held": 16 * (n // 2 + 1) + SLACK}
+
+
+def file_limit(n: int) -> int:
+    """The largest state file of an image of ``n`` blocks (deflate never grows much)."""
+    total = sum(limits(n).values())
+    return total + total // 64 + SLACK
 
 
 def save(directory: str, image, block_size: int, heat_resident: np.ndarray,
          heat_rewritten: np.ndarray, held: list[tuple[int, int]], now_wall: float) -> str:
     """Write the state of ``image`` (atomically); returns the path. OSError on failure."""
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    os.close(files.open_dir(directory, private=True, create=0o700))
     meta = {"version": VERSION, "identity": identity(image), "path": image.path,
             "size": int(image.size), "block_size": int(block_size), "saved_at": now_wall}
     buf = io.BytesIO()
@@ -84,7 +162,7 @@ def save(directory: str, image, block_size: int, heat_resident: np.ndarray,
                         heat_rewritten=np.asarray(heat_rewritten, dtype=np.float32),
                         held=np.asarray(held, dtype=np.int64).reshape(-1, 2))
     path = state_path(directory, image)
-    atomic.write_bytes(path, buf.getvalue(), 0o600)
+    atomic.write_bytes(path, buf.getvalue(), 0o600, private=True)
     return path
 
 
@@ -92,44 +170,125 @@ def load(directory: str, image, block_size: int, now_wall: float) -> Saved | Non
     """The saved state of ``image``, or None (one log line saying why)."""
     path = state_path(directory, image)
     try:
-        saved, why = _read(path, image, block_size, now_wall)
+        saved, why = _read(directory, image, block_size, now_wall)
     except FileNotFoundError:
         log.info("%s: no saved state in %s: a cold start", image.path, directory)
         return None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
-        saved, why = None, f"unreadable ({exc.__class__.__name__}: {exc})"
+    except Refused as exc:
+        saved, why = None, str(exc)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, zipfile.BadZipFile,
+            EOFError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        saved, why = None, f"unreadable ({exc.__class__.__name__}: {why})"
     if saved is None:
+        why = "".join(c if c.isprintable() else "?" for c in str(why))[:600]
         log.warning("%s: ignoring the saved state %s: %s; a cold start", image.path, path, why)
     return saved
 
 
-def _read(path: str, image, block_size: int, now_wall: float):
-    with open(path, "rb") as f:
-        data = f.read(1 << 31)
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        meta = json.loads(bytes(z["meta"]).decode())
-        if meta.get("version") != VERSION:
-            return None, f"format version {meta.get('version')!r}, not {VERSION}"
-        if meta.get("identity") != identity(image):
-            return None, (f"it is of another image ({meta.get('path')}, "
-                          f"{meta.get('identity')}): replaced since")
-        if meta.get("size") != image.size:
-            return None, f"the image was {meta.get('size')} bytes, now {image.size}"
-        if meta.get("block_size") != block_size:
-            return None, f"block size {meta.get('block_size')}, now {block_size}"
-        saved_at = float(meta["saved_at"])
-        if not math.isfinite(saved_at) or saved_at > now_wall + 60:
-            return None, f"saved in the future ({saved_at:.0f})"
-        n = image.block_count(block_size)
-        hr = np.asarray(z["heat_resident"], dtype=np.float32)
-        hw = np.asarray(z["heat_rewritten"], dtype=np.float32)
-        held = np.asarray(z["held"], dtype=np.int64).reshape(-1, 2)
+def _read(directory: str, image, block_size: int, now_wall: float):
+    n = image.block_count(block_size)
+    z = _members(_read_file(directory, state_name(image), file_limit(n)), n)
+    meta = json.loads(bytes(z["meta"]).decode())
+    if not isinstance(meta, dict):
+        return None, "its meta is not a JSON object"
+    if meta.get("version") != VERSION:
+        return None, f"format version {_shown(meta.get('version'))}, not {VERSION}"
+    ident = identity(image)
+    if meta.get("identity") != ident:
+        return None, (f"it is of another image ({_shown(meta.get('path'))}, "
+                      f"{_shown(meta.get('identity'))}, not {ident}): replaced since")
+    if meta.get("size") != image.size:
+        return None, f"the image was {_shown(meta.get('size'))} bytes, now {image.size}"
+    if meta.get("block_size") != block_size:
+        return None, f"block size {_shown(meta.get('block_size'))}, now {block_size}"
+    saved_at = float(meta["saved_at"])
+    if not math.isfinite(saved_at) or saved_at > now_wall + 60:
+        return None, f"saved in the future ({saved_at:.0f})"
+    hr = np.asarray(z["heat_resident"], dtype=np.float32)
+    hw = np.asarray(z["heat_rewritten"], dtype=np.float32)
+    held = np.asarray(z["held"], dtype=np.int64).reshape(-1, 2)
     if hr.shape != (n,) or hw.shape != (n,):
         return None, f"its maps have {hr.size} blocks, not {n}"
     if not (np.isfinite(hr).all() and np.isfinite(hw).all()) or (hr < 0).any() or (hw < 0).any():
         return None, "its heat is not finite and non-negative"
     runs = [(int(a), int(b)) for a, b in held if 0 <= a < b <= n]
     return Saved(hr, hw, runs, saved_at), None
+
+
+def _shown(value, most: int = 200) -> str:
+    """A value read from the file, for a log line: escaped (``repr``) and bounded."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + "…"
+
+
+def _read_file(directory: str, name: str, limit: int) -> bytes:
+    """The file's bytes: a regular file, not reached through a link, at most ``limit``."""
+    dfd = files.open_dir(directory, private=True)
+    try:
+        fd = os.open(name, OPEN_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused("it is a symbolic link") from None
+        raise
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"it is {file_kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise Refused(f"it is {st.st_size} bytes, more than the {limit} the state of "
+                          "this image can be")
+        chunks, got = [], 0
+        while got <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    if got > limit:
+        raise Refused(f"it grew past the {limit} bytes the state of this image can be")
+    return b"".join(chunks)
+
+
+def _members(data: bytes, n: int) -> dict[str, np.ndarray]:
+    """The ``.npz``'s arrays, each unpacked only up to what this image's state needs."""
+    out = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        infos = {i.filename: i for i in z.infolist()}
+        for key, limit in limits(n).items():
+            info = infos.get(key + ".npy")
+            if info is None:
+                raise Refused(f"it has no {key}")
+            if info.compress_type not in PACKED or info.flag_bits & 0x1:   # 0x1: encrypted
+                raise Refused(f"its {key} is packed in a way vmdisktouch never writes")
+            if info.file_size > limit:
+                raise Refused(f"its {key} unpacks to {info.file_size} bytes, more than the "
+                              f"{limit} the state of this image can be")
+            with z.open(info) as f:
+                raw = f.read(limit + 1)
+            if len(raw) > limit:
+                raise Refused(f"its {key} unpacks to more than {limit} bytes")
+            out[key] = _npy(raw, key)
+    return out
+
+
+def _npy(raw: bytes, key: str) -> np.ndarray:
+    """One ``.npy``: the header's shape must match its bytes (nothing allocated first)."""
+    f = io.BytesIO(raw)
+    version = np.lib.format.read_magic(f)
+    header = {(1, 0): np.lib.format.read_array_header_1_0,
+              (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if header is None:
+        raise Refused(f"its {key} is .npy version {version}")
+    shape, fortran, dtype = header(f)
+    body = raw[f.tell():]
+    if dtype.kind not in "fiu" or math.prod(shape) * dtype.itemsize != len(body):
+        raise Refused(f"its {key} is not the array its header says")
+    return np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 
 
 class Keeper:

@@ -7,14 +7,29 @@ nowhere else (the adapters stat their own output files); the calls through
 ctypes are in ``libc``. A failure becomes a
 project exception (``errors.syscall_error``) here, once; advice is advice
 only, and its failure is ignored.
+
+``open_dir`` is the one way to a directory the daemon writes in (the lock,
+state and output directories): walked from ``/`` one component at a time,
+never through a symlink someone else could have planted or changed (a link
+is followed only when it is root's or the daemon's own, in a directory only
+they can change or a sticky one), the last component never a symlink, the
+checks made again at every write. ``private``: the directory is root's or
+the daemon's user's, every directory above it too, and none of them can be
+written by group or others (an ancestor may be sticky, as ``/tmp``): no
+other user can plant a file there, or swap one. ``UnsafePath`` says why not.
+``inode_generation`` is ``FS_IOC_GETVERSION``: what tells a reused inode
+number from the file that had it before.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import stat
+import struct
 
-from vmdisktouch.errors import SyscallError, syscall_error
+from vmdisktouch.errors import SyscallError, file_kind, syscall_error
 
 WILLNEED_BYTES = 128 << 10   # one POSIX_FADV_WILLNEED: never above the kernel's cap on it
 
@@ -122,3 +137,110 @@ def reopen_random(fd: int) -> int:
         raise _raise("open", exc, path) from None
     advise(new, 0, 0, os.POSIX_FADV_RANDOM)
     return new
+
+
+# -- directories the daemon writes in ---------------------------------------------------
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_SYMLINKS = 40                  # as the kernel's path walk
+FS_IOC_GETVERSION = 0x80087601     # _IOR('v', 1, long)
+
+
+class UnsafePath(OSError):
+    """A directory others could swap or write into (``strerror``: why, in words)."""
+
+
+def _trusted(st: os.stat_result) -> bool:
+    return st.st_uid in (0, os.geteuid())
+
+
+def _closed(st: os.stat_result) -> bool:
+    """Only its owner can add, remove or rename entries (or, sticky, only theirs)."""
+    return not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or bool(st.st_mode & stat.S_ISVTX)
+
+
+def _private_problem(st: os.stat_result, shown: str, last: bool) -> str | None:
+    if not _trusted(st):
+        return f"{shown} is owned by uid {st.st_uid}, not root or this daemon's user"
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and (last or not st.st_mode & stat.S_ISVTX):
+        return (f"{shown} can be written by other users (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}): make it 0755 or 0700")
+    return None
+
+
+def open_dir(path: str, *, private: bool = False, create: int | None = None) -> int:
+    """A descriptor (``O_DIRECTORY``) of the directory ``path``, walked as the docstring
+    says; ``create``: the mode of the last component when it is missing (the ones above
+    it: 0755). Raises ``UnsafePath``, ``NotADirectoryError``, ``FileNotFoundError`` or the
+    ``OSError`` of a step."""
+    parts = [p for p in reversed(os.path.abspath(path).split("/")) if p]
+    fds = [os.open("/", DIR_FLAGS)]
+    shown, links = "/", 0
+    try:
+        if private and (problem := _private_problem(os.fstat(fds[0]), "/", not parts)):
+            raise UnsafePath(errno.EPERM, problem)
+        while parts:
+            name = parts.pop()
+            if name == ".":
+                continue
+            if name == "..":
+                if len(fds) > 1:
+                    os.close(fds.pop())
+                shown = os.path.dirname(shown)
+                continue
+            parent, last = fds[-1], not parts
+            st = _lstat_or_make(name, parent, create if last else 0o755,
+                                create is not None)
+            here = os.path.join(shown, name)
+            if stat.S_ISLNK(st.st_mode):
+                if last:
+                    raise UnsafePath(errno.ELOOP, f"{here} is a symbolic link")
+                if not (_trusted(st) and _trusted(os.fstat(parent))
+                        and _closed(os.fstat(parent))):
+                    raise UnsafePath(errno.EPERM, f"{here} is a symbolic link another user "
+                                                  f"could change (uid {st.st_uid})")
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, f"{path}: too many symbolic links")
+                target = os.readlink(name, dir_fd=parent)
+                parts.extend(p for p in reversed(target.split("/")) if p)
+                if target.startswith("/"):
+                    while len(fds) > 1:
+                        os.close(fds.pop())
+                    shown = "/"
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, f"{here} is {file_kind(st.st_mode)}, "
+                                                        "not a directory")
+            fds.append(os.open(name, DIR_FLAGS, dir_fd=parent))
+            shown = here
+            if private and (problem := _private_problem(os.fstat(fds[-1]), here, last)):
+                raise UnsafePath(errno.EPERM, problem)
+        return fds.pop()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _lstat_or_make(name: str, parent: int, mode: int, create: bool) -> os.stat_result:
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        if not create:
+            raise
+    try:
+        os.mkdir(name, mode, dir_fd=parent)
+    except FileExistsError:
+        pass                                   # made by another process meanwhile
+    return os.stat(name, dir_fd=parent, follow_symlinks=False)
+
+
+def inode_generation(fd: int) -> int | None:
+    """The inode's generation number (ext4, XFS, btrfs...), None where the file system
+    has none: a new file that got a freed inode's number has another generation."""
+    try:
+        raw = fcntl.ioctl(fd, FS_IOC_GETVERSION, bytes(8))
+    except OSError:
+        return None
+    return struct.unpack("=I", raw[:4])[0]

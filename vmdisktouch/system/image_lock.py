@@ -17,6 +17,20 @@ root in ``$XDG_RUNTIME_DIR/vmdisktouch/locks`` (that user's daemons only:
 root's and a user's cannot hold the same image's pages against each other
 beyond the user's own mlock limit); ``VMDISKTOUCH_LOCK_DIR`` overrides both.
 A file image and a loop device over it are different images here.
+
+What a local user or a stray file can plant is refused in one line (exit
+78), never followed, never truncated, never a hang (issue 31): the lock
+directory must be root's or the daemon's user's, as every directory above
+it, none of them writable by group or others (``files.open_dir(private=True)``:
+a 0777 directory let any user pre-lock an image, and name a fake holder),
+and is never reached through a symlink it ends in; a lock file that is not
+a regular file (a FIFO made ``ftruncate`` fail: exit 70), that has other
+hard links (it was truncated and overwritten: someone else's file), or that
+is another user's is refused, not recreated (deleting a file two starting
+daemons both saw would let each lock an inode of its own; only root can
+put one there, so it is a setup error). Lock files are created 0600 (a
+file others can open, others can ``flock``), and the holder's text is shown
+printable and bounded (escape sequences reached the terminal raw).
 """
 
 from __future__ import annotations
@@ -25,7 +39,8 @@ import fcntl
 import os
 import stat
 
-from vmdisktouch.errors import ConfigError
+from vmdisktouch.errors import ConfigError, file_kind
+from vmdisktouch.system import files
 
 LOCK_DIR = "/run/vmdisktouch/locks"
 ENV = "VMDISKTOUCH_LOCK_DIR"
@@ -73,13 +88,19 @@ class ImageLock:
 def acquire(image, directory: str | None = None) -> ImageLock:
     """Lock ``image`` (an open ``Image``) for this process, or raise ImageBusyError."""
     directory = directory or lock_dir()
+    name = lock_name(os.fstat(image.fd))
+    path = os.path.join(directory, name)
     try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        path = os.path.join(directory, lock_name(os.fstat(image.fd)))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        dfd = files.open_dir(directory, private=True, create=0o700)
+    except files.UnsafePath as exc:
+        raise ConfigError(f"refusing the lock directory {directory}: {exc.strerror}") from None
     except OSError as exc:
         raise ConfigError(f"cannot make the lock of {image.path} in {directory}: "
                           f"{exc.strerror} (set {ENV} to a writable directory)") from None
+    try:
+        fd = _open_lock(name, dfd, path)
+    finally:
+        os.close(dfd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -92,14 +113,66 @@ def acquire(image, directory: str | None = None) -> ImageLock:
     except OSError as exc:
         os.close(fd)
         raise ConfigError(f"cannot lock {path}: {exc.strerror}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} {image.path}\n".encode(errors="surrogateescape"), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} {image.path}\n".encode(errors="surrogateescape"), 0)
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigError(f"cannot write the lock file {path}: {exc.strerror}") from None
     return ImageLock(fd, path)
 
 
+LOCK_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+
+
+def _open_lock(name: str, dfd: int, path: str) -> int:
+    """The lock file, made or reused: a regular file of one link, root's or this user's."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    try:
+        if st is not None and (problem := _lock_file_problem(st)):
+            raise ConfigError(f"refusing the lock file {path}: {problem}; remove it")
+        fd = os.open(name, LOCK_FLAGS | (os.O_CREAT if st is None else 0), 0o600, dir_fd=dfd)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the lock file {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    problem = _lock_file_problem(st)                 # swapped after the check
+    try:
+        if problem:
+            raise ConfigError(f"refusing the lock file {path}: {problem}; remove it")
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)                     # made 0644 by an older version
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigError(f"cannot make the lock file {path} private: {exc.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock_file_problem(st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return f"it is {file_kind(st.st_mode)}, not a regular file"
+    if st.st_nlink > 1:
+        return f"it has {st.st_nlink} hard links: another file's, not a lock vmdisktouch made"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"it is owned by uid {st.st_uid}"
+    return None
+
+
+HOLDER_CHARS = 160      # of the holder's text shown
+
+
 def _holder(fd: int) -> str:
+    """The holder's ``pid N PATH``, printable and bounded: it is shown on a terminal."""
     try:
         text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
     except OSError:
         text = ""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    if len(text) > HOLDER_CHARS:
+        text = text[:HOLDER_CHARS] + "…"
     return text or "pid unknown"
