@@ -369,3 +369,62 @@ def test_a_read_only_tracefs_is_refused_in_one_line(scratch, reader, read_only_t
     finally:
         os.close(fd)
     assert str(info.value) == f"tracefs at {read_only_tracefs} is mounted read-only"
+
+
+# -- #31: the instance changed from outside, and instances left behind ------------------------
+
+def test_a_changed_switch_is_found_within_one_turn_and_every_one_set_back(scratch, reader,
+                                                                          tracefs_root):
+    fd = open_random(scratch())
+    try:
+        r = reader(fd)
+        inst = os.path.join(tracefs_root, "instances", r.name)
+        assert [r.check_instance() for _ in range(4)] == [{}] * 4      # as set up: nothing
+        ev = "filemap/mm_filemap_add_to_page_cache"
+        with open(f"{inst}/events/{ev}/filter", "w") as f:
+            f.write("0\n")
+        with open(f"{inst}/tracing_on", "w") as f:
+            f.write("0\n")
+        changed = r.check_instance()            # tracing_on is read every call
+        assert changed == {f"events/{ev}/filter": "none", "tracing_on": "0"}
+        assert read_text(f"{inst}/tracing_on").strip() == "1"
+        assert "i_ino == " in read_text(f"{inst}/events/{ev}/filter")
+        with open(f"{inst}/events/{ev}/enable", "w") as f:
+            f.write("0\n")
+        found = [r.check_instance() for _ in range(4)]   # one event a call, in turn
+        assert sum(1 for c in found if c) == 1, found
+        assert read_text(f"{inst}/events/{ev}/enable").strip() == "1"
+        r.drain()
+        r.probe()                                  # a read of its own comes back ...
+        assert r.drain().kind.size == 0 and r.probe_seen is True      # ... taken out
+        with open(f"{inst}/set_event_pid", "w") as f:
+            f.write("1\n")
+        r.probe()
+        r.drain()
+        assert r.probe_seen is False and r.check_instance(full=True) == {}
+    finally:
+        os.close(fd)
+
+
+def test_sweep_removes_only_the_instances_nobody_holds(scratch, reader, tracefs_root):
+    prefix = f"vdt_test_sweep_{os.getpid()}_"
+    inst = os.path.join(tracefs_root, "instances")
+    for name in ("orphan", "young", "held"):
+        os.mkdir(os.path.join(inst, prefix + name))
+    with open(os.path.join(inst, prefix + "orphan", "events", "filemap", "enable"), "w") as f:
+        f.write("1\n")                            # left recording
+    fd = open_random(scratch())
+    held = os.open(os.path.join(inst, prefix + "held", "tracing_on"), os.O_RDONLY)
+    try:
+        r = reader(fd, name=prefix + "reader")     # a live reader's: held from its mkdir on
+        now = os.stat(os.path.join(inst, prefix + "young")).st_ctime
+        assert tracefs.sweep(tracefs_root, prefix, now + tracefs.SWEEP_MIN_AGE - 0.5) == []
+        removed = tracefs.sweep(tracefs_root, prefix, time.time() + tracefs.SWEEP_MIN_AGE + 1)
+        assert removed == [prefix + "orphan", prefix + "young"]
+        left = sorted(n for n in os.listdir(inst) if n.startswith(prefix))
+        assert left == [prefix + "held", r.name]
+        r.drain()
+    finally:
+        os.close(held)
+        os.close(fd)
+        os.rmdir(os.path.join(inst, prefix + "held"))

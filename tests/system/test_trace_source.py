@@ -254,3 +254,43 @@ def test_loaded_bytes_say_how_much_came_from_disk(watcher):
     relocked = r.loaded_bytes - from_disk
     assert relocked >= 7 * MiB, (relocked, st["regions"])      # the warm zone
     assert from_disk >= 7 * MiB, (from_disk, st["regions"])    # the cold one
+
+
+def test_a_blind_instance_that_cannot_be_made_anew_falls_back_to_a_mincore_pass_a_cycle(
+        scratch, tmp_path, tracefs_root, caplog):                       # noqa: F811
+    """#31: events that stop with every switch as set (``set_event_pid``), and no new
+    instance: tracing is given up in one warning, the residency stands in for the reads."""
+    from vmdisktouch.system.trace_reader import TraceUnavailable
+    path = scratch(64 * MiB // PAGE)
+    cfg = settings.resolve({"max_hold": "16M", "interval": 5.0, "min_free": 0,
+                            "access_source": "trace"})
+    w = build(open_image(path), cfg, clock=Stepped(), memcg=None)
+    w.test_clock, w.test_path = w.clock, path
+    name = w.source.reader.name
+    inst = os.path.join(tracefs_root, "instances", name)
+    try:
+        tick(w)
+        with open(os.path.join(inst, "set_event_pid"), "w") as f:
+            f.write("1\n")
+
+        def refused():
+            raise TraceUnavailable("injected")
+        w.source.make_reader = refused
+        for _ in range(11):                          # up to the next scheduled pass
+            tick(w)
+        assert w.source.reader is not None
+        with caplog.at_level("INFO", logger="vmdisktouch"):
+            tick(w)
+        assert w.source.reader is None and not os.path.exists(inst)
+        gave_up = [r for r in caplog.records if "stands in for the reads" in r.getMessage()]
+        assert len(gave_up) == 1 and gave_up[0].levelname == "WARNING"
+        assert "injected" in gave_up[0].getMessage()
+        zone = zone_pages(20, 30, every=1)            # all cached: residency is the evidence
+        for _ in range(3):
+            guest_reads(w.test_path, zone)
+            r = tick(w)
+            assert w.source.last["reconciled"] is True
+        assert r.held_bytes >= 8 * MiB, r.regions
+    finally:
+        w.close()
+    assert not os.path.exists(inst)

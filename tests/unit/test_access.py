@@ -56,6 +56,24 @@ def test_writes_count_parts_like_the_checksums():
     assert a.write_pages.tolist() == [0, 1, part, 5 * PPB]
 
 
+@pytest.mark.parametrize("block_size, written, share", [
+    (4096, [0], [1.0]),                       # one page: every part of it
+    (8192, [1], [0.5]),                       # half the block's pages
+    (32768, [0, 1, 9], [4 / 16, 2 / 16]),     # 8 pages: a page is two sixteenths
+    (61440, [0, 14], [4 / 16]),               # 15 pages: parts of 3840 bytes, two a page
+    (61440, [7], [2 / 16]),                   # bytes 28672-32767: parts 7 and 8
+    (98304, [0, 23], [2 / 16]),               # 24 pages: 1.5 a part; first and last page
+])
+def test_a_block_not_a_multiple_of_16_pages_counts_the_parts_its_written_pages_overlap(
+        block_size, written, share):
+    """Any multiple of the page size is a block size (#31): the parts are the checksums'
+    (``ceil(block_size / 16)`` bytes), and a dirtied page counts in each it overlaps."""
+    log = AccessLog(block_size, PAGE)
+    feed(log, [(WRITE, i, p, p) for i, p in enumerate(written)])
+    a = log.take(64)
+    assert a.writes.values.tolist() == pytest.approx(share)
+
+
 def test_a_block_written_all_over_is_one():
     log = AccessLog(MiB, PAGE)
     feed(log, [(WRITE, i, i, i) for i in range(PPB)])
@@ -118,9 +136,11 @@ def test_lost_events_are_summed_per_cycle():
     assert log.take(4).lost == 0
 
 
-def test_block_size_must_hold_whole_parts():
-    with pytest.raises(ValueError):
-        AccessLog(4096, PAGE)
+def test_block_size_must_be_whole_pages():
+    AccessLog(4096, PAGE)                       # one page: any multiple of the page size (#31)
+    for bad in (2048, 6144):
+        with pytest.raises(ValueError, match="page size"):
+            AccessLog(bad, PAGE)
 
 
 def test_grouped_running_max_does_not_leak_between_groups():

@@ -25,8 +25,13 @@ starts the next:
   about a fifth, so the operator's threshold keeps its meaning.
 * ``writes``: per block, the share of its ``PARTS`` (16) equal parts that
   a write dirtied: the same unit as the checksums of the polling source
-  (``system.checksums``), so the policy's rewritten-density rule holds for
-  both. Every block is seen, held or not.
+  (``system.checksums``: parts of ``ceil(block_size / 16)`` bytes), so the
+  policy's rewritten-density rule holds for both. Every block is seen, held
+  or not. A dirtied page counts for every part it overlaps: in a block of
+  16 pages or a multiple, its one part; in a smaller block (any multiple of
+  the page size is a block size) several, so the share is that of the
+  block's pages written, rounded up to sixteenths (one page of an 8 KiB
+  block: 8/16; of a 60 KiB block: 2/16).
 * ``refaults``: per block, the share of its pages that came back into the
   cache less than ``REFAULT_SECONDS`` after the kernel deleted them: the
   guest needed pages the cache had just lost, which residency never shows.
@@ -82,10 +87,7 @@ class AccessLog:
     def __init__(self, block_size: int, page_size: int):
         self.page_size = int(page_size)
         self.pages_per_block = pages_per_block(block_size, page_size)
-        if self.pages_per_block % PARTS:
-            raise ValueError(f"block_size must be a multiple of {page_size * PARTS} "
-                             f"({PARTS} pages of {page_size} bytes)")
-        self.pages_per_part = self.pages_per_block // PARTS
+        self.part_bytes = -(-int(block_size) // PARTS)     # as system.checksums cuts a block
         self._deleted_pages = np.zeros(0, dtype=np.int64)   # sorted, unique
         self._deleted_at = np.zeros(0, dtype=np.int64)      # ns, aligned
         self._reset()
@@ -139,7 +141,7 @@ class AccessLog:
         read_counts = Sparse(blocks, counts.astype(np.float32))
         pages = _unique(self._write_pages)
         pages = pages[pages < nblocks * ppb]
-        parts = np.unique(pages // self.pages_per_part)
+        parts = np.unique(_parts_written(pages, ppb, self.page_size, self.part_bytes))
         wblocks, nparts = np.unique(parts // PARTS, return_counts=True)
         writes = Sparse(wblocks, (nparts / PARTS).astype(np.float32))
         refaulted = _unique(self._refault_pages)
@@ -229,6 +231,18 @@ def pages_per_block(block_size: int, page_size: int) -> int:
         raise ValueError(f"block_size {block_size} is not a multiple of the page size "
                          f"({page_size})")
     return block_size // page_size
+
+
+def _parts_written(pages: np.ndarray, ppb: int, page_size: int, part_bytes: int) -> np.ndarray:
+    """The parts (``block * PARTS + part``) the pages overlap, with repeats."""
+    offset = pages % ppb * page_size                 # the page's first byte in its block
+    first = offset // part_bytes
+    last = np.minimum((offset + page_size - 1) // part_bytes, PARTS - 1)
+    base = pages // ppb * PARTS
+    if (first == last).all():
+        return base + first
+    parts, idx = _expand(first, last)
+    return base[idx] + parts
 
 
 def _unique(chunks: list[np.ndarray]) -> np.ndarray:

@@ -20,6 +20,18 @@ which in one log line.
   reads were missed. So a lost event is never a lasting error. The events
   are drained between cycles too (``pump``), so the buffer holds about a
   second of them, not a whole cycle's.
+
+  The instance is the daemon's, but anyone root can change it: each cycle
+  a few of its switches are read (``TraceReader.check_instance``: three
+  small files), and a change (events disabled, ``tracing_on`` 0, another
+  filter, as ``trace-cmd reset`` does) is set back and said in one warning;
+  at each scheduled mincore pass a read of the daemon's own must come back as
+  an event (``TraceReader.probe``), else every switch is checked and, if
+  none changed, the instance made anew (``make_reader``), or when that fails
+  the source goes on with a mincore pass every cycle, the residency standing
+  in for the reads. Either way that cycle's residency is evidence of use,
+  as after lost events. At start (``choose``) the instances of daemons that
+  are gone are removed (``tracefs.sweep``), whatever image they traced.
 * ``PollingSource`` (``mincore``, the paper's): residency scanned every
   cycle; writes seen by checksumming a rotating ``checksum_share`` of the
   held bytes (``BlockChecksums``), so the cost stays bounded.
@@ -31,20 +43,22 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from vmdisktouch.core.access import READ, AccessLog, EventResidency
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
-from vmdisktouch.errors import ConfigError
+from vmdisktouch.errors import ConfigError, VmdtError
 from vmdisktouch.unitname import escape_path
 
 log = logging.getLogger("vmdisktouch")
 
 RECONCILE_EVERY = 12          # cycles between mincore passes of the trace source
 NAME_LIMIT = 200              # bytes of an instance name (a directory name: at most 255)
+PREFIX = "vmdisktouch@"       # of every instance a daemon makes (``instance_name``)
+WARN_EVERY = 600.0            # seconds: a changed instance warns at most this often
 
 
 @dataclass(frozen=True)
@@ -104,8 +118,10 @@ class TraceSource:
     name = "trace"
 
     def __init__(self, reader, tracker, block_size: int, nblocks: int, *,
-                 page_size: int | None = None, clock_ns=time.monotonic_ns):
-        self.reader = reader
+                 page_size: int | None = None, clock_ns=time.monotonic_ns, make_reader=None):
+        self.reader = reader                 # None: gone, a mincore pass every cycle
+        self.make_reader = make_reader       # a new reader (instance) when it went blind
+        self._warned_ns: int | None = None
         self.tracker = tracker
         self.block_size = block_size
         # The unit of the events' page indices: the reader's (``libc.PAGE_SIZE``).
@@ -132,6 +148,8 @@ class TraceSource:
         Returns True, between cycles, when the drained reads ask for a cycle now: they
         left the held blocks (``core.shift``)."""
         now = self.clock_ns()
+        if self.reader is None:
+            return False
         if between and self._drained_ns is not None:
             span = max(self._drained_ns - self._previous_ns, 1)
             expected = self.reader.last_bytes * (now - self._drained_ns) / span
@@ -152,13 +170,24 @@ class TraceSource:
         self.shift.settled(held)
 
     def observe(self, size: int, held: np.ndarray, config) -> Seen:
-        self.pump()
-        n = held.size
-        acc = self.last_access = self.log.take(n, now_ns=self.clock_ns())
-        self.events_lost += acc.lost
         first = self.cycles == 0
-        reconcile = acc.lost > 0 or self.cycles % RECONCILE_EVERY == 0    # the first too
+        scheduled = self.cycles % RECONCILE_EVERY == 0    # the first too
         self.cycles += 1
+        probing = scheduled and not first and size > 0 and self.reader is not None
+        if probing:
+            self.reader.probe()
+        self.pump()
+        missed = self._check()
+        acc = self.last_access = self.log.take(held.size, now_ns=self.clock_ns())
+        self.events_lost += acc.lost
+        if probing and not missed and acc.lost == 0 and self.reader.probe_seen is False:
+            missed = self._unseen()
+        missed = missed or self.reader is None
+        if missed:       # a changed instance's events are not the guest's: none are used
+            none = Sparse.empty()
+            acc = replace(acc, reads=none, writes=none, refaults=none, read_counts=none,
+                          read_recent=none)
+        reconcile = acc.lost > 0 or scheduled or missed
         if reconcile:
             res = self.tracker.scan(size, known=held)    # held: mlocked, all cached
             self.residency.reconcile(res.fraction())
@@ -171,7 +200,64 @@ class TraceSource:
         return Seen(self.residency.fraction(), self.residency.resident_pages() * self.page_size,
                     acc.writes, reads=acc.reads, refaults=acc.refaults,
                     read_counts=acc.read_counts, read_recent=acc.read_recent,
-                    reconcile=first or acc.lost > 0)
+                    reconcile=first or acc.lost > 0 or missed)
+
+    # -- the instance changed under us -----------------------------------------------
+
+    def _check(self, full: bool = False) -> bool:
+        """A few of the instance's switches (every one with ``full``): True when something
+        outside had changed them (set back now) or they cannot be set back (gone)."""
+        if self.reader is None:
+            return False
+        try:
+            changed = self.reader.check_instance(full)
+        except VmdtError as exc:
+            self._lose(f"its tracefs instance cannot be set back: {exc}")
+            return True
+        if changed:
+            self._warn("trace: %s: the tracefs instance was changed from outside (%s); set "
+                       "back, this cycle's evidence of use taken from the page cache",
+                       self.reader.name, ", ".join(f"{k} was {v!r}" for k, v in changed.items()))
+        return bool(changed)
+
+    def _unseen(self) -> bool:
+        """The probe's read did not come back: a switch changed, else the instance is
+        blind some other way and is made anew; else tracing is given up. True."""
+        if self._check(full=True) or self.reader is None:
+            return True
+        old = self.reader
+        old.close()                         # its name is the new one's
+        self.reader = None
+        if self.make_reader is None:
+            self._lose("a read of the image's did not come back as an event", old.name)
+            return True
+        try:
+            self.reader = self.make_reader()
+        except VmdtError as exc:
+            self._lose(f"a read of the image's did not come back as an event, and a new "
+                       f"instance cannot be made: {exc}", old.name)
+            return True
+        self._warn("trace: %s: a read of the image's did not come back as an event, though "
+                   "its switches are as set (changed from outside?); the instance was made "
+                   "anew, this cycle's evidence of use taken from the page cache", old.name)
+        return True
+
+    def _lose(self, why: str, name: str = "") -> None:
+        """Tracing given up: its instance removed, a mincore pass every cycle from now on."""
+        name = name or self.reader.name
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        log.warning("trace: %s: %s; from now on a mincore pass every cycle stands in for the "
+                    "reads (writes are not seen; restart the daemon to trace again)", name, why)
+
+    def _warn(self, fmt: str, *args) -> None:
+        """A warning, or an INFO line within ``WARN_EVERY`` seconds of the last one."""
+        now = self.clock_ns()
+        quiet = self._warned_ns is not None and now - self._warned_ns < WARN_EVERY * 1e9
+        log.log(logging.INFO if quiet else logging.WARNING, fmt, *args)
+        if not quiet:
+            self._warned_ns = now
 
     def taken(self, blocks: np.ndarray, size: int) -> None:
         pass
@@ -180,18 +266,20 @@ class TraceSource:
         self.residency.resize(nblocks)
 
     def status(self) -> dict:
+        r = self.reader
         return {"access_source": self.name, "events_lost": self.events_lost,
-                "trace": {"instance": self.reader.name, "target": self.reader.target,
-                          "buffer_kb": self.reader.buffer_kb,
+                "trace": {"instance": r and r.name, "target": r and r.target,
+                          "buffer_kb": r.buffer_kb if r else 0,
                           "early_cycles": self.early_cycles, **self.last}}
 
     def close(self) -> None:
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def instance_name(path: str) -> str:
     """The trace instance of the daemon of ``path``: named after its unit instance."""
-    name = "vmdisktouch@" + escape_path(path)
+    name = PREFIX + escape_path(path)
     if len(name.encode()) > NAME_LIMIT:
         digest = hashlib.sha256(name.encode()).hexdigest()[:16]
         name = name.encode()[:NAME_LIMIT - 17].decode(errors="ignore") + "-" + digest
@@ -206,9 +294,13 @@ def choose(image, config, tracker, make_sums, nblocks: int):
     want = config.access_source
     if want != "mincore":
         from vmdisktouch.system import trace_reader
+        sweep_instances()
+        tid, name = threading.get_native_id(), instance_name(image.path)
+
+        def make_reader():
+            return trace_reader.TraceReader(image.fd, name=name, exclude_tid=tid)
         try:
-            reader = trace_reader.TraceReader(image.fd, name=instance_name(image.path),
-                                              exclude_tid=threading.get_native_id())
+            reader = make_reader()
         except trace_reader.TraceUnavailable as exc:
             if want == "trace":
                 raise ConfigError(f"access_source trace: tracing is not usable: {exc}") from None
@@ -217,9 +309,24 @@ def choose(image, config, tracker, make_sums, nblocks: int):
         else:
             log.info("access source: trace (%s, tracefs instance %s)", reader.target,
                      reader.name)
-            return TraceSource(reader, tracker, config.block_size, nblocks)
+            try:
+                return TraceSource(reader, tracker, config.block_size, nblocks,
+                                   make_reader=make_reader)
+            except BaseException:
+                reader.close()               # never an instance left behind
+                raise
     else:
         log.info("access source: mincore (as configured); checksums of %.3g of the held "
                  "bytes per cycle", config.checksum_share)
     return PollingSource(tracker, make_sums())
 
+
+def sweep_instances() -> list[str]:
+    """Remove the trace instances of daemons that are gone (``tracefs.sweep``: each one
+    logged), whatever image they traced: a killed daemon's costs every I/O on its inode."""
+    from vmdisktouch.system import tracefs
+    try:
+        root = tracefs.find_root()
+    except tracefs.TraceUnavailable:
+        return []                            # said by the reader's refusal
+    return tracefs.sweep(root, PREFIX, time.time())

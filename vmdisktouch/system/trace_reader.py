@@ -35,6 +35,15 @@ Lost events are counted twice by the kernel, as the per-CPU ``overrun``
 counters and as the "missed events" of the next page read; per CPU the
 larger of the two running totals is taken, so nothing is counted twice.
 When events were lost the buffer doubles, up to ``max_buffer_kb``.
+
+Something outside may change the instance under us (``echo 0 >
+events/enable``, ``tracing_on``, a filter, as ``trace-cmd reset`` does):
+``check_instance()`` reads ``tracing_on`` and one event's ``enable`` and
+``filter`` each call, in turn (three small reads), and on a change reads
+every switch and sets back what changed (``tracefs.Instance.restore``).
+What no switch shows (``set_event_pid``, ``tracing_cpumask``, a trigger) a
+``probe()`` does: a read of page 0 from a thread of its own, whose READ the
+next ``drain`` must bring back (``probe_seen``; taken out of the events).
 """
 
 from __future__ import annotations
@@ -109,6 +118,8 @@ class TraceReader:
         self.exclude_tid = exclude_tid
         self._fds: dict[int, int] = {}
         self._closed = False
+        self._fd, self._turn, self._probe_tid = fd, 0, None
+        self.probe_seen: bool | None = None    # the last probe came back (None: none made)
         self._path = _fd_path(fd)
         try:
             st = files.fstat(fd)
@@ -201,16 +212,12 @@ class TraceReader:
                 files.pread(fd, self.page_size, 0)
             except SyscallError as exc:
                 raise TraceUnavailable(f"cannot read page 0 of {self._path}: {exc}") from None
-            events, pid, sdev = self._collect(extra=True)
-            own = (pid == me) & ((events.kind == READ) | (events.kind == ADD))
-            hit = own & (events.kind == READ) & (events.first == 0)
-            keep = ~own
+            events, sdev = self._collect_apart(me)
             self._pending_lost += events.lost
-            self._pending.append(Events(events.kind[keep], events.ts[keep], events.first[keep],
-                                        events.last[keep], 0))
-            if hit.any():
+            self._pending.append(events)
+            if sdev is not None:
                 if self._sdev is None:
-                    self._sdev = int(sdev[np.flatnonzero(hit)[0]])
+                    self._sdev = sdev
                     self.target = self._describe()
                     self._apply_filters()
                 log.info("trace: %s: reads of %s seen on %s", self.name, self._path, self.target)
@@ -218,6 +225,40 @@ class TraceReader:
         raise TraceUnavailable(f"tracepoints do not see reads of {self._path}: the page cache "
                                f"of {self._path} is not on {self.target} (overlayfs, FUSE, "
                                "O_DIRECT?)")
+
+    def _collect_apart(self, tid: int) -> tuple[Events, int | None]:
+        """Collect, the READ and ADD events of thread ``tid`` taken out; and the ``s_dev``
+        of its READ of page 0 (None: none came)."""
+        events, pid, sdev = self._collect(extra=True)
+        own = (pid == tid) & ((events.kind == READ) | (events.kind == ADD))
+        hit = np.flatnonzero(own & (events.kind == READ) & (events.first == 0))
+        keep = ~own
+        return (Events(events.kind[keep], events.ts[keep], events.first[keep],
+                       events.last[keep], events.lost), int(sdev[hit[0]]) if hit.size else None)
+
+    # -- the instance, as set up -------------------------------------------------------
+
+    def check_instance(self, full: bool = False) -> dict[str, str]:
+        """Whether the instance is as it was set up (module docstring; ``full``: every
+        switch now): what had changed and was set back (control file -> what it read),
+        or {}. ``TraceUnavailable`` when it cannot be set back."""
+        self._turn += 1
+        return self._inst.check(self._turn, full)
+
+    def probe(self) -> None:
+        """Read page 0 from a thread of its own: the next ``drain`` sets ``probe_seen``."""
+        tid: list[int] = []
+
+        def read() -> None:
+            try:
+                files.pread(self._fd, self.page_size, 0)
+                tid.append(threading.get_native_id())
+            except SyscallError as exc:
+                log.debug("trace: %s: the probe's read failed: %s", self.name, exc)
+        t = threading.Thread(target=read, name="vmdisktouch-trace-probe", daemon=True)
+        t.start()
+        t.join()
+        self._probe_tid, self.probe_seen = (tid[0] if tid else None), None
 
     # -- reading -----------------------------------------------------------------------
 
@@ -326,7 +367,11 @@ class TraceReader:
         """Everything buffered now, all CPUs, sorted by time; never blocks."""
         if self._closed:
             raise ClosedError(f"trace reader {self.name} used after close()")
-        events = self._collect()
+        if self._probe_tid is not None:
+            events, sdev = self._collect_apart(self._probe_tid)
+            self._probe_tid, self.probe_seen = None, sdev is not None
+        else:
+            events = self._collect()
         if self._pending:
             events = _concat(self._pending + [events], events.lost + self._pending_lost)
             self._pending, self._pending_lost = [], 0

@@ -10,7 +10,19 @@ daemon killed by SIGKILL leaves it behind, still recording, so
 succeeds with events enabled; failing for another reason than EBUSY, the
 events are disabled and rmdir tried again). EBUSY means a live process holds
 one of its files open: the name is in use, and that instance is left as it
-is.
+is. An instance holds one of its own files open from its ``mkdir`` to its
+``rmdir``, so that is always so while its owner lives, and ``sweep(root,
+prefix, now)`` removes, at any start, every ``PREFIX*`` instance left
+behind by a process that is gone, whatever its name (a killed daemon's
+instance costs every I/O on its inode until it is removed). Every file of
+an instance is opened through a descriptor of the ``instances`` directory
+kept from its creation, so tracefs unmounted under its owner (``umount
+-l``) neither stops its reads nor its removal.
+
+What an instance was set up with (``switches()``: its filters, clock,
+``tracing_on`` and enables) can be read back (``changed``) and set again
+(``restore``), when something outside (``echo 0 > events/enable``,
+``trace-cmd reset``) changed it.
 
 ``Instance.create`` sets ``trace_clock`` to ``mono`` (event times are then
 CLOCK_MONOTONIC nanoseconds, the clock of ``time.monotonic_ns()``), the
@@ -25,128 +37,49 @@ Every refusal is ``TraceUnavailable``; ``remove()`` never raises.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import os
-import re
 from collections.abc import Iterable, Mapping
 
-from vmdisktouch.errors import EX_CONFIG, SyscallError, VmdtError
 from vmdisktouch.system import libc
+from vmdisktouch.system.tracefs_mount import (DEFAULT_ROOT, TraceUnavailable, online_cpus,
+                                              reason, check_events, check_root, find_root,
+                                              read_text)
 
 log = logging.getLogger("vmdisktouch")
 
-DEFAULT_ROOT = "/sys/kernel/tracing"
 CLOCK = "mono"
 NAME_MAX = 255
 _STATS_LOST = ("overrun", "commit overrun", "dropped events")
 
 
-class TraceUnavailable(VmdtError):
-    """Kernel tracing cannot serve us here; ``str()`` is one line saying why."""
-
-    exit_code = EX_CONFIG
-
-
-def _why(exc: OSError) -> str:
-    return os.strerror(exc.errno) if exc.errno else str(exc)
-
-
-def _unescape(field: str) -> str:
-    """A /proc/self/mounts field: spaces and the like are octal escapes (``\\040``)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _has_instances(root: str) -> bool:
-    try:
-        return os.path.isdir(os.path.join(root, "instances")) and os.access(root, os.W_OK)
-    except OSError:
-        return False
-
-
-def find_root(mounts: str = "/proc/self/mounts", default: str = DEFAULT_ROOT) -> str:
-    """The tracefs mount point: a ``tracefs`` line of ``mounts``, else ``default`` if it has
-    ``instances``, else tracefs mounted at ``default`` now (mount(2))."""
-    try:
-        with open(mounts) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    mounted = [_unescape(p[1]) for p in map(str.split, lines) if len(p) >= 3
-               and p[2] == "tracefs"]
-    for root in mounted + [default]:
-        if _has_instances(root):
-            return root
-    for root in mounted:
-        if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
-            raise TraceUnavailable(f"permission denied on {root}: kernel tracing needs root")
-    if mounted:
-        raise TraceUnavailable(f"tracefs at {mounted[0]} has no instances directory")
-    try:
-        libc.mount("nodev", default, "tracefs")
-    except SyscallError as exc:
-        raise TraceUnavailable(f"tracefs is not mounted, and mounting it at {default} failed: "
-                               f"{exc}") from None
-    if not _has_instances(default):
-        raise TraceUnavailable(f"tracefs mounted at {default} has no instances directory")
-    return default
-
-
-def check_root(root: str) -> None:
-    """``root`` is a usable tracefs: an ``instances`` directory we may write to."""
-    try:
-        os.stat(os.path.join(root, "instances"))
-    except PermissionError:
-        raise TraceUnavailable(f"permission denied on {root}: kernel tracing needs root") from None
-    except OSError as exc:
-        raise TraceUnavailable(f"{root} is not a tracefs mount (no instances directory: "
-                               f"{_why(exc)})") from None
-    if not os.path.isdir(os.path.join(root, "instances")) or \
-            not os.path.isdir(os.path.join(root, "events")):
-        raise TraceUnavailable(f"{root} is not a tracefs mount (no instances and events "
-                               "directories)")
-    try:
-        read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    if read_only:
-        raise TraceUnavailable(f"tracefs at {root} is mounted read-only")
-    if not os.access(os.path.join(root, "instances"), os.W_OK):
-        raise TraceUnavailable(f"permission denied on {root}/instances: kernel tracing needs root")
-
-
-def check_events(root: str, events: Iterable[str]) -> None:
-    """Each ``GROUP/EVENT`` is a tracepoint of this kernel (its ``format`` file exists)."""
-    for event in events:
-        if not os.path.isfile(os.path.join(root, "events", event, "format")):
-            group, _, name = event.partition("/")
-            raise TraceUnavailable(f"this kernel ({os.uname().release}) has no tracepoint "
-                                   f"{group}:{name} ({root}/events/{event}/format is missing)")
-
-
-def read_text(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
-def write_text(path: str, text: str) -> None:
-    """Write a tracefs control file in one write(2), as ``echo TEXT > PATH`` does."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode() + b"\n")
-    finally:
-        os.close(fd)
-
-
 class Instance:
-    """One private tracefs instance ``ROOT/instances/NAME``: made by ``create``."""
+    """One private tracefs instance ``ROOT/instances/NAME``: made by ``create``.
+
+    It keeps two descriptors until ``remove``: one of the ``instances``
+    directory, through which every file of the instance is opened (``_open``),
+    so tracefs unmounted under the daemon (``umount -l``) changes nothing for
+    it, its removal included; and, once made, one of its own ``tracing_on``
+    (the hold), so the kernel refuses to rmdir it (EBUSY) from the moment it
+    exists until it is removed: ``sweep`` tells a live owner's instance from
+    one left behind by that.
+    """
 
     def __init__(self, root: str, name: str):
         self.root = root
         self.name = name
         self.path = os.path.join(root, "instances", name)
         self.events: list[str] = []
+        self.filters: dict[str, str] = {}     # as set: what ``changed`` expects
         self.removed = False
+        self._hold: int | None = None
+        try:
+            self._dirfd: int | None = os.open(os.path.join(root, "instances"),
+                                              os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            self._dirfd = None
 
     @classmethod
     def create(cls, name: str, filters: Mapping[str, str], *, buffer_kb: int = 1024,
@@ -164,25 +97,47 @@ class Instance:
         check_root(root)
         check_events(root, filters)
         inst = cls(root, name)
-        if os.path.lexists(inst.path):
-            inst._remove_stale()
         try:
-            os.mkdir(inst.path)
-        except OSError as exc:
-            raise TraceUnavailable(f"cannot create the tracefs instance {inst.path}: "
-                                   f"{_why(exc)}") from None
+            if os.path.lexists(inst.path):
+                inst._remove_stale()
+            try:
+                inst._mkdir()
+            except OSError as exc:
+                raise TraceUnavailable(f"cannot create the tracefs instance {inst.path}: "
+                                       f"{reason(exc)}") from None
+        except BaseException:
+            inst._close_fds()
+            raise
+        atexit.register(inst.remove)         # an exception out of the daemon, too
         try:
+            try:
+                inst._hold = inst._open("tracing_on", os.O_RDONLY)
+            except OSError as exc:
+                raise TraceUnavailable(f"cannot open {inst.path}/tracing_on: {reason(exc)}") \
+                    from None
             inst._configure(filters, buffer_kb)
         except BaseException:
             inst.remove()
             raise
         return inst
 
+    def _mkdir(self) -> None:
+        if self._dirfd is None:
+            os.mkdir(self.path)
+        else:
+            os.mkdir(self.name, dir_fd=self._dirfd)
+
+    def _rmdir(self) -> None:
+        if self._dirfd is None:
+            os.rmdir(self.path)
+        else:
+            os.rmdir(self.name, dir_fd=self._dirfd)
+
     def _remove_stale(self) -> None:
         """Remove an instance of our name left by a killed process. A plain rmdir first:
         EBUSY means a live process has its files open, and then it is left untouched."""
         try:
-            os.rmdir(self.path)
+            self._rmdir()
         except OSError as exc:
             if exc.errno == errno.EBUSY:
                 raise TraceUnavailable(f"tracefs instance {self.path} is in use by another "
@@ -190,7 +145,8 @@ class Instance:
             self._teardown()                 # its events disabled first, then rmdir again
         if os.path.lexists(self.path):
             raise TraceUnavailable(f"tracefs instance {self.path} exists and cannot be removed")
-        log.warning("tracefs: removed the stale instance %s (left by a killed daemon)", self.path)
+        log.warning("tracefs: removed the stale instance %s (left by a process that is gone)",
+                    self.path)
 
     def _configure(self, filters: Mapping[str, str], buffer_kb: int) -> None:
         clocks = self._read("trace_clock").replace("[", " ").replace("]", " ").split()
@@ -199,8 +155,7 @@ class Instance:
                                    f"{' '.join(clocks)})")
         self._write("trace_clock", CLOCK)
         self.resize(buffer_kb)
-        if os.path.exists(os.path.join(self.path, "options", "overwrite")):
-            self._write("options/overwrite", "1")
+        self._write("options/overwrite", "1", missing_ok=True)
         self._write("tracing_on", "1")
         for event, expr in filters.items():
             self.set_filter(event, expr)
@@ -208,23 +163,52 @@ class Instance:
             self._write(f"events/{event}/enable", "1")
             self.events.append(event)
 
+    # -- its files, opened through the ``instances`` directory ---------------------------
+
+    def _open(self, rel: str, flags: int) -> int:
+        if self._dirfd is None:
+            return os.open(os.path.join(self.path, rel), flags | os.O_CLOEXEC)
+        return os.open(f"{self.name}/{rel}", flags | os.O_CLOEXEC, dir_fd=self._dirfd)
+
+    def _text(self, rel: str) -> str:
+        fd = self._open(rel, os.O_RDONLY)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        return b"".join(chunks).decode(errors="replace")
+
+    def _put(self, rel: str, text: str) -> None:
+        """Write a control file in one write(2), as ``echo TEXT > FILE`` does."""
+        fd = self._open(rel, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, text.encode() + b"\n")
+        finally:
+            os.close(fd)
+
     def _read(self, rel: str) -> str:
         try:
-            return read_text(os.path.join(self.path, rel))
+            return self._text(rel)
         except OSError as exc:
-            raise TraceUnavailable(f"cannot read {self.path}/{rel}: {_why(exc)}") from None
+            raise TraceUnavailable(f"cannot read {self.path}/{rel}: {reason(exc)}") from None
 
-    def _write(self, rel: str, text: str) -> None:
+    def _write(self, rel: str, text: str, missing_ok: bool = False) -> None:
         try:
-            write_text(os.path.join(self.path, rel), text)
+            self._put(rel, text)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise TraceUnavailable(f"cannot write {text!r} to {self.path}/{rel}: "
+                                       f"{os.strerror(errno.ENOENT)}") from None
         except OSError as exc:
             raise TraceUnavailable(f"cannot write {text!r} to {self.path}/{rel}: "
-                                   f"{_why(exc)}{self._error_log()}") from None
+                                   f"{reason(exc)}{self._error_log()}") from None
 
     def _error_log(self) -> str:
         """The last error of the instance's ``error_log`` (a filter's syntax), or ""."""
         try:
-            text = read_text(os.path.join(self.path, "error_log"))
+            text = self._text("error_log")
         except OSError:
             return ""
         errors = [ln.split("]", 1)[-1].strip() for ln in text.splitlines() if ln.startswith("[")]
@@ -233,6 +217,54 @@ class Instance:
     def set_filter(self, event: str, expr: str) -> None:
         """Set (or with ``""`` clear) the kernel-side filter of ``GROUP/EVENT``."""
         self._write(f"events/{event}/filter", expr or "0")
+        self.filters[event] = expr
+
+    # -- the switches as set up, and set back ------------------------------------------
+
+    def switches(self) -> dict[str, tuple[str, str]]:
+        """Each control file this instance was set up through -> (its value as read back,
+        the text that sets it): the filters first, the enables last, as ``create``."""
+        out = {f"events/{e}/filter": (expr or "none", expr or "0")
+               for e, expr in self.filters.items()}
+        out["trace_clock"] = (f"[{CLOCK}]", CLOCK)
+        out["tracing_on"] = ("1", "1")
+        out.update({f"events/{e}/enable": ("1", "1") for e in self.events})
+        return out
+
+    def changed(self, rels: Iterable[str]) -> dict[str, str]:
+        """Which of the control files ``rels`` (of ``switches()``) read otherwise than they
+        were set: each -> what it read (a file that cannot be read counts as changed)."""
+        want, out = self.switches(), {}
+        for rel in rels:
+            try:
+                text = self._text(rel)
+            except OSError as exc:
+                out[rel] = f"unreadable ({reason(exc)})"
+                continue
+            if text.strip() != want[rel][0] and want[rel][0] not in text.split():
+                out[rel] = " ".join(text.split())[:80]
+        return out
+
+    def restore(self, rels: Iterable[str]) -> None:
+        """Set the control files ``rels`` back as they were set up; ``TraceUnavailable``."""
+        rels = set(rels)
+        for rel, (_, text) in self.switches().items():
+            if rel in rels:
+                self._write(rel, text)
+
+    def check(self, turn: int, full: bool = False) -> dict[str, str]:
+        """Three small reads: ``tracing_on`` and the ``enable`` and ``filter`` of event
+        ``turn`` (of ``events``, in turn). On a change (or ``full``), every switch is read
+        and what changed set back; returns that (file -> what it read), or {}."""
+        ev = self.events[turn % len(self.events)] if self.events else None
+        if not full and not self.changed(["tracing_on"] + (
+                [f"events/{ev}/enable", f"events/{ev}/filter"] if ev is not None else [])):
+            return {}
+        changed = self.changed(self.switches())
+        self.restore(changed)
+        return changed
+
+    # -- reading ---------------------------------------------------------------------
 
     def format_text(self, event: str) -> str:
         return self._read(f"events/{event}/format")
@@ -245,10 +277,13 @@ class Instance:
 
     def subbuf_bytes(self) -> int:
         """Bytes of one sub-buffer, the unit of ``trace_pipe_raw`` reads."""
-        path = os.path.join(self.path, "buffer_subbuf_size_kb")
-        if os.path.exists(path):
-            return int(self._read("buffer_subbuf_size_kb").split()[0]) * 1024
-        return libc.PAGE_SIZE
+        try:
+            return int(self._text("buffer_subbuf_size_kb").split()[0]) * 1024
+        except FileNotFoundError:
+            return libc.PAGE_SIZE
+        except OSError as exc:
+            raise TraceUnavailable(f"cannot read {self.path}/buffer_subbuf_size_kb: "
+                                   f"{reason(exc)}") from None
 
     def buffer_kb(self) -> int:
         return int(self._read("buffer_size_kb").split()[0])
@@ -260,17 +295,20 @@ class Instance:
     def cpus(self) -> list[int]:
         """The CPUs with a per-CPU buffer now (``per_cpu/cpuN``) that are online."""
         try:
-            names = os.listdir(os.path.join(self.path, "per_cpu"))
+            fd = self._open("per_cpu", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                names = os.listdir(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
-            raise TraceUnavailable(f"cannot list {self.path}/per_cpu: {_why(exc)}") from None
+            raise TraceUnavailable(f"cannot list {self.path}/per_cpu: {reason(exc)}") from None
         cpus = sorted(int(n[3:]) for n in names if n.startswith("cpu") and n[3:].isdigit())
-        online = _online_cpus()
+        online = online_cpus()
         return [c for c in cpus if online is None or c in online]
 
     def open_pipe(self, cpu: int) -> int:
         """``per_cpu/cpuN/trace_pipe_raw``, non-blocking: a read gives a page or EAGAIN."""
-        return os.open(os.path.join(self.path, "per_cpu", f"cpu{cpu}", "trace_pipe_raw"),
-                       os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return self._open(f"per_cpu/cpu{cpu}/trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
 
     def lost_counts(self, cpus: Iterable[int]) -> dict[int, int | None]:
         """Per CPU, the events lost so far (``overrun`` + ``commit overrun`` + ``dropped
@@ -278,7 +316,7 @@ class Instance:
         out: dict[int, int | None] = {}
         for cpu in cpus:
             try:
-                text = read_text(os.path.join(self.path, "per_cpu", f"cpu{cpu}", "stats"))
+                text = self._text(f"per_cpu/cpu{cpu}/stats")
             except OSError:
                 out[cpu] = None
                 continue
@@ -290,21 +328,34 @@ class Instance:
             out[cpu] = total
         return out
 
+    # -- removal ---------------------------------------------------------------------
+
     def _teardown(self) -> bool:
-        """Disable every event of the instance, then rmdir it; True when it is gone."""
+        """Let go of the hold, disable every event, then rmdir; True when it is gone."""
+        if self._hold is not None:
+            os.close(self._hold)
+            self._hold = None
         for rel in ["events/enable"] + [f"events/{e}/enable" for e in self.events]:
             try:
-                write_text(os.path.join(self.path, rel), "0")
+                self._put(rel, "0")
             except OSError:
                 pass
         try:
-            os.rmdir(self.path)
+            self._rmdir()
         except FileNotFoundError:
+            log.warning("tracefs: the instance %s was gone already (removed by someone else%s)",
+                        self.path, "" if self._dirfd is not None else ", or tracefs unmounted")
             return True
         except OSError as exc:
-            log.warning("tracefs: cannot remove the instance %s: %s", self.path, _why(exc))
+            log.warning("tracefs: cannot remove the instance %s: %s", self.path, reason(exc))
             return False
         return True
+
+    def _close_fds(self) -> None:
+        for fd in (self._hold, self._dirfd):
+            if fd is not None:
+                os.close(fd)
+        self._hold = self._dirfd = None
 
     def remove(self) -> None:
         """Disable the events and rmdir the instance. Idempotent; never raises."""
@@ -314,20 +365,42 @@ class Instance:
             self.removed = self._teardown()
         except Exception as exc:   # noqa: BLE001 - a cleanup path: log, never raise
             log.warning("tracefs: cannot remove the instance %s: %s", self.path, exc)
+        if self.removed:
+            self._close_fds()
+            atexit.unregister(self.remove)
 
 
-def _online_cpus(path: str = "/sys/devices/system/cpu/online") -> set[int] | None:
-    """The online CPUs ("0-3,6"), or None when the file cannot be read."""
+SWEEP_MIN_AGE = 3.0      # seconds: an instance younger than this is never swept
+
+
+def sweep(root: str, prefix: str, now: float, min_age: float = SWEEP_MIN_AGE) -> list[str]:
+    """Remove the instances named ``PREFIX*`` left behind by processes that are gone (a
+    SIGKILL, a crash): their names, each logged. Never raises.
+
+    A live owner holds a file of its instance open from the moment it made it until
+    it removes it (``Instance``), so the kernel refuses the rmdir (EBUSY) and the
+    instance is left alone. So is one younger than ``min_age`` seconds by its
+    inode's change time (when it was made; ``now`` is the wall clock): a process of
+    an earlier version, which held nothing while it set its instance up, is not raced.
+    """
     try:
-        text = read_text(path).strip()
+        names = sorted(n for n in os.listdir(os.path.join(root, "instances"))
+                       if n.startswith(prefix))
     except OSError:
-        return None
-    out: set[int] = set()
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
+        return []
+    removed = []
+    for name in names:
+        inst = Instance(root, name)
+        try:
+            if now - os.lstat(inst.path).st_ctime >= min_age:
+                inst._remove_stale()
+                removed.append(name)
+        except (OSError, TraceUnavailable):
+            pass                                   # in use, or gone meanwhile
+        finally:
+            inst._close_fds()
+    return removed
 
 
 __all__ = ["DEFAULT_ROOT", "Instance", "TraceUnavailable", "check_events", "check_root",
-           "find_root"]
+           "find_root", "read_text", "sweep"]
