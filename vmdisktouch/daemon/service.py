@@ -157,6 +157,10 @@ class Service:
             raise ImageError("no image can be served: " + ", ".join(self.args.paths))
         served_mod.check_outputs(self.config, [w.image.path for w in self.host.watchers],
                                  self.served.protected)
+        try:
+            meminfo.keep_open()    # read by pread from now on: no client can starve it (#31)
+        except VmdtError:
+            pass                   # FailSafe says so at the first cycle
         if self.config.metrics_file or self.config.metrics_listen:
             from vmdisktouch.adapters.metrics import Metrics
             self.metrics = Metrics(self.config, self.out)

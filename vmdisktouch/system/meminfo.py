@@ -8,13 +8,22 @@ and benchmarks check the holder against, is read by ``tools.procfs``.)
 ``MemInfoError`` with a one-line message; ``FailSafe`` turns them into 0
 (no memory to spare) for the daemon, which must never hold on a floor it
 cannot check.
+
+The real ``/proc/meminfo`` is opened once and kept (``keep_open``, which the
+daemon calls before it serves anything; otherwise at the first read): each
+read is a ``pread`` of that descriptor, so MemAvailable stays readable when
+the process has no descriptor left to open a file with (issue 31, case 3: a
+flood of connections to ``--metrics-listen`` took them all, MemAvailable
+read as 0 and every hold was shed). A fake tree (tests) is opened per read.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import resource
+import threading
 from typing import Callable
 
 from vmdisktouch.errors import VmdtError
@@ -29,13 +38,61 @@ class MemInfoError(VmdtError):
     """A procfs memory figure could not be read or parsed."""
 
 
-def _field(path: str, key: str) -> int:
-    """Bytes of the ``Key:   123 kB`` line of a procfs file."""
+PROC = "/proc"
+_kept: dict[str, int] = {}          # path -> descriptor kept open (the real /proc only)
+_kept_lock = threading.Lock()
+
+
+def keep_open(procfs: str = PROC) -> None:
+    """Open ``procfs/meminfo`` now and keep it (see the module docstring); idempotent.
+    Raises ``MemInfoError`` when it cannot be opened."""
+    _descriptor(os.path.join(procfs, "meminfo"))
+
+
+def _descriptor(path: str) -> int:
+    with _kept_lock:
+        fd = _kept.get(path)
+        if fd is None:
+            try:
+                fd = _kept[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise MemInfoError(f"cannot read {path}: {exc.strerror or exc}") from None
+        return fd
+
+
+def _pread_all(fd: int) -> bytes:
+    """The whole file from offset 0 (procfs files regenerate their text for each read)."""
+    size = 8192
+    while True:
+        data = os.pread(fd, size, 0)
+        if len(data) < size:
+            return data
+        size *= 4
+
+
+def _read(path: str) -> str:
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            text = f.read()
+        if os.path.dirname(path) == PROC:
+            fd = _descriptor(path)
+            try:
+                data = _pread_all(fd)
+            except OSError as exc:
+                if exc.errno == errno.EBADF:     # closed behind our back: open it again
+                    with _kept_lock:             # next time (never close a reused number)
+                        if _kept.get(path) == fd:
+                            del _kept[path]
+                raise
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
     except OSError as exc:
         raise MemInfoError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return data.decode("ascii", errors="replace")
+
+
+def _field(path: str, key: str) -> int:
+    """Bytes of the ``Key:   123 kB`` line of a procfs file."""
+    text = _read(path)
     prefix = key + ":"
     for line in text.splitlines():
         if line.startswith(prefix):

@@ -1,0 +1,452 @@
+"""The metrics listener under a flood of loopback connections (issue 31, case 3).
+
+Scenario: a real daemon, ``vmdisktouch run IMG --max-hold 16M --min-free 256M
+--interval 0.2 --decay 1 --uri '' --metrics-listen 127.0.0.1:PORT``, started
+under ``prlimit --nofile=1024:1024`` (the default ``ulimit -n`` of a unit) and
+a ``Type=notify`` supervisor played here: ``NOTIFY_SOCKET`` bound by this
+process, ``WATCHDOG_USEC`` 2 s (so a ping is due at least every second). It
+holds the 6 MiB hot zone of a 32 MiB data image (this process reads it until
+VmLck > 0, then every 0.2 s, as a guest using it would). Then, one window of
+``--window`` (10) seconds per scenario, in this order:
+
+* ``none``: no other client;
+* ``idle``: ``--conns`` (2,000) loopback connections opened in the first
+  two seconds (non-blocking connects, 1,000 a second) that never send a byte;
+* ``slowloris``: as many, each sending one more byte of an endless request
+  header every second;
+* ``after``: the clients of the floods closed: is everything back to normal?
+
+Measured in each window: the connections this process got established and
+those the daemon holds (its socket descriptors, the most seen), the daemon's
+descriptors (most), its CPU (utime + stime, % of one core), the longest gap
+between two status files (the status is rewritten every cycle: 0.2 s), the
+longest gap between two ``WATCHDOG=1`` (the window's edges count as pings:
+a daemon silent through the whole window shows the window), VmLck at the
+start and its least (holds kept), and a scrape by a fresh client every 0.5 s
+(served, failed, median and worst latency). Loopback only, bounded: at most
+``--conns`` sockets, every window its length, the daemon stopped at the end.
+
+``--compare-rev REV`` runs the same against REV's daemon (a ``git worktree``,
+``tools.worktree``), side by side. ``--doc`` writes section ``metrics-conns``
+of docs/benchmarks.md (date, machine, command).
+
+    .venv/bin/python benchmarks/bench_metrics_conns.py [--conns 2000] [--window 10]
+        [--compare-rev REV] [--doc]
+
+The fault rows of ``tests/e2e/test_faults_metrics.py`` run this harness
+(``serve``, ``window``) and assert on its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.report import provenance, update_section  # noqa: E402
+from tests.pagecache import data_image, read_range  # noqa: E402
+from tools.common import MiB  # noqa: E402
+from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+
+HOT = (8 * MiB, 6 * MiB)
+NOFILE = 1024                    # the daemon's RLIMIT_NOFILE (soft and hard)
+WATCHDOG_USEC = 2_000_000        # WatchdogSec=2: a ping is due every second
+ARGS = ("--max-hold", "16M", "--min-free", "256M", "--interval", "0.2", "--decay", "1",
+        "--uri", "")
+SCENARIOS = ("none", "idle", "slowloris", "after")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_nofile(n: int) -> None:
+    """This process may open ``n`` descriptors (up to its hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n if hard == resource.RLIM_INFINITY else min(n, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+# -- the supervisor's side: NOTIFY_SOCKET ----------------------------------------------
+
+class Notify:
+    """A bound NOTIFY_SOCKET; a thread keeps the time of every ``WATCHDOG=1``."""
+
+    def __init__(self):
+        self.dir = tempfile.TemporaryDirectory(prefix="vmdt-notify-")   # a short path
+        path = os.path.join(self.dir.name, "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.1)
+        self.path, self.pings, self.messages, self.done = path, [], [], False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done:
+            try:
+                data = self.sock.recv(4096).decode(errors="replace")
+            except (socket.timeout, OSError):
+                continue
+            now = time.monotonic()
+            self.messages.append((now, data))
+            if "WATCHDOG=1" in data.splitlines():
+                self.pings.append(now)
+
+    def max_gap(self, t0: float, t1: float) -> float:
+        """The longest silence in [t0, t1], its edges counted as pings."""
+        marks = [t0] + [t for t in self.pings if t0 < t < t1] + [t1]
+        return max(b - a for a, b in zip(marks, marks[1:]))
+
+    def close(self) -> None:
+        self.done = True
+        self.thread.join(timeout=2)
+        self.sock.close()
+        self.dir.cleanup()
+
+
+@contextlib.contextmanager
+def serve(workdir, image, port: int, cwd=ROOT):
+    """(daemon, notify): the daemon of the scenario holding the hot zone; stopped after."""
+    notify, stop = Notify(), threading.Event()
+    env = dict(env_without_systemd(), NOTIFY_SOCKET=notify.path,
+               WATCHDOG_USEC=str(WATCHDOG_USEC))
+    d = DaemonProc(workdir, image, *ARGS, "--metrics-listen", f"127.0.0.1:{port}",
+                   prefix=("prlimit", f"--nofile={NOFILE}:{NOFILE}"), env=env, cwd=cwd)
+    try:
+        d.wait_output("cycle 1:", "the first cycle")
+        deadline = time.monotonic() + 30
+        while d.vmlck() == 0:
+            if not d.alive() or time.monotonic() > deadline:
+                raise AssertionError(f"nothing held; log:\n{d.output()[-2000:]}")
+            read_range(image, *HOT)
+            time.sleep(0.1)
+        time.sleep(1.0)                    # the zone fully loaded (one cycle more)
+        guest = threading.Thread(target=_guest, args=(image, stop), daemon=True)
+        guest.start()
+        yield d, notify
+    finally:
+        stop.set()
+        d.stop()
+        notify.close()
+
+
+def _guest(image, stop: threading.Event) -> None:
+    """The guest keeps using its hot zone (a read of it every 0.2 s), so it stays held."""
+    while not stop.wait(0.2):
+        read_range(image, *HOT)
+
+
+# -- the clients -------------------------------------------------------------------------
+
+class Flood:
+    """``n`` loopback connections, opened by a thread one at a time at ``rate`` a second
+    without waiting for them (all at once would only overflow the listen backlog, and
+    most handshakes would wait for SYN-ACK retransmits, over minutes); ``slow``: each
+    sends one more byte of an endless header every second (``trickle``)."""
+
+    HEADER = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100000
+
+    def __init__(self, port: int, n: int, slow: bool = False, rate: float = 1000.0):
+        raise_nofile(n + 512)
+        self.port, self.n, self.slow, self.rate = port, n, slow, rate
+        self.socks, self.sent, self.cut, self.seen = [], [], 0, set()
+        self.next_trickle = time.monotonic() + 1.0
+        self.done = False
+        self.thread = threading.Thread(target=self._open, daemon=True)
+        self.thread.start()
+
+    def _open(self) -> None:
+        t0 = time.monotonic()
+        while len(self.socks) < self.n and not self.done:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", self.port))
+            self.sent.append(0)
+            self.socks.append(s)
+            time.sleep(max(0.0, t0 + len(self.socks) / self.rate - time.monotonic()))
+
+    def look(self) -> None:
+        """Mark the connections whose handshake has completed (``established``)."""
+        for i, s in enumerate(list(self.socks)):
+            if i not in self.seen:
+                try:
+                    s.getpeername()
+                    self.seen.add(i)
+                except OSError:
+                    pass
+
+    @property
+    def established(self) -> int:
+        """Connections seen established (whatever the daemon did with them since)."""
+        return len(self.seen)
+
+    def trickle(self) -> None:
+        if not self.slow or time.monotonic() < self.next_trickle:
+            return
+        self.next_trickle += 1.0
+        for i, s in enumerate(list(self.socks)):
+            if self.sent[i] < 0:
+                continue
+            try:
+                self.sent[i] += s.send(self.HEADER[self.sent[i]:self.sent[i] + 1])
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.sent[i] = -1           # reset or closed by the daemon
+                self.cut += 1
+
+    def close(self) -> None:
+        self.done = True
+        self.thread.join(timeout=5)
+        for s in self.socks:
+            s.close()
+        self.socks = []
+
+
+class Scraper:
+    """A fresh client scrapes every 0.5 s in a thread: (latency, or None when it failed)."""
+
+    def __init__(self, port: int, every: float = 0.5, timeout: float = 3.0):
+        self.url, self.every, self.timeout = f"http://127.0.0.1:{port}/metrics", every, timeout
+        self.results: list[float | None] = []
+        self.done = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done:
+            t0 = time.monotonic()
+            try:
+                body = urllib.request.urlopen(self.url, timeout=self.timeout).read()
+                ok = b"vmdisktouch_held_bytes" in body
+            except OSError:
+                ok = False
+            self.results.append(time.monotonic() - t0 if ok else None)
+            time.sleep(max(0.0, self.every - (time.monotonic() - t0)))
+
+    def stop(self) -> list[float | None]:
+        self.done = True
+        self.thread.join(timeout=self.timeout + 2)
+        return self.results
+
+
+# -- the daemon's side ---------------------------------------------------------------------
+
+def cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])           # utime, stime
+
+
+def descriptors(pid: int) -> tuple[int, int]:
+    """(descriptors, sockets) of the process."""
+    fds = socks = 0
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0, 0
+    for name in names:
+        try:
+            socks += os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:")
+            fds += 1
+        except OSError:
+            pass
+    return fds, socks
+
+
+def status_mark(path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def window(d: DaemonProc, notify: Notify, port: int, scenario: str, conns: int,
+           seconds: float) -> dict:
+    """One scenario's window (see the module docstring), from just before its clients
+    connect: its figures."""
+    t0, ticks0 = time.monotonic(), cpu_ticks(d.pid)
+    held0 = held_min = d.vmlck()
+    fds_max = socks_max = 0
+    mark, changes, next_look = status_mark(d.status_path), [t0], t0
+    flood = Flood(port, conns, slow=scenario == "slowloris") \
+        if scenario in ("idle", "slowloris") else None
+    try:
+        scraper = Scraper(port)
+        while time.monotonic() < t0 + seconds:
+            now = time.monotonic()
+            m = status_mark(d.status_path)
+            if m != mark:
+                mark = m
+                changes.append(now)
+            if now >= next_look:
+                next_look = now + 0.25
+                held_min = min(held_min, d.vmlck())
+                fds, socks = descriptors(d.pid)
+                fds_max, socks_max = max(fds_max, fds), max(socks_max, socks)
+                if flood:
+                    flood.look()
+                    flood.trickle()
+            if d.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        t1 = time.monotonic()
+        ticks1 = cpu_ticks(d.pid) if d.alive() else ticks0
+        changes.append(t1)
+        scrapes = scraper.stop()
+        established = flood.established if flood else 0
+        cut = flood.cut if flood else 0
+    finally:
+        if flood:
+            flood.close()
+    served = [s for s in scrapes if s is not None]
+    return {
+        "scenario": scenario, "conns": conns if flood else 0, "established": established,
+        "cut_by_daemon": cut, "daemon_sockets_max": socks_max, "daemon_fds_max": fds_max,
+        "cpu_pct": 100.0 * (ticks1 - ticks0) / CLK_TCK / (t1 - t0),
+        "status_gap_max_s": max(b - a for a, b in zip(changes, changes[1:])),
+        "watchdog_gap_max_s": notify.max_gap(t0, t1),
+        "held_start": held0, "held_min": held_min, "held_end": d.vmlck(),
+        "scrapes_ok": len(served), "scrapes_failed": len(scrapes) - len(served),
+        "scrape_median_ms": 1000 * statistics.median(served) if served else None,
+        "scrape_max_ms": 1000 * max(served) if served else None,
+        "seconds": t1 - t0, "alive": d.alive(),
+    }
+
+
+def run(label: str, cwd, args) -> list[dict]:
+    out, port = [], free_port()
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="vmdt-bench-metrics-"))
+        image = data_image(os.path.join(tmp, "disk.img"), 32 * MiB)
+        d, notify = stack.enter_context(serve(tmp, image, port, cwd=cwd))
+        for scenario in args.scenarios.split(","):
+            r = window(d, notify, port, scenario, args.conns, args.window)
+            r["daemon"] = label
+            r["meminfo_failed"] = "cannot read /proc/meminfo" in d.output()
+            print(line(r), flush=True)
+            out.append(r)
+            time.sleep(1.0)
+    return out
+
+
+# -- the report ------------------------------------------------------------------------------
+
+def ms(v) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def line(r: dict) -> str:
+    return (f"{r['daemon']:>16} {r['scenario']:>9}: established {r['established']}, "
+            f"daemon sockets ≤ {r['daemon_sockets_max']}, fds ≤ {r['daemon_fds_max']}, "
+            f"CPU {r['cpu_pct']:.1f} %, status gap {r['status_gap_max_s']:.2f} s, "
+            f"watchdog gap {r['watchdog_gap_max_s']:.2f} s, held {r['held_start'] >> 10} → "
+            f"min {r['held_min'] >> 10} KiB, scrapes {r['scrapes_ok']} ok "
+            f"{r['scrapes_failed']} failed (median {ms(r['scrape_median_ms'])} ms, "
+            f"max {ms(r['scrape_max_ms'])} ms)")
+
+
+def markdown(results: list[dict], args) -> str:
+    rows = ["| daemon | clients | connections established | daemon's sockets (max) | "
+            "daemon's fds (max) | daemon CPU | status gap (max) | watchdog gap (max) | "
+            "held at start → least | scrapes served / failed | scrape latency median / max |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        clients = {"none": "none", "after": "none (after the floods)",
+                   "idle": f"{r['conns']:,} idle", "slowloris": f"{r['conns']:,} slow-loris"}
+        rows.append(
+            f"| {r['daemon']} | {clients[r['scenario']]} | {r['established']:,} | "
+            f"{r['daemon_sockets_max']} | {r['daemon_fds_max']} | {r['cpu_pct']:.1f} % | "
+            f"{r['status_gap_max_s']:.2f} s | {r['watchdog_gap_max_s']:.2f} s | "
+            f"{r['held_start'] / MiB:.1f} → {r['held_min'] / MiB:.1f} MiB | "
+            f"{r['scrapes_ok']} / {r['scrapes_failed']} | {ms(r['scrape_median_ms'])} / "
+            f"{ms(r['scrape_max_ms'])} ms |")
+    return (
+        "## Metrics listener under a connection flood\n\n"
+        + provenance() + "\n"
+        f"Issue 31, case 3. One daemon `vmdisktouch run IMG {' '.join(ARGS[:-1])} '' "
+        "--metrics-listen 127.0.0.1:PORT` under `prlimit --nofile=1024:1024`, holding the "
+        "6 MiB hot zone of a 32 MiB data image, its `NOTIFY_SOCKET` played by the benchmark "
+        f"with `WATCHDOG_USEC={WATCHDOG_USEC}` (a ping due every second). A window of "
+        f"{args.window:g} s per row, in order: no client; {args.conns:,} loopback "
+        "connections that never send a byte; as many sending one byte of an endless header "
+        "a second (slow-loris); no client again. Status gap: the longest time between two "
+        "status files (written every 0.2 s cycle); watchdog gap: the longest time between "
+        "two `WATCHDOG=1` (the window's edges count, so a silent daemon shows the window); "
+        "a fresh client scrapes every 0.5 s (3 s timeout). Sockets and fds: the most the "
+        "daemon had open at once (`/proc/PID/fd`); connections established: those whose "
+        f"handshake completed, opened 1,000 a second.\n\n" + "\n".join(rows) + "\n\n"
+        + summary(results) + "\n")
+
+
+def summary(results: list[dict]) -> str:
+    """One sentence per daemon: what the worst flood did to it."""
+    out = []
+    for label in dict.fromkeys(r["daemon"] for r in results):
+        floods = [r for r in results if r["daemon"] == label and r["conns"]]
+        if not floods:
+            continue
+        what = "current: this checkout's code (the selectors endpoint, at most 32 " \
+            "connections, 5 s deadlines)" if label == "current" else \
+            f"{label}: that commit's daemon (prometheus_client's start_http_server)"
+        kept = all(r["held_min"] >= r["held_start"] for r in floods)
+        out.append(
+            f"* {what}: under the floods, holds {'kept' if kept else 'shed'} (least "
+            f"{min(r['held_min'] for r in floods) / MiB:.1f} MiB), the status at most "
+            f"{max(r['status_gap_max_s'] for r in floods):.2f} s apart, the watchdog at most "
+            f"{max(r['watchdog_gap_max_s'] for r in floods):.2f} s, the daemon at most "
+            f"{max(r['cpu_pct'] for r in floods):.1f} % of a core and "
+            f"{max(r['daemon_fds_max'] for r in floods)} descriptors of {NOFILE}, "
+            f"{sum(r['scrapes_failed'] for r in floods)} scrapes failed.")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--conns", type=int, default=2000)
+    ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--compare-rev", metavar="REV", help="also run REV's daemon (worktree)")
+    ap.add_argument("--doc", action="store_true", help="write section metrics-conns")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    if not 1 <= args.conns <= 10000 or not 1 <= args.window <= 120:
+        ap.error("--conns 1..10000, --window 1..120 s")
+    results = run("current", ROOT, args)
+    if args.compare_rev:
+        from tools.worktree import enter_rev_worktree
+        with contextlib.ExitStack() as stack:
+            tree = enter_rev_worktree(stack, args.compare_rev)
+            label = f"@{args.compare_rev}" if tree.sha.startswith(args.compare_rev) \
+                else f"@{args.compare_rev} ({tree.sha[:7]})"
+            results += run(label, tree.path, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.doc:
+        update_section("metrics-conns", markdown(results, args))
+        print("wrote section metrics-conns of docs/benchmarks.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
