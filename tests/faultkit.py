@@ -110,6 +110,17 @@ class Untouched:
             f"{self.path} was modified"
 
 
+def more_cycles(d, n: int = 3, timeout: float = 20.0) -> None:
+    """Wait until the daemon ``d`` (a ``DaemonProc``) has run ``n`` more cycles; it must not exit."""
+    import time
+    target = d.cycles_done() + n
+    deadline = time.monotonic() + timeout
+    while d.cycles_done() < target:
+        assert d.proc.poll() is None, f"daemon exited: {d.output()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {n} more cycles: {d.output()[-2000:]}"
+        time.sleep(0.05)
+
+
 # -- the table as Markdown -----------------------------------------------------------
 
 def _cell(text: str) -> str:

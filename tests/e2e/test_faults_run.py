@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.faultkit import EX_TEMPFAIL, MiB, Untouched, assert_clean, fault, rows_of
+from tests.faultkit import EX_TEMPFAIL, MiB, Untouched, assert_clean, fault, rows_of, more_cycles
 from tests.faultkit import image  # noqa: F401 - the rows' fixture
 from tests.pagecache import data_image, read_range, require_tool
 from tools.common import ROOT
@@ -65,15 +65,6 @@ def hold(d: DaemonProc, image, timeout: float = 30.0) -> None:
         assert d.proc.poll() is None, d.output()[-2000:]
         read_range(image, *HOT)
         time.sleep(0.1)
-
-
-def more_cycles(d: DaemonProc, n: int = 3, timeout: float = 20.0) -> None:
-    target = d.cycles_done() + n
-    deadline = time.monotonic() + timeout
-    while d.cycles_done() < target:
-        assert d.proc.poll() is None, f"daemon exited: {d.output()[-2000:]}"
-        assert time.monotonic() < deadline, f"no {n} more cycles: {d.output()[-2000:]}"
-        time.sleep(0.05)
 
 
 def stopped_cleanly(d: DaemonProc, within: float = 5.0) -> None:

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from tests.faultkit import MiB, Untouched, assert_clean, fault, rows_of
+from tests.faultkit import MiB, Untouched, assert_clean, fault, rows_of, more_cycles
 from tests.faultkit import image  # noqa: F401 - the rows' fixture
 from tests.pagecache import data_image, read_range, require_tool
 from tests.sandbox_exec import parse_unit
@@ -87,15 +87,6 @@ def held_zone(d: DaemonProc, image, zone, timeout: float = 20.0) -> dict:
     return d.wait_status(lambda s: overlap(s.get("regions", []), zone) >= zone[1] // 2,
                          f"the zone at {zone[0] >> 20} MiB held", timeout=timeout,
                          drive=lambda: read_range(image, *zone))
-
-
-def more_cycles(d: DaemonProc, n: int = 3, timeout: float = 20.0) -> None:
-    target = d.cycles_done() + n
-    deadline = time.monotonic() + timeout
-    while d.cycles_done() < target:
-        assert d.proc.poll() is None, f"daemon exited: {d.output()[-2000:]}"
-        assert time.monotonic() < deadline, f"no {n} more cycles: {d.output()[-2000:]}"
-        time.sleep(0.05)
 
 
 def stopped_cleanly(d: DaemonProc, within: float = 5.0) -> None:
