@@ -18,6 +18,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -119,6 +120,30 @@ def more_cycles(d, n: int = 3, timeout: float = 20.0) -> None:
         assert d.proc.poll() is None, f"daemon exited: {d.output()[-2000:]}"
         assert time.monotonic() < deadline, f"no {n} more cycles: {d.output()[-2000:]}"
         time.sleep(0.05)
+
+
+# A daemon whose ``MODULE:ATTR`` sends it signal SIG at its NTH call:
+# ``python -c LAUNCHER MODULE:ATTR NTH SIG run ...`` (the SIGTERM-in-every-phase rows).
+LAUNCHER = textwrap.dedent("""
+    import importlib, os, signal, sys, threading
+    target, nth, sig = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    modname, attr = target.split(":")
+    owner = importlib.import_module(modname)
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    orig = getattr(owner, name)
+    calls = [0]
+    def wrapped(*a, **k):
+        calls[0] += 1
+        if calls[0] == nth:
+            print("INJECT", target, flush=True)
+            os.kill(os.getpid(), sig)
+        return orig(*a, **k)
+    setattr(owner, name, wrapped)
+    from vmdisktouch.commands import cli
+    sys.exit(cli.main(sys.argv[4:]))
+""")
 
 
 # -- the table as Markdown -----------------------------------------------------------

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.faultkit import EX_TEMPFAIL, MiB, Untouched, assert_clean, fault, rows_of, more_cycles
+from tests.faultkit import (EX_TEMPFAIL, LAUNCHER, MiB, Untouched, assert_clean, fault,
+                            more_cycles, rows_of)
 from tests.faultkit import image  # noqa: F401 - the rows' fixture
 from tests.pagecache import data_image, read_range, require_tool
 from tools.common import ROOT
@@ -104,28 +105,6 @@ PHASES = {   # phase -> (module attribute to wrap, on which call)
     "reload": ("vmdisktouch.daemon.service:load_settings", 2),
     "wait": ("vmdisktouch.system.signals:LoopSignals.wait", 3),
 }
-
-LAUNCHER = textwrap.dedent("""
-    import importlib, os, signal, sys, threading
-    target, nth, sig = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    modname, attr = target.split(":")
-    owner = importlib.import_module(modname)
-    *path, name = attr.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    orig = getattr(owner, name)
-    calls = [0]
-    def wrapped(*a, **k):
-        calls[0] += 1
-        if calls[0] == nth:
-            print("INJECT", target, flush=True)
-            os.kill(os.getpid(), sig)
-        return orig(*a, **k)
-    setattr(owner, name, wrapped)
-    from vmdisktouch.commands import cli
-    sys.exit(cli.main(sys.argv[4:]))
-""")
-
 
 def launch(tmp_path, target: str, nth: int, sig: int, *argv) -> subprocess.Popen:
     log = open(tmp_path / "daemon.log", "w+")

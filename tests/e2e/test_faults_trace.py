@@ -20,12 +20,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
-from tests.faultkit import MiB, Untouched, assert_clean, fault, rows_of, more_cycles
+from tests.faultkit import LAUNCHER, MiB, Untouched, assert_clean, fault, more_cycles, rows_of
 from tests.faultkit import image  # noqa: F401 - the rows' fixture
 from tests.pagecache import data_image, read_range, require_tool
 from tests.sandbox_exec import parse_unit
@@ -348,27 +347,6 @@ def _(tmp_path, image):
 
 # -- SIGTERM on these paths ---------------------------------------------------------------------
 
-LAUNCHER = textwrap.dedent("""
-    import importlib, os, signal, sys
-    target, nth = sys.argv[1], int(sys.argv[2])
-    modname, attr = target.split(":")
-    owner = importlib.import_module(modname)
-    *path, name = attr.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    orig = getattr(owner, name)
-    calls = [0]
-    def wrapped(*a, **k):
-        calls[0] += 1
-        if calls[0] == nth:
-            print("INJECT", target, flush=True)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return orig(*a, **k)
-    setattr(owner, name, wrapped)
-    from vmdisktouch.commands import cli
-    sys.exit(cli.main(sys.argv[3:]))
-""")
-
 TRACE_PHASES = {   # phase -> (what to wrap, what makes the daemon reach it after cycle 1)
     "sweep": ("vmdisktouch.system.tracefs:sweep", None),
     "instance-check": ("vmdisktouch.system.tracefs:Instance.check", None),
@@ -387,7 +365,7 @@ def _sigterm_in(phase: str):
         argv = ["run", image, "--max-hold", "16M", *FAST, "--debug", "--status",
                 tmp_path / "s.json"]
         with open(logf, "w") as log:
-            proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, target, "1",
+            proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, target, "1", str(int(signal.SIGTERM)),
                                      *map(str, argv)], stdout=log, stderr=subprocess.STDOUT,
                                     cwd=ROOT)
         deadline, triggered = time.monotonic() + 60, False
