@@ -73,7 +73,7 @@ def plan_one(policy: Policy, obs: Observation, probe) -> Plan:
     """One disk's plan through the one selection the host runs for every disk
     (``policy.select``), with no spill."""
     m = policy.prepare(obs, probe)
-    targets = [] if m is None else select([m], policy.params.budget_blocks, 0.0, [[]])[0][0]
+    targets = [] if m is None else select([m], policy.params.budget_blocks, 0.0, [[]])[0].runs[0]
     return policy.finish(targets)
 
 

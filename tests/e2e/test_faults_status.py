@@ -80,7 +80,7 @@ def shown_apart(tmp_path, image, bad, needle: str, name: str = "bad.json") -> li
     lines = status(run).stdout.splitlines()
     assert len(lines) == 2, lines
     assert "\x1b" not in "".join(lines), lines
-    good = [x for x in lines if x.startswith(f"{image}: held 4M/8M in 1 regions")]
+    good = [x for x in lines if x.startswith(f"{image}: held 4M/8M in 1 region,")]
     assert len(good) == 1 and "STALE" not in good[0], lines
     [other] = [x for x in lines if x not in good]
     assert other.startswith(f"{run}/") and f": {needle}" in other, other

@@ -31,6 +31,12 @@ def samples(text: str) -> dict:
     return out
 
 
+def labelled(text: str, name: str) -> list:
+    """The samples named ``name``, each with its labels."""
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name]
+
+
 def read_range(path, length):
     with open(path, "rb") as f:
         while length > 0:
@@ -57,6 +63,12 @@ def test_endpoint_and_textfile_agree_with_the_status(tmp_path):
         assert http[("vmdisktouch_cycles_total", img)] >= 3
         assert ("vmdisktouch_events_lost_total", img) in http
         assert ("vmdisktouch_disk_info", img) in http
+        assert http[("vmdisktouch_wanted_bytes", img)] >= 0
+        [held] = labelled(body.decode(), "vmdisktouch_held_bytes")
+        assert held.labels == {"disk": img, "domain": "", "target": ""}   # no libvirt
+        limited = labelled(body.decode(), "vmdisktouch_limited")
+        assert {s.labels["reason"] for s in limited} >= {"budget", "no_evidence", "floor"}
+        assert sum(s.value for s in limited) <= 1
         assert not any(name.startswith("python_") or name.startswith("process_")
                        for name, _ in http)                # our registry only
         text = samples(prom.read_text())
@@ -79,6 +91,12 @@ def test_several_disks_and_the_host_budget(tmp_path):
         m = samples(prom.read_text())
         assert m[("vmdisktouch_host_budget_bytes", None)] == 8 * MiB
         assert ("vmdisktouch_held_bytes", a) in m and ("vmdisktouch_held_bytes", b) in m
+        assert m[("vmdisktouch_host_disks", None)] == 2
+        assert m[("vmdisktouch_host_above_floor_bytes", None)] > 0      # --min-free 0
+        for path in (a, b):                          # each share within the host budget
+            assert 0 <= m[("vmdisktouch_budget_bytes", path)] <= 8 * MiB
+        for s in labelled(prom.read_text(), "vmdisktouch_limited"):
+            assert (s.labels["domain"], s.labels["target"]) == ("", "")
     finally:
         assert d.stop() == 0, d.output()[-2000:]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from tests.pagecache import data_image
 from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
 
 MiB = 1 << 20
+UNREAD = r"(?:no evidence of use yet|nothing is above the threshold \(.*\))"  # a disk not read
 
 
 def status_cmd(*argv):
@@ -25,42 +27,61 @@ def status_cmd(*argv):
 
 
 def test_status_lists_live_daemons_and_says_stale_once_one_is_gone(tmp_path):
+    """A one-disk daemon and a host daemon of two real images, one of them read: the host
+    line, one line per disk held of its share (the read one's share leaves the other less
+    than the budget), ``--json`` with the host's keys; exit 0 while a daemon is live, 3
+    once its file is stale, 66 for a PATH no file serves."""
     run = tmp_path / "run"
     run.mkdir()
     one, a, b = (data_image(tmp_path / f"{n}.raw", 16 * MiB) for n in ("one", "a", "b"))
     env = env_without_systemd()
     single = DaemonProc(run, one, "--uri", "", max_hold="8M", interval=1.0,
                         status="one.json", log="../one.log", env=env)
-    host = DaemonProc(run, [a, b], "--uri", "", max_hold="8M", interval=1.0,
-                      status="host.json", log="../host.log", env=env)
+    host = DaemonProc(run, [a, b], "--uri", "", "--min-free", "0", max_hold="8M",
+                      interval=1.0, status="host.json", log="../host.log", env=env)
     try:
         single.wait_status(lambda s: s["cycle"] >= 1, "the single daemon's first cycle")
-        host.wait_status(lambda s: s["host"]["cycle"] >= 1, "the host daemon's first cycle")
+        host.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold of the host's disk a",
+                         drive=lambda: open(a, "rb").read(4 * MiB))
         r = status_cmd("--dir", str(run))
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
-        assert len(lines) == 3 and not any("STALE" in x for x in lines), r.stdout
-        by_path = {x.split(":")[0]: x for x in lines}
-        assert set(by_path) == {one, a, b}
-        assert f"pid {single.pid}" in by_path[one] and f"pid {host.pid}" in by_path[a]
-        assert "held 0/8M" in by_path[one] and "no evidence of use yet" in by_path[one]
+        assert len(lines) == 4 and not any("STALE" in x for x in lines), r.stdout
+        head, line_a, line_b, line_one = lines
+        assert re.fullmatch(rf"host \(pid {host.pid}, v[^)]+\): held [1-9][^ ]* of 8M budget, "
+                            r"[^ ]+ above the floor, 2 disks served, 0 failed, cycle \d+, "
+                            r"\d+ s ago, LIVE", head), head
+        assert line_a.startswith(f"  {a}: held ") and not line_a.startswith(f"  {a}: held 0/")
+        share_b = re.match(rf"  {re.escape(b)}: held 0/([^ ]+) ", line_b)
+        assert share_b and share_b[1] != "8M", line_b       # a's hold is not b's to take
+        assert re.search(rf" \({UNREAD}\)$", line_b), line_b     # its not_held_reason
+        assert re.match(rf"{re.escape(one)}: held 0/8M in 0 regions \({UNREAD}\), ", line_one)
+        assert f"pid {single.pid}" in line_one and line_one.endswith(" LIVE"), line_one
 
-        # one disk, named another way; --json
+        # one disk, named another way; --json: the host's file, with its keys, cut to it
         r = status_cmd("--dir", str(run), "--json",
                        os.path.join(os.path.dirname(a), ".", os.path.basename(a)))
-        [entry] = json.loads(r.stdout)
-        assert entry["path"] == a and entry["pid"] == host.pid and entry["stale"] is False
-        assert entry["budget_bytes"] == 8 * MiB and entry["file"] == str(run / "host.json")
+        [doc] = json.loads(r.stdout)
+        assert r.returncode == 0 and doc["file"] == str(run / "host.json")
+        assert doc["stale"] is False and doc["host"]["pid"] == host.pid
+        assert doc["host"]["budget_bytes"] == 8 * MiB and doc["host"]["min_free_bytes"] == 0
+        [line] = doc["host"]["disks"]
+        [entry] = doc["disks"]
+        assert line["path"] == entry["path"] == a and entry["host_budget_bytes"] == 8 * MiB
+        assert 0 < entry["budget_bytes"] <= 8 * MiB and line["domain"] is None
 
         single.kill()                                   # SIGKILL: its status file stays
         r = status_cmd("--dir", str(run), one)
-        assert r.returncode == 0 and r.stdout.rstrip().endswith("STALE"), r.stdout
+        assert r.returncode == 3 and r.stdout.rstrip().endswith("STALE"), r.stdout
+        assert status_cmd("--dir", str(run)).returncode == 0      # the host is live
         r = status_cmd("--dir", str(run), str(tmp_path / "nothing.raw"))
         assert r.returncode == 66 and "no status file" in r.stderr
         assert len(r.stderr.splitlines()) == 1
     finally:
         single.stop()
         assert host.stop() == 0
+    r = status_cmd("--dir", str(run))
+    assert r.returncode == 3 and "LIVE" not in r.stdout, r.stdout
 
 
 def test_every_valid_entry_is_shown_beside_every_kind_of_bad_file(tmp_path):
@@ -104,27 +125,32 @@ def test_every_valid_entry_is_shown_beside_every_kind_of_bad_file(tmp_path):
     r = status_cmd("--dir", str(run))
     assert r.returncode == 0 and r.stderr == "", r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 5 + len(bad), r.stdout
+    assert len(lines) == 6 + len(bad), r.stdout        # one, nul; host: its line, a, b, failed
     for name, why in bad.items():
         assert f"{run}/{name}.json: {why}" in r.stdout, (name, r.stdout)
     for path in (one, a, b):
-        assert sum(x.startswith(f"{path}: held 1M/8M in 1 regions") for x in lines) == 1
+        assert sum(x.lstrip().startswith(f"{path}: held 1M/8M in 1 region") for x in lines) == 1
+    assert sum(x.startswith(f"host (pid {os.getpid()}, v0-test): held 1M of 8M budget, "
+                            "2 disks served, 1 failed") for x in lines) == 1, r.stdout
     assert "/img/a\\x00b: held" in r.stdout and "\x1b" not in r.stdout
-    assert "/gone.img: FAILED: deleted\\x1b[1m (pid" in r.stdout
+    assert "  /gone.img: FAILED: deleted\\x1b[1m" in lines
     assert not any("STALE" in x for x in lines if "unreadable" not in x and "malformed" not in x)
 
     entries = json.loads(status_cmd("--dir", str(run), "--json").stdout,
                          parse_constant=lambda c: pytest.fail(f"--json printed {c}"))
-    assert len(entries) == 5 + len(bad)
+    assert len(entries) == 3 + len(bad)                # one per file
     assert all(e["stale"] and set(e) == {"file", "error", "stale"}
-               for e in entries if "path" not in e)
+               for e in entries if "path" not in e and "host" not in e)
+    [h] = [e for e in entries if "host" in e]
+    assert h["host"]["failed"] == [{"path": "/gone.img", "error": "deleted\x1b[1m"}]
 
     r = status_cmd("--dir", str(run), a)
-    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1 and "pid" in r.stdout, r
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2 and "pid" in r.stdout, r
     r = status_cmd("--dir", str(run), str(tmp_path / "nothing.raw"))
     assert r.returncode == 66 and f"({len(bad)} unreadable or malformed" in r.stderr
     r = status_cmd("--dir", str(tmp_path / "no\x1b[2Jdir"))
-    assert r.returncode == 0 and r.stdout == f"no status files in {tmp_path}/no\\x1b[2Jdir\n"
+    assert r.returncode == 66 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr == f"vmdisktouch: {tmp_path}/no\\x1b[2Jdir: no such directory\n"
 
 
 def key_paths(obj, prefix=""):

@@ -158,8 +158,8 @@ def test_lost_events_make_the_cycle_reconcile_with_mincore(scratch, tracefs_root
     try:
         held = np.zeros(16, bool)
         cfg = settings.resolve({"max_hold": "4M"})
-        first = source.observe(image.size, held, cfg)       # the first cycle reconciles
-        assert first.reconcile
+        first = source.observe(image.size, held, cfg)       # the first cycle scans, but
+        assert source.last["reconciled"] and not first.reconcile   # residency is no evidence
         quiet = source.observe(image.size, held, cfg)
         assert not quiet.reconcile and not source.last["reconciled"]
         guest_reads(path, list(range(0, 8 * MiB // PAGE)) * 3)   # far more than 4 KiB holds
@@ -294,3 +294,27 @@ def test_a_blind_instance_that_cannot_be_made_anew_falls_back_to_a_mincore_pass_
     finally:
         w.close()
     assert not os.path.exists(inst)
+
+
+def test_a_cached_idle_disk_gets_no_budget_before_it_is_read(watcher):
+    """Cold start (#32): residency is not evidence of use. An idle image a ``dd`` left in
+    the cache gets nothing of a shared budget at the first cycle, while a disk the guest
+    reads gets its zone; before, the first cycle counted residency and locked 16M of the
+    idle image at once (``loaded 16M (0 from disk, 16M relocked)``)."""
+    from vmdisktouch.daemon.host import Host
+    idle, busy = watcher(), watcher()
+    fd = os.open(idle.test_path, os.O_RDONLY)
+    try:
+        for off in range(0, 16 * MiB, MiB):            # the dd: the first 16M cached
+            os.pread(fd, MiB, off)
+    finally:
+        os.close(fd)
+    busy.test_clock = idle.test_clock
+    h = Host([idle, busy], 16 * MiB, idle.block_size)
+    for cycle in range(3):
+        guest_reads(busy.test_path, zone_pages(20, 28))
+        idle.test_clock.t += 5.0
+        h.tick()
+        assert idle.holder.held_bytes() == 0, cycle
+        assert idle.last_report.limited_by == "no_evidence"
+    assert busy.holder.held_bytes() >= 8 * MiB

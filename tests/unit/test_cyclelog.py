@@ -3,10 +3,8 @@ and the reason less than the budget is held."""
 
 import logging
 
-import pytest
-
 from vmdisktouch.config import settings
-from vmdisktouch.daemon.cyclelog import CycleLog, why_not_held
+from vmdisktouch.daemon.cyclelog import CycleLog
 from vmdisktouch.daemon.emit import CycleReport
 
 MiB = 1 << 20
@@ -19,7 +17,7 @@ def rep(cycle, held=0, regions=(), loaded=0, relocked=0, released=0, rewritten=0
                        regions=list(regions), rewritten_blocks=rewritten, rewritten_ranges=[],
                        mem_available_bytes=avail, loaded_bytes=loaded, released_bytes=released,
                        skipped_bytes=skipped, size_bytes=1 << 30, relocked_bytes=relocked,
-                       spill_read_bytes=spilled)
+                       spill_read_bytes=spilled, share_bytes=64 * MiB)
 
 
 def levels(caplog):
@@ -71,20 +69,3 @@ def test_a_summary_every_few_minutes(caplog):
     msgs = [m for _, m in levels(caplog)]
     assert msgs[0].startswith("/img: cycle 1:") and len(msgs) == 2
     assert msgs[1].startswith("/img: last 5 min: 61 cycles") and "loaded 1M" in msgs[1]
-
-
-@pytest.mark.parametrize("kw,holding,refused,needle", [
-    ({}, False, None, "libvirt domain is not running"),
-    ({"skipped": MiB, "avail": 900 * MiB}, True, None, "free-memory floor (min_free 1G)"),
-    ({"skipped": MiB}, True, None, "1M targeted was not loaded"),
-    ({}, True, "RLIMIT_MEMLOCK 8M", "refused to lock more (RLIMIT_MEMLOCK 8M)"),
-    ({}, True, None, "no evidence of use yet"),
-])
-def test_why_not_held(kw, holding, refused, needle):
-    assert needle in why_not_held(rep(1, **kw), CFG, holding=holding, lock_refused=refused)
-
-
-def test_nothing_to_say_when_the_budget_is_held_or_some_is_held_freely():
-    assert why_not_held(rep(1, held=64 * MiB), CFG, holding=True, lock_refused=None) is None
-    assert why_not_held(rep(1, held=MiB), CFG, holding=True, lock_refused=None) is None
-

@@ -37,3 +37,122 @@ def test_a_status_without_spill_counts_zero():
     v = values(c)
     assert v[("vmdisktouch_spill_bytes", "/img")] == 0
     assert v[("vmdisktouch_spill_read_bytes_total", "/img")] == 0
+
+
+# -- labels, the share, the reason, the host (issue 32) ----------------------
+
+def disk_status(path: str, domain: str | None = None, target: str | None = None, *,
+                share: int = 64, wanted: int | None = 100, held: int = 40,
+                limited_by: str | None = "budget") -> dict:
+    """A disk's status as the daemon writes it (``emit.Emitter.status_obj``), trimmed."""
+    return {"path": path, "domain": domain, "target": target, "budget_bytes": share,
+            "host_budget_bytes": 256, "wanted_bytes": wanted, "held_bytes": held,
+            "limited_by": limited_by, "regions": [], "access_source": "trace",
+            "holding": True}
+
+
+def by_labels(collector: Collector) -> dict:
+    """(name, disk, domain, target, reason) -> value."""
+    return {(s.name, s.labels.get("disk"), s.labels.get("domain"), s.labels.get("target"),
+             s.labels.get("reason")): s.value
+            for family in collector.collect() for s in family.samples}
+
+
+def test_every_disk_series_carries_domain_and_target_empty_when_libvirt_does_not_know():
+    c = Collector()
+    c.update([disk_status("/a", "web", "vda"), disk_status("/b")])
+    families = list(c.collect())
+    per_disk = [s for f in families for s in f.samples if "disk" in s.labels]
+    assert per_disk and all({"disk", "domain", "target"} <= set(s.labels) for s in per_disk)
+    names = {f.name for f in families if any("disk" in s.labels for s in f.samples)}
+    assert {"vmdisktouch_held_bytes", "vmdisktouch_cycles", "vmdisktouch_limited",
+            "vmdisktouch_disk_info", "vmdisktouch_events_lost"} <= names
+    for s in per_disk:
+        want = ("web", "vda") if s.labels["disk"] == "/a" else ("", "")
+        assert (s.labels["domain"], s.labels["target"]) == want, s
+
+
+def test_the_budget_gauge_is_the_disk_s_share_and_wanted_is_all_it_would_hold():
+    c = Collector()
+    c.update([disk_status("/a", "web", "vda", share=64, wanted=100),
+              disk_status("/b", share=192, wanted=None)])
+    v = by_labels(c)
+    assert v[("vmdisktouch_budget_bytes", "/a", "web", "vda", None)] == 64
+    assert v[("vmdisktouch_budget_bytes", "/b", "", "", None)] == 192
+    assert v[("vmdisktouch_wanted_bytes", "/a", "web", "vda", None)] == 100
+    assert ("vmdisktouch_wanted_bytes", "/b", "", "", None) not in v   # no selection yet
+    help_text = {f.name: f.documentation for f in c.collect()}
+    assert "share" in help_text["vmdisktouch_budget_bytes"]
+
+
+def test_the_reason_is_a_state_set_of_every_code_one_at_1():
+    from vmdisktouch.daemon.reasons import CODES
+    c = Collector()
+    c.update([disk_status("/a", "web", "vda", limited_by="cap"),
+              disk_status("/b", limited_by=None)])
+    v = by_labels(c)
+    a = {k[4]: x for k, x in v.items() if k[0] == "vmdisktouch_limited" and k[1] == "/a"}
+    b = {k[4]: x for k, x in v.items() if k[0] == "vmdisktouch_limited" and k[1] == "/b"}
+    assert set(a) == set(b) == set(CODES)
+    assert a["cap"] == 1 and sum(a.values()) == 1
+    assert sum(b.values()) == 0                       # it holds all it wants
+    [fam] = [f for f in c.collect() if f.name == "vmdisktouch_limited"]
+    assert fam.type == "gauge"
+
+
+def test_the_metrics_know_every_reason_code():
+    from vmdisktouch.adapters.metrics import REASONS
+    from vmdisktouch.daemon.reasons import CODES
+    assert REASONS == CODES
+    c = Collector()                                   # a code unknown to it still shows
+    c.update([disk_status("/a", limited_by="new_code")])
+    assert by_labels(c)[("vmdisktouch_limited", "/a", "", "", "new_code")] == 1
+
+
+def test_the_host_gauges():
+    c = Collector()
+    disks = [disk_status("/a", "web", "vda"), disk_status("/b")]
+    host = {"budget_bytes": 256, "held_bytes": 80, "mem_available_bytes": 1000,
+            "min_free_bytes": 300, "above_floor_bytes": 700,
+            "disks": [{"path": "/a"}, {"path": "/b"}, {"path": "/c"}]}   # /c: no status yet
+    c.update(disks, host)
+    v = values(c)
+    assert v[("vmdisktouch_host_budget_bytes", None)] == 256
+    assert v[("vmdisktouch_host_held_bytes", None)] == 80
+    assert v[("vmdisktouch_host_above_floor_bytes", None)] == 700
+    assert v[("vmdisktouch_host_disks", None)] == 3
+    c.update(disks, dict(host, above_floor_bytes=None))     # MemAvailable not read yet
+    assert ("vmdisktouch_host_above_floor_bytes", None) not in values(c)
+    c.update(disks)                                         # no host: no host gauge
+    assert not any(name.startswith("vmdisktouch_host_") for name, _ in values(c))
+
+
+def test_odd_label_values_are_escaped_and_read_back_intact():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    domain = 'we"b\\1\nx {a="b"}, é \u2603'
+    path = '/var/lib/im"g\\s/a b\n.qcow2'
+    c = Collector()
+    c.update([disk_status(path, domain, "vda")])
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(c)
+    text = generate_latest(reg).decode()
+    assert '\\"' in text and "\\\\" in text and "\\n" in text
+    held = [line for line in text.splitlines() if line.startswith("vmdisktouch_held_bytes{")]
+    assert len(held) == 1                             # the newlines escaped: one line
+    seen = {(s.name, s.labels["disk"], s.labels["domain"], s.labels["target"])
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "vmdisktouch_held_bytes"}
+    assert seen == {("vmdisktouch_held_bytes", path, domain, "vda")}
+
+
+def test_every_metric_is_in_docs_metrics_md():
+    import pathlib
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    c = Collector()
+    c.update([disk_status("/a", "web", "vda")],
+             {"budget_bytes": 1, "held_bytes": 1, "above_floor_bytes": 1, "disks": []})
+    names = {s.name for f in c.collect() for s in f.samples}
+    assert len(names) > 20
+    for name in names:
+        assert f"`{name}`" in doc, name

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from vmdisktouch.core import regions
+from vmdisktouch.core import budget as fill, regions
 from vmdisktouch.core.policy import HOLD_FRACTION, INCUMBENT_WEIGHT, SELECT_RULES
 
 
 def select(heat, rewritten, threshold, budget, held=None, recent=None, candidates=None):
     """``regions.select`` with the policy's rules."""
-    return regions.select(heat, rewritten, threshold, budget, SELECT_RULES, held, recent,
+    return fill.select(heat, rewritten, threshold, budget, SELECT_RULES, held, recent,
                           candidates=candidates)
 
 
@@ -76,18 +76,16 @@ def test_below_threshold_blocks_are_never_selected():
             assert (h[s:e] >= THR).all()
 
 
-def test_regions_are_ranked_by_summed_heat_wide_warm_beats_narrow_hot():
-    h = heatmap(200, (10, 14, 3.0),          # narrow hot: sum 12
-                (50, 90, 0.5),               # wide warm: sum 20
-                (120, 125, 0.3))             # small warm: sum 1.5
-    assert select(h, None, THR, 1000, None) == [(50, 90), (10, 14), (120, 125)]
-    # only the wide one fits
-    assert select(h, None, THR, 40, None) == [(50, 90)]
-
-
-def test_narrow_hot_wins_when_its_sum_is_larger():
-    h = heatmap(200, (10, 14, 3.0), (50, 60, 0.5))     # 12 vs 5
-    assert select(h, None, THR, 1000, None) == [(10, 14), (50, 60)]
+def test_regions_are_ranked_by_heat_per_block_narrow_hot_beats_wide_warm():
+    """Benefit per byte (#32): before, by summed heat, the wide warm region came first and
+    took a budget of 40 whole."""
+    h = heatmap(200, (10, 14, 3.0),          # narrow hot: 3 per block (sum 12)
+                (50, 90, 0.5),               # wide warm: 0.5 per block (sum 20)
+                (120, 125, 0.3))             # small warm: 0.3 per block
+    assert select(h, None, THR, 1000, None) == [(10, 14), (50, 90), (120, 125)]
+    # the hot one first, the wide one windowed to what is left
+    out = select(h, None, THR, 40, None)
+    assert out[0] == (10, 14) and total_len(out) == 40 and 50 <= out[1][0] < out[1][1] <= 90
 
 
 def mask(n, *runs):
@@ -182,20 +180,15 @@ def test_a_region_that_does_not_fit_is_cut_to_its_hottest_window():
     assert total_len(out) == 9 and out[0][0] <= 25 and out[0][1] >= 30
 
 
-def test_a_cut_window_competes_with_smaller_denser_regions():
-    # A: 100 blocks at 0.5 (sum 50); B: 10 blocks at 3 (sum 30).
+def test_a_denser_region_comes_before_a_larger_one_at_any_budget():
+    # A: 100 blocks at 0.5 (sum 50); B: 10 blocks at 3 (sum 30): B is denser.
     h = heatmap(300, (0, 100, 0.5), (200, 210, 3.0))
-    # budget 40: A's best window sums 20 < B's 30, so B first, then A cut to 30
-    out = select(h, None, THR, 40, None)
-    assert out[0] == (200, 210)
-    assert total_len(out) == 40 and out[1][1] - out[1][0] == 30
-    assert 0 <= out[1][0] and out[1][1] <= 100
-    # budget 80: A's window of 80 sums 40 > 30: it fills the budget alone
-    assert select(h, None, THR, 80, None) == [(0, 80)]
-    # budget 105: A whole, then B cut to 5
-    out = select(h, None, THR, 105, None)
-    assert out[0] == (0, 100) and total_len(out) == 105
-    assert 200 <= out[1][0] and out[1][1] <= 210
+    for budget in (5, 40, 80, 105):
+        out = select(h, None, THR, budget, None)
+        assert total_len(out) == budget
+        assert out[0] == ((200, 200 + budget) if budget < 10 else (200, 210))
+        if budget > 10:
+            assert out[1][1] - out[1][0] == budget - 10 and out[1][1] <= 100
 
 
 def test_the_budget_is_never_exceeded_and_runs_never_overlap():

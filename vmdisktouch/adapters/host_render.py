@@ -1,45 +1,177 @@
-"""The host overview PNG: every disk in one picture, and how the budget is split.
+"""The host overview PNG: every disk in one picture, who got the budget and why.
 
-Top: one line of text (the sum held of the budget, the number of disks)
-over the *budget bar*, as wide as the budget: each disk's held bytes are a
-segment in the disk's own colour, in order, and what is left of the budget
-is dark grey; so the split is seen at a glance. Below, one *band* per disk:
-its colour swatch and name with its held bytes and share of the budget,
-then its whole image squeezed into the band's width, each column a slice of
-its blocks: blue where the daemon holds blocks (brighter = more of the
-slice), else green as bright as the share cached, else black (the block
-map's colours, ``render``).
+Layout, top to bottom (``WIDTH`` pixels wide, at least ``MIN_WIDTH``; a
+band per disk, so the height grows with the disks):
+
+* a header: the sum held of the budget and the number of disks; the time
+  (as the block map's header, ``figure.header_lines``) and the free memory
+  above the floor (MemAvailable less ``min_free``: what the host can still
+  give before the floor stops the holds);
+* the *budget bar*, as wide as the picture and standing for the whole
+  budget: each disk's held bytes are a segment in the disk's colour, in the
+  daemon's order, 1 px apart; what is not held is grey (``UNUSED``);
+* one *band* per disk, in the daemon's order:
+
+  - left: the disk's *swatch* (its colour) and its name, ``domain/target``
+    under libvirt, else the image path (shortened from the left); below, the
+    image's size and, when it holds less than it wants, why
+    (``daemon.reasons``'s code in a word or two, ``REASONS``);
+  - middle: the *allocation bar*, scaled to the budget (its full width is
+    the budget, the same scale for every disk, so the bars compare): solid
+    in the disk's colour, what it holds; dim in the disk's colour, what it
+    *wants* (all its candidate regions would take); a white outline, its
+    *share* (what the selection gave it plus the free budget it could still
+    take); below, the three in numbers;
+  - right: the *image strip*, the whole image squeezed into the strip, each
+    column a slice of its blocks, in the block map's colours and meanings
+    (``render``): sky blue where the daemon holds blocks (brighter = more of
+    the slice), else bluish green as bright as the share cached, else black.
+    The strip's width grows with the log of the image size relative to the
+    largest image in the picture: the largest gets the whole column, each
+    halving takes a tenth of it off, and an image 1/1024 of the largest or
+    smaller gets ``MIN_STRIP`` pixels (a 196 KiB image next to a 1 GiB one
+    is a short strip, never as wide); the size is printed on the left.
+* a legend of all these marks.
+
+Colours. The block map's four colours keep their meaning here: sky blue is
+held and bluish green cached (only in the image strips); vermillion
+(rewritten) and yellow (thrashing) are not used. A disk's own colour is a
+separate swatch, from ``PALETTE``: six colours of the colour-blind-safe
+families that are none of those four: Okabe-Ito's orange, blue and reddish
+purple (Okabe and Ito made the eight to stay apart for red-green
+colour-blind eyes, vermillion and yellow included), and Paul Tol's light
+pink and bright red and purple. Each is at least 20 CIEDE2000 apart from
+the block map's four for normal vision and at least 10 under simulated
+protanopia and deuteranopia (Machado 2009), and bright enough on the dark
+background; orange (nearest: yellow and vermillion, 22) is the closest
+call. Tol's cyan, teal, green, olive, sand and grey family were left out
+(too near sky blue, bluish green, vermillion, yellow, or the free grey).
+
+A disk's colour comes from its identity, never its position:
+``PALETTE[blake2b(key) % 6]`` with ``key`` = ``domain/target`` when known,
+else the image path (``disk_key``): a fixed hash, not Python's salted
+``hash``, so it is the same in every frame and every process, and a domain
+that restarts (and moves in the list) keeps its colour. Not CRC-32: it is
+linear, so names one character apart (vm1/vda, vm2/vda, ...) crowd onto a
+few colours. Two disks of one
+frame can draw the same colour: then, among the disks sharing a colour,
+the one whose key sorts first is solid and the others are hatched (dark
+stripes over their colour; their rank in that sorted order picks the
+pattern: diagonal, the other diagonal, vertical, crossed), in the swatch,
+the budget bar and the allocation bar. The hatching depends only on which
+disks share the colour in the frame, never on the list's order; the colour
+itself never changes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
+
+from vmdisktouch.adapters import render
+from vmdisktouch.adapters.figure import DIM, LINE, PAD, TEXT, _font
+from vmdisktouch.sizes import format_size
 
 WIDTH = 1024
-LABEL = 300                 # pixels of a band's label
-BAND = 18                   # pixels per disk band
-BAR = 18
-TEXT = 16
-BG = (24, 24, 24)
-UNUSED = (70, 70, 70)
-# distinct on a dark background and for red-green colour blindness (Okabe-Ito)
-PALETTE = [(230, 159, 0), (86, 180, 233), (0, 158, 115), (240, 228, 66), (0, 114, 178),
-           (213, 94, 0), (204, 121, 167), (255, 255, 255)]
+MIN_WIDTH = 760             # the legend's longest line fits
+LABEL = 250                 # x of the allocation bars (the name column is left of it)
+GAP = 20                    # between the allocation bar and the image strip
+HEAD = PAD + 2 * LINE + 4   # y of the budget bar (below the two header lines)
+BAR = 18                    # the budget bar's height
+TOP = HEAD + BAR + 6 + LINE + 2   # y of the first band (below the column titles)
+BAND = 2 * LINE + 6         # pixels per disk band
+ROW = 12                    # an allocation bar's height
+SWATCH = 12
+LEGEND = 5                  # lines of legend
+MIN_STRIP = 12              # the narrowest image strip
+STRIP_RANGE = 10            # doublings below the largest image that reach MIN_STRIP
+BG = tuple(int(x) for x in render.PADDING)
+UNUSED = (70, 70, 70)       # the budget not held
+TRACK = (40, 40, 40)        # an allocation bar's background (the budget)
+FRAME = (90, 90, 90)        # around an image strip
+SHARE = (255, 255, 255)     # the share's outline
+NEUTRAL = (200, 200, 200)   # the legend's stand-in for a disk's colour
+# Okabe-Ito orange, blue, reddish purple; Tol light pink, bright red, bright purple
+PALETTE = [(230, 159, 0), (0, 114, 178), (204, 121, 167), (255, 170, 187),
+           (238, 102, 119), (170, 51, 119)]
+REASONS = {"domain_off": "domain off", "no_evidence": "no reads yet",
+           "below_threshold": "the threshold", "budget": "budget", "cap": "its cap",
+           "weight": "its weight", "floor": "the memory floor", "cgroup": "its cgroup",
+           "lock_limit": "the lock limit", "not_loaded": "a load error"}
+# the hatch of the 1st, 2nd, ... other disk of a shared colour: True = a dark pixel
+PATTERNS = (lambda x, y: (x + y) % 4 == 0, lambda x, y: (x - y) % 4 == 0,
+            lambda x, y: x % 3 == 0, lambda x, y: ((x + y) % 4 == 0) | ((x - y) % 4 == 0))
 
 
 @dataclass(frozen=True)
 class DiskBand:
-    name: str
+    name: str                   # the image path
     held_bytes: int
     resident: np.ndarray        # per block: the fraction cached
     held: np.ndarray            # per block: held (bool)
+    domain: str | None = None   # its libvirt domain and target, when known
+    target: str | None = None
+    size_bytes: int = 0         # the image's size
+    share_bytes: int | None = None   # its share of the budget (None: no selection yet)
+    wanted_bytes: int | None = None  # all it would hold (its candidate regions)
+    limited_by: str | None = None    # why it holds less than it wants (daemon.reasons)
+
+
+def disk_key(d: DiskBand) -> str:
+    """The disk's identity: ``domain/target`` under libvirt, else the image path."""
+    return f"{d.domain}/{d.target}" if d.domain else d.name
+
+
+def disk_colour(d: DiskBand) -> tuple[int, int, int]:
+    """Its colour: the same in every frame and process (BLAKE2b of ``disk_key``)."""
+    h = hashlib.blake2b(disk_key(d).encode(), digest_size=8).digest()
+    return PALETTE[int.from_bytes(h, "big") % len(PALETTE)]
+
+
+def colours(disks: list[DiskBand]) -> list[tuple[tuple[int, int, int], int]]:
+    """Per disk, (colour, rank): rank 0 is solid; rank r > 0, the r-th other disk of the
+    frame with that colour in key order, is hatched with ``PATTERNS[r - 1]``."""
+    cs = [disk_colour(d) for d in disks]
+    out = []
+    for d, c in zip(disks, cs):
+        keys = sorted({disk_key(o) for o, oc in zip(disks, cs) if oc == c})
+        out.append((c, keys.index(disk_key(d))))
+    return out
+
+
+def band_top(k: int) -> int:
+    """The y of band ``k``'s top."""
+    return TOP + k * BAND
+
+
+def swatch_box(k: int) -> tuple[int, int, int, int]:
+    """Band ``k``'s swatch (x0, y0, x1, y1), inclusive."""
+    y = band_top(k) + 2
+    return PAD, y, PAD + SWATCH - 1, y + SWATCH - 1
+
+
+def columns_x(width: int) -> tuple[int, int, int]:
+    """(the allocation bar's width, the image strip's x, the strip's widest)."""
+    alloc = int((width - LABEL - PAD) * 0.44)
+    strip_x = LABEL + alloc + GAP
+    return alloc, strip_x, max(MIN_STRIP, width - PAD - strip_x)
+
+
+def strip_width(size: int, largest: int, span: int) -> int:
+    """The image strip's width: ``span`` for the largest image, a tenth of it less per
+    halving, at least ``MIN_STRIP``."""
+    if size <= 0 or largest <= 0:
+        return MIN_STRIP
+    frac = 1 + math.log2(min(size, largest) / largest) / STRIP_RANGE
+    return max(MIN_STRIP, int(round(span * frac)))
 
 
 def _size(n: int) -> str:
-    from vmdisktouch.sizes import format_size
     return format_size(n)
 
 
@@ -56,42 +188,168 @@ def _columns(values: np.ndarray, width: int) -> np.ndarray:
     return (sums / np.bincount(col, minlength=width)).astype(np.float32)
 
 
-def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH) -> Image.Image:
-    height = TEXT + BAR + 4 + len(disks) * (BAND + 2) + 2
-    img = Image.new("RGB", (width, height), BG)
-    draw = ImageDraw.Draw(img)
-    font = ImageFont.load_default()
+def _strip(d: DiskBand, w: int, h: int) -> Image.Image:
+    """The image strip: held sky blue (half to full), else cached bluish green."""
+    held = _columns(d.held.astype(np.float32), w)
+    cached = _columns(np.clip(d.resident, 0, 1), w)
+    rgb = cached[:, None] * np.array(render.CACHED, np.float32)
+    on = held > 0
+    rgb[on] = (0.5 + 0.5 * held[on])[:, None] * np.array(render.HELD, np.float32)
+    row = rgb.round().clip(0, 255).astype(np.uint8)
+    return Image.fromarray(np.ascontiguousarray(np.repeat(row[None], h, axis=0)))
+
+
+def _fill(img: Image.Image, box, colour, rank: int = 0) -> None:
+    """``box`` (inclusive) in ``colour``, hatched by ``rank`` (0: solid); the pattern is
+    anchored to the picture, so neighbouring boxes line up."""
+    x0, y0, x1, y1 = (int(v) for v in box)
+    if x1 < x0 or y1 < y0:
+        return
+    a = np.empty((y1 - y0 + 1, x1 - x0 + 1, 3), np.uint8)
+    a[:] = colour
+    if rank:
+        yy, xx = np.mgrid[y0:y1 + 1, x0:x1 + 1]
+        a[PATTERNS[(rank - 1) % len(PATTERNS)](xx, yy)] = BG
+    img.paste(Image.fromarray(a), (x0, y0))
+
+
+def _dim(colour) -> tuple[int, int, int]:
+    return tuple(int(round(0.4 * c + 0.6 * b)) for c, b in zip(colour, BG))
+
+
+def _fit(draw, text: str, room: float, font, left: bool = True) -> str:
+    """``text`` shortened from the left ("...tail"), or the right, to fit ``room`` px."""
+    if draw.textlength(text, font=font) <= room:
+        return text
+    while text and draw.textlength("..." + text, font=font) > room:
+        text = text[1:] if left else text[:-1]
+    return "..." + text if left else text + "..."
+
+
+def _px(n: int | None, budget: int, w: int) -> int:
+    """Bytes as pixels of a ``w``-wide bar that is the budget (at least 1 when > 0)."""
+    if not n or budget <= 0:
+        return 0
+    return max(1, int(round(w * min(n, budget) / budget)))
+
+
+def header(disks: list[DiskBand], budget: int, when: float | None,
+           above_floor: int | None) -> list[str]:
     held = sum(d.held_bytes for d in disks)
-    draw.text((4, 2), f"host: held {_size(held)} of {_size(budget)} budget, {len(disks)} disks",
-              fill=(230, 230, 230), font=font)
-    # the budget bar
-    y = TEXT
-    draw.rectangle([0, y, width - 1, y + BAR - 1], fill=UNUSED)
-    x = 0.0
-    for k, d in enumerate(disks):
-        w = width * d.held_bytes / budget if budget else 0.0
-        if w > 0:
-            draw.rectangle([int(x), y, max(int(x), int(x + w) - 1), y + BAR - 1],
-                           fill=PALETTE[k % len(PALETTE)])
-        x += w
-    # the bands
-    y = TEXT + BAR + 4
-    span = width - LABEL
-    for k, d in enumerate(disks):
-        colour = PALETTE[k % len(PALETTE)]
-        draw.rectangle([0, y, 10, y + BAND - 1], fill=colour)
-        share = d.held_bytes / budget if budget else 0.0
-        name = d.name if len(d.name) <= 32 else "..." + d.name[-29:]
-        label = f"{name}  {_size(d.held_bytes)} ({share:.0%})"
-        draw.text((14, y + 3), label, fill=(230, 230, 230), font=font)
-        held_cols = _columns(d.held.astype(np.float32), span)
-        cached = _columns(np.clip(d.resident, 0, 1), span)
-        rgb = np.zeros((span, 3), dtype=np.uint8)
-        rgb[:, 1] = (cached * 255).round().astype(np.uint8)
-        on = held_cols > 0
-        rgb[on] = 0
-        rgb[on, 2] = (127.5 + 127.5 * held_cols[on]).round().astype(np.uint8)
-        band = np.repeat(rgb[np.newaxis, :, :], BAND, axis=0)
-        img.paste(Image.fromarray(np.ascontiguousarray(band)), (LABEL, y))
-        y += BAND + 2
+    pct = f" ({held / budget:.0%})" if budget else ""
+    first = (f"host: held {_size(held)} of {_size(budget)} budget{pct}, "
+             f"{len(disks)} disk{'' if len(disks) == 1 else 's'}")
+    parts = []
+    if when is not None:
+        parts.append(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)))
+    free = "unknown" if above_floor is None else _size(above_floor)
+    parts.append(f"free memory above the floor (MemAvailable - min_free): {free}")
+    return [first, "  ".join(parts)]
+
+
+def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, *,
+                        when: float | None = None,
+                        above_floor: int | None = None) -> Image.Image:
+    """The overview of ``disks`` under ``budget`` bytes at time ``when``, with
+    ``above_floor`` bytes of MemAvailable above the free-memory floor."""
+    font = _font()
+    width = max(MIN_WIDTH, width)
+    legend_h = PAD + LEGEND * LINE + PAD
+    img = Image.new("RGB", (width, band_top(len(disks)) + legend_h), BG)
+    draw = ImageDraw.Draw(img)
+    for k, line in enumerate(header(disks, budget, when, above_floor)):
+        draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
+    marks = colours(disks)
+    _budget_bar(img, disks, marks, budget, width)
+    alloc_w, strip_x, span = columns_x(width)
+    y = HEAD + BAR + 6
+    for x, room, title in ((PAD, LABEL - PAD - 8, "disk: image size, why it holds less"),
+                           (LABEL, alloc_w, "held / share / wanted of the budget"),
+                           (strip_x, span, "the image: held, cached blocks")):
+        draw.text((x, y), _fit(draw, title, room, font, False), fill=DIM, font=font)
+    largest = max((d.size_bytes for d in disks), default=0)
+    for k, (d, (colour, rank)) in enumerate(zip(disks, marks)):
+        y = band_top(k)
+        _fill(img, swatch_box(k), colour, rank)
+        x = PAD + SWATCH + 6
+        draw.text((x, y), _fit(draw, disk_key(d), LABEL - x - 8, font), fill=TEXT, font=font)
+        info = f"{_size(d.size_bytes)} image"
+        if d.limited_by:
+            info += f", limited by {REASONS.get(d.limited_by, d.limited_by)}"
+        draw.text((x, y + LINE), _fit(draw, info, LABEL - x - 8, font, False), fill=DIM,
+                  font=font)
+        _allocation(img, draw, font, d, colour, rank, budget, (LABEL, y + 2, alloc_w))
+        w = strip_width(d.size_bytes, largest, span)
+        draw.rectangle([strip_x - 1, y, strip_x + w, y + 2 * LINE - 1], outline=FRAME)
+        img.paste(_strip(d, w, 2 * LINE - 2), (strip_x, y + 1))
+        draw.line([PAD, y + BAND - 3, width - PAD, y + BAND - 3], fill=(36, 36, 36))
+    _legend(img, draw, font, band_top(len(disks)) + PAD, width)
     return img
+
+
+def _budget_bar(img, disks, marks, budget: int, width: int) -> None:
+    """Each disk's held bytes as a segment in its colour, 1 px apart; the rest grey."""
+    _fill(img, (PAD, HEAD, width - PAD - 1, HEAD + BAR - 1), UNUSED)
+    w = width - 2 * PAD
+    x = float(PAD)
+    for d, (colour, rank) in zip(disks, marks):
+        dx = w * min(d.held_bytes, budget) / budget if budget > 0 else 0.0
+        if dx > 0:
+            x1 = min(width - PAD - 1, max(int(x), int(x + dx) - 2))
+            _fill(img, (int(x), HEAD, x1, HEAD + BAR - 1), colour, rank)
+            _fill(img, (x1 + 1, HEAD, x1 + 1, HEAD + BAR - 1), BG)
+        x += dx
+
+
+def _allocation(img, draw, font, d: DiskBand, colour, rank, budget, at) -> None:
+    """The allocation bar at ``at`` = (x, y, width), scaled to the budget: wanted dim,
+    held solid, the share outlined; the numbers below."""
+    x, y, w = at
+    _fill(img, (x, y, x + w - 1, y + ROW - 1), TRACK)
+    wanted = _px(d.wanted_bytes, budget, w)
+    _fill(img, (x, y, x + wanted - 1, y + ROW - 1), _dim(colour))
+    _fill(img, (x, y, x + _px(d.held_bytes, budget, w) - 1, y + ROW - 1), colour, rank)
+    if d.share_bytes is not None:
+        share = _px(d.share_bytes, budget, w)
+        draw.rectangle([x, y - 1, x + max(1, share) - 1, y + ROW], outline=SHARE)
+    if d.wanted_bytes and d.wanted_bytes > budget > 0:       # wants more than the budget
+        draw.polygon([(x + w + 1, y), (x + w + 6, y + ROW // 2), (x + w + 1, y + ROW - 1)],
+                     fill=_dim(colour))
+    text = f"held {_size(d.held_bytes)}"
+    text += ", no share yet" if d.share_bytes is None else f", share {_size(d.share_bytes)}"
+    if d.wanted_bytes is not None:
+        text += f", wants {_size(d.wanted_bytes)}"
+    draw.text((x, y - 2 + LINE), _fit(draw, text, w, font, False), fill=DIM, font=font)
+
+
+def _legend(img, draw, font, y: int, width: int) -> None:
+    """What every mark means, a line per picture part."""
+    def entries(yy: int, items) -> None:
+        x = PAD
+        for kind, colour, label in items:
+            box = (x, yy + 2, x + SWATCH - 1, yy + 1 + SWATCH)
+            if kind == "outline":
+                _fill(img, box, TRACK)
+                draw.rectangle(box, outline=colour)
+            elif kind:
+                _fill(img, box, colour, 1 if kind == "hatch" else 0)
+                if kind != "plain":
+                    draw.rectangle(box, outline=DIM)
+            if kind:
+                x += SWATCH + 6
+            draw.text((x, yy), label, fill=TEXT if kind else DIM, font=font)
+            x += int(draw.textlength(label, font=font)) + 16
+
+    entries(y, [("solid", NEUTRAL, "held, in the disk's colour (each bar is the budget)"),
+                ("plain", _dim(NEUTRAL), "wanted: all it would hold"),
+                ("outline", SHARE, "share: given + free budget it could take")])
+    entries(y + LINE, [("plain", UNUSED, "top bar: budget not held"),
+                       ("hatch", NEUTRAL, "hatched: shares its colour (solid: first by name)")])
+    entries(y + 2 * LINE, [("solid", render.HELD, "image: held blocks"),
+                           ("solid", render.CACHED, "cached (brighter = more)"),
+                           ("solid", render.UNCACHED, "not cached"),
+                           (None, None, "(the block map's colours)")])
+    entries(y + 3 * LINE, [(None, None, "a disk's colour comes from its name (domain/target, "
+                            "else the path): the same in every frame")])
+    entries(y + 4 * LINE, [(None, None, "an image strip's width grows with the log of the "
+                            "image's size: the largest is the widest")])

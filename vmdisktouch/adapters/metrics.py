@@ -5,6 +5,20 @@ process-wide default, so no Python process metrics leak in) with one
 collector that reports the last cycle of every disk served. Counters
 (``*_total``) are summed here from each cycle's figures; a disk no longer
 served (unplugged, its domain stopped) drops out of the next scrape.
+Every metric and label is listed in docs/metrics.md.
+
+Every series of a disk has three labels: ``disk`` (its image path),
+``domain`` and ``target`` (its libvirt domain and disk target, "" when
+libvirt does not know it), so a dashboard names disks as the operator does.
+Why a disk holds less than it wants (``daemon.reasons``) is a state set in
+the kube-state-metrics style: ``vmdisktouch_limited{reason=CODE}``, one
+series per code, 1 for the reason now and 0 for the others (all 0 when it
+holds all it wants), so ``vmdisktouch_limited == 1`` lists the limited disks
+and a reason that goes away is a 0, not a vanished series. Not
+prometheus_client's ``StateSetMetricFamily``: in the text format its label is
+the metric's own name (``vmdisktouch_limited="budget"``), not ``reason``.
+prometheus_client escapes the label values (``\\``, ``"``, newline): a domain
+may be named anything libvirt allows.
 
 * ``metrics_file``: written each cycle through ``outputs`` (checked path,
   atomic replacement, never fatal), for node_exporter's textfile collector.
@@ -61,11 +75,14 @@ ACCEPT_BURST = 64        # connections accepted per wake-up
 ACCEPT_REST = 1.0        # the listener rests this long after accept failed (EMFILE...)
 WARN_EVERY = 60.0        # seconds between two lines about dropped connections
 
-# (metric, help, status key): gauges of the last cycle, per disk
+# (metric, help, status key): gauges of the last cycle, per disk; a key the status gives
+# as None or not at all is 0, but for ``wanted_bytes`` (before the first selection: no sample)
 GAUGES = (
     ("held_bytes", "Bytes the daemon holds (mlocks) of the disk image.", "held_bytes"),
-    ("budget_bytes", "The disk's budget (its share of the host budget with several disks).",
-     "budget_bytes"),
+    ("budget_bytes", "The disk's share of the host budget: what it was given plus the free "
+     "budget it could still take.", "budget_bytes"),
+    ("wanted_bytes", "All the disk would hold: its candidate regions (blocks above the "
+     "threshold, runs kept by hysteresis), whatever the budget.", "wanted_bytes"),
     ("resident_bytes", "Bytes of the image in the page cache, as last seen.", "resident_bytes"),
     ("regions", "Held regions.", None),
     ("cycle_seconds", "Duration of the disk's last cycle.", "cycle_seconds"),
@@ -89,6 +106,20 @@ COUNTERS = (
 # the source keeps this total itself: taken as it is, not summed
 EVENTS_LOST = ("events_lost", "Trace events the kernel lost (each forces a mincore "
                "reconciliation).", "events_lost")
+# every disk's series: its image path (``disk``), and its libvirt domain and target
+# ("" when libvirt does not know the disk)
+LABELS = ["disk", "domain", "target"]
+# ``daemon.reasons.CODES`` (a lower layer may not import it; a unit test keeps them equal)
+REASONS = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "floor",
+           "cgroup", "lock_limit", "not_loaded")
+# (metric, help, host key): gauges of the host
+HOST_GAUGES = (
+    ("host_budget_bytes", "The one budget shared by every disk served.", "budget_bytes"),
+    ("host_held_bytes", "Bytes held over every disk served.", "held_bytes"),
+    ("host_above_floor_bytes", "MemAvailable above the free-memory floor (min_free): what "
+     "holds may still take from the host.", "above_floor_bytes"),
+    ("host_disks", "Disks served (with a status yet or not).", "disks"),
+)
 
 
 def _import():
@@ -107,6 +138,10 @@ def _field(status: dict, key: str):
     return status
 
 
+def _labels(status: dict) -> list[str]:
+    return [status["path"], status.get("domain") or "", status.get("target") or ""]
+
+
 class Collector:
     """The figures of the last cycle of every disk, and the running totals."""
 
@@ -119,15 +154,11 @@ class Collector:
     def update(self, disks: list[dict], host: dict | None = None) -> None:
         with self._lock:
             live = {d["path"]: d for d in disks}
-            for path in list(self._totals):
-                if path not in live:
-                    del self._totals[path]
+            self._totals = {p: t for p, t in self._totals.items() if p in live}
             for path, d in live.items():
                 t = self._totals.setdefault(path, {name: 0 for name, _, _ in COUNTERS})
-                t["cycles"] += 1
-                for name, _, key in COUNTERS:
-                    if key:
-                        t[name] += int(_field(d, key) or 0)
+                for name, _, key in COUNTERS:       # "cycles" (no key) counts one a cycle
+                    t[name] += 1 if key is None else int(_field(d, key) or 0)
                 t["events_lost"] = int(d.get("events_lost") or 0)
             self._disks, self._host = live, host
 
@@ -136,40 +167,42 @@ class Collector:
         with self._lock:
             disks, totals, host = dict(self._disks), dict(self._totals), self._host
         for name, text, key in GAUGES:
-            g = GaugeMetricFamily(f"vmdisktouch_{name}", text, labels=["disk"])
-            for path, d in disks.items():
-                g.add_metric([path], len(d.get("regions", [])) if key is None
-                             else float(_field(d, key) or 0))
+            g = GaugeMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS)
+            for d in disks.values():
+                v = len(d.get("regions", [])) if key is None else _field(d, key)
+                if v is not None or key != "wanted_bytes":
+                    g.add_metric(_labels(d), float(v or 0))
             yield g
         for name, text, _ in COUNTERS + (EVENTS_LOST,):
-            c = CounterMetricFamily(f"vmdisktouch_{name}", text, labels=["disk"])
-            for path, t in totals.items():
-                c.add_metric([path], t[name])
+            c = CounterMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS)
+            for path, d in disks.items():
+                c.add_metric(_labels(d), totals[path][name])
             yield c
+        limited = GaugeMetricFamily("vmdisktouch_limited", "Why the disk holds less than it "
+                                    "wants (limited_by): 1 for the reason now, else 0.",
+                                    labels=LABELS + ["reason"])
         info = GaugeMetricFamily("vmdisktouch_disk_info", "The access source and whether "
                                  "holding is on (1 per disk).",
-                                 labels=["disk", "access_source", "holding"])
-        for path, d in disks.items():
-            info.add_metric([path, str(d.get("access_source", "")),
-                             str(bool(d.get("holding", True))).lower()], 1)
-        yield info
+                                 labels=LABELS + ["access_source", "holding"])
+        for d in disks.values():
+            now = d.get("limited_by")
+            for code in REASONS + ((now,) if now and now not in REASONS else ()):
+                limited.add_metric(_labels(d) + [code], float(code == now))
+            info.add_metric(_labels(d) + [str(d.get("access_source", "")),
+                                          str(bool(d.get("holding", True))).lower()], 1)
+        yield from (limited, info)
         if host is not None:
-            yield GaugeMetricFamily("vmdisktouch_host_budget_bytes",
-                                    "The one budget shared by every disk served.",
-                                    value=float(host.get("budget_bytes", 0)))
-            yield GaugeMetricFamily("vmdisktouch_host_held_bytes",
-                                    "Bytes held over every disk served.",
-                                    value=float(host.get("held_bytes", 0)))
+            figures = {**host, "disks": len(host.get("disks") or ())}
+            yield from (GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(figures[key]))
+                        for name, text, key in HOST_GAUGES if figures.get(key) is not None)
 
 
 class Metrics:
     """Publishes the collector: to ``metrics_file`` each cycle, on ``metrics_listen``."""
 
     def __init__(self, config, outputs):
-        pc = _import()
-        self.pc = pc
-        self.outputs = outputs
-        self.path = config.metrics_file
+        self.pc = pc = _import()
+        self.outputs, self.path = outputs, config.metrics_file
         self.collector = Collector()
         self.registry = pc.CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
@@ -183,10 +216,6 @@ class Metrics:
                 raise ConfigError(f"metrics_listen {config.metrics_listen}: cannot listen: "
                                   f"{exc.strerror or exc}") from None
             log.info("metrics on http://%s/metrics", config.metrics_listen)
-
-    @classmethod
-    def wanted(cls, config, outputs) -> "Metrics | None":
-        return cls(config, outputs) if config.metrics_file or config.metrics_listen else None
 
     def publish(self, disks: list[dict], host: dict | None = None) -> None:
         self.collector.update(disks, host)

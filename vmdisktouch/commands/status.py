@@ -3,21 +3,31 @@
 Each daemon writes its status JSON (``--status``; the units put it under
 ``/run/vmdisktouch/``: ``host.json`` for the host service, ``INSTANCE.json``
 per disk). This reads every ``*.json`` there (``--dir``), or only the
-entries that serve ``PATH``, and prints one line per disk: held / budget,
-regions, rewritten blocks, the access source, the cycle, the daemon's pid
-and version, and the age of the file. An entry is **stale** when its file
-is older than ``STALE_INTERVALS`` (3) of its daemon's intervals (at least
+entries that serve ``PATH``. A host's file is a **host line** (pid,
+version, held of the whole budget, MemAvailable above the floor, the disks
+served, skipped and failed, the cycle, the file's age, ``LIVE`` or
+``STALE``), then one indented line per disk (``domain/target (path)``, or
+the path: held / its share of the budget, the regions, what it wants, and
+why it holds less, ``not_held_reason``) and per failed disk. A one-disk
+file is one such disk line, with the daemon's source, cycle, pid, version,
+age and state. An entry is **stale** when its file is older than
+``STALE_INTERVALS`` (3) of its daemon's intervals (at least
 ``STALE_MIN_SECONDS``) or its pid is gone: the daemon died or hangs.
-``--json`` prints the same as a JSON array, each entry with ``file``,
-``age_seconds`` and ``stale`` added.
+``--json`` prints a JSON array of the documents as read (every key, the
+host's included), each with ``file``, ``age_seconds`` and ``stale`` added;
+with ``PATH`` their lists of disks hold only PATH's.
+
+The exit status is that of ``systemctl is-active``: ``EX_LIVE`` (0) when
+at least one file shown is live, ``EX_INACTIVE`` (3) when none is (no file,
+every one stale, unreadable or malformed); a directory that cannot be listed
+(missing included) and a ``PATH`` no file serves are an ``ImageError`` (66).
 
 The directory may hold anything: a file is opened without following a
 symlink or waiting on a FIFO, read only if it is a regular file of at most
 ``MAX_STATUS_BYTES``, and shown only if ``status_read.check`` accepts it.
 Any other file is one line (one ``--json`` entry: ``file``, ``error``,
 ``stale: true``) saying it is ``unreadable`` or ``malformed`` and why; the
-valid entries are shown as ever, and the command exits 0 (as with stale
-entries: it shows what is there). A ``time`` in the future by more than the
+valid entries are shown as ever. A ``time`` in the future by more than the
 staleness limit makes its entry stale ("written in the future"; a negative
 ``age_seconds``). Every string printed is one line, its control characters
 escaped (``status_read.sanitise``); ``--json`` escapes them as JSON does.
@@ -41,6 +51,8 @@ from vmdisktouch.sizes import format_size
 STATUS_DIR = "/run/vmdisktouch"
 STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 15.0
+EX_LIVE = 0                 # as ``systemctl is-active``: some daemon is live
+EX_INACTIVE = 3             # no status file, or every one stale or bad
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
@@ -117,13 +129,14 @@ def parse(data: bytes):
     return doc
 
 
-def read_entries(directory: str, now: float) -> list[dict]:
-    """One entry per disk of every status file in ``directory``; one entry with
-    ``error`` (and no ``path``) per file that is unreadable or malformed."""
+def read_files(directory: str, now: float) -> list[dict]:
+    """One item per ``*.json`` file of ``directory``, sorted by name: its checked
+    document (``doc``), ``age_seconds`` and ``stale``; or ``error`` (unreadable or
+    malformed, always stale). A directory that cannot be listed is an ``ImageError``."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
     except FileNotFoundError:
-        return []
+        raise ImageError(f"{sanitise(directory)}: no such directory") from None
     except OSError as exc:
         raise ImageError(f"{sanitise(directory)}: cannot list the status files: "
                          f"{exc.strerror}") from None
@@ -139,45 +152,33 @@ def read_entries(directory: str, now: float) -> list[dict]:
         except Malformed as exc:
             out.append({"file": path, "error": f"malformed: {exc}", "stale": True})
             continue
-        out.extend(entries_of(doc, path, mtime, now))
+        out.append({"file": path, "doc": doc, **freshness(doc, mtime, now)})
     return out
 
 
-def entries_of(doc: dict, path: str, mtime: float, now: float) -> list[dict]:
-    """The entries of one checked status document (``status_read.check``)."""
-    host = "host" in doc
-    head = doc["host"] if host else doc
+def freshness(doc: dict, mtime: float, now: float) -> dict:
+    """``age_seconds`` and ``stale`` of one checked status document."""
+    head = doc["host"] if "host" in doc else doc
     limit = max(STALE_MIN_SECONDS, STALE_INTERVALS * head.get("interval_seconds", 5.0))
     age = now - head.get("time", mtime)
     if -limit <= age < 0:
         age = 0.0                       # the clock's granularity, or a small step back
     stale = abs(age) > limit or not pid_alive(head.get("pid"))
-    common = {"file": path, "pid": head.get("pid"), "version": head.get("version"),
-              "age_seconds": round(age, 1), "stale": stale}
-    out = [{**d, **common} for d in (doc.get("disks", []) if host else [doc])]
-    for f in head.get("failed", []) if host else []:
-        out.append({"path": f["path"], "error": f["error"], **common})
-    return out
+    return {"age_seconds": round(age, 1), "stale": stale}
 
 
-def line(e: dict) -> str:
-    """One entry as one line; every string in it sanitised."""
-    if "path" not in e:
-        return f"{sanitise(e['file'])}: {sanitise(e.get('error'))}"
-    age = e["age_seconds"]
-    when = f"{age:.0f} s ago" if age >= 0 else "written in the future"
-    who = f"pid {e.get('pid')}, v{sanitise(e.get('version'))}, {when}"
-    path = sanitise(e["path"])
-    if e.get("error"):
-        return (f"{path}: FAILED: {sanitise(e['error'])} ({who})"
-                + (" STALE" if e["stale"] else ""))
-    held = f"held {format_size(e.get('held_bytes', 0))}/{format_size(e.get('budget_bytes', 0))}"
-    why = f" ({sanitise(e['not_held_reason'])})" if e.get("not_held_reason") else ""
-    return (f"{path}: {held} in {len(e.get('regions', []))} regions{why}, "
-            f"rewritten {e.get('rewritten_blocks', 0)} blocks, source "
-            f"{sanitise(e.get('access_source', '?'))}, events lost {e.get('events_lost', 0)}, "
-            f"cycle {e.get('cycle')} ({e.get('cycle_seconds', 0):.3f} s), {who}"
-            + ("  STALE" if e["stale"] else ""))
+def serving(doc: dict, path: str) -> dict | None:
+    """``doc`` with its lists of disks (``disks``, ``host.disks``, ``host.failed``) cut
+    to the entries serving ``path``, every other key kept; None when none does."""
+    if "host" not in doc:
+        return doc if same_file(doc["path"], path) else None
+    host = doc["host"]
+    cut = {k: [d for d in host[k] if same_file(d["path"], path)]
+           for k in ("disks", "failed") if k in host}
+    mine = [d for d in doc.get("disks", []) if same_file(d["path"], path)]
+    if not (mine or any(cut.values())):
+        return None
+    return {**doc, "host": {**host, **cut}, **({"disks": mine} if "disks" in doc else {})}
 
 
 def same_file(a: str, b: str) -> bool:
@@ -190,21 +191,107 @@ def same_file(a: str, b: str) -> bool:
             return False
 
 
+def _size(v) -> str:
+    return "?" if v is None else format_size(v)
+
+
+def _state(item: dict) -> str:
+    age = item["age_seconds"]
+    when = f"{age:.0f} s ago" if age >= 0 else "written in the future"
+    return f"{when}, {'STALE' if item['stale'] else 'LIVE'}"
+
+
+def disk_name(d: dict) -> str:
+    """``domain/target (path)`` when libvirt names the disk, else its path; sanitised."""
+    path = sanitise(d["path"])
+    if d.get("domain"):
+        return f"{sanitise(d['domain'])}/{sanitise(d.get('target') or '?')} ({path})"
+    return path
+
+
+def disk_part(d: dict) -> str:
+    """A disk's name, what it holds of its share, and why not more: sanitised."""
+    share = d["share_bytes"] if d.get("share_bytes") is not None else d.get("budget_bytes")
+    out = f"{disk_name(d)}: held {format_size(d.get('held_bytes', 0))}/{_size(share)}"
+    if isinstance(d.get("regions"), list):
+        n = len(d["regions"])
+        out += f" in {n} region{'' if n == 1 else 's'}"
+    wanted = d.get("wanted_bytes")
+    if wanted is not None and wanted > d.get("held_bytes", 0):
+        out += f", wants {format_size(wanted)}"
+    if d.get("not_held_reason"):
+        out += f" ({sanitise(d['not_held_reason'])})"
+    if d.get("events_lost"):
+        out += f", {d['events_lost']} events lost"
+    return out
+
+
+def host_disks(doc: dict) -> list[dict]:
+    """The host's disks, each its line in ``host.disks`` over its full status in
+    ``disks`` (a disk in only one of them included)."""
+    full = {d["path"]: d for d in doc.get("disks", [])}
+    lines = doc["host"].get("disks", [])
+    out = [{**full.get(d["path"], {}), **d} for d in lines]
+    named = {d["path"] for d in lines}
+    return out + [d for d in doc.get("disks", []) if d["path"] not in named]
+
+
+def host_lines(item: dict) -> list[str]:
+    """A host status file: its host line, then one indented line per disk and per failure."""
+    doc = item["doc"]
+    h = doc["host"]
+    disks = host_disks(doc)
+    counts = [f"{len(disks)} disk{'' if len(disks) == 1 else 's'} served"]
+    if "skipped" in h:
+        counts.append(f"{len(h['skipped'])} skipped")
+    counts.append(f"{len(h.get('failed', []))} failed")
+    floor = h.get("above_floor_bytes")
+    head = (f"host (pid {h.get('pid')}, v{sanitise(h.get('version'))}): held "
+            f"{_size(h.get('held_bytes'))} of {_size(h.get('budget_bytes'))} budget, "
+            + ("" if floor is None else f"{format_size(floor)} above the floor, ")
+            + ", ".join(counts) + f", cycle {h.get('cycle')}, {_state(item)}")
+    return ([head] + [f"  {disk_part(d)}" for d in disks]
+            + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
+               for f in h.get("failed", [])])
+
+
+def lines_of(item: dict) -> list[str]:
+    """One status file's lines; every string in them sanitised."""
+    if "error" in item:
+        return [f"{sanitise(item['file'])}: {sanitise(item['error'])}"]
+    doc = item["doc"]
+    if "host" in doc:
+        return host_lines(item)
+    return [f"{disk_part(doc)}, source {sanitise(doc.get('access_source', '?'))}, "
+            f"cycle {doc.get('cycle')}, pid {doc.get('pid')}, "
+            f"v{sanitise(doc.get('version'))}, {_state(item)}"]
+
+
+def json_of(item: dict) -> dict:
+    """One status file for ``--json``: its document as read, with ``file``,
+    ``age_seconds`` and ``stale`` (or ``file``, ``error``, ``stale``)."""
+    if "error" in item:
+        return item
+    return {**item["doc"], "file": item["file"], "age_seconds": item["age_seconds"],
+            "stale": item["stale"]}
+
+
 def main(args) -> int:
-    entries = read_entries(args.dir, time.time())
+    items = read_files(args.dir, time.time())
     if args.path:
-        bad = sum("path" not in e for e in entries)
-        entries = [e for e in entries if "path" in e and same_file(e["path"], args.path)]
-        if not entries:
+        bad = sum("error" in i for i in items)
+        items = [{**i, "doc": d} for i in items if "doc" in i
+                 for d in [serving(i["doc"], args.path)] if d is not None]
+        if not items:
             also = f" ({bad} unreadable or malformed file(s) there)" if bad else ""
             raise ImageError(f"{sanitise(args.path)}: no status file in {sanitise(args.dir)} "
                              f"serves it{also}")
     if args.json:
-        json.dump(entries, sys.stdout, indent=2)
+        json.dump([json_of(i) for i in items], sys.stdout, indent=2)
         sys.stdout.write("\n")
-    elif not entries:
+    elif not items:
         print(f"no status files in {sanitise(args.dir)}")
     else:
-        for e in entries:
-            print(line(e))
-    return 0
+        for i in items:
+            print("\n".join(lines_of(i)))
+    return EX_LIVE if any(not i["stale"] for i in items) else EX_INACTIVE

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from vmdisktouch.config.settings import MAX_SECONDS
+from vmdisktouch.daemon.reasons import CODES
 
 MAX_PID = (1 << 31) - 1          # a pid_t; larger ones do not fit os.kill
 MAX_COUNT = 1 << 63              # bytes, blocks, cycles, events
@@ -64,13 +65,25 @@ def _ranges(v) -> bool:
         isinstance(r, list) and len(r) == 2 and _count(r[0]) and _count(r[1]) for r in v)
 
 
+def _count_or_null(v) -> bool:
+    return v is None or _count(v)
+
+
+def _text_or_null(v) -> bool:
+    return v is None or isinstance(v, str)
+
+
 # key -> (what it must be, the test); None is allowed only where the daemon writes null
 _KINDS = {
     "path": ("a path", lambda v: isinstance(v, str) and v != ""),
     "error": ("a message", lambda v: isinstance(v, str)),
+    "reason": ("a message", lambda v: isinstance(v, str)),
     "version": ("a version", lambda v: isinstance(v, str)),
     "access_source": ("a source name", lambda v: isinstance(v, str)),
-    "not_held_reason": ("a reason or null", lambda v: v is None or isinstance(v, str)),
+    "domain": ("a domain name or null", _text_or_null),
+    "target": ("a target name or null", _text_or_null),
+    "not_held_reason": ("a reason or null", _text_or_null),
+    "limited_by": (f"null or one of {', '.join(CODES)}", lambda v: v is None or v in CODES),
     "pid": ("a process id", lambda v: isinstance(v, int) and not isinstance(v, bool)
             and 0 < v <= MAX_PID),
     "interval_seconds": ("an interval in seconds (at most a day)",
@@ -79,16 +92,29 @@ _KINDS = {
     "cycle_seconds": ("a finite number of seconds", _seconds),
     "held_bytes": ("a byte count", _count),
     "budget_bytes": ("a byte count", _count),
+    "host_budget_bytes": ("a byte count", _count),
+    "min_free_bytes": ("a byte count", _count),
+    "share_bytes": ("a byte count or null", _count_or_null),
+    "wanted_bytes": ("a byte count or null", _count_or_null),
+    "cap_bytes": ("a byte count or null", _count_or_null),
+    "mem_available_bytes": ("a byte count or null", _count_or_null),
+    "above_floor_bytes": ("a byte count or null", _count_or_null),
+    "heat": ("a number, at least 0", _seconds),
+    "weight": ("a number above 0", lambda v: _seconds(v) and v > 0),
     "cycle": ("a count", _count),
     "rewritten_blocks": ("a count", _count),
     "events_lost": ("a count", _count),
     "regions": ("a list of [offset, length] pairs", _ranges),
 }
-DISK_KEYS = ("path", "error", "pid", "version", "interval_seconds", "time", "cycle",
-             "cycle_seconds", "budget_bytes", "held_bytes", "regions", "rewritten_blocks",
-             "access_source", "events_lost", "not_held_reason")
+DISK_KEYS = ("path", "error", "domain", "target", "pid", "version", "interval_seconds", "time",
+             "cycle", "cycle_seconds", "budget_bytes", "host_budget_bytes", "wanted_bytes",
+             "held_bytes", "regions", "rewritten_blocks", "access_source", "events_lost",
+             "not_held_reason", "limited_by", "mem_available_bytes", "min_free_bytes")
 HEAD_KEYS = ("pid", "version", "interval_seconds", "time", "cycle", "cycle_seconds",
-             "budget_bytes", "held_bytes")
+             "budget_bytes", "held_bytes", "mem_available_bytes", "min_free_bytes",
+             "above_floor_bytes")
+LINE_KEYS = ("path", "domain", "target", "held_bytes", "share_bytes", "wanted_bytes",
+             "limited_by", "not_held_reason", "heat", "cap_bytes", "weight")
 
 
 def _keys(obj, where: str, keys, required=()) -> None:
@@ -116,9 +142,11 @@ def check(doc) -> None:
     if isinstance(doc, dict) and "host" in doc:
         _keys(doc["host"], "host", HEAD_KEYS)
         for i, d in enumerate(_list(doc["host"], "disks", "host.")):
-            _keys(d, f"host.disks[{i}]", ("path", "held_bytes"), ("path",))
+            _keys(d, f"host.disks[{i}]", LINE_KEYS, ("path",))
         for i, f in enumerate(_list(doc["host"], "failed", "host.")):
             _keys(f, f"host.failed[{i}]", ("path", "error"), ("path", "error"))
+        for i, s in enumerate(_list(doc["host"], "skipped", "host.")):
+            _keys(s, f"host.skipped[{i}]", ("domain", "target", "reason"))
         for i, d in enumerate(_list(doc, "disks", "")):
             _keys(d, f"disks[{i}]", DISK_KEYS, ("path",))
     else:

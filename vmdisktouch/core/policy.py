@@ -32,7 +32,7 @@ One cycle:
    while the file's allocated size is unchanged (``core.holes``).
 5. Cede. Blocks ceded to a guest's own cache (see ``settle``) are cut out
    for ``CEDE_SECONDS``.
-6. Select. ``regions.select`` cuts the map at the threshold, keeps held
+6. Select. ``budget.select`` cuts the map at the threshold, keeps held
    runs while their mean heat is at least ``HOLD_FRACTION`` of it, ranks
    the runs (rewritten ones first, held resident heat weighed
    ``INCUMBENT_WEIGHT`` times) and fills the budget: the plan's targets,
@@ -83,7 +83,7 @@ from functools import cached_property
 
 import numpy as np
 
-from vmdisktouch.core import heat, regions, spill
+from vmdisktouch.core import budget, heat, regions, spill
 from vmdisktouch.core.holes import KnownHoles, Probe
 from vmdisktouch.core.intensity import Intensity
 from vmdisktouch.core.runs import Run, runs_to_mask
@@ -230,7 +230,7 @@ class Policy:
 
     def prepare(self, obs: Observation, probe: Probe) -> regions.DiskMap | None:
         """Steps 1-5: this disk's part of a selection (None: holding is off); a
-        selection over one budget (``regions.select_many``) and ``finish`` follow."""
+        selection over one budget (``budget.allocate``) and ``finish`` follow."""
         n, p, now = self.nblocks, self.params, obs.now
         held = np.asarray(obs.held, dtype=bool)
         recent, rewritten = self._rewrites(obs.rewritten, held, now)
@@ -365,13 +365,15 @@ class Policy:
 
 
 def select(maps: list[regions.DiskMap], budget_blocks: int, spill_factor: float,
-           spilled: list[list[Run]]) -> tuple[list[list[Run]], list[list[Run]]]:
-    """Step 6 for one disk or many, the one selection every mode runs: (each disk's
-    targets, each disk's spill). Every disk's regions go in one priority queue under one
-    budget (``regions.select_many``); the regions ranked next are spilled (``spill``);
-    ``spilled``: each disk's spill of the last cycle."""
-    chosen = regions.select_many(maps, budget_blocks, SELECT_RULES)
-    return chosen, spill.beyond(maps, budget_blocks, spill_factor, SELECT_RULES, chosen, spilled)
+           spilled: list[list[Run]]) -> tuple[budget.Allocation, list[list[Run]]]:
+    """Step 6 for one disk or many, the one selection every mode runs: (the allocation:
+    each disk's targets, share and limit; each disk's spill). Every disk's regions go in
+    one priority queue under one budget, by benefit per byte (``budget.allocate``); the
+    regions ranked next are spilled (``spill``); ``spilled``: each disk's spill of the
+    last cycle."""
+    alloc = budget.allocate(maps, budget_blocks, SELECT_RULES)
+    return alloc, spill.beyond(maps, budget_blocks, spill_factor, SELECT_RULES, alloc.runs,
+                               spilled)
 
 
 def self_loaded(previous, resident, held_before, held_after) -> np.ndarray:

@@ -1,8 +1,8 @@
-"""Regions: the heat map cut at a threshold, ranked, and fitted into the budget.
+"""Regions: the heat map cut at a threshold and ranked; ``budget`` fits them into the budget.
 
 Theory of operation
 -------------------
-Pure core: numpy and heapq only. Blocks are the unit; a *run* is a
+Pure core: numpy only. Blocks are the unit; a *run* is a
 half-open block interval ``(start, stop)``.
 
 Candidates. A block is a candidate when its heat is at or above the
@@ -21,28 +21,28 @@ dropped again on the next cycle. Maximal runs of candidate blocks are the
 *regions* (found with ``np.diff``/``flatnonzero``, with no Python loop
 per block).
 
-Ranking. Regions go into a priority queue (``heapq``), highest first:
+Ranking. Regions go into one priority queue (``core.budget``), highest first:
 
 1. regions the guest is rewriting *now*: ``recent_rewrites`` is, per
    block, the fraction of it rewritten in this cycle or the one before (the
    daemon's checksums, in sixteenths of a block), and a region is in this
    class when its mean is at least ``rewritten_density`` (1/16: as many
    rewritten sixteenths as blocks). They rank among themselves by their
-   summed ``rewritten_heat``. Data the guest writes through the host cache
+   ``rewritten_heat`` per block. Data the guest writes through the host cache
    is data it is working on right now. Recency and density, not the size
    of the rewritten heat, decide the class: the rewritten sum outlasts the
    guest's move by minutes, and a zone it left still takes stray writes,
    below that density (docs/benchmarks.md, why-regions);
    With the trace source (``Rules.rank_rewritten_by_total``) the first
-   class is ranked by its summed ranking heat instead, which carries the
+   class is ranked by its ranking heat per block instead, which carries the
    read intensity (``core.intensity``): the rewritten heat decays over
    1/decay (10 s), so after a move the old zones, still written in the
    cycle of the move, would keep the first place on their old writes
    (docs/benchmarks.md, why-regions); the intensity passes to the new zones
    1.7 s after the move;
-2. all other regions, ranked by summed total heat. A sum, not a peak: a wide
-   warm region beats a narrow hot one when it carries more heat in all,
-   because it serves more of the guest's I/O per cycle.
+2. all other regions, ranked by their ranking heat per block: the reads a
+   held byte saves (``core.budget``, benefit per byte; until #32 a sum, which
+   let a wide lukewarm region beat a narrow hot one).
 
 Incumbency. In both classes the *resident* heat of a held block counts
 ``incumbent_weight`` (16) times in the sums that rank regions and place
@@ -59,21 +59,18 @@ once outrank fresh use for minutes.
 
 Ties go to the region with more total heat, then to the lower block number.
 
-Budget. Regions are popped in order and taken whole while they fit; the
-sum of the lengths returned never exceeds ``budget_blocks``. When the
-region popped does not fit in what is left (``m`` blocks), its hottest
-contiguous window of exactly ``m`` blocks (largest summed total heat, found
-with a cumulative-sum sliding window; the first one on ties) replaces it
-and goes back into the queue, ranked by its own sums. So a smaller, denser
-region further down can still come first; when the window is popped it
-either fits (and fills the budget exactly) or, because something else took
-part of the budget meanwhile, is cut again to the new remainder from the
-original region. The rest of a cut region is not held this cycle. Each cut
-shortens the window, so this ends; the result is the greedy "hottest
-first" fill of the budget, and the budget is used entirely whenever the
-candidates cover it. A cut window may move by a block or two between
-cycles as the heat shifts; the holder then loads and releases only
-those blocks.
+Budget (``core.budget``). Regions are popped in order and taken whole while
+they fit, trimmed of ends that do not pay first; the sum of the lengths
+returned never exceeds ``budget_blocks``. When the region popped does not
+fit in what is left (``m`` blocks), its hottest contiguous window of exactly
+``m`` blocks (largest summed ranking heat: ``cuts.hottest_window``)
+replaces it and goes back into the queue, ranked by its own density. So a
+smaller, denser region further down can still come first; when the window
+is popped it either fits or is cut again to the new remainder. Each cut
+shortens the window, so this ends, and the budget is used entirely whenever
+the candidates cover it. A cut window may move by a block or two between
+cycles as the heat shifts; the holder then loads and releases only those
+blocks.
 
 Split (``Rules.split_contrast``; the trace source's rules only). A region
 at least twice what is left (``Rules.split_min_ratio``) is first split,
@@ -123,7 +120,6 @@ and states their values and reasons in its rules table.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,63 +182,6 @@ class DiskMap:
     rules: Rules | None = None         # this disk's (its access source's); None: the call's
 
 
-def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
-           rules: Rules, held_mask=None, recent_rewrites=None, candidates=None,
-           boost=None) -> list[Run]:
-    """Runs to hold, highest priority first; their lengths sum to at most ``budget_blocks``.
-
-    ``total_heat``: heat per block (``HeatState.total``). ``rewritten_heat``:
-    its rewritten component (``HeatState.heat_rewritten``), or None.
-    ``held_mask``: blocks held now (hysteresis, incumbency), or None.
-    ``recent_rewrites``: per block, the fraction rewritten recently (bool or
-    [0, 1]; the first class), or None. ``candidates``: ``candidate_mask(total_heat,
-    threshold, held_mask, rules)`` when the caller has it already, or None.
-    ``boost``: per block, a factor (>= 1) its ranking heat is multiplied by, or None.
-    """
-    one = DiskMap(total_heat, threshold, rewritten_heat, held_mask, recent_rewrites,
-                  candidates, boost)
-    return select_many([one], budget_blocks, rules)[0]
-
-
-def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[list[Run]]:
-    """``select`` over several disks sharing one budget: the regions of every disk in one
-    priority queue (heat is in the same units on every disk), each disk within its
-    ``cap_blocks``. Returns each disk's runs, highest priority first."""
-    budget = int(budget_blocks)
-    if budget < 0:
-        raise ValueError(f"budget_blocks must be >= 0, not {budget_blocks!r}")
-    out: list[list[Run]] = [[] for _ in maps]
-    ranked = [_Ranked(m, m.rules or rules) for m in maps]
-    room = [budget if m.cap_blocks is None else max(0, min(budget, int(m.cap_blocks)))
-            for m in maps]
-    queue = [entry for d, r in enumerate(ranked) if room[d] for entry in r.entries(d)]
-    heapq.heapify(queue)
-    left = budget
-    split: list[set] = [set() for _ in maps]   # per disk: starts of the pieces of a split
-    while queue and left > 0:
-        _, _, _, d, start, stop, rstart, rstop = heapq.heappop(queue)
-        fit = min(left, room[d])
-        if not fit:
-            continue
-        if stop - start <= fit:
-            out[d].append((start, stop))
-            left -= stop - start
-            room[d] -= stop - start
-            continue
-        if ((start, stop) == (rstart, rstop) and start not in split[d]
-                and stop - start >= ranked[d].rules.split_min_ratio * fit):
-            pieces = ranked[d].split(start, stop)
-            if pieces is not None:     # Too large, and not flat: its pieces go in the queue.
-                for entry in ranked[d].entries(d, pieces):
-                    split[d].add(entry[4])
-                    heapq.heappush(queue, entry)
-                continue
-        # Does not fit: its region's hottest window of `fit` blocks goes back in the queue.
-        s = cuts.hottest_window(ranked[d].rank_heat, rstart, rstop, fit)
-        heapq.heappush(queue, ranked[d].window_entry(d, s, s + fit, rstart, rstop))
-    return [ranked[d].stay_or(_coalesced(runs)) for d, runs in enumerate(out)]
-
-
 class _Ranked:
     """One disk's candidate regions and the heat that ranks them."""
 
@@ -281,7 +220,9 @@ class _Ranked:
     def entries(self, d: int, edges: np.ndarray | None = None) -> list[tuple]:
         """Queue entries of the regions (``edges``; None: all candidate regions):
         (class, -score, -total, disk, start, stop, region start, region stop); class
-        -1 = rewritten now (scored by rewritten sum), 0 = other (by total)."""
+        -1 = rewritten now, 0 = other; the score is a density (``core.budget``): the
+        rewritten heat per block (or the ranking heat, ``rank_rewritten_by_total``) in
+        class -1, the ranking heat per block in class 0; ties go to the larger total."""
         edges = self.edges if edges is None else edges
         if not edges.size:
             return []
@@ -297,6 +238,7 @@ class _Ranked:
                          else np.zeros_like(totals) if self.w is None
                          else _segment_sums(self.w, edges))
             score = np.where(is_rew, rewritten, totals)
+        score = score / (stops - starts)            # per block: the benefit of a byte
         s_list, e_list = starts.tolist(), stops.tolist()
         return list(zip((-is_rew.astype(np.int8)).tolist(), (-score).tolist(),
                         (-totals).tolist(), [d] * len(s_list), s_list, e_list, s_list, e_list))
@@ -343,8 +285,8 @@ class _Ranked:
                 >= self.rules.rewritten_density * (stop - start):
             rew = (total if self.rules.rank_rewritten_by_total else 0.0 if self.w is None
                    else float(self.w[start:stop].sum(dtype=np.float64)))
-            return (-1, -rew, -total, d, start, stop, rstart, rstop)
-        return (0, -total, -total, d, start, stop, rstart, rstop)
+            return (-1, -rew / (stop - start), -total, d, start, stop, rstart, rstop)
+        return (0, -total / (stop - start), -total, d, start, stop, rstart, rstop)
 
 
 # -- helpers ---------------------------------------------------------------

@@ -10,7 +10,7 @@ the cycles since the last one.
 
 The line says how much of what was loaded came from the disk and how much
 was already in the page cache (only locked), and, when less than the budget
-is held, why (``why_not_held``).
+is held than the disk wants, why (``reasons``).
 """
 
 from __future__ import annotations
@@ -23,25 +23,6 @@ from vmdisktouch.sizes import format_size
 log = logging.getLogger("vmdisktouch")
 
 SUMMARY_SECONDS = 300.0
-
-
-def why_not_held(r, c, *, holding: bool, lock_refused: str | None) -> str | None:
-    """Why cycle report ``r`` holds less than the budget of settings ``c`` (None: it
-    does not, or nothing stands in its way)."""
-    if r.held_bytes >= c.max_hold:
-        return None
-    if not holding:
-        return "its libvirt domain is not running"
-    if lock_refused:
-        return f"the kernel refused to lock more ({lock_refused})"
-    if r.skipped_bytes and r.mem_available_bytes < c.min_free + c.block_size:
-        return (f"MemAvailable {format_size(r.mem_available_bytes)} is at the free-memory "
-                f"floor (min_free {format_size(c.min_free)})")
-    if r.skipped_bytes:
-        return f"{format_size(r.skipped_bytes)} targeted was not loaded (a lock or read error)"
-    if not r.held_bytes:
-        return "nothing is above the threshold: no evidence of use yet"
-    return None
 
 
 class CycleLog:
@@ -73,7 +54,7 @@ class CycleLog:
             loaded += f", spilled {format_size(r.spill_read_bytes)} unlocked"
         log.log(level, "%scycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
                 "loaded %s, released %s, MemAvailable %s, %.3fs%s",
-                self.label, r.cycle, format_size(r.held_bytes), format_size(c.max_hold),
+                self.label, r.cycle, format_size(r.held_bytes), format_size(r.share_bytes),
                 len(r.regions), format_size(r.resident_bytes), r.rewritten_blocks, loaded,
                 format_size(r.released_bytes), format_size(r.mem_available_bytes),
                 r.cycle_seconds, f"; not holding more: {why}" if why else "")
@@ -94,4 +75,4 @@ class CycleLog:
                  format_size(sum(x.loaded_bytes for x in p)),
                  format_size(sum(x.released_bytes for x in p)),
                  sum(x.rewritten_blocks for x in p), format_size(r.held_bytes),
-                 format_size(c.max_hold), len(r.regions))
+                 format_size(r.share_bytes), len(r.regions))

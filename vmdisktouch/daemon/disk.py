@@ -46,10 +46,10 @@ import numpy as np
 from vmdisktouch.core import heat
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import byte_ranges, consecutive_runs, runs_to_mask
-from vmdisktouch.daemon.cyclelog import why_not_held
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.daemon.act import Acted, Recharger
 from vmdisktouch.daemon.emit import CycleReport, Emitter
+from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import format_size
 from vmdisktouch.system.spill import SpillResult
 
@@ -82,6 +82,9 @@ class DiskWatcher:
         # False while the owning libvirt domain is shut off: hold nothing, keep scanning.
         self.hold_enabled = True
         self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
+        self.domain: str | None = None           # its libvirt domain and target, if known
+        self.target: str | None = None
+        self.allotment: Allotment | None = None  # the last selection's share (``host``)
         self._released_between = 0               # by a reload or a size change
         self._cycle: tuple | None = None         # prepare's (start, observation, resident)
         self._hole_map: tuple | None = None      # ((allocation, nblocks), holes per block)
@@ -233,15 +236,20 @@ class DiskWatcher:
             size_bytes=size,
             relocked_bytes=min(relocked, acted.result.loaded_bytes),
             spill_read_bytes=self.last_spill.read_bytes,
+            share_bytes=(self.config.max_hold if self.allotment is None
+                         else self.allotment.share),
         )
-        self.last_report.not_held_reason = why_not_held(
-            self.last_report, self.config, holding=obs.holding,
-            lock_refused=acted.result.lock_refused)
+        why = why_not_held(self.last_report, self.config, Facts(
+            obs.holding, self.allotment, float(self.policy.state.total.max(initial=0.0)),
+            self.config.threshold, acted.result.lock_refused,
+            int(self.policy.ceded.blocks.size) * bs))
+        self.last_report.limited_by, self.last_report.not_held_reason = why or (None, None)
         return self.last_report
 
     def status_obj(self, r: CycleReport) -> dict:
         return self.emitter.status_obj(
-            r, self.config, path=self.image.path, domain_active=self.domain_active,
+            r, self.config, path=self.image.path, domain=(self.domain, self.target),
+            allotment=self.allotment, domain_active=self.domain_active,
             holding=self.hold_enabled, lock_cap=self.holder.lock_cap,
             charges=self.recharger.charges.status(), source=self._source_status())
 

@@ -36,7 +36,9 @@ class CycleReport:
     skipped_bytes: int
     size_bytes: int
     relocked_bytes: int = 0                  # of loaded_bytes: already cached, only locked
-    not_held_reason: str | None = None       # why less than the budget is held (cyclelog)
+    not_held_reason: str | None = None       # why less than it wants is held (``reasons``)
+    limited_by: str | None = None            # that reason's code (``reasons.CODES``)
+    share_bytes: int = 0                     # its share of the budget (``reasons.Allotment``)
     spill_read_bytes: int = 0                # read by the spill in this cycle (unlocked)
 
 
@@ -44,6 +46,14 @@ def process_fields(interval: float) -> dict:
     """What ``vmdisktouch status`` needs to tell a live status file from a stale one."""
     from vmdisktouch import __version__
     return {"pid": os.getpid(), "version": __version__, "interval_seconds": interval}
+
+
+def disk_title(status: dict) -> str:
+    """A disk's name in a picture or a line: ``domain/target  path`` when libvirt knows
+    its domain, else its path."""
+    if status.get("domain"):
+        return f"{status['domain']}/{status['target']}  {status['path']}"
+    return status["path"]
 
 
 def status_bytes(status: dict) -> bytes:
@@ -60,17 +70,22 @@ class Emitter:
         self.outputs = outputs
         self.cycles = CycleLog(label)
 
-    def status_obj(self, r: CycleReport, c, *, path: str, domain_active, holding: bool,
-                   lock_cap, charges, source: dict) -> dict:
-        """The status JSON of report ``r`` under settings ``c``."""
+    def status_obj(self, r: CycleReport, c, *, path: str, domain, allotment, domain_active,
+                   holding: bool, lock_cap, charges, source: dict) -> dict:
+        """The status JSON of report ``r`` under settings ``c``; ``domain``: (domain,
+        target) or Nones; ``allotment``: the last selection's (``reasons.Allotment``)."""
         return {
             "path": path,
+            "domain": domain[0],
+            "target": domain[1],
             **process_fields(c.interval),
             "cycle": r.cycle,
             "cycle_seconds": round(r.cycle_seconds, 4),
             "size_bytes": r.size_bytes,
             "block_size": c.block_size,
-            "budget_bytes": c.max_hold,
+            "budget_bytes": r.share_bytes,            # this disk's share of the budget
+            "host_budget_bytes": c.max_hold if allotment is None else allotment.budget,
+            "wanted_bytes": None if allotment is None else allotment.wanted,
             "held_bytes": r.held_bytes,
             "resident_bytes": r.resident_bytes,
             "regions": r.regions,                     # [offset, length] pairs, in bytes
@@ -83,6 +98,7 @@ class Emitter:
             "released_bytes": r.released_bytes,
             "skipped_bytes": r.skipped_bytes,
             "not_held_reason": r.not_held_reason,
+            "limited_by": r.limited_by,
             "domain_active": domain_active,
             "holding": holding,
             "lock_cap_bytes": lock_cap,
@@ -102,7 +118,7 @@ class Emitter:
 
         def header(what: str) -> list[str]:
             return figure.header_lines(
-                status["path"], status["time"], held=r.held_bytes, budget=c.max_hold,
+                disk_title(status), status["time"], held=r.held_bytes, budget=r.share_bytes,
                 resident=r.resident_bytes, size=r.size_bytes, cycle=r.cycle,
                 blocks_per_pixel=layout.blocks_per_pixel, block_size=c.block_size, what=what)
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from vmdisktouch.core import regions
 from vmdisktouch.core.policy import select
+from vmdisktouch.daemon.reasons import Allotment, disk_name
 from vmdisktouch.errors import ImageGoneError, VmdtError
 from vmdisktouch.sizes import format_size
 
@@ -87,10 +88,11 @@ class Host:
             ready.append(w)
             if m is not None:
                 maps.append((w, self._weighed(w.image.path, m)))
-        chosen, spilled = select([m for _, m in maps], self.budget // self.block_size,
-                                 self.spill_factor, [w.spilled for w, _ in maps])
-        targets = {id(w): runs for (w, _), runs in zip(maps, chosen)}
+        alloc, spilled = select([m for _, m in maps], self.budget // self.block_size,
+                                self.spill_factor, [w.spilled for w, _ in maps])
+        targets = {id(w): runs for (w, _), runs in zip(maps, alloc.runs)}
         spills = {id(w): runs for (w, _), runs in zip(maps, spilled)}
+        self._allot(ready, maps, alloc)
         bs = self.block_size
 
         def growth(w) -> int:
@@ -121,6 +123,21 @@ class Host:
                      else boost * np.float32(weight))
         return replace(m, boost=boost,
                        cap_blocks=None if cap is None else cap // self.block_size)
+
+    def _allot(self, ready: list, maps: list, alloc) -> None:
+        """Tell each disk its share of the budget and what limited it (``Allotment``)."""
+        bs, named = self.block_size, [w for w, _ in maps]
+        for w in ready:
+            w.allotment = Allotment(0, 0, None, None, self.budget)
+        for d, w in enumerate(named):
+            top = alloc.top[d]
+            limit = alloc.limit[d]
+            if limit == "budget" and self.weights.get(w.image.path, 1.0) < 1.0:
+                limit = "weight"
+            w.allotment = Allotment(alloc.share[d] * bs, alloc.wanted[d] * bs, limit,
+                                    None if top is None else disk_name(named[top]),
+                                    self.budget, self.caps.get(w.image.path),
+                                    self.weights.get(w.image.path, 1.0))
 
     def held_bytes(self) -> int:
         return sum(w.holder.held_bytes() for w in self.watchers)
@@ -181,27 +198,40 @@ class Host:
         except (VmdtError, OSError) as err:
             log.warning("%s: releasing it failed: %s", w.image.path, err)
 
-    def status_obj(self, disks: list[dict], interval: float) -> dict:
-        """The host's status: the budget, the sum held and each disk's share, the failures."""
+    def status_obj(self, disks: list[dict], interval: float, min_free: int) -> dict:
+        """The host's status: the budget, the sum held, each disk's share and why it holds
+        less than it wants, the failures (docs/status.md)."""
         from vmdisktouch.daemon.emit import process_fields
         per = {d["path"]: d for d in disks}
+        avail = next((d["mem_available_bytes"] for d in disks), None)
         return {
             "host": {
                 **process_fields(interval),
                 "time": time.time(),
                 "budget_bytes": self.budget,
                 "held_bytes": self.held_bytes(),
+                "mem_available_bytes": avail,
+                "min_free_bytes": min_free,
+                "above_floor_bytes": None if avail is None else max(0, avail - min_free),
                 "cycle": self.cycle,
                 "cycle_seconds": round(self.cycle_seconds, 4),
-                "disks": [{"path": w.image.path, "held_bytes": w.holder.held_bytes(),
-                           "heat": round(float(w.policy.state.total.sum(dtype=float)), 3),
-                           "cap_bytes": self.caps.get(w.image.path),
-                           "weight": self.weights.get(w.image.path, 1.0)}
-                          for w in self.watchers],
+                "disks": [self._disk_line(w, per.get(w.image.path)) for w in self.watchers],
                 "failed": [{"path": p, "error": why} for p, why in self.failed.items()],
             },
             "disks": [per[w.image.path] for w in self.watchers if w.image.path in per],
         }
+
+    def _disk_line(self, w, st: dict | None) -> dict:
+        a = w.allotment
+        return {"path": w.image.path, "domain": w.domain, "target": w.target,
+                "held_bytes": w.holder.held_bytes(),
+                "share_bytes": None if a is None else a.share,
+                "wanted_bytes": None if a is None else a.wanted,
+                "limited_by": None if st is None else st.get("limited_by"),
+                "not_held_reason": None if st is None else st.get("not_held_reason"),
+                "heat": round(float(w.policy.state.total.sum(dtype=float)), 3),
+                "cap_bytes": self.caps.get(w.image.path),
+                "weight": self.weights.get(w.image.path, 1.0)}
 
     def close(self) -> None:
         while self.watchers:

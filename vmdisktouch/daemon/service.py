@@ -209,7 +209,7 @@ class Service:
             if w is None:
                 w = self._open(path, m)
             if w is not None:
-                self._follow(w, m.active)
+                self._follow(w, m)
 
     def _open(self, path: str, m):
         if not self.members.retry and (path in self.refused or path in self.host.failed):
@@ -230,9 +230,16 @@ class Service:
             log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
         return w
 
-    @staticmethod
-    def _follow(w, active) -> None:
-        """Hold while the owning domain is not shut off (``active`` None: no domain)."""
+    def _follow(self, w, m) -> None:
+        """Hold while the owning domain is not shut off (``active`` None: no domain); name
+        the disk by its domain and target wherever it appears."""
+        active = m.active
+        if (m.domain, m.target) != (w.domain, w.target):
+            w.domain, w.target = m.domain, m.target
+            name = f"{m.domain}/{m.target}" if m.domain else ""
+            if not self.single:
+                name = f"{name} {w.image.path}" if name else w.image.path
+            w.emitter.cycles.label = f"{name}: " if name else ""
         if active is False and w.hold_enabled:
             log.info("%s: its libvirt domain is not running; releasing the holds",
                      w.image.path)
@@ -249,7 +256,7 @@ class Service:
         c = self.config
         if c.status or self.metrics is not None:
             disks = [w.last_status for w in self.host.watchers if w.last_status is not None]
-            st = self.host.status_obj(disks, c.interval)
+            st = self.host.status_obj(disks, c.interval, c.min_free)
             if self.members.retry:
                 st["host"]["skipped"] = [{"domain": d, "target": t, "reason": why}
                                          for (d, t), why in sorted(self.skipped.items())]
@@ -276,9 +283,18 @@ class Service:
         bands = []
         for w in self.host.watchers:
             resident, held = w.last_maps()
-            bands.append(host_render.DiskBand(w.image.path, w.holder.held_bytes(), resident,
-                                              held))
-        return render.png_bytes(host_render.host_overview_image(bands, self.host.budget))
+            a, st = w.allotment, w.last_status or {}
+            bands.append(host_render.DiskBand(
+                w.image.path, w.holder.held_bytes(), resident, held,
+                domain=w.domain, target=w.target, size_bytes=w.image.size,
+                share_bytes=None if a is None else a.share,
+                wanted_bytes=None if a is None else a.wanted,
+                limited_by=st.get("limited_by")))
+        avail = next((w.last_status["mem_available_bytes"] for w in self.host.watchers
+                      if w.last_status), None)
+        return render.png_bytes(host_render.host_overview_image(
+            bands, self.host.budget, when=time.time(),
+            above_floor=None if avail is None else max(0, avail - self.config.min_free)))
 
     # -- reload --------------------------------------------------------------
 

@@ -200,7 +200,10 @@ class TraceSource:
         return Seen(self.residency.fraction(), self.residency.resident_pages() * self.page_size,
                     acc.writes, reads=acc.reads, refaults=acc.refaults,
                     read_counts=acc.read_counts, read_recent=acc.read_recent,
-                    reconcile=first or acc.lost > 0 or missed)
+                    # Not the first cycle's scan: what a dd or a backup left cached is no
+                    # evidence of use; under a shared budget it took budget from disks the
+                    # guests read (#32). The trace source waits for reads.
+                    reconcile=acc.lost > 0 or missed)
 
     # -- the instance changed under us -----------------------------------------------
 

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The holder is the only part of vmdisktouch that pins memory. It receives,
-each cycle, the *target runs* chosen by ``regions.select``: half-open block
+each cycle, the *target runs* chosen by ``budget.select``: half-open block
 runs ``(start, stop)`` in priority order, highest first, whose total fits the
 budget. ``apply`` turns what is held now into that target:
 

@@ -1,0 +1,128 @@
+"""core.budget: one budget by benefit per byte: density ranks, shoulders are trimmed, equals
+share the edge, and each disk is told its share and what limited it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vmdisktouch.core import regions
+from vmdisktouch.core.budget import allocate
+from vmdisktouch.core.heat import smooth
+from vmdisktouch.core.policy import SELECT_RULES, TRACED_RULES
+
+T = 0.05
+
+
+def zone_heat(n: int, zones, background: float = 0.0, sigma: float = 2.0) -> np.ndarray:
+    """Heat as the policy makes it: reads per block (a zone read ``rate`` per block, the
+    rest ``background``), Gaussian-smoothed; the shoulders are the smoothing's."""
+    reads = np.full(n, background, dtype=np.float32)
+    for a, b, rate in zones:
+        reads[a:b] = rate
+    return smooth(reads, sigma, 1.0).astype(np.float32)
+
+
+def blocks(runs) -> int:
+    return sum(b - a for a, b in runs)
+
+
+def covered(runs, a, b) -> int:
+    return sum(max(0, min(b, y) - max(a, x)) for x, y in runs)
+
+
+@pytest.mark.parametrize("rules", [SELECT_RULES, TRACED_RULES])
+def test_a_spreading_lukewarm_region_does_not_outrank_a_smaller_hotter_one(rules):
+    """Light VM 1's hot zone has spread into a lukewarm background (one region with its
+    zone, ten times its size in heat summed); light VM 2's zone, as hot, stands alone. The
+    budget is both zones: each gets its zone. By summed heat (before #32) VM 1's region
+    came first and took the budget with its background, and VM 2 got a sliver."""
+    n = 2000
+    vm1 = zone_heat(n, [(200, 400, 1.0)], background=0.08)
+    vm2 = zone_heat(n, [(200, 400, 1.0)])
+    alloc = allocate([regions.DiskMap(vm1, T), regions.DiskMap(vm2, T)], 440, rules)
+    got1, got2 = alloc.runs
+    assert covered(got1, 200, 400) >= 195 and covered(got2, 200, 400) >= 195
+    assert blocks(got1) <= 240                    # not its background
+    assert alloc.limit[0] == "budget" and alloc.top[0] == 1
+
+
+def test_two_identical_workloads_get_equal_shares_at_the_edge_of_the_budget():
+    """Two equal disks, a budget of one and a half zones: each gets three quarters of its
+    zone (within 10 %), where the queue alone gave one all of its zone and the other half."""
+    n = 1000
+    maps = [regions.DiskMap(zone_heat(n, [(100, 300, 1.0)]), T) for _ in range(2)]
+    alloc = allocate(maps, 300, SELECT_RULES)
+    a, b = (blocks(r) for r in alloc.runs)
+    assert a + b == 300
+    assert abs(a - b) <= 0.1 * max(a, b), (a, b)
+    assert alloc.share == [a, b] and alloc.limit == ["budget", "budget"]
+    assert alloc.top == [1, 0] or alloc.top == [0, 1] or a == b
+
+
+def test_equal_disks_with_a_third_hotter_one():
+    """The hotter disk first and whole; the two equal ones share the rest."""
+    n = 1000
+    hot = regions.DiskMap(zone_heat(n, [(0, 100, 4.0)]), T)
+    eq = [regions.DiskMap(zone_heat(n, [(500, 700, 1.0)]), T) for _ in range(2)]
+    alloc = allocate([hot] + eq, 400, SELECT_RULES)
+    h, a, b = (blocks(r) for r in alloc.runs)
+    assert covered(alloc.runs[0], 0, 100) == 100
+    assert abs(a - b) <= 0.1 * max(a, b) and h + a + b == 400
+    assert alloc.top[1] in (0, 2) and alloc.limit[0] is None or alloc.limit[0] == "budget"
+
+
+def test_shoulders_are_trimmed_while_a_denser_region_waits_and_held_when_room_is_left():
+    n = 1000
+    a = zone_heat(n, [(100, 200, 1.0)])             # a zone and its smoothing's shoulders
+    b = zone_heat(n, [(600, 700, 0.9)])             # another as dense as a's core
+    cand = int(((a >= T) | False).sum())
+    assert cand > 100                                # the shoulders are candidates
+    alloc = allocate([regions.DiskMap(a, T), regions.DiskMap(b, T)], 200, SELECT_RULES)
+    assert covered(alloc.runs[0], 100, 200) >= 98 and covered(alloc.runs[1], 600, 700) >= 98
+    roomy = allocate([regions.DiskMap(a, T), regions.DiskMap(b, T)], 10_000, SELECT_RULES)
+    assert blocks(roomy.runs[0]) == cand            # all of it when nothing else wants the room
+    assert roomy.limit == [None, None]
+    assert roomy.share == [cand + 10_000 - blocks(roomy.runs[0]) - blocks(roomy.runs[1]),
+                           blocks(roomy.runs[1]) + 10_000 - blocks(roomy.runs[0])
+                           - blocks(roomy.runs[1])]
+
+
+def test_a_cap_is_the_limit_and_the_share_is_within_it():
+    n = 500
+    a = regions.DiskMap(zone_heat(n, [(0, 200, 2.0)]), T, cap_blocks=50)
+    b = regions.DiskMap(zone_heat(n, [(0, 100, 1.0)]), T)
+    alloc = allocate([a, b], 400, SELECT_RULES)
+    assert blocks(alloc.runs[0]) == 50 and alloc.limit[0] == "cap"
+    assert alloc.share[0] == 50                     # its cap, though budget is left
+    assert alloc.limit[1] is None and alloc.share[1] == 400 - 50
+
+
+def test_invariants_on_random_maps():
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        k = int(rng.integers(1, 5))
+        maps = []
+        for _ in range(k):
+            z = int(rng.integers(0, 300))
+            heat = zone_heat(400, [(z, z + int(rng.integers(1, 100)),
+                                    float(rng.uniform(0.1, 3)))],
+                             background=float(rng.choice([0.0, 0.06])))
+            maps.append(regions.DiskMap(heat, T, cap_blocks=None if rng.random() < 0.6
+                                        else int(rng.integers(0, 150))))
+        budget = int(rng.integers(0, 600))
+        alloc = allocate(maps, budget, TRACED_RULES if rng.random() < 0.5 else SELECT_RULES)
+        sizes = [blocks(r) for r in alloc.runs]
+        assert sum(sizes) <= budget
+        for m, size, runs, want, share, lim in zip(maps, sizes, alloc.runs, alloc.wanted,
+                                                   alloc.share, alloc.limit):
+            assert m.cap_blocks is None or size <= m.cap_blocks
+            mask = np.zeros(400, bool)
+            for x, y in runs:
+                assert not mask[x:y].any()
+                mask[x:y] = True
+            assert size <= want and share >= size
+            assert (lim is None) == (size >= want)
+        cand = sum(min(w, budget if m.cap_blocks is None else m.cap_blocks)
+                   for m, w in zip(maps, alloc.wanted))
+        assert sum(sizes) == min(budget, cand)       # the budget is used when it can be

@@ -1,0 +1,222 @@
+"""``vmdisktouch status`` on the status files of issue 32: the host line, each disk's share
+and reason, ``--json`` keeping every key, the exit codes of ``systemctl is-active``, and
+the checks of the new keys. Status files are made in a temporary directory, live (this
+test's pid, a fresh ``time``) unless a test makes them stale; the command runs in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from vmdisktouch.commands import cli
+
+MiB = 1 << 20
+
+
+def disk(path, **over) -> dict:
+    """One disk's status as the daemon of #32 writes it (the keys the command reads)."""
+    d = {"path": path, "domain": None, "target": None, "pid": os.getpid(),
+         "version": "0-test", "interval_seconds": 1.0, "cycle": 3, "cycle_seconds": 0.01,
+         "size_bytes": 64 * MiB, "block_size": MiB, "budget_bytes": 8 * MiB,
+         "host_budget_bytes": 8 * MiB, "wanted_bytes": 0, "held_bytes": 0, "regions": [],
+         "rewritten_blocks": 0, "mem_available_bytes": 900 * MiB,
+         "min_free_bytes": 100 * MiB, "not_held_reason": "no evidence of use yet",
+         "limited_by": "no_evidence", "access_source": "trace", "events_lost": 0,
+         "time": time.time()}
+    d.update(over)
+    return d
+
+
+def line_of(d: dict) -> dict:
+    """``host.disks[]`` for the full status ``d``."""
+    return {"path": d["path"], "domain": d["domain"], "target": d["target"],
+            "held_bytes": d["held_bytes"], "share_bytes": d["budget_bytes"],
+            "wanted_bytes": d["wanted_bytes"], "limited_by": d["limited_by"],
+            "not_held_reason": d["not_held_reason"], "heat": 12.5, "cap_bytes": None,
+            "weight": 1.0}
+
+
+def host(disks: list[dict], **over) -> dict:
+    head = {"pid": os.getpid(), "version": "0-test", "interval_seconds": 1.0,
+            "time": time.time(), "budget_bytes": 8 * MiB,
+            "held_bytes": sum(d["held_bytes"] for d in disks),
+            "mem_available_bytes": 900 * MiB, "min_free_bytes": 100 * MiB,
+            "above_floor_bytes": 800 * MiB, "cycle": 42, "cycle_seconds": 0.02,
+            "disks": [line_of(d) for d in disks], "failed": [],
+            "skipped": [{"domain": "vm3", "target": "hdc", "reason": "cache=none"}]}
+    head.update(over)
+    return {"host": head, "disks": disks}
+
+
+A = disk("/img/a.img", domain="vm1", target="vda", budget_bytes=5 * MiB, held_bytes=5 * MiB,
+         wanted_bytes=5 * MiB, regions=[[0, 5 * MiB]], not_held_reason=None, limited_by=None)
+B = disk("/img/b.img", domain="vm\x1b[2J2", target="vdb", budget_bytes=3 * MiB,
+         held_bytes=3 * MiB, wanted_bytes=6 * MiB, regions=[[0, MiB], [4 * MiB, 2 * MiB]],
+         not_held_reason="the host budget went to hotter disks (most to vm1/vda)",
+         limited_by="budget")
+
+
+def write(directory, name: str, doc) -> None:
+    (directory / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+
+
+def status(capsys, directory, *argv) -> tuple[int, str, str]:
+    rc = cli.main(["status", "--dir", str(directory), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_a_host_file_is_a_host_line_then_one_line_per_disk_held_of_its_share(tmp_path, capsys):
+    write(tmp_path, "host.json", host([A, B], failed=[{"path": "/img/gone.img",
+                                                        "error": "deleted"}]))
+    rc, out, err = status(capsys, tmp_path)
+    assert rc == 0 and err == "", err
+    lines = out.splitlines()
+    assert lines[0] == (f"host (pid {os.getpid()}, v0-test): held 8M of 8M budget, "
+                        "800M above the floor, 2 disks served, 1 skipped, 1 failed, "
+                        "cycle 42, 0 s ago, LIVE")
+    assert lines[1:] == [
+        "  vm1/vda (/img/a.img): held 5M/5M in 1 region",
+        "  vm\\x1b[2J2/vdb (/img/b.img): held 3M/3M in 2 regions, wants 6M (the host budget "
+        "went to hotter disks (most to vm1/vda))",
+        "  /img/gone.img: FAILED: deleted"]
+
+
+def test_a_disk_line_shows_its_share_not_the_whole_budget(tmp_path, capsys):
+    """The share comes from ``host.disks[].share_bytes`` (the full status's
+    ``budget_bytes`` only when the line has none); ``host_budget_bytes`` is not it."""
+    b = {**B, "budget_bytes": 2 * MiB, "held_bytes": MiB}
+    doc = host([b])
+    doc["host"]["disks"][0]["share_bytes"] = 3 * MiB
+    write(tmp_path, "host.json", doc)
+    write(tmp_path, "one.json", disk("/img/one.img", domain="vm4", target="sda",
+                                     budget_bytes=3 * MiB, held_bytes=2 * MiB,
+                                     wanted_bytes=2 * MiB, regions=[[0, 2 * MiB]],
+                                     not_held_reason=None, limited_by=None))
+    rc, out, _ = status(capsys, tmp_path)
+    lines = out.splitlines()
+    assert rc == 0 and lines[1].startswith("  vm\\x1b[2J2/vdb (/img/b.img): held 1M/3M in 2 "), out
+    assert lines[2].startswith("vm4/sda (/img/one.img): held 2M/3M in 1 region, source trace, "
+                               f"cycle 3, pid {os.getpid()}, v0-test, "), lines
+    assert lines[2].endswith(" LIVE") and len(lines) == 3, lines
+
+
+def test_a_host_file_of_the_old_shape_is_still_shown(tmp_path, capsys):
+    """No ``share_bytes`` nor ``above_floor_bytes`` (a daemon before #32): the share is the
+    full status's ``budget_bytes``, and the floor is left out."""
+    old = host([disk("/img/a.img", held_bytes=MiB, regions=[[0, MiB]])])
+    for k in ("mem_available_bytes", "min_free_bytes", "above_floor_bytes", "skipped"):
+        del old["host"][k]
+    old["host"]["disks"] = [{"path": "/img/a.img", "held_bytes": MiB}]
+    write(tmp_path, "host.json", old)
+    rc, out, _ = status(capsys, tmp_path)
+    assert rc == 0 and out.splitlines() == [
+        f"host (pid {os.getpid()}, v0-test): held 1M of 8M budget, 1 disk served, 0 failed, "
+        "cycle 42, 0 s ago, LIVE",
+        "  /img/a.img: held 1M/8M in 1 region (no evidence of use yet)"]
+
+
+def test_json_keeps_every_key_of_every_file_the_host_s_included(tmp_path, capsys):
+    doc = host([A, B])
+    write(tmp_path, "host.json", doc)
+    write(tmp_path, "one.json", disk("/img/one.img"))
+    write(tmp_path, "bad.json", "{")
+    rc, out, _ = status(capsys, tmp_path, "--json")
+    bad, got, one = json.loads(out)
+    assert rc == 0
+    assert bad == {"file": str(tmp_path / "bad.json"), "stale": True,
+                   "error": bad["error"]} and bad["error"].startswith("malformed")
+    assert got.pop("file") == str(tmp_path / "host.json") and got.pop("stale") is False
+    assert isinstance(got.pop("age_seconds"), float)
+    assert got == json.loads(json.dumps(doc))              # every key, as read
+    assert got["host"]["skipped"] and got["host"]["above_floor_bytes"] == 800 * MiB
+    assert one["path"] == "/img/one.img" and one["limited_by"] == "no_evidence"
+
+    # PATH: that file only, its lists of disks cut to PATH's; every other key kept
+    rc, out, _ = status(capsys, tmp_path, "--json", "/img/./b.img")
+    [got] = json.loads(out)
+    assert [d["path"] for d in got["disks"]] == ["/img/b.img"] == \
+        [d["path"] for d in got["host"]["disks"]]
+    assert got["host"]["budget_bytes"] == 8 * MiB and got["host"]["skipped"]
+    rc, out, _ = status(capsys, tmp_path, "/img/b.img")
+    host_line, b_line = out.splitlines()
+    assert rc == 0 and host_line.startswith("host (") and b_line.startswith("  vm\\x1b[2J2/vdb")
+
+
+@pytest.mark.parametrize("files, code", [
+    ({"host.json": host([A, B])}, 0),
+    ({"host.json": host([A, B], time=time.time() - 3600), "one.json": disk("/img/one.img")}, 0),
+    ({"host.json": host([A, B], time=time.time() - 3600)}, 3),
+    ({"host.json": host([A], time=time.time() - 3600),
+      "one.json": disk("/img/one.img", time=time.time() - 3600), "bad.json": "{"}, 3),
+    ({"bad.json": "[]"}, 3),
+    ({}, 3),
+], ids=["live", "one-live-one-stale", "stale", "all-stale-or-bad", "only-bad", "none"])
+def test_the_exit_status_is_that_of_systemctl_is_active(tmp_path, capsys, files, code):
+    for name, doc in files.items():
+        write(tmp_path, name, doc)
+    assert status(capsys, tmp_path)[0] == code
+    assert status(capsys, tmp_path, "--json")[0] == code
+
+
+def test_with_path_only_the_files_serving_it_count_for_the_exit_status(tmp_path, capsys):
+    write(tmp_path, "host.json", host([A, B]))
+    write(tmp_path, "one.json", disk("/img/one.img", time=time.time() - 3600))
+    assert status(capsys, tmp_path, "/img/a.img")[0] == 0
+    rc, out, _ = status(capsys, tmp_path, "/img/one.img")
+    assert rc == 3 and out.rstrip().endswith("STALE"), out
+
+
+def test_a_missing_directory_is_one_line_and_exit_66(tmp_path, capsys):
+    rc, out, err = status(capsys, tmp_path / "no\x1b[2Jdir")
+    assert rc == 66 and out == ""
+    assert err == f"vmdisktouch: {tmp_path}/no\\x1b[2Jdir: no such directory\n"
+
+
+@pytest.mark.parametrize("where, over, key", [
+    ("disk", {"limited_by": "bogus"}, "limited_by"),
+    ("disk", {"domain": 5}, "domain"),
+    ("disk", {"target": ["vda"]}, "target"),
+    ("disk", {"wanted_bytes": -1}, "wanted_bytes"),
+    ("disk", {"host_budget_bytes": None}, "host_budget_bytes"),
+    ("host", {"above_floor_bytes": "310M"}, "host.above_floor_bytes"),
+    ("host", {"mem_available_bytes": 1.5}, "host.mem_available_bytes"),
+    ("host", {"min_free_bytes": None}, "host.min_free_bytes"),
+    ("host", {"skipped": {"vm3": "cache=none"}}, "host.skipped"),
+    ("host", {"skipped": [{"domain": 3, "target": "hdc", "reason": "x"}]},
+     "host.skipped[0].domain"),
+    ("line", {"share_bytes": "3M"}, "host.disks[0].share_bytes"),
+    ("line", {"limited_by": "hot"}, "host.disks[0].limited_by"),
+    ("line", {"weight": 0}, "host.disks[0].weight"),
+    ("line", {"cap_bytes": -5}, "host.disks[0].cap_bytes"),
+    ("line", {"domain": {"name": "vm1"}}, "host.disks[0].domain"),
+])
+def test_a_new_key_of_the_wrong_kind_is_a_malformed_file_of_its_own(tmp_path, capsys,
+                                                                     where, over, key):
+    if where == "disk":
+        doc = disk("/img/x.img", **over)
+    else:
+        doc = host([A])
+        (doc["host"] if where == "host" else doc["host"]["disks"][0]).update(over)
+    write(tmp_path, "bad.json", doc)
+    write(tmp_path, "good.json", disk("/img/one.img"))
+    rc, out, err = status(capsys, tmp_path)
+    lines = out.splitlines()
+    assert rc == 0 and err == "" and len(lines) == 2, out
+    assert lines[0].startswith(f"{tmp_path}/bad.json: malformed: {key} is not "), lines
+    assert lines[1].startswith("/img/one.img: held 0/8M in 0 regions"), lines
+
+
+def test_null_where_the_daemon_writes_null_is_accepted(tmp_path, capsys):
+    """Before the first selection a disk's share and wants are null; a host with no disk
+    has no MemAvailable."""
+    d = disk("/img/a.img", wanted_bytes=None, not_held_reason=None, limited_by=None)
+    doc = host([d], mem_available_bytes=None, above_floor_bytes=None)
+    doc["host"]["disks"][0].update(share_bytes=None, wanted_bytes=None)
+    write(tmp_path, "host.json", doc)
+    rc, out, _ = status(capsys, tmp_path)
+    assert rc == 0 and out.splitlines()[1] == "  /img/a.img: held 0/8M in 0 regions", out
+    assert "above the floor" not in out

@@ -1,0 +1,98 @@
+"""Why a disk holds less than it wants: one reason of a small set, the same in every output.
+
+A disk *wants* its candidate regions (the blocks above the threshold, and
+held runs kept by hysteresis); the host's selection gives it a *share*
+(``Allotment``); the holder then holds what it can of it. When it holds less
+than it wants, the first of these that applies is the reason, as a code (the
+status key ``limited_by``, the metrics) and a line for humans (the status key
+``not_held_reason``, the cycle's log line):
+
+=================  ==========================================================
+code               when
+=================  ==========================================================
+``domain_off``     its libvirt domain is not running: nothing is held
+``no_evidence``    no heat at all yet: the guest has not been seen to read it
+``below_threshold``  heat, but nothing above the threshold
+``budget``         the budget went to hotter regions (naming the disk given the most)
+``cap``            its own cap (``[domain.x] cap``) is full
+``weight``         the budget went elsewhere and its weight is below 1
+``floor``          MemAvailable is at the free-memory floor (``min_free``)
+``cgroup``         blocks its guest's memory cgroup keeps re-reading are left to it
+``lock_limit``     the kernel refused to lock more (RLIMIT_MEMLOCK)
+``not_loaded``     a load failed (a read or lock error); retried next cycle
+=================  ==========================================================
+
+The checks go in that order: the causes before the selection (off, no heat)
+come first, then the selection's (budget, cap, weight), then the holder's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vmdisktouch.sizes import format_size
+
+CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "floor",
+         "cgroup", "lock_limit", "not_loaded")
+
+
+@dataclass(frozen=True)
+class Allotment:
+    """What the last selection gave one disk (``budget.Allocation``), in bytes."""
+    share: int                   # given, plus the free budget it could still take
+    wanted: int                  # its candidate regions: all it would hold
+    limit: str | None            # "budget", "cap" or "weight" when it got less; else None
+    top: str | None              # limited by the budget: the disk given the most
+    budget: int                  # the host's whole budget
+    cap: int | None = None       # its own cap (overrides), if any
+    weight: float = 1.0          # its ranking weight (overrides)
+
+
+def disk_name(w) -> str:
+    """A disk as the operator knows it: ``domain/target`` under libvirt, else its path."""
+    return f"{w.domain}/{w.target}" if getattr(w, "domain", None) else w.image.path
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the cycle saw that the reasons need, besides its report."""
+    holding: bool                # its domain runs (or it has none)
+    allotment: Allotment | None  # None: no selection yet
+    heat_max: float              # the hottest block's heat
+    threshold: float
+    lock_refused: str | None     # the kernel's refusal to lock, if any
+    ceded_bytes: int = 0         # left to the guest's own cgroup-limited cache now
+
+
+def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
+    """(code, line): why cycle report ``r`` (settings ``c``) holds less than the disk
+    wants; None when it holds all it wants."""
+    a = f.allotment
+    if not f.holding:
+        return "domain_off", "its libvirt domain is not running"
+    if a is not None and a.wanted == 0 and not r.held_bytes:
+        if f.heat_max <= 0:
+            return "no_evidence", "no evidence of use yet"
+        return "below_threshold", (f"nothing is above the threshold (hottest block "
+                                   f"{f.heat_max:.3g}, threshold {f.threshold:g})")
+    if a is not None and a.limit == "cap" and r.held_bytes < a.wanted:
+        return "cap", f"its cap ({format_size(a.cap or 0)}) is full"
+    if a is not None and a.limit == "weight" and r.held_bytes < a.wanted:
+        return "weight", (f"the host budget went to hotter disks (weight {a.weight:g}"
+                          + (f"; most to {a.top})" if a.top else ")"))
+    if a is not None and a.limit == "budget" and r.held_bytes < a.wanted:
+        if a.top:
+            return "budget", f"the host budget went to hotter disks (most to {a.top})"
+        return "budget", f"the budget ({format_size(a.budget)}) is full of hotter regions"
+    if r.skipped_bytes and r.mem_available_bytes < c.min_free + c.block_size:
+        return "floor", (f"MemAvailable {format_size(r.mem_available_bytes)} is at the "
+                         f"free-memory floor (min_free {format_size(c.min_free)})")
+    if f.ceded_bytes:
+        return "cgroup", (f"{format_size(f.ceded_bytes)} its memory cgroup keeps re-reading "
+                          "is left to the guest's own cache")
+    if f.lock_refused:
+        return "lock_limit", f"the kernel refused to lock more ({f.lock_refused})"
+    if r.skipped_bytes:
+        return "not_loaded", (f"{format_size(r.skipped_bytes)} targeted was not loaded "
+                              "(a lock or read error)")
+    return None
