@@ -65,15 +65,19 @@ def test_host_png_colours_stable_across_a_domain_restart(domains, tmp_path):  # 
     names = [domains.define([disk_xml("vda", img)], tag=f"png{k}")
              for k, img in enumerate(images)]
     png = tmp_path / "host.png"
-    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", URI, "--min-free", "0",
-                   "--interval", str(INTERVAL), "--host-png", str(png), max_hold="16M",
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", URI, "--min-free", "0", "--decay",
+                   "0.5", "--interval", str(INTERVAL), "--host-png", str(png), max_hold="16M",
                    status="host.json")
+
+    def reads():                                         # one busier guest, one quieter
+        qemu_io(names[0], "read 0 12M")
+        qemu_io(names[1], "read 4M 4M")
+
     try:
         want = {f"{n}/vda" for n in names}
         d.wait_status(lambda s: set(keys(s)) == want, "the three disks", timeout=60)
-        qemu_io(names[0], "read 0 12M")                  # one busier guest, one quieter
-        qemu_io(names[1], "read 0 4M")
-        d.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold", timeout=30)
+        d.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold", timeout=30,
+                      drive=reads)
         before = frame(d, png, lambda k: set(k) == want, "three disks served")
         for key, colour in before.items():               # the colour is the name's
             dom, target = key.split("/")

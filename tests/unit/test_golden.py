@@ -23,6 +23,11 @@ trace`` (commit 876a386, 100 s each): their cycles also carry the guest's
 reads, read counts (all and by recency) and refaults, and pin the rules only
 that source uses: the stay, the split, the read intensity, the thrash and
 the traced incumbency. (The spill is not recorded, so not replayed.)
+
+Issue 32 changed the selection's rules (``core.budget``: benefit per byte):
+the observations stay as recorded, and every cycle's plan was re-derived from
+them by ``python -m tools.golden_replan`` (each cycle's ``replanned`` says
+why); 21 of the 186 cycles changed, in their order or at a zone's edges.
 """
 
 from __future__ import annotations
@@ -162,7 +167,7 @@ def _constant(module: str, name: str, value):
     ("base", _traced_rules(stay_unless_better=False)),
     ("move", _traced_rules(split_contrast=None)),
     ("bigset", _traced_rules(incumbent_weight=1.0)),
-    ("write50", _traced_rules(rank_rewritten_by_total=False)),
+    ("move", _traced_rules(rank_rewritten_by_total=False)),   # (write50 until #32)
     ("move", _constant("intensity", "RATE_SECONDS", 25.0)),
     ("move", _constant("thrash", "WEIGHT", 0.0)),
 ], ids=["stay", "split", "traced-incumbent", "rank-rewritten-by-total", "intensity", "thrash"])

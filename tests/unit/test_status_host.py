@@ -147,16 +147,17 @@ def test_json_keeps_every_key_of_every_file_the_host_s_included(tmp_path, capsys
 
 
 @pytest.mark.parametrize("files, code", [
-    ({"host.json": host([A, B])}, 0),
-    ({"host.json": host([A, B], time=time.time() - 3600), "one.json": disk("/img/one.img")}, 0),
-    ({"host.json": host([A, B], time=time.time() - 3600)}, 3),
-    ({"host.json": host([A], time=time.time() - 3600),
-      "one.json": disk("/img/one.img", time=time.time() - 3600), "bad.json": "{"}, 3),
-    ({"bad.json": "[]"}, 3),
-    ({}, 3),
+    (lambda: {"host.json": host([A, B])}, 0),
+    (lambda: {"host.json": host([A, B], time=time.time() - 3600),
+              "one.json": disk("/img/one.img")}, 0),
+    (lambda: {"host.json": host([A, B], time=time.time() - 3600)}, 3),
+    (lambda: {"host.json": host([A], time=time.time() - 3600),
+              "one.json": disk("/img/one.img", time=time.time() - 3600), "bad.json": "{"}, 3),
+    (lambda: {"bad.json": "[]"}, 3),
+    (lambda: {}, 3),
 ], ids=["live", "one-live-one-stale", "stale", "all-stale-or-bad", "only-bad", "none"])
 def test_the_exit_status_is_that_of_systemctl_is_active(tmp_path, capsys, files, code):
-    for name, doc in files.items():
+    for name, doc in files().items():      # made now: a file made at collection is stale
         write(tmp_path, name, doc)
     assert status(capsys, tmp_path)[0] == code
     assert status(capsys, tmp_path, "--json")[0] == code

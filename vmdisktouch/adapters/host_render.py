@@ -40,12 +40,15 @@ separate swatch, from ``PALETTE``: six colours of the colour-blind-safe
 families that are none of those four: Okabe-Ito's orange, blue and reddish
 purple (Okabe and Ito made the eight to stay apart for red-green
 colour-blind eyes, vermillion and yellow included), and Paul Tol's light
-pink and bright red and purple. Each is at least 20 CIEDE2000 apart from
-the block map's four for normal vision and at least 10 under simulated
-protanopia and deuteranopia (Machado 2009), and bright enough on the dark
-background; orange (nearest: yellow and vermillion, 22) is the closest
-call. Tol's cyan, teal, green, olive, sand and grey family were left out
-(too near sky blue, bluish green, vermillion, yellow, or the free grey).
+pink and bright red and purple. Each is at least 20 CIEDE2000 from the
+block map's four for normal vision and at least 10 under simulated
+protanopia and deuteranopia (Machado 2009), the six at least 14 (12) from
+each other, and bright enough on the dark background; the closest calls
+are orange (22 from yellow and from vermillion) and bright red (10 from
+bluish green for red-green colour-blind eyes). Left out: Tol's cyans,
+light blue, teal, mint and greens (near sky blue or bluish green), olive,
+sand, pear and pale yellow (near yellow or vermillion), the greys (near
+the free budget's grey or the share's white outline).
 
 A disk's colour comes from its identity, never its position:
 ``PALETTE[blake2b(key) % 6]`` with ``key`` = ``domain/target`` when known,
@@ -53,14 +56,14 @@ else the image path (``disk_key``): a fixed hash, not Python's salted
 ``hash``, so it is the same in every frame and every process, and a domain
 that restarts (and moves in the list) keeps its colour. Not CRC-32: it is
 linear, so names one character apart (vm1/vda, vm2/vda, ...) crowd onto a
-few colours. Two disks of one
-frame can draw the same colour: then, among the disks sharing a colour,
-the one whose key sorts first is solid and the others are hatched (dark
-stripes over their colour; their rank in that sorted order picks the
-pattern: diagonal, the other diagonal, vertical, crossed), in the swatch,
-the budget bar and the allocation bar. The hatching depends only on which
-disks share the colour in the frame, never on the list's order; the colour
-itself never changes.
+few colours. Two disks of one frame can draw the same colour: then, among
+the disks sharing a colour, the one whose key sorts first is solid and the
+others are hatched (dark stripes over their colour, always a minority of
+its pixels; their rank in that sorted order picks the pattern: diagonal,
+the other diagonal, vertical, crossed), in the swatch, the budget bar and
+the allocation bar. The hatching depends only on which disks share the
+colour in the frame, never on the list's order; the colour itself never
+changes.
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ the density ranks.
    queue alone gave one its whole zone and the other the rest. Once per
    allocation: that is the edge of the budget.
 5. Window. Otherwise its hottest window of what is left goes back in the
-   queue (``cuts.hottest_window``).
+   queue; of the windows that keep the most held blocks, unless the hottest
+   carries ``WINDOW_MARGIN`` times more (``cuts.steady_window``): a window
+   that changes length with the others' edges does not move.
 
 What each disk got (``Allocation``): its runs; the blocks it wanted (its
 candidates); its *share*, the blocks it was given plus the part of the
@@ -61,6 +63,7 @@ from vmdisktouch.core.runs import Run
 
 TRIM_CONTRAST = 4.0    # see "Trim" above and the policy's rules table
 FAIR_BAND = 1.25       # see "Share" above and the policy's rules table
+WINDOW_MARGIN = 1.1    # a window moves off held blocks for this much more heat (``cuts``)
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,12 @@ class _Fill:
             if stop - start <= fit:
                 self._take(d, start, stop)
                 continue
-            s = cuts.hottest_window(self.ranked[d].rank_heat, rstart, rstop, fit)
+            s = self._window(d, rstart, rstop, fit)
             heapq.heappush(queue, self.ranked[d].window_entry(d, s, s + fit, rstart, rstop))
+
+    def _window(self, d: int, start: int, stop: int, length: int) -> int:
+        r = self.ranked[d]
+        return cuts.steady_window(r.rank_heat, r.held, start, stop, length, WINDOW_MARGIN)
 
     def _take(self, d: int, start: int, stop: int) -> None:
         self.out[d].append((start, stop))
@@ -196,7 +203,7 @@ class _Fill:
                 if q is not e:
                     kept.append(q)
                 continue
-            s = cuts.hottest_window(self.ranked[d].rank_heat, q[4], q[5], part)
+            s = self._window(d, q[4], q[5], part)
             kept.append(self.ranked[d].window_entry(d, s, s + part, q[6], q[7]))
             flanks = [x for lo, hi in ((q[4], s), (s + part, q[5])) if hi > lo
                       for x in (lo, hi)]

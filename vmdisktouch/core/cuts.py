@@ -28,6 +28,17 @@ Window (``hottest_window``). The window of exactly the length left with the
 largest summed ranking heat: a cumulative-sum sliding window, the first on
 ties. The incumbency weight in the ranking heat keeps it on the held blocks
 (``regions``).
+
+Steady window (``steady_window``). The length left changes from cycle to
+cycle on a host: the other disks' regions grow and shrink by a block or two
+at their edges, so the remainder a region is windowed to does too, and the
+hottest window of a new length may sit a few blocks further along. Each such
+shift released blocks at one end and relocked as many, still cached, at the
+other: ``loaded 6M (0 from disk, 6M relocked), released 6M`` nearly every
+cycle on a host of four disks (#32). So of the windows that keep the most held
+blocks the hottest is taken, unless the hottest of all carries more than
+``WINDOW_MARGIN`` (``budget``) times its heat: the window grows or shrinks
+at its edges and moves only when the guest did.
 """
 
 from __future__ import annotations
@@ -66,6 +77,27 @@ def hottest_window(heat: np.ndarray, start: int, stop: int, length: int) -> int:
     np.cumsum(heat[start:stop], dtype=np.float64, out=csum[1:])
     sums = csum[length:] - csum[:-length]
     return start + int(np.argmax(sums))
+
+
+def steady_window(heat: np.ndarray, held: np.ndarray | None, start: int, stop: int,
+                  length: int, margin: float) -> int:
+    """Start of a window of ``length`` blocks in ``[start, stop)``: of the windows that keep
+    the most held blocks, the hottest, unless the hottest of all carries more than
+    ``margin`` times its heat (``hottest_window``)."""
+    best = hottest_window(heat, start, stop, length)
+    if held is None:
+        return best
+    h = np.zeros(stop - start + 1, dtype=np.int64)
+    np.cumsum(held[start:stop], out=h[1:])
+    overlap = h[length:] - h[:-length]
+    top = int(overlap.max()) if overlap.size else 0
+    if top == 0 or overlap[best - start] == top:
+        return best
+    csum = np.zeros(stop - start + 1, dtype=np.float64)
+    np.cumsum(heat[start:stop], dtype=np.float64, out=csum[1:])
+    sums = csum[length:] - csum[:-length]
+    stay = int(np.argmax(np.where(overlap == top, sums, -np.inf)))
+    return start + stay if sums[stay] * margin >= sums[best - start] else best
 
 
 def _without_short_runs(mask: np.ndarray, value: bool, min_blocks: int) -> np.ndarray:

@@ -213,6 +213,8 @@ class _Ranked:
         if m.boost is not None:
             rank_heat = rank_heat * _same_shape(m.boost, heat, "boost")
         self.rank_heat = rank_heat
+        self.held = (np.asarray(m.held_mask, dtype=bool)
+                     if m.held_mask is not None and heat.size else None)
         self.stay = (np.asarray(m.held_mask, dtype=bool) & np.asarray(candidates, dtype=bool)
                      if rules.stay_unless_better and m.held_mask is not None and heat.size
                      else None)

@@ -106,6 +106,7 @@ from typing import Callable, Iterable
 from vmdisktouch.core.runs import (Run, blocks_of, clip_runs, diff_runs, lowest_first,
                                    page_round, priority_pieces, subtract)
 from vmdisktouch.errors import ClosedError, LockLimitError, SyscallError
+from vmdisktouch.sizes import format_size
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.image import Image
 from vmdisktouch.system.mappings import Mappings
@@ -390,6 +391,7 @@ class Holder:
                 break
             released += self._release_lowest(deficit)
         if released:
-            log.info("holder: MemAvailable below the floor; shed %d bytes of the lowest-priority "
-                     "regions", released)
+            log.warning("%s: MemAvailable below the floor (min_free %s); shed %s of the "
+                        "lowest-priority regions", self.image.path, format_size(self.min_free),
+                        format_size(released))
         return released
