@@ -7,7 +7,8 @@ buffered 4 KiB random I/O on the image file: reads, and writes opened with
 (``random_distribution=zoned_abs``). With ``nbd_uri`` the same job goes
 through QEMU's block layer instead (``tools.nbd``: ``qemu-nbd
 --cache=writethrough``, fio's ``nbd`` engine); ``FioRun`` runs it and parses fio's
-per-second JSON status into live per-interval IOPS; ``parse_iops_log`` reads
+per-second JSON status into live per-interval IOPS (and cumulative latency per
+direction: ``mean_latency_us`` of a window); ``parse_iops_log`` reads
 fio's ``write_iops_log``. ``start_neighbour`` is the noisy neighbour, a
 rate-limited fio reader of another file in the same cgroup.
 """
@@ -125,6 +126,12 @@ class Interval:
     iops: float       # total (read + write) IOPS over the interval
     read_iops: float
     write_iops: float
+    # fio's cumulative lat_ns (submission to completion) since the job started, per
+    # direction: its sample count and mean; ``mean_latency_us`` takes a window's mean
+    read_lat_n: int = 0
+    read_lat_mean_ns: float = 0.0
+    write_lat_n: int = 0
+    write_lat_mean_ns: float = 0.0
 
 
 class FioRun:
@@ -185,7 +192,8 @@ class FioRun:
                 continue
             iv = Interval(t=time.monotonic() - self.t0, runtime_s=rt,
                           iops=(r + w - last[1] - last[2]) / dt,
-                          read_iops=(r - last[1]) / dt, write_iops=(w - last[2]) / dt)
+                          read_iops=(r - last[1]) / dt, write_iops=(w - last[2]) / dt,
+                          **_cumulative_latency(j))
             last = (rt, r, w)
             self.intervals.append(iv)
             if self.on_interval:
@@ -203,6 +211,34 @@ class FioRun:
             self._thread.join(5)
         if self._stderr is not subprocess.DEVNULL:
             self._stderr.close()
+
+
+def _cumulative_latency(job: dict) -> dict:
+    """``Interval``'s latency fields from one job of fio's JSON (zeros where missing)."""
+    out = {}
+    for d in ("read", "write"):
+        lat = (job.get(d) or {}).get("lat_ns") or {}
+        try:
+            out[f"{d}_lat_n"] = int(lat.get("N", job[d]["total_ios"]))
+            out[f"{d}_lat_mean_ns"] = float(lat.get("mean", 0.0))
+        except (KeyError, TypeError, ValueError):
+            pass
+    return out
+
+
+def mean_latency_us(intervals: list[Interval], start: float = 0.0, ddir: str = "read") -> float:
+    """Mean latency (fio's ``lat_ns``) in µs of the ``ddir`` I/Os completed from ``start`` s
+    (``Interval.t``) to the last interval: from the cumulative means and counts at the
+    last interval before ``start`` and at the end. NaN when there were none."""
+    base, last = (0, 0.0), None
+    for iv in intervals:
+        cur = (getattr(iv, f"{ddir}_lat_n"), getattr(iv, f"{ddir}_lat_mean_ns"))
+        if iv.t < start:
+            base = cur
+        last = cur
+    if last is None or last[0] <= base[0]:
+        return float("nan")
+    return (last[0] * last[1] - base[0] * base[1]) / (last[0] - base[0]) / 1000.0
 
 
 def parse_iops_log(path: str, avg_msec: int = 1000) -> list[tuple[float, float, float, float]]:

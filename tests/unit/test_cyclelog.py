@@ -69,3 +69,16 @@ def test_a_summary_every_few_minutes(caplog):
     msgs = [m for _, m in levels(caplog)]
     assert msgs[0].startswith("/img: cycle 1:") and len(msgs) == 2
     assert msgs[1].startswith("/img: last 5 min: 61 cycles") and "loaded 1M" in msgs[1]
+
+
+def test_the_same_skip_every_cycle_is_logged_once(caplog):
+    """A disk at a limit (the lock limit, the floor) skips the same bytes each cycle: its
+    line is at INFO when the skip starts or changes, not every cycle (#32: one line per
+    cycle per disk at a lock limit)."""
+    caplog.set_level(logging.DEBUG, logger="vmdisktouch")
+    cl = CycleLog()
+    why = "the kernel refused to lock more (x)"
+    for k, skipped in enumerate((MiB, MiB, MiB, 2 * MiB, 2 * MiB), 1):
+        cl.log(rep(k, skipped=skipped), CFG, why, 5.0 * k)
+    assert [lvl for lvl, _ in levels(caplog)] == [logging.INFO, logging.DEBUG, logging.DEBUG,
+                                                 logging.INFO, logging.DEBUG]

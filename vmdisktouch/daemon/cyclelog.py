@@ -2,7 +2,7 @@
 
 A cycle is logged at INFO when it is the first, when it loaded or released
 anything, when the guest rewrote blocks, when its held regions changed, when
-something it targeted was skipped (memory pressure, a lock refused), or when
+what it targeted and skipped changed (memory pressure, a lock refused), or when
 the reason it holds nothing changed. Any other cycle is logged at DEBUG
 (``--debug``): a disk whose VM is off, or whose hot set is steady, no longer
 writes 17,280 lines a day. Every ``SUMMARY_SECONDS`` one INFO line sums up
@@ -32,16 +32,19 @@ class CycleLog:
         self.label = f"{label}: " if label else ""
         self._last_regions: list | None = None
         self._last_why: str | None = None
+        self._last_skipped = 0                  # the same skip again is no news (a limit)
         self._since: float | None = None        # start of the summary period (cycle time)
         self._period: list = []                 # the period's reports
 
     def changed(self, r, why: str | None) -> bool:
         regions = [tuple(x) for x in r.regions]
         out = (self._last_regions is None or r.loaded_bytes > 0 or r.released_bytes > 0
-               or r.rewritten_blocks > 0 or r.skipped_bytes > 0 or r.spill_read_bytes > 0
+               or r.rewritten_blocks > 0 or r.skipped_bytes != self._last_skipped
+               or r.spill_read_bytes > 0
                or regions != self._last_regions
                or why != self._last_why)
         self._last_regions, self._last_why = regions, why
+        self._last_skipped = r.skipped_bytes
         return out
 
     def log(self, r, c, why: str | None, now: float) -> None:

@@ -22,8 +22,10 @@ code               when
 ``not_loaded``     a load failed (a read or lock error); retried next cycle
 =================  ==========================================================
 
-The checks go in that order: the causes before the selection (off, no heat)
-come first, then the selection's (budget, cap, weight), then the holder's.
+The checks go in this order: the causes before the selection (off, no heat),
+then the holder's (floor, cgroup, lock limit, a failed load: what it was given
+and could not hold), then the selection's (cap, weight, budget: what it wanted
+and was not given).
 """
 
 from __future__ import annotations
@@ -64,26 +66,8 @@ class Facts:
     ceded_bytes: int = 0         # left to the guest's own cgroup-limited cache now
 
 
-def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
-    """(code, line): why cycle report ``r`` (settings ``c``) holds less than the disk
-    wants; None when it holds all it wants."""
-    a = f.allotment
-    if not f.holding:
-        return "domain_off", "its libvirt domain is not running"
-    if a is not None and a.wanted == 0 and not r.held_bytes:
-        if f.heat_max <= 0:
-            return "no_evidence", "no evidence of use yet"
-        return "below_threshold", (f"nothing is above the threshold (hottest block "
-                                   f"{f.heat_max:.3g}, threshold {f.threshold:g})")
-    if a is not None and a.limit == "cap" and r.held_bytes < a.wanted:
-        return "cap", f"its cap ({format_size(a.cap or 0)}) is full"
-    if a is not None and a.limit == "weight" and r.held_bytes < a.wanted:
-        return "weight", (f"the host budget went to hotter disks (weight {a.weight:g}"
-                          + (f"; most to {a.top})" if a.top else ")"))
-    if a is not None and a.limit == "budget" and r.held_bytes < a.wanted:
-        if a.top:
-            return "budget", f"the host budget went to hotter disks (most to {a.top})"
-        return "budget", f"the budget ({format_size(a.budget)}) is full of hotter regions"
+def _holder_reason(r, c, f: Facts) -> tuple[str, str] | None:
+    """The holder's part: what stopped it holding what the selection gave."""
     if r.skipped_bytes and r.mem_available_bytes < c.min_free + c.block_size:
         return "floor", (f"MemAvailable {format_size(r.mem_available_bytes)} is at the "
                          f"free-memory floor (min_free {format_size(c.min_free)})")
@@ -95,4 +79,30 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
     if r.skipped_bytes:
         return "not_loaded", (f"{format_size(r.skipped_bytes)} targeted was not loaded "
                               "(a lock or read error)")
+    return None
+
+
+def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
+    """(code, line): why cycle report ``r`` (settings ``c``) holds less than the disk
+    wants; None when it holds all it wants."""
+    a = f.allotment
+    if not f.holding:
+        return "domain_off", "its libvirt domain is not running"
+    if a is not None and a.wanted == 0 and not r.held_bytes:
+        if f.heat_max <= 0:
+            return "no_evidence", "no evidence of use yet"
+        return "below_threshold", (f"nothing is above the threshold (hottest block "
+                                   f"{f.heat_max:.3g}, threshold {f.threshold:g})")
+    holder = _holder_reason(r, c, f)
+    if holder is not None:
+        return holder
+    if a is not None and a.limit == "cap" and r.held_bytes < a.wanted:
+        return "cap", f"its cap ({format_size(a.cap or 0)}) is full"
+    if a is not None and a.limit == "weight" and r.held_bytes < a.wanted:
+        return "weight", (f"the host budget went to hotter disks (weight {a.weight:g}"
+                          + (f"; most to {a.top})" if a.top else ")"))
+    if a is not None and a.limit == "budget" and r.held_bytes < a.wanted:
+        if a.top:
+            return "budget", f"the host budget went to hotter disks (most to {a.top})"
+        return "budget", f"the budget ({format_size(a.budget)}) is full of hotter regions"
     return None

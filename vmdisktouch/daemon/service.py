@@ -43,6 +43,7 @@ from vmdisktouch.adapters import outputs, sdnotify
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
 from vmdisktouch.daemon import served as served_mod
+from vmdisktouch.daemon.budgetlog import BudgetLog
 from vmdisktouch.daemon.emit import status_bytes
 from vmdisktouch.daemon.host import Host
 from vmdisktouch.daemon.membership import GivenPaths, Member, RunningDomains
@@ -131,6 +132,7 @@ class Service:
         self.refused: dict[str, str] = {}     # path -> why it cannot be served (said once)
         self._first_error: VmdtError | None = None
         self.metrics = None
+        self.budget_log = BudgetLog()
         self.started = False
 
     def pace(self, seconds: float) -> bool:
@@ -264,6 +266,7 @@ class Service:
                 self.out.write("status", c.status, status_bytes(st))
             if self.metrics is not None:
                 self.metrics.publish(st["disks"], None if self.single else st["host"])
+        self.budget_log.note(self.host.watchers, self.host.budget, self._above_floor())
         if c.host_png:
             self.out.write("host_png", c.host_png, self._overview())
         self.served.maybe_save(self.host.watchers)
@@ -290,11 +293,14 @@ class Service:
                 share_bytes=None if a is None else a.share,
                 wanted_bytes=None if a is None else a.wanted,
                 limited_by=st.get("limited_by")))
+        return render.png_bytes(host_render.host_overview_image(
+            bands, self.host.budget, when=time.time(), above_floor=self._above_floor()))
+
+    def _above_floor(self) -> int | None:
+        """MemAvailable above the floor as the last cycle saw it (None: no disk reported)."""
         avail = next((w.last_status["mem_available_bytes"] for w in self.host.watchers
                       if w.last_status), None)
-        return render.png_bytes(host_render.host_overview_image(
-            bands, self.host.budget, when=time.time(),
-            above_floor=None if avail is None else max(0, avail - self.config.min_free)))
+        return None if avail is None else max(0, avail - self.config.min_free)
 
     # -- reload --------------------------------------------------------------
 
