@@ -221,3 +221,16 @@ def test_null_where_the_daemon_writes_null_is_accepted(tmp_path, capsys):
     rc, out, _ = status(capsys, tmp_path)
     assert rc == 0 and out.splitlines()[1] == "  /img/a.img: held 0/8M in 0 regions", out
     assert "above the floor" not in out
+
+
+def test_no_default_directory_is_nothing_running(tmp_path, capsys, monkeypatch):
+    """/run/vmdisktouch exists once a daemon ran since boot: before, nothing runs (3), as
+    ``systemctl is-active`` says of a unit never started; a --dir given that is missing is
+    an error (66)."""
+    from vmdisktouch.commands import status as status_cmd
+    missing = str(tmp_path / "run-vmdisktouch")
+    monkeypatch.setattr(status_cmd, "STATUS_DIR", missing)
+    rc, out, err = status(capsys, missing)
+    assert rc == 3 and "no daemon has run since boot" in out and err == ""
+    rc, out, err = status(capsys, tmp_path / "elsewhere")
+    assert rc == 66 and "no such directory" in err

@@ -19,8 +19,9 @@ with ``PATH`` their lists of disks hold only PATH's.
 
 The exit status is that of ``systemctl is-active``: ``EX_LIVE`` (0) when
 at least one file shown is live, ``EX_INACTIVE`` (3) when none is (no file,
-every one stale, unreadable or malformed); a directory that cannot be listed
-(missing included) and a ``PATH`` no file serves are an ``ImageError`` (66).
+every one stale, unreadable or malformed, or the default directory missing:
+no daemon has run since boot); a ``--dir`` that cannot be listed (missing
+included) and a ``PATH`` no file serves are an ``ImageError`` (66).
 
 The directory may hold anything: a file is opened without following a
 symlink or waiting on a FIFO, read only if it is a regular file of at most
@@ -277,6 +278,10 @@ def json_of(item: dict) -> dict:
 
 
 def main(args) -> int:
+    if args.dir == STATUS_DIR and not os.path.isdir(STATUS_DIR):
+        # The default directory exists once a daemon has run since boot: none has.
+        print(f"no status files in {STATUS_DIR} (no daemon has run since boot)")
+        return EX_INACTIVE
     items = read_files(args.dir, time.time())
     if args.path:
         bad = sum("error" in i for i in items)
