@@ -32,10 +32,11 @@ One cycle:
    while the file's allocated size is unchanged (``core.holes``).
 5. Cede. Blocks ceded to a guest's own cache (see ``settle``) are cut out
    for ``CEDE_SECONDS``.
-6. Select. ``budget.select`` cuts the map at the threshold, keeps held
+6. Select. ``regions`` cuts the map at the threshold, keeps held
    runs while their mean heat is at least ``HOLD_FRACTION`` of it, ranks
-   the runs (rewritten ones first, held resident heat weighed
-   ``INCUMBENT_WEIGHT`` times) and fills the budget: the plan's targets,
+   the runs by heat per block (rewritten ones first, held resident heat
+   weighed ``INCUMBENT_WEIGHT`` times) and ``budget.allocate`` fills the
+   budget of every disk at once by benefit per byte: the plan's targets,
    highest priority first. The holder loads them in that order and, under
    memory pressure, sheds from the end. While holding is off (the domain is
    shut off) the plan is empty and everything is released.
@@ -129,6 +130,17 @@ from vmdisktouch.core.thrash import Thrash
 #                             rewritten now are ranked by it too (``regions``)
 #   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
 #   (spill)                   trace source: the next-ranked regions, cached unlocked (``spill``)
+#   -- the budget (``core.budget``: regions ranked by heat per block, benefit per byte) --
+#   TRIM_CONTRAST      4      a region's end blocks below 1/4 of the density of the region
+#                             waiting next are queued apart: the smoothing's shoulders and a
+#                             lukewarm spread are held only after hotter regions (an edge
+#                             block of a zone, at half its heat, is kept)
+#   FAIR_BAND          1.25   regions of other disks within 1.25x of the density of the one
+#                             that does not fit share what is left, by their sizes: equal
+#                             VMs get equal shares; a weight of 1.5 still comes first
+#   WINDOW_MARGIN      1.1    a window cut to what is left keeps the most held blocks unless
+#                             the hottest carries 1.1x more: a length that changes with the
+#                             other disks' edges does not move the window (``cuts``)
 
 INCUMBENT_WEIGHT = 16.0
 HOLD_FRACTION = 0.5
