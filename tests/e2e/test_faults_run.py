@@ -99,7 +99,7 @@ PHASES = {   # phase -> (module attribute to wrap, on which call)
     "checksums": ("vmdisktouch.system.checksums:BlockChecksums.update", 3),   # mincore only
     "trace-drain": ("vmdisktouch.system.trace_reader:TraceReader.drain", 3),
     "heat": ("vmdisktouch.core.heat:step", 3),
-    "select": ("vmdisktouch.core.regions:select_many", 3),
+    "select": ("vmdisktouch.core.budget:allocate", 3),
     "load": ("vmdisktouch.system.files:read_ahead", 1),
     "emit": ("vmdisktouch.adapters.outputs:Outputs.write", 3),
     "reload": ("vmdisktouch.daemon.service:load_settings", 2),
@@ -524,7 +524,7 @@ def _(tmp_path, image):
             raise MemInfoError("cannot read /proc/meminfo: Permission denied")
         return 1 << 40
 
-    w = _watcher(image, min_free=MiB)
+    w = _watcher(image, min_free=MiB, access_source="mincore")   # its own reads are evidence
     h = host_of(w)
     w.mem_available.read = mem          # the FailSafe the holder reads through
     warnings = []

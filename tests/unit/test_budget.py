@@ -79,7 +79,8 @@ def test_shoulders_are_trimmed_while_a_denser_region_waits_and_held_when_room_is
     cand = int(((a >= T) | False).sum())
     assert cand > 100                                # the shoulders are candidates
     alloc = allocate([regions.DiskMap(a, T), regions.DiskMap(b, T)], 200, SELECT_RULES)
-    assert covered(alloc.runs[0], 100, 200) >= 98 and covered(alloc.runs[1], 600, 700) >= 98
+    # (a zone's edge blocks carry half its heat: one may go to the other zone)
+    assert covered(alloc.runs[0], 100, 200) >= 96 and covered(alloc.runs[1], 600, 700) >= 96
     roomy = allocate([regions.DiskMap(a, T), regions.DiskMap(b, T)], 10_000, SELECT_RULES)
     assert blocks(roomy.runs[0]) == cand            # all of it when nothing else wants the room
     assert roomy.limit == [None, None]
@@ -126,3 +127,36 @@ def test_invariants_on_random_maps():
         cand = sum(min(w, budget if m.cap_blocks is None else m.cap_blocks)
                    for m, w in zip(maps, alloc.wanted))
         assert sum(sizes) == min(budget, cand)       # the budget is used when it can be
+
+
+def test_a_window_whose_length_follows_the_other_disks_edges_does_not_move(monkeypatch):
+    """A's region is larger than what B leaves it; B's region grows and shrinks by a few
+    blocks at its edges with the noise, so A's window changes length every cycle. The window
+    grows and shrinks at its ends and keeps its held blocks: the loads are the length's
+    changes. The hottest window of each new length instead slid along A's flat, noisy
+    region, relocking as many blocks as it released (#32: ``loaded 6M (0 from disk, 6M
+    relocked), released 6M`` nearly every cycle on a host of four disks)."""
+    from vmdisktouch.core import budget as budget_mod
+
+    def churn() -> int:
+        rng = np.random.default_rng(4)
+        n, held, moved = 2000, None, 0
+        for _ in range(40):
+            a = (np.where((np.arange(n) >= 100) & (np.arange(n) < 900), 1.0, 0.0)
+                 * rng.uniform(0.5, 1.5, n)).astype(np.float32)
+            edge = int(rng.integers(0, 6))
+            b = zone_heat(n, [(500 - edge, 700 + edge, 3.0)])
+            runs = allocate([regions.DiskMap(a, T, held_mask=held, rules=TRACED_RULES),
+                             regions.DiskMap(b, T)], 500, SELECT_RULES).runs[0]
+            now = np.zeros(n, bool)
+            for x, y in runs:
+                now[x:y] = True
+            if held is not None:
+                grew = max(0, int(now.sum()) - int(held.sum()))
+                moved += int((now & ~held).sum()) - grew      # loads beyond the growth
+            held = now
+        return moved
+
+    assert churn() == 0
+    monkeypatch.setattr(budget_mod, "WINDOW_MARGIN", 0.0)    # the hottest window each cycle
+    assert churn() > 40

@@ -27,7 +27,7 @@ the traced incumbency. (The spill is not recorded, so not replayed.)
 Issue 32 changed the selection's rules (``core.budget``: benefit per byte):
 the observations stay as recorded, and every cycle's plan was re-derived from
 them by ``python -m tools.golden_replan`` (each cycle's ``replanned`` says
-why); 21 of the 186 cycles changed, in their order or at a zone's edges.
+why); 21 of the 184 cycles changed, in their order or at a zone's edges.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""regions.select_many: the regions of several disks in one priority queue, one budget."""
+"""budget.select_many: the regions of several disks in one priority queue, one budget."""
 
 from __future__ import annotations
 

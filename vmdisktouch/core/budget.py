@@ -61,7 +61,7 @@ from vmdisktouch.core import cuts
 from vmdisktouch.core.regions import DiskMap, Rules, _coalesced, _Ranked
 from vmdisktouch.core.runs import Run
 
-TRIM_CONTRAST = 4.0    # see "Trim" above and the policy's rules table
+TRIM_CONTRAST = 2.0    # see "Trim" above and the policy's rules table
 FAIR_BAND = 1.25       # see "Share" above and the policy's rules table
 WINDOW_MARGIN = 1.1    # a window moves off held blocks for this much more heat (``cuts``)
 

@@ -131,10 +131,12 @@ from vmdisktouch.core.thrash import Thrash
 #   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
 #   (spill)                   trace source: the next-ranked regions, cached unlocked (``spill``)
 #   -- the budget (``core.budget``: regions ranked by heat per block, benefit per byte) --
-#   TRIM_CONTRAST      4      a region's end blocks below 1/4 of the density of the region
+#   TRIM_CONTRAST      2      a region's end blocks below 1/2 of the density of the region
 #                             waiting next are queued apart: the smoothing's shoulders and a
-#                             lukewarm spread are held only after hotter regions (an edge
-#                             block of a zone, at half its heat, is kept)
+#                             lukewarm spread are held only after hotter regions (a
+#                             smoothed step is half its height at the zone's edge: blocks
+#                             below half are outside; at 1/4, shoulders kept a neighbour's
+#                             zone out, tests/e2e/test_run_host.py)
 #   FAIR_BAND          1.25   regions of other disks within 1.25x of the density of the one
 #                             that does not fit share what is left, by their sizes: equal
 #                             VMs get equal shares; a weight of 1.5 still comes first
