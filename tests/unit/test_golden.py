@@ -166,11 +166,11 @@ def _constant(module: str, name: str, value):
 @pytest.mark.parametrize("name, change", [
     ("base", _traced_rules(stay_unless_better=False)),
     ("move", _traced_rules(split_contrast=None)),
-    ("bigset", _traced_rules(incumbent_weight=1.0)),
-    ("move", _traced_rules(rank_rewritten_by_total=False)),   # (write50 until #32)
+    ("base", _traced_rules(incumbent_weight=1.0)),
+    ("write50", _traced_rules(rewritten_first=True)),
     ("move", _constant("intensity", "RATE_SECONDS", 25.0)),
     ("move", _constant("thrash", "WEIGHT", 0.0)),
-], ids=["stay", "split", "traced-incumbent", "rank-rewritten-by-total", "intensity", "thrash"])
+], ids=["stay", "split", "traced-incumbent", "no-first-class", "intensity", "thrash"])
 def test_a_changed_trace_rule_changes_the_plans(monkeypatch, name, change):
     """The trace traces pin the trace source's own rules: without one, a replay diverges."""
     change(monkeypatch)

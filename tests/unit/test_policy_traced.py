@@ -191,15 +191,25 @@ def test_lost_events_let_the_guests_residency_stand_in_for_reads():
     assert not v.held.any()
 
 
-def test_written_blocks_anywhere_are_first_class():
-    w = TracedWorld(256, 20)
+def test_written_blocks_earn_no_place_of_their_own():
+    """#32: with cache=writethrough a held page the guest writes saves no write, so writes
+    do not rank (no first class with the trace source): a zone read as often as another
+    but also written comes no earlier; a zone only written, not read, is not held. Before,
+    the written zone came first whatever its reads. (The written heat still makes its
+    blocks candidates: budget left over by the reads may go to them.)"""
+    w = TracedWorld(256, 40)
     zone, written_zone = list(range(10, 40)), list(range(100, 110))
     for _ in range(3):
         w.cycle(reads=zone + written_zone)
     written = Sparse(np.arange(100, 110), np.full(10, 4 / 16, dtype=np.float32))
     plan = w.cycle(reads=zone + written_zone, writes=written)
     first = plan.targets[0]
-    assert first[0] <= 100 and first[1] >= 110, plan.targets
+    assert first[0] <= 10 and first[1] >= 40, plan.targets   # the larger read zone first
+    w = TracedWorld(256, 30)                # the read zone's size: writes alone win nothing
+    only = Sparse(np.arange(150, 160), np.full(10, 8 / 16, dtype=np.float32))
+    for _ in range(4):
+        plan = w.cycle(reads=zone, writes=only)
+    assert not w.held[150:160].any() and w.held[10:40].all()
 
 
 def test_traced_rules_keep_a_held_window_against_a_slightly_hotter_one_only():
@@ -236,7 +246,7 @@ def test_the_spare_budget_does_not_hop_between_background_windows_a_guest_writes
     """hotzone-write50, scaled down: 90 % of the accesses in a hot zone, 10 % scattered,
     half of them writes, 0.6 background writes per block and cycle (about the first
     class's density, a sixteenth, once the last cycle's are counted). The budget's
-    spare fifth stays on its background window, give or take one move in 25 cycles; it
+    spare fifth stays on its background window, give or take two moves in 25 cycles; it
     hopped to another every two or three cycles (150-350 blocks loaded over these seeds)
     while the noise lifted one over the density."""
     n, zone, spare = 1024, (256, 356), 25
@@ -259,4 +269,6 @@ def test_the_spare_budget_does_not_hop_between_background_windows_a_guest_writes
             assert c < 3 or w.held[zone[0]:zone[1]].sum() >= zone[1] - zone[0] - 1, (seed, c)
             if c >= 5:
                 loaded += int((w.held & ~before).sum())
-        assert loaded <= spare + 1, (seed, loaded)     # one move (and that edge block)
+        # at most two moves of the spare (and an edge block): the zone's own trim (#32) queues
+        # the background apart, where equal windows are the noise's to pick
+        assert loaded <= 2 * spare + 1, (seed, loaded)

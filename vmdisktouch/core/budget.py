@@ -18,7 +18,13 @@ the other nothing (docs/benchmarks.md, why-budget). The first class
 (regions rewritten now, ``regions``) still comes first; within each class
 the density ranks.
 
-1. Trim. A whole region popped while another region of its class waits is
+1. Trim. Before the queue is filled, each region of ``OWN_TRIM_MIN``
+   blocks or more is cut into its core and the ends below half the core's
+   density (the core: its blocks above its mean), each queued on its own
+   density: the lukewarm background a guest's zone spread into does not
+   dilute the zone's rank (a light VM's zone, three times as dense as a
+   busy VM's background, ranked below it on the mean of the two). Then, a
+   whole region popped while another region of its class waits is
    held only as far as its density pays: the blocks at either end whose
    ranking heat is below ``1 / TRIM_CONTRAST`` of the waiting region's
    density (the shoulders the smoothing added, a lukewarm background the
@@ -63,6 +69,7 @@ from vmdisktouch.core.runs import Run
 
 TRIM_CONTRAST = 2.0    # see "Trim" above and the policy's rules table
 FAIR_BAND = 1.25       # see "Share" above and the policy's rules table
+OWN_TRIM_MIN = 16      # blocks: a region this long is trimmed against its own core at once
 WINDOW_MARGIN = 1.1    # a window moves off held blocks for this much more heat (``cuts``)
 
 
@@ -112,11 +119,11 @@ class _Fill:
         self.capped = [m.cap_blocks is not None for m in maps]
         self.out: list[list[Run]] = [[] for _ in maps]
         self.left = budget
-        self.queue = [e for d, r in enumerate(self.ranked) if self.room[d]
-                      for e in r.entries(d)]
-        heapq.heapify(self.queue)
         self.trimmed: list[set] = [set() for _ in maps]  # starts of regions trimmed already
         self.split: list[set] = [set() for _ in maps]    # starts of the pieces of a split
+        self.queue = [e for d, r in enumerate(self.ranked) if self.room[d]
+                      for e in r.entries(d, self._own_trim(d, r.edges))]
+        heapq.heapify(self.queue)
         self.shared = False
 
     def run(self) -> None:
@@ -140,6 +147,35 @@ class _Fill:
                 continue
             s = self._window(d, rstart, rstop, fit)
             heapq.heappush(queue, self.ranked[d].window_entry(d, s, s + fit, rstart, rstop))
+
+    def _own_trim(self, d: int, edges: np.ndarray) -> np.ndarray:
+        """``edges`` with each region of ``OWN_TRIM_MIN`` blocks or more cut into its core and
+        the ends below ``1 / TRIM_CONTRAST`` of the core's density (see "Trim"); the ends
+        are marked so that they are neither trimmed nor split again."""
+        starts, stops = edges[0::2], edges[1::2]
+        long = np.flatnonzero(stops - starts >= OWN_TRIM_MIN)
+        if not long.size:
+            return edges
+        heat, out = self.ranked[d].rank_heat, []
+        for k in range(starts.size):
+            a, b = int(starts[k]), int(stops[k])
+            if b - a < OWN_TRIM_MIN:
+                out += [a, b]
+                continue
+            h = heat[a:b]
+            core = h[h >= h.mean()]
+            above = (np.flatnonzero(h >= core.mean() / TRIM_CONTRAST) if core.size
+                     else np.zeros(0, dtype=np.intp))
+            if not above.size:                     # flat (or nothing above its mean)
+                out += [a, b]
+                continue
+            lo, hi = a + int(above[0]), a + int(above[-1]) + 1
+            for x, y in ((a, lo), (hi, b)):
+                if y > x:
+                    self.trimmed[d].add(x)
+                    self.split[d].add(x)
+            out += [x for x, y in ((a, lo), (lo, hi), (hi, b)) if y > x for x in (x, y)]
+        return np.asarray(out, dtype=np.intp)
 
     def _window(self, d: int, start: int, stop: int, length: int) -> int:
         r = self.ranked[d]

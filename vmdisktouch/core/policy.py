@@ -101,7 +101,8 @@ from vmdisktouch.core.thrash import Thrash
 #   HOLD_FRACTION      0.5    a held run stays a candidate while its mean heat is at least
 #                             threshold x 0.5 (hysteresis: the read-only lease, see heat)
 #   REWRITTEN_DENSITY  1/16   a run is first class when its blocks were rewritten, on
-#                             average, at least 1/16 in this cycle or the last
+#                             average, at least 1/16 in this cycle or the last (the polling
+#                             source; the trace source has no first class: ``regions``)
 #   GUEST_RESIDENT     0.5    a block at least half resident before we loaded it was the
 #                             guest's; below, its residency after the load is ours
 #   RELEASED_GRACE     20 s   a displaced block's residency is ours for this long
@@ -163,7 +164,7 @@ TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACE
                              rewritten_density=REWRITTEN_DENSITY, split_contrast=SPLIT_CONTRAST,
                              split_min_blocks=SPLIT_MIN_BLOCKS,
                              split_min_ratio=SPLIT_MIN_RATIO, stay_unless_better=True,
-                             rank_rewritten_by_total=True, spill=True)
+                             rewritten_first=False, spill=True)
 
 
 @dataclass(frozen=True)

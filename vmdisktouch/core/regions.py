@@ -33,13 +33,15 @@ Ranking. Regions go into one priority queue (``core.budget``), highest first:
    of the rewritten heat, decide the class: the rewritten sum outlasts the
    guest's move by minutes, and a zone it left still takes stray writes,
    below that density (docs/benchmarks.md, why-regions);
-   With the trace source (``Rules.rank_rewritten_by_total``) the first
-   class is ranked by its ranking heat per block instead, which carries the
-   read intensity (``core.intensity``): the rewritten heat decays over
-   1/decay (10 s), so after a move the old zones, still written in the
-   cycle of the move, would keep the first place on their old writes
-   (docs/benchmarks.md, why-regions); the intensity passes to the new zones
-   1.7 s after the move;
+   The polling source only (``Rules.rewritten_first``): its checksums are
+   its only evidence on held blocks, whose residency it suppresses. With the
+   trace source there is no first class (#32): holding a page the guest
+   writes saves no write with ``cache=writethrough``, so writes earn a place
+   only where reads are; the reads are seen everywhere, held blocks
+   included, and rank the regions. With a first class, a busy guest's
+   writes spread over its whole image put that image, one region, ahead of
+   every lighter guest's hot zone, and took their budget (docs/benchmarks.md,
+   why-budget);
 2. all other regions, ranked by their ranking heat per block: the reads a
    held byte saves (``core.budget``, benefit per byte; until #32 a sum, which
    let a wide lukewarm region beat a narrow hot one).
@@ -140,7 +142,7 @@ class Rules:
     split_min_blocks: int = 1          # pieces of a split are at least this long (core.cuts)
     split_min_ratio: float = 1.0       # split only a region at least this x what is left
     stay_unless_better: bool = False   # keep the held candidates unless the pick carries more
-    rank_rewritten_by_total: bool = False  # first class ranked by total heat, not rewritten
+    rewritten_first: bool = True       # regions rewritten now rank first (the polling source)
     spill: bool = False                # the next-ranked regions past the budget are spilled
 
 def mask_runs(mask: np.ndarray) -> list[Run]:
@@ -223,21 +225,20 @@ class _Ranked:
         """Queue entries of the regions (``edges``; None: all candidate regions):
         (class, -score, -total, disk, start, stop, region start, region stop); class
         -1 = rewritten now, 0 = other; the score is a density (``core.budget``): the
-        rewritten heat per block (or the ranking heat, ``rank_rewritten_by_total``) in
-        class -1, the ranking heat per block in class 0; ties go to the larger total."""
+        rewritten heat per block in class -1 (``Rules.rewritten_first`` only), the ranking
+        heat per block in class 0; ties go to the larger total."""
         edges = self.edges if edges is None else edges
         if not edges.size:
             return []
         starts, stops = edges[0::2], edges[1::2]
         totals = _segment_sums(self.rank_heat, edges)
-        if self.recent is None:
+        if self.recent is None or not self.rules.rewritten_first:
             is_rew = np.zeros(totals.size, dtype=bool)
             score = totals
         else:
             is_rew = (_segment_sums(self.recent, edges)
                       >= self.rules.rewritten_density * (stops - starts))
-            rewritten = (totals if self.rules.rank_rewritten_by_total
-                         else np.zeros_like(totals) if self.w is None
+            rewritten = (np.zeros_like(totals) if self.w is None
                          else _segment_sums(self.w, edges))
             score = np.where(is_rew, rewritten, totals)
         score = score / (stops - starts)            # per block: the benefit of a byte
@@ -283,10 +284,9 @@ class _Ranked:
     def window_entry(self, d: int, start: int, stop: int, rstart: int, rstop: int) -> tuple:
         total = float(self.rank_heat[start:stop].sum(dtype=np.float64))
         recent = self.recent
-        if recent is not None and recent[start:stop].sum(dtype=np.float64) \
-                >= self.rules.rewritten_density * (stop - start):
-            rew = (total if self.rules.rank_rewritten_by_total else 0.0 if self.w is None
-                   else float(self.w[start:stop].sum(dtype=np.float64)))
+        if recent is not None and self.rules.rewritten_first and recent[start:stop].sum(
+                dtype=np.float64) >= self.rules.rewritten_density * (stop - start):
+            rew = 0.0 if self.w is None else float(self.w[start:stop].sum(dtype=np.float64))
             return (-1, -rew / (stop - start), -total, d, start, stop, rstart, rstop)
         return (0, -total / (stop - start), -total, d, start, stop, rstart, rstop)
 
