@@ -31,6 +31,9 @@ a failure (\fBsnapshot\fR: an image could not be read; \fBrun\fR: too many faile
 \fB2\fR
 a usage error
 .TP
+\fB3\fR
+\fBstatus\fR: no daemon is live (no status file, or every one stale), as \fBsystemctl is\-active\fR says
+.TP
 \fB66\fR
 a disk image or path that does not exist or cannot be opened
 .TP
