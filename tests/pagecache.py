@@ -121,3 +121,14 @@ def page_ranges(reads, size: int | None = None) -> list[list[int]]:
         else:
             out.append([s, e - s])
     return out
+
+
+# A guest that keeps a range of an image mapped and touched (``python -c GUEST_MAPPER IMAGE
+# OFFSET LENGTH``): its pages stay its own, charged to its memory cgroup.
+GUEST_MAPPER = ("import mmap, os, sys, time\n"
+                "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                "off, n = int(sys.argv[2]), int(sys.argv[3])\n"
+                "m = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ, offset=off)\n"
+                "while True:\n"
+                "    sum(m[i] for i in range(0, n, 4096))\n"
+                "    time.sleep(0.05)\n")

@@ -24,6 +24,7 @@ import pytest
 
 from tests.faultkit import EX_CONFIG, MiB, Untouched, assert_refused, fault, rows_of, vmdt
 from tests.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.pagecache import GUEST_MAPPER
 from tools.common import WorkloadError
 
 RUN = ("--uri", "", "--min-free", "0", "--interval", "0.2")
@@ -93,13 +94,7 @@ def _(tmp_path, image):
 
 # -- weak 9: the status and the cap --------------------------------------------------
 
-MAPPER = ("import mmap, os, sys, time\n"
-          "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
-          "off, n = int(sys.argv[2]), int(sys.argv[3])\n"
-          "m = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ, offset=off)\n"
-          "while True:\n"
-          "    sum(m[i] for i in range(0, n, 4096))\n"
-          "    time.sleep(0.05)\n")
+MAPPER = GUEST_MAPPER
 LIMIT, MAX_HOLD = 128 * MiB, 32 * MiB
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.pagecache import data_image, read_range, require_tool
+from tests.pagecache import GUEST_MAPPER, data_image, read_range, require_tool
 from tools.daemon_proc import DaemonProc
 
 MiB = 1 << 20
@@ -54,13 +54,7 @@ def test_the_lock_limit_in_host_mode(tmp_path):
         assert d.stop() == 0, d.output()[-2000:]
 
 
-MAPPER = ("import mmap, os, sys, time\n"
-          "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
-          "off, n = int(sys.argv[2]), int(sys.argv[3])\n"
-          "m = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ, offset=off)\n"
-          "while True:\n"
-          "    sum(m[i] for i in range(0, n, 4096))\n"
-          "    time.sleep(0.05)\n")
+MAPPER = GUEST_MAPPER
 
 
 def test_the_cgroup_in_host_mode(tmp_path):

@@ -22,12 +22,15 @@ MiB = 1 << 20
 def host(tmp_path):
     made = []
 
-    def make(paths, budget):
+    def make(paths, budget, named=False, **kw):
+        """A host of ``paths`` (named ``vmN/vda`` with ``named``); ``kw``: more settings."""
         clock = Stepped()
         cfg = settings.resolve({"max_hold": budget, "interval": 5.0, "min_free": 0,
                                 "access_source": "mincore", "load_rate": 0,
-                                "sigma_resident": 0})     # regions exactly the zones
+                                "sigma_resident": 0, **kw})     # regions exactly the zones
         watchers = [build(open_image(p), cfg, clock=clock, memcg=None) for p in paths]
+        for k, w in enumerate(watchers if named else []):
+            w.domain, w.target = f"vm{k + 1}", "vda"
         h = Host(watchers, cfg.max_hold, cfg.block_size)
         h.test_clock = clock
         made.append(h)

@@ -7,39 +7,11 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-
-from tests.clocks import Stepped
 from tests.pagecache import data_image, held
-from vmdisktouch.config import settings
-from vmdisktouch.daemon.build import build
-from vmdisktouch.daemon.host import Host
+from tests.system.test_host import host  # noqa: F401 - the fixture: a host of real images
 from vmdisktouch.system import meminfo
-from vmdisktouch.system.image import open_image
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def host(tmp_path):
-    made = []
-
-    def make(paths, budget, **kw):
-        clock = Stepped()
-        cfg = settings.resolve({"max_hold": budget, "interval": 5.0, "min_free": 0,
-                                "access_source": "mincore", "load_rate": 0,
-                                "sigma_resident": 0, **kw})
-        watchers = [build(open_image(p), cfg, clock=clock, memcg=None) for p in paths]
-        for k, w in enumerate(watchers):
-            w.domain, w.target = f"vm{k + 1}", "vda"
-        h = Host(watchers, cfg.max_hold, cfg.block_size)
-        h.test_clock = clock
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.close()
 
 
 def tick(h, n=1):
@@ -56,7 +28,7 @@ def images(tmp_path, n, size=32 * MiB):
 def test_the_budget_went_to_a_hotter_disk_named_by_domain_and_target(tmp_path, host, caplog):
     caplog.set_level(logging.INFO, logger="vmdisktouch")
     a, b = images(tmp_path, 2)
-    h = host([a, b], "8M")
+    h = host([a, b], "8M", named=True)
     h.set_override(a, weight=4.0)                     # a's zone is four times as hot
     with held(a, [(0, 8 * MiB)]), held(b, [(0, 8 * MiB)]):
         r = tick(h)
@@ -69,7 +41,7 @@ def test_the_budget_went_to_a_hotter_disk_named_by_domain_and_target(tmp_path, h
 
 def test_its_cap_and_its_weight(tmp_path, host):
     a, b = images(tmp_path, 2)
-    h = host([a, b], "16M")
+    h = host([a, b], "16M", named=True)
     h.set_override(a, cap=4 * MiB)
     h.set_override(b, weight=0.5)
     with held(a, [(0, 12 * MiB)]), held(b, [(0, 16 * MiB)]):
@@ -82,7 +54,7 @@ def test_its_cap_and_its_weight(tmp_path, host):
 
 def test_no_evidence_nothing_above_the_threshold_and_the_domain_off(tmp_path, host):
     a, b, c, d = images(tmp_path, 4)
-    h = host([a, b, c, d], "16M", threshold=0.2)
+    h = host([a, b, c, d], "16M", named=True, threshold=0.2)
     off = next(w for w in h.watchers if w.image.path == d)
     off.hold_enabled = False                          # its domain is shut off
     # b: one page in each of its first 8 blocks: heat, but far below the threshold
@@ -98,7 +70,7 @@ def test_no_evidence_nothing_above_the_threshold_and_the_domain_off(tmp_path, ho
 def test_the_memory_floor(tmp_path, host):
     a, b = images(tmp_path, 2)
     floor = meminfo.mem_available() + (1 << 30)      # above what is free: nothing loads
-    h = host([a, b], "16M", min_free=floor)
+    h = host([a, b], "16M", named=True, min_free=floor)
     with held(a, [(0, 4 * MiB)]), held(b, [(0, 4 * MiB)]):
         r = tick(h)
     for p in (a, b):
