@@ -22,7 +22,7 @@ def allot(wanted=32 * MiB, share=32 * MiB, limit=None, top=None, cap=None, weigh
 
 
 def facts(a=None, holding=True, heat=1.0, refused=None, ceded=0):
-    return Facts(holding, a if a is not None else allot(), heat, 0.05, refused, ceded)
+    return Facts(holding, a if a is not None else allot(), lambda: heat, 0.05, refused, ceded)
 
 
 @pytest.mark.parametrize("r,f,code,needle", [

@@ -151,31 +151,43 @@ class _Fill:
     def _own_trim(self, d: int, edges: np.ndarray) -> np.ndarray:
         """``edges`` with each region of ``OWN_TRIM_MIN`` blocks or more cut into its core and
         the ends below ``1 / TRIM_CONTRAST`` of the core's density (see "Trim"); the ends
-        are marked so that they are neither trimmed nor split again."""
-        starts, stops = edges[0::2], edges[1::2]
-        long = np.flatnonzero(stops - starts >= OWN_TRIM_MIN)
-        if not long.size:
-            return edges
-        heat, out = self.ranked[d].rank_heat, []
-        for k in range(starts.size):
-            a, b = int(starts[k]), int(stops[k])
-            if b - a < OWN_TRIM_MIN:
-                out += [a, b]
-                continue
+        are marked so that they are neither trimmed nor split again. Only the long regions
+        are looked at one by one (a noise map has hundreds of thousands of short ones)."""
+        pieces = edges.reshape(-1, 2).copy()      # (``edges`` are the map's: kept as they are)
+        out = [pieces]
+        heat = self.ranked[d].rank_heat
+        for k in np.flatnonzero(pieces[:, 1] - pieces[:, 0] >= OWN_TRIM_MIN).tolist():
+            a, b = pieces[k].tolist()
             h = heat[a:b]
             core = h[h >= h.mean()]
-            above = (np.flatnonzero(h >= core.mean() / TRIM_CONTRAST) if core.size
-                     else np.zeros(0, dtype=np.intp))
-            if not above.size:                     # flat (or nothing above its mean)
-                out += [a, b]
+            cut = self._core(d, a, b, float(core.mean())) if core.size else None
+            if cut is None:                         # flat, or nothing above its mean
                 continue
-            lo, hi = a + int(above[0]), a + int(above[-1]) + 1
+            lo, hi = cut
             for x, y in ((a, lo), (hi, b)):
                 if y > x:
-                    self.trimmed[d].add(x)
-                    self.split[d].add(x)
-            out += [x for x, y in ((a, lo), (lo, hi), (hi, b)) if y > x for x in (x, y)]
-        return np.asarray(out, dtype=np.intp)
+                    self._final(d, x)
+            out.append(np.asarray([(a, lo), (hi, b)], dtype=np.intp))
+            pieces[k] = (lo, hi)
+        if len(out) == 1:
+            return edges
+        allp = np.concatenate(out)
+        allp = allp[allp[:, 1] > allp[:, 0]]
+        return allp[np.argsort(allp[:, 0], kind="stable")].ravel()
+
+    def _core(self, d: int, a: int, b: int, level: float) -> tuple[int, int] | None:
+        """The run of ``[a, b)`` from its first to its last block at or above ``level /
+        TRIM_CONTRAST``; None when no block is, or when that is all of it."""
+        above = np.flatnonzero(self.ranked[d].rank_heat[a:b] >= level / TRIM_CONTRAST)
+        if not above.size:
+            return None
+        lo, hi = a + int(above[0]), a + int(above[-1]) + 1
+        return None if (lo, hi) == (a, b) else (lo, hi)
+
+    def _final(self, d: int, start: int) -> None:
+        """The piece starting at ``start`` is neither trimmed nor split again."""
+        self.trimmed[d].add(start)
+        self.split[d].add(start)
 
     def _window(self, d: int, start: int, stop: int, length: int) -> int:
         r = self.ranked[d]
@@ -189,12 +201,10 @@ class _Fill:
     def _trim(self, d: int, start: int, stop: int, level: float) -> bool:
         """Queue the ends of ``[start, stop)`` below ``level / TRIM_CONTRAST`` apart from its
         core; False when there are none (or nothing is above)."""
-        above = np.flatnonzero(self.ranked[d].rank_heat[start:stop] >= level / TRIM_CONTRAST)
-        if not above.size:
+        cut = self._core(d, start, stop, level)
+        if cut is None:
             return False
-        a, b = start + int(above[0]), start + int(above[-1]) + 1
-        if (a, b) == (start, stop):
-            return False
+        a, b = cut
         edges = np.asarray([x for lo, hi in ((start, a), (a, b), (b, stop)) if hi > lo
                             for x in (lo, hi)], dtype=np.intp)
         for entry in self.ranked[d].entries(d, edges):
@@ -212,8 +222,7 @@ class _Fill:
         if pieces is None:
             return False
         for entry in r.entries(d, pieces):     # too large, and not flat: its pieces go in
-            self.split[d].add(entry[4])
-            self.trimmed[d].add(entry[4])
+            self._final(d, entry[4])
             heapq.heappush(self.queue, entry)
         return True
 
@@ -232,7 +241,8 @@ class _Fill:
             return False
         self.shared = True
         parts = _proportional(self.left, can)
-        kept = [q for q in self.queue if not any(q is p for p in peers)]
+        gone = {id(p) for p in peers}
+        kept = [q for q in self.queue if id(q) not in gone]
         for q, part in zip(group, parts):
             d = q[3]
             if part <= 0:
@@ -244,8 +254,7 @@ class _Fill:
             flanks = [x for lo, hi in ((q[4], s), (s + part, q[5])) if hi > lo
                       for x in (lo, hi)]
             for f in self.ranked[d].entries(d, np.asarray(flanks, dtype=np.intp)):
-                self.trimmed[d].add(f[4])          # the rest, for what the parts leave
-                self.split[d].add(f[4])
+                self._final(d, f[4])               # the rest, for what the parts leave
                 kept.append(f)
         self.queue[:] = kept
         heapq.heapify(self.queue)

@@ -73,10 +73,7 @@ def split_pieces(rank_heat: np.ndarray, start: int, stop: int, contrast: float,
 
 def hottest_window(heat: np.ndarray, start: int, stop: int, length: int) -> int:
     """Start of the window of ``length`` blocks in ``[start, stop)`` with the largest sum."""
-    csum = np.zeros(stop - start + 1, dtype=np.float64)
-    np.cumsum(heat[start:stop], dtype=np.float64, out=csum[1:])
-    sums = csum[length:] - csum[:-length]
-    return start + int(np.argmax(sums))
+    return start + int(np.argmax(_window_sums(heat, start, stop, length)))
 
 
 def steady_window(heat: np.ndarray, held: np.ndarray | None, start: int, stop: int,
@@ -84,20 +81,24 @@ def steady_window(heat: np.ndarray, held: np.ndarray | None, start: int, stop: i
     """Start of a window of ``length`` blocks in ``[start, stop)``: of the windows that keep
     the most held blocks, the hottest, unless the hottest of all carries more than
     ``margin`` times its heat (``hottest_window``)."""
-    best = hottest_window(heat, start, stop, length)
+    sums = _window_sums(heat, start, stop, length)
+    best = int(np.argmax(sums))
     if held is None:
-        return best
-    h = np.zeros(stop - start + 1, dtype=np.int64)
-    np.cumsum(held[start:stop], out=h[1:])
-    overlap = h[length:] - h[:-length]
-    top = int(overlap.max()) if overlap.size else 0
-    if top == 0 or overlap[best - start] == top:
-        return best
-    csum = np.zeros(stop - start + 1, dtype=np.float64)
-    np.cumsum(heat[start:stop], dtype=np.float64, out=csum[1:])
-    sums = csum[length:] - csum[:-length]
+        return start + best
+    overlap = _window_sums(held, start, stop, length)
+    top = overlap.max() if overlap.size else 0
+    if top == 0 or overlap[best] == top:
+        return start + best
     stay = int(np.argmax(np.where(overlap == top, sums, -np.inf)))
-    return start + stay if sums[stay] * margin >= sums[best - start] else best
+    return start + (stay if sums[stay] * margin >= sums[best] else best)
+
+
+def _window_sums(values: np.ndarray, start: int, stop: int, length: int) -> np.ndarray:
+    """The sum of every window of ``length`` blocks in ``[start, stop)`` (cumulative sums,
+    in float64), by its offset from ``start``."""
+    csum = np.zeros(stop - start + 1, dtype=np.float64)
+    np.cumsum(values[start:stop], dtype=np.float64, out=csum[1:])
+    return csum[length:] - csum[:-length]
 
 
 def _without_short_runs(mask: np.ndarray, value: bool, min_blocks: int) -> np.ndarray:

@@ -46,9 +46,9 @@ class CycleLog:
         moved = r.loaded_bytes + r.released_bytes
         out = (self._first or moved * MATERIAL >= max(r.held_bytes, r.share_bytes, 1)
                or r.skipped_bytes != self._last_skipped
-               or getattr(r, "limited_by", None) != self._last_code)
+               or r.limited_by != self._last_code)
         self._first = False
-        self._last_code = getattr(r, "limited_by", None)
+        self._last_code = r.limited_by
         self._last_skipped = r.skipped_bytes
         return out
 

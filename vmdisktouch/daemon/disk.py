@@ -240,7 +240,7 @@ class DiskWatcher:
                          else self.allotment.share),
         )
         why = why_not_held(self.last_report, self.config, Facts(
-            obs.holding, self.allotment, float(self.policy.state.total.max(initial=0.0)),
+            obs.holding, self.allotment, lambda: float(self.policy.state.total.max(initial=0.0)),
             self.config.threshold, acted.result.lock_refused,
             int(self.policy.ceded.blocks.size) * bs))
         self.last_report.limited_by, self.last_report.not_held_reason = why or (None, None)

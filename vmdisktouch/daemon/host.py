@@ -203,7 +203,7 @@ class Host:
         less than it wants, the failures (docs/status.md)."""
         from vmdisktouch.daemon.emit import process_fields
         per = {d["path"]: d for d in disks}
-        avail = next((d["mem_available_bytes"] for d in disks), None)
+        avail, above = self.memory(min_free)
         return {
             "host": {
                 **process_fields(interval),
@@ -212,7 +212,7 @@ class Host:
                 "held_bytes": self.held_bytes(),
                 "mem_available_bytes": avail,
                 "min_free_bytes": min_free,
-                "above_floor_bytes": None if avail is None else max(0, avail - min_free),
+                "above_floor_bytes": above,
                 "cycle": self.cycle,
                 "cycle_seconds": round(self.cycle_seconds, 4),
                 "disks": [self._disk_line(w, per.get(w.image.path)) for w in self.watchers],
@@ -220,6 +220,13 @@ class Host:
             },
             "disks": [per[w.image.path] for w in self.watchers if w.image.path in per],
         }
+
+    def memory(self, min_free: int) -> tuple[int | None, int | None]:
+        """(MemAvailable, the part above the floor ``min_free``) as the last cycle saw it;
+        Nones before any disk reported."""
+        avail = next((w.last_status["mem_available_bytes"] for w in self.watchers
+                      if w.last_status), None)
+        return avail, None if avail is None else max(0, avail - min_free)
 
     def _disk_line(self, w, st: dict | None) -> dict:
         a = w.allotment

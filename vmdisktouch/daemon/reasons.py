@@ -31,6 +31,7 @@ and was not given).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from vmdisktouch.sizes import format_size
 
@@ -52,7 +53,7 @@ class Allotment:
 
 def disk_name(w) -> str:
     """A disk as the operator knows it: ``domain/target`` under libvirt, else its path."""
-    return f"{w.domain}/{w.target}" if getattr(w, "domain", None) else w.image.path
+    return f"{w.domain}/{w.target}" if w.domain else w.image.path
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class Facts:
     """What the cycle saw that the reasons need, besides its report."""
     holding: bool                # its domain runs (or it has none)
     allotment: Allotment | None  # None: no selection yet
-    heat_max: float              # the hottest block's heat
+    heat_max: Callable[[], float]  # the hottest block's heat (a pass over the map: only
+                                 # asked when nothing is wanted)
     threshold: float
     lock_refused: str | None     # the kernel's refusal to lock, if any
     ceded_bytes: int = 0         # left to the guest's own cgroup-limited cache now
@@ -89,10 +91,11 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
     if not f.holding:
         return "domain_off", "its libvirt domain is not running"
     if a is not None and a.wanted == 0 and not r.held_bytes:
-        if f.heat_max <= 0:
+        hottest = f.heat_max()
+        if hottest <= 0:
             return "no_evidence", "no evidence of use yet"
         return "below_threshold", (f"nothing is above the threshold (hottest block "
-                                   f"{f.heat_max:.3g}, threshold {f.threshold:g})")
+                                   f"{hottest:.3g}, threshold {f.threshold:g})")
     holder = _holder_reason(r, c, f)
     if holder is not None:
         return holder

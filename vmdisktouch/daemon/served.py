@@ -75,7 +75,7 @@ class Served:
         self.config = config
         self.pace = pace                  # the holder's sleep between paced loads
         self.check = check                # membership's check of a path (O_DIRECT)
-        self.several = several            # one log line for many disks: label each
+        self.several = several            # several disks: each its own PNG paths
         self.protected = config_protected(config_path)   # the live list every writer shares
         self.locks: dict[int, image_lock.ImageLock] = {}     # id(watcher) ->
         self.keepers: dict[int, object] = {}
@@ -120,8 +120,6 @@ class Served:
         self.locks[id(w)] = lock
         self._images[id(w)] = mine
         self.protected.append(mine)
-        if self.several:
-            w.emitter.cycles.label = f"{img.path}: "       # one log for many disks
         if self.config.state_dir:
             from vmdisktouch.adapters import warm_state
             k = warm_state.Keeper(self.config.state_dir, self.config.state_save_interval,

@@ -236,12 +236,11 @@ class Service:
         """Hold while the owning domain is not shut off (``active`` None: no domain); name
         the disk by its domain and target wherever it appears."""
         active = m.active
-        if (m.domain, m.target) != (w.domain, w.target):
-            w.domain, w.target = m.domain, m.target
-            name = f"{m.domain}/{m.target}" if m.domain else ""
-            if not self.single:
-                name = f"{name} {w.image.path}" if name else w.image.path
-            w.emitter.cycles.label = f"{name}: " if name else ""
+        w.domain, w.target = m.domain, m.target
+        # The log's label: domain/target when libvirt knows it, and the path of one of many.
+        name = " ".join(([f"{m.domain}/{m.target}"] if m.domain else [])
+                        + ([] if self.single else [w.image.path]))
+        w.emitter.cycles.label = f"{name}: " if name else ""
         if active is False and w.hold_enabled:
             log.info("%s: its libvirt domain is not running; releasing the holds",
                      w.image.path)
@@ -266,7 +265,8 @@ class Service:
                 self.out.write("status", c.status, status_bytes(st))
             if self.metrics is not None:
                 self.metrics.publish(st["disks"], None if self.single else st["host"])
-        self.budget_log.note(self.host.watchers, self.host.budget, self._above_floor())
+        above_floor = self.host.memory(c.min_free)[1]
+        self.budget_log.note(self.host.watchers, self.host.budget, above_floor)
         if c.host_png:
             self.out.write("host_png", c.host_png, self._overview())
         self.served.maybe_save(self.host.watchers)
@@ -294,13 +294,8 @@ class Service:
                 wanted_bytes=None if a is None else a.wanted,
                 limited_by=st.get("limited_by")))
         return render.png_bytes(host_render.host_overview_image(
-            bands, self.host.budget, when=time.time(), above_floor=self._above_floor()))
-
-    def _above_floor(self) -> int | None:
-        """MemAvailable above the floor as the last cycle saw it (None: no disk reported)."""
-        avail = next((w.last_status["mem_available_bytes"] for w in self.host.watchers
-                      if w.last_status), None)
-        return None if avail is None else max(0, avail - self.config.min_free)
+            bands, self.host.budget, when=time.time(),
+            above_floor=self.host.memory(self.config.min_free)[1]))
 
     # -- reload --------------------------------------------------------------
 
