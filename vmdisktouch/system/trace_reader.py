@@ -17,16 +17,24 @@ folio's FIRST page only: a 16 KiB write into uncached pages made one 4-page
 folio and one WRITE of its first page (its ADD gives the extent).
 
 The page cache of a regular file is its inode's, so the filters are
-``i_ino == st_ino && s_dev == <kernel dev_t of st_dev>`` (the writeback
-event has only ``ino``). A block device's (a loop device, an LVM volume) is
-the inode of the kernel's internal bdev file system, whose number is the
-device's kernel dev_t (``major << 20 | minor``): the filter starts on
-``i_ino`` alone and takes the ``s_dev`` of the first event seen. Neither is
-trusted: the start makes one buffered read of page 0 (``pread``, never a
-write) and refuses with ``TraceUnavailable`` unless a READ of page 0 came
-back, which also catches overlayfs, FUSE and the like. Then the daemon's own
-loading thread (``exclude_tid``) is filtered out of READ and ADD, not of
-DELETE (an eviction runs in whichever task reclaims).
+``i_ino == st_ino && s_dev == <kernel dev_t of st_dev>``. A block device's
+(a loop device, an LVM volume) is the inode of the kernel's internal bdev file
+system, whose number is the device's kernel dev_t (``major << 20 | minor``):
+the filter starts on ``i_ino`` alone and takes the ``s_dev`` of the first
+event seen. Neither is trusted: the start makes one buffered read of page 0
+(``pread``, never a write) and refuses with ``TraceUnavailable`` unless a READ
+of page 0 came back, which also catches overlayfs, FUSE and the like. Then the
+daemon's own loading thread (``exclude_tid``) is filtered out of READ and ADD,
+not of DELETE (an eviction runs in whichever task reclaims).
+
+The writeback event has no ``s_dev``: its filter is ``ino == st_ino && name ==
+"MAJ:MIN"``, ``name`` being the bdi the kernel names (``bdi.name_of``: the whole
+disk under the file system, or under the block device). Where sysfs does not
+tell the bdi (CIFS, Ceph, 9p: a bdi named ``TYPE-N``) the filter is ``ino``
+alone, said in the start's INFO line: the start cannot learn a bdi name (it
+never writes), so a write to the same inode number on another file system is
+then taken for the image's. (btrfs and tmpfs are refused at the start: the
+READ of page 0 never comes back, on btrfs for its ``st_dev`` is not ``s_dev``.)
 
 ``drain()`` reads every CPU's ``trace_pipe_raw`` without blocking (one page
 per read, until EAGAIN), parses the pages (``ringbuf``) and returns the
@@ -35,6 +43,12 @@ Lost events are counted twice by the kernel, as the per-CPU ``overrun``
 counters and as the "missed events" of the next page read; per CPU the
 larger of the two running totals is taken, so nothing is counted twice.
 When events were lost the buffer doubles, up to ``max_buffer_kb``.
+``pending()`` tells, without reading, whether a ``drain`` has anything to give:
+one poll(2) of every CPU's ``trace_pipe_raw`` with timeout 0, which says
+readable as soon as that CPU holds one event because ``tracefs.Instance``
+sets the instance's ``buffer_percent`` to 0 (where it could not, ``pending()``
+is always True; set otherwise from outside, ``check_instance`` sets it back
+with the other switches).
 
 Something outside may change the instance under us (``echo 0 >
 events/enable``, ``tracing_on``, a filter, as ``trace-cmd reset`` does):
@@ -48,8 +62,10 @@ next ``drain`` must bring back (``probe_seen``; taken out of the events).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
 import stat
 import threading
 from dataclasses import dataclass
@@ -57,7 +73,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.errors import ClosedError, SyscallError, VmdtError, file_kind
-from vmdisktouch.system import files, libc, ringbuf, tracefs
+from vmdisktouch.system import bdi, files, libc, ringbuf, tracefs
+from vmdisktouch.system.bdi import kernel_dev
 from vmdisktouch.system.tracefs import TraceUnavailable
 
 log = logging.getLogger("vmdisktouch")
@@ -72,11 +89,6 @@ CONFIRM_TRIES = 5
 
 __all__ = ["ADD", "DELETE", "Events", "READ", "TraceReader", "TraceUnavailable", "WRITE",
            "kernel_dev"]
-
-
-def kernel_dev(dev: int) -> int:
-    """The kernel's dev_t (``major << 20 | minor``) of a user-space ``st_dev``/``st_rdev``."""
-    return os.major(dev) << 20 | os.minor(dev)
 
 
 @dataclass(frozen=True)
@@ -134,8 +146,8 @@ class TraceReader:
         else:
             raise TraceUnavailable(f"{self._path} is {file_kind(st.st_mode)}: page-cache "
                                    "tracepoints serve regular files and block devices")
-        self._block = stat.S_ISBLK(st.st_mode)
-        self._rdev = st.st_rdev
+        self._block, self._rdev = stat.S_ISBLK(st.st_mode), st.st_rdev
+        self.bdi = bdi.name_of(st)     # what the writeback event names (None: not known)
         self.target = self._describe()
         self._inst = tracefs.Instance.create(name, self._filters(exclude=False),
                                              buffer_kb=self.buffer_kb, root=root)
@@ -164,8 +176,8 @@ class TraceReader:
             match += f" && s_dev == {self._sdev}"
         mine = f" && common_pid != {self.exclude_tid}" if exclude and \
             self.exclude_tid is not None else ""
-        return {GET_PAGES: match + mine, DIRTY: f"ino == {self._ino}",
-                ADDED: match + mine, DELETED: match}
+        dirty = f"ino == {self._ino}" + (f' && name == "{self.bdi}"' if self.bdi else "")
+        return {GET_PAGES: match + mine, DIRTY: dirty, ADDED: match + mine, DELETED: match}
 
     def _apply_filters(self) -> None:
         for event, expr in self._filters(exclude=True).items():
@@ -174,8 +186,7 @@ class TraceReader:
     def _setup(self) -> None:
         inst = self._inst
         try:
-            self._layout = ringbuf.parse_layout(inst.header_page(),
-                                                inst.header_event(),
+            self._layout = ringbuf.parse_layout(inst.header_page(), inst.header_event(),
                                                 inst.subbuf_bytes())
             self._formats = {ev: ringbuf.parse_format(inst.format_text(ev)) for ev in KINDS}
         except (ValueError, KeyError) as exc:
@@ -189,20 +200,15 @@ class TraceReader:
                 raise TraceUnavailable(f"tracepoint {ev} has no field {missing[0]} on this "
                                        f"kernel ({os.uname().release})")
         self._by_id = {fmt.id: (KINDS[ev], fmt) for ev, fmt in self._formats.items()}
-        cpus = inst.cpus()
-        for cpu in cpus:
-            try:
-                self._fds[cpu] = inst.open_pipe(cpu)
-            except OSError as exc:
-                log.debug("trace: cpu%d has no ring buffer to read: %s", cpu, exc)
-        if not self._fds:
-            raise TraceUnavailable(f"cannot open any per_cpu/cpuN/trace_pipe_raw of {inst.path}")
+        self._fds = inst.open_pipes()
+        self._poll = select.poll()        # ``pending``: one poll(2) of every pipe
+        for fd in self._fds.values():
+            self._poll.register(fd, select.POLLIN)
         self._stats_base = inst.lost_counts(self._fds)
         self._pages_missed = dict.fromkeys(self._fds, 0)
         self._lost_seen = dict.fromkeys(self._fds, 0)
-        self._pending: list[Events] = []
+        self._pending: list[Events] = []     # collected at the start, for the first drain
         self.last_bytes = 0      # the most bytes one CPU gave at the last drain
-        self._pending_lost = 0
 
     def _confirm(self, fd: int) -> None:
         """One buffered read of page 0 must come back as a READ of page 0 of this inode."""
@@ -213,14 +219,15 @@ class TraceReader:
             except SyscallError as exc:
                 raise TraceUnavailable(f"cannot read page 0 of {self._path}: {exc}") from None
             events, sdev = self._collect_apart(me)
-            self._pending_lost += events.lost
             self._pending.append(events)
             if sdev is not None:
                 if self._sdev is None:
                     self._sdev = sdev
                     self.target = self._describe()
                     self._apply_filters()
-                log.info("trace: %s: reads of %s seen on %s", self.name, self._path, self.target)
+                log.info("trace: %s: reads of %s seen on %s; writes told by %s", self.name,
+                         self._path, self.target, f"bdi {self.bdi}" if self.bdi else
+                         "inode number alone (its bdi has no name in sysfs)")
                 return
         raise TraceUnavailable(f"tracepoints do not see reads of {self._path}: the page cache "
                                f"of {self._path} is not on {self.target} (overlayfs, FUSE, "
@@ -363,18 +370,30 @@ class TraceReader:
                  self.buffer_kb, new)
         self.buffer_kb = new
 
-    def drain(self) -> Events:
-        """Everything buffered now, all CPUs, sorted by time; never blocks."""
+    def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"trace reader {self.name} used after close()")
+
+    def pending(self) -> bool:
+        """Whether ``drain`` now has anything to give: an event buffered on any CPU (one
+        poll(2), timeout 0, nothing read), events kept from the start, or a probe to
+        settle. Always True where ``buffer_percent`` could not be set to 0.
+        ``ClosedError`` after ``close()``, as ``drain``."""
+        self._check_open()
+        return bool(any(len(e) or e.lost for e in self._pending) or not self._inst.poll_ready
+                    or self._probe_tid is not None or self._poll.poll(0))
+
+    def drain(self) -> Events:
+        """Everything buffered now, all CPUs, sorted by time; never blocks."""
+        self._check_open()
         if self._probe_tid is not None:
             events, sdev = self._collect_apart(self._probe_tid)
             self._probe_tid, self.probe_seen = None, sdev is not None
         else:
             events = self._collect()
         if self._pending:
-            events = _concat(self._pending + [events], events.lost + self._pending_lost)
-            self._pending, self._pending_lost = [], 0
+            parts, self._pending = self._pending + [events], []
+            events = _concat(parts, sum(p.lost for p in parts))
         if events.lost:
             self._grow(events.lost)
         return events
@@ -385,10 +404,8 @@ class TraceReader:
             return
         self._closed = True
         for fd in self._fds.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._fds = {}
         inst = getattr(self, "_inst", None)
         if inst is not None:

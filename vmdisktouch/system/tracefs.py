@@ -20,14 +20,17 @@ kept from its creation, so tracefs unmounted under its owner (``umount
 -l``) neither stops its reads nor its removal.
 
 What an instance was set up with (``switches()``: its filters, clock,
-``tracing_on`` and enables) can be read back (``changed``) and set again
-(``restore``), when something outside (``echo 0 > events/enable``,
-``trace-cmd reset``) changed it.
+``buffer_percent``, ``tracing_on`` and enables) can be read back (``changed``)
+and set again (``restore``), when something outside (``echo 0 >
+events/enable``, ``trace-cmd reset``) changed it.
 
 ``Instance.create`` sets ``trace_clock`` to ``mono`` (event times are then
 CLOCK_MONOTONIC nanoseconds, the clock of ``time.monotonic_ns()``), the
 per-CPU size (``buffer_size_kb``), overwrite mode (a full buffer drops its
-oldest events and counts them in ``per_cpu/cpuN/stats``), each event's
+oldest events and counts them in ``per_cpu/cpuN/stats``), ``buffer_percent``
+to 0 (a poll(2) of ``trace_pipe_raw`` then says readable as soon as that CPU
+holds one event, not at the default 50 % full; reads, which never block here,
+do not look at it: ``poll_ready`` says whether it could be set), each event's
 ``filter`` (evaluated in the kernel before the event is stored), then each
 event's ``enable``. The events are checked first in the top-level
 ``events/GROUP/EVENT/format``: an older kernel without one is refused with
@@ -73,6 +76,7 @@ class Instance:
         self.path = os.path.join(root, "instances", name)
         self.events: list[str] = []
         self.filters: dict[str, str] = {}     # as set: what ``changed`` expects
+        self.poll_ready = False               # buffer_percent is 0: poll(2) says "not empty"
         self.removed = False
         self._hold: int | None = None
         try:
@@ -155,6 +159,12 @@ class Instance:
                                    f"{' '.join(clocks)})")
         self._write("trace_clock", CLOCK)
         self.resize(buffer_kb)
+        try:
+            self._put("buffer_percent", "0")
+            self.poll_ready = True
+        except OSError as exc:
+            log.info("tracefs: cannot set %s/buffer_percent to 0 (%s): a poll of the buffers "
+                     "cannot tell them empty", self.path, reason(exc))
         self._write("options/overwrite", "1", missing_ok=True)
         self._write("tracing_on", "1")
         for event, expr in filters.items():
@@ -227,6 +237,8 @@ class Instance:
         out = {f"events/{e}/filter": (expr or "none", expr or "0")
                for e, expr in self.filters.items()}
         out["trace_clock"] = (f"[{CLOCK}]", CLOCK)
+        if self.poll_ready:
+            out["buffer_percent"] = ("0", "0")
         out["tracing_on"] = ("1", "1")
         out.update({f"events/{e}/enable": ("1", "1") for e in self.events})
         return out
@@ -309,6 +321,19 @@ class Instance:
     def open_pipe(self, cpu: int) -> int:
         """``per_cpu/cpuN/trace_pipe_raw``, non-blocking: a read gives a page or EAGAIN."""
         return self._open(f"per_cpu/cpu{cpu}/trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
+
+    def open_pipes(self) -> dict[int, int]:
+        """CPU -> its ``open_pipe``, for each of ``cpus()`` whose pipe opens;
+        ``TraceUnavailable`` when none does."""
+        fds: dict[int, int] = {}
+        for cpu in self.cpus():
+            try:
+                fds[cpu] = self.open_pipe(cpu)
+            except OSError as exc:
+                log.debug("tracefs: cpu%d has no ring buffer to read: %s", cpu, exc)
+        if not fds:
+            raise TraceUnavailable(f"cannot open any per_cpu/cpuN/trace_pipe_raw of {self.path}")
+        return fds
 
     def lost_counts(self, cpus: Iterable[int]) -> dict[int, int | None]:
         """Per CPU, the events lost so far (``overrun`` + ``commit overrun`` + ``dropped
