@@ -174,6 +174,8 @@ def test_lost_events_make_the_cycle_reconcile_with_mincore(scratch, tracefs_root
 
 
 def test_between_cycles_a_quiet_disk_is_not_drained_and_a_busy_one_is(scratch, tracefs_root):  # noqa: F811,E501
+    """A warm disk is drained between cycles only when its buffer may be an eighth full by
+    now; a cold one (no baseline yet) whenever anything is buffered (issue 33)."""
     path = scratch(64 * MiB // PAGE)
     image = open_image(path)
     reader = TraceReader(image.fd, name=instance_name(), buffer_kb=64,
@@ -187,14 +189,27 @@ def test_between_cycles_a_quiet_disk_is_not_drained_and_a_busy_one_is(scratch, t
     try:
         held, cfg = np.zeros(64, bool), settings.resolve({"max_hold": "4M"})
         source.observe(image.size, held, cfg)
+        now[0] += 10**9
+        source.pump(between=True)                           # cold, nothing buffered
+        assert drains == [0] and source.cold
+        guest_reads(path, list(range(0, 16)))
+        now[0] += 10**9
+        source.pump(between=True)                           # cold, a few reads: drained
+        assert drains == [0, 2 * 10**9]
+        guest_reads(path, list(range(0, 8 * MiB // PAGE)))  # ~2k reads: a baseline
+        now[0] += 3 * 10**9
+        source.observe(image.size, held, cfg)
+        source.settled(held)
+        assert not source.cold
         now[0] += 5 * 10**9
         guest_reads(path, list(range(0, 64)))               # a few reads
         source.observe(image.size, held, cfg)
-        assert 0 < reader.last_bytes < 64 * 1024 // 8
+        assert 0 < reader.last_bytes < reader.buffer_kb * 1024 // 8
         guest_reads(path, list(range(64, 80)))
         now[0] += 10**9
+        before = len(drains)
         source.pump(between=True)                           # far from an eighth full
-        assert drains == [0, 5 * 10**9]
+        assert len(drains) == before
         now[0] += 4 * 10**9
         seen = source.observe(image.size, held, cfg)        # the cycle drains all the same
         assert seen.reads.blocks.tolist() == [0] and source.last["reads"] >= 16

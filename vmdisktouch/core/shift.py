@@ -20,6 +20,12 @@ its reads before, half after: a share of 0.5) must not raise the bar to
 1.0 and keep the next drains from asking, as it did with the last cycle's
 share alone (docs/benchmarks.md, why-intensity).
 
+A cold disk (no scheduled cycle has seen ``MIN_READS`` reads yet: a daemon
+just started, a disk just opened) has no baseline: its first drain of
+``MIN_READS`` reads, half of them outside what is held, starts a cycle, so
+the first evidence is acted on within a drain, not an interval (issue 33: a
+cold hot zone held in seconds).
+
 Bounds:
 
 * a drain of fewer than ``MIN_READS`` read events never wakes (a guest
@@ -76,6 +82,11 @@ class ReadShift:
         self._cycle[1] += total
 
     @property
+    def cold(self) -> bool:
+        """No scheduled cycle has seen ``MIN_READS`` reads yet: no baseline."""
+        return not self._recent
+
+    @property
     def baseline(self) -> float | None:
         """The lowest share outside of the last scheduled cycles (None: none yet)."""
         return min(self._recent) if self._recent else None
@@ -86,7 +97,7 @@ class ReadShift:
         if self.woke or self.early >= MAX_EARLY or total < MIN_READS:
             return self.woke
         share = outside / total
-        base = self.baseline if self.baseline is not None else 1.0
+        base = self.baseline if self.baseline is not None else 0.0   # cold: no baseline
         self.woke = share >= WAKE_SHARE and share >= WAKE_RATIO * base
         return self.woke
 

@@ -142,6 +142,7 @@ class DiskWatcher:
         # between its prepare and its act are not its own.
         own_start = t0 + (self.clock() - prepared)
         plan = self.policy.finish(targets)
+        self.holder.unpaced = self.source.cold      # a cold disk's first loads: at once
         acted = self.recharger.act(plan, obs.held, t0, self.config, holding=obs.holding)
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
         if acted.result.loaded_bytes:

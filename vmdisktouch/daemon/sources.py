@@ -96,6 +96,8 @@ class PollingSource:
         """Blocks just taken into hold: hashed now, so a write before the next cycle counts."""
         self.sums.baseline(blocks, size)
 
+    cold = False                 # no evidence to act on sooner: loads stay paced
+
     def pump(self, *, between: bool = False) -> bool:
         return False
 
@@ -143,7 +145,9 @@ class TraceSource:
         the buffer may be an eighth full by now at the rate of the last drain: a disk
         the guest reads little is drained once a cycle, not at every pump of a host
         loop serving tens of them. A burst beyond that shows as lost events: that cycle
-        reconciles with mincore and the buffer grows (``TraceReader``).
+        reconciles with mincore and the buffer grows (``TraceReader``). A cold disk
+        (``ReadShift.cold``) is drained whenever anything is buffered (``pending``: one
+        poll), so the guest's first reads start a cycle within a second.
 
         Returns True, between cycles, when the drained reads ask for a cycle now: they
         left the held blocks (``core.shift``)."""
@@ -153,7 +157,8 @@ class TraceSource:
         if between and self._drained_ns is not None:
             span = max(self._drained_ns - self._previous_ns, 1)
             expected = self.reader.last_bytes * (now - self._drained_ns) / span
-            if expected < self.reader.buffer_kb * 1024 / 8:
+            if expected < self.reader.buffer_kb * 1024 / 8 and not (
+                    self.shift.cold and self.reader.pending()):
                 return False
         ev = self.reader.drain()
         self._previous_ns = now if self._drained_ns is None else self._drained_ns
@@ -162,6 +167,11 @@ class TraceSource:
         self.residency.feed(ev.kind, ev.first, ev.last)
         self.shift.count(ev.first[ev.kind == READ])
         return between and self.shift.wanted()
+
+    @property
+    def cold(self) -> bool:
+        """No scheduled cycle has seen the guest read yet (``ReadShift.cold``)."""
+        return self.shift.cold
 
     def settled(self, held: np.ndarray) -> None:
         """The cycle ended holding ``held`` (per block)."""

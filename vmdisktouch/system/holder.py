@@ -37,7 +37,10 @@ budget. ``apply`` turns what is held now into that target:
    renewed (a region released and taken again while the guest keeps it
    cached, see ``heat``) thus reads nothing and waits for nothing, where
    pacing it as if read would make a renewal cycle wait a second for every
-   ``load_rate`` of bytes renewed (docs/benchmarks.md, why-holder).
+   ``load_rate`` of bytes renewed (docs/benchmarks.md, why-holder). A cold
+   disk's first loads (``unpaced``, set by the watcher while its trace source
+   is cold) are not paced: what they read is what its guest is waiting for.
+   (docs/benchmarks.md, cold-start).
 4. Guards before every chunk: ``held + chunk <= max_hold`` and
    ``mem_available() - chunk >= min_free``. ``MemAvailable`` is read again
    once a chunk's worth (``CHUNK_BYTES``) has been locked since the last
@@ -159,6 +162,7 @@ class Holder:
         self.min_free = int(min_free)
         self.mem_available = mem_available
         self.load_rate = int(load_rate)
+        self.unpaced = False            # a cold disk's first loads (``sources``): at once
         self.sleep = sleep
         self.clock = clock
         self.chunk_blocks = max(1, int(chunk_bytes) // self.block_size)
@@ -296,7 +300,7 @@ class Holder:
     def _load(self, to_load: list[Run]) -> tuple[int, int, bool]:
         """Load the pieces in order. Returns (bytes loaded, bytes skipped, stopped)."""
         loaded = 0
-        pace = Pacer(self.load_rate, self.sleep, self.clock)
+        pace = Pacer(0 if self.unpaced else self.load_rate, self.sleep, self.clock)
         gauge = MemGauge(self.mem_available, self.chunk_blocks * self.block_size)
         for a, b in to_load:
             if len(self._maps) >= self.max_segments:
