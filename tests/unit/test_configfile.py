@@ -49,12 +49,13 @@ GOOD = {
              ('"/tmp/b out"', "/tmp/b out", "/tmp/b out")],
     "boolean": [("true", "yes", True), ("false", "no", False)],
     "choice": [('"trace"', "trace", "trace"), ('"MINCORE"', "mincore", "mincore")],
+    "switch": [('"on"', "on", "on"), ('"OFF"', "off", "off")],
     "address": [('"127.0.0.1:9105"', "127.0.0.1:9105", "127.0.0.1:9105"),
                 ('"[::1]:80"', "[::1]:80", "[::1]:80")],
 }
 BAD = {"size": '"lots"', "duration": '"soon"', "number": '"high"', "fraction": "1.5",
        "integer": "1.5",
-       "path": "5", "boolean": '"maybe"', "choice": '"sometimes"',
+       "path": "5", "boolean": '"maybe"', "choice": '"sometimes"', "switch": '"maybe"',
        "address": '"0.0.0.0:9105"'}
 
 

@@ -164,6 +164,8 @@ BOUNDS = {
                         (1.5, "<= 1"), ("nan", "finite")]),
     "spill": ([0, "1", 4, 0.5], [(4.5, "<= 4"), (-1, ">= 0"), ("inf", "finite")]),
     "access_source": (["auto", "TRACE", "mincore"], [("ebpf", "one of"), (1, "one of"), ("", "one of")]),
+    "carry_heat": (["auto", "ON", "off"], [("yes", "one of"), (1, "one of"), ("", "one of")]),
+    "carry_interval": (["1", "30s", 86400], [(0.5, "at least 1 s"), (86401, "at most 86400")]),
     "max_hold": (["1", "1E", 1 << 60], [(0, "greater than 0"), ("1025P", "at most 1E")]),
     "min_free": ([0, "0", "1E"], [(-1, "negative"), ((1 << 60) + 1, "at most 1E")]),
     "interval": (["0.1", "100ms", 0.1, 86400, "24h"],

@@ -83,9 +83,13 @@ class Disk:
     reason: str = ""
     unit: str | None = None    # the systemd unit to enable, for a local source
     uuid: str = ""
+    # The heat its domain carries for it (``domain_heat``): a summary, why it is none, or None.
+    carried: object = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        del out["carried"]
+        return out
 
 
 # ---------------------------------------------------------------------------
@@ -165,6 +169,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
         raise LibvirtError(f"not a domain XML document (root element <{root.tag}>)")
     name = root.findtext("name") or "?"
     uuid = root.findtext("uuid") or ""
+    carried = _carried(root)
     disks = []
     for el in root.findall("./devices/disk"):
         dtype = el.get("type", "file")
@@ -189,11 +194,25 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
             readonly=el.find("readonly") is not None,
             backing=_backing_chain(el),
         )
+        disk.carried = carried if isinstance(carried, str) else carried.get(disk.target)
         disk.eligible, disk.reason = assess(disk)
         if with_units and source and dtype in ("file", "block"):
             disk.unit = unit_name(source)
         disks.append(disk)
     return disks
+
+
+def _carried(root: ET.Element) -> dict | str:
+    """The heat the domain carries per target (``domain_heat.parse``), or why the element
+    is not ours."""
+    from vmdisktouch.adapters import domain_heat
+    elem = domain_heat.find(root)
+    if elem is None:
+        return {}
+    try:
+        return domain_heat.parse(elem)
+    except domain_heat.Foreign as exc:
+        return f"a foreign element ({exc})"
 
 
 def same_file(a: str, b: str) -> bool:

@@ -126,6 +126,7 @@ class LibvirtWatch:
         self.uri = uri
         self.wake = wake
         self._conn = None
+        self._rw = None                     # read-write: only to write metadata
         self._callbacks: list[int] = []
         self._unreachable: str | None = None
         self._answered = False              # libvirt answered once: losing it is a warning
@@ -167,6 +168,20 @@ class LibvirtWatch:
             log.warning("libvirt at %s: no events (%s); changes are seen by the resync of "
                         "each cycle", self.uri, libvirt_disks.libvirt_message(exc))
 
+    def set_metadata(self, domain: str, xml: str) -> None:
+        """Replace the heat summary in ``domain``'s live definition (``domain_heat``);
+        ``LibvirtError`` in one line when it cannot."""
+        from vmdisktouch.adapters import domain_heat
+        libvirt = libvirt_disks.import_libvirt()
+        try:
+            if self._rw is None or not _alive(self._rw):
+                self._rw = libvirt_disks.connect(self.uri, readonly=False)
+            self._rw.lookupByName(domain).setMetadata(
+                libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, domain_heat.KEY, domain_heat.NS,
+                libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        except libvirt.libvirtError as exc:
+            raise LibvirtError(libvirt_disks.libvirt_message(exc)) from None
+
     def _on_event(self, *_args) -> None:
         """In libvirt's event thread: wake the loop; the resync finds what changed."""
         if self.wake is not None:
@@ -189,6 +204,12 @@ class LibvirtWatch:
 
     def close(self) -> None:
         self._disconnect()
+        rw, self._rw = self._rw, None
+        if rw is not None:
+            try:
+                rw.close()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def _alive(conn) -> bool:

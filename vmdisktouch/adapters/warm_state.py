@@ -302,11 +302,13 @@ class Keeper:
         self.last = clock()
         self.failing = False
 
-    def restore(self, watcher) -> bool:
+    def restore(self, watcher) -> float | None:
+        """Start ``watcher`` from its saved state; the wall time of that save (None:
+        none)."""
         now = self.wall()
         saved = load(self.directory, watcher.image, watcher.block_size, now)
         if saved is None:
-            return False
+            return None
         away = max(0.0, now - saved.saved_at)
         watcher.restore(saved, away)
         held = sum(b - a for a, b in saved.held) * watcher.block_size
@@ -314,7 +316,7 @@ class Keeper:
                  "now; %s were held then)", watcher.image.path, away,
                  int((watcher.policy.state.total >= watcher.config.threshold).sum()),
                  format_size(held))
-        return True
+        return saved.saved_at
 
     def maybe_save(self, watcher) -> None:
         if self.clock() - self.last >= self.interval:

@@ -10,11 +10,13 @@ the config file says so by domain name and disk target::
     cap = "2G"               # it never holds more than this
     [domain.scratch]
     exclude = true           # never served (listed as skipped, with the reason)
+    carry_heat = false       # its heat is not written into its metadata, nor read from it
 
 ``weight``: a number from 0.01 to 100 (default 1), multiplying the disk's
 ranking heat, so a region of it outranks an equally hot region elsewhere.
-``cap``: a size, the most the disk may hold of the budget. ``exclude``:
-true or false. A bad value or an unknown key stops the start (and is what
+``cap``: a size, the most the disk may hold of the budget. ``exclude``
+and ``carry_heat`` (``adapters.domain_heat``; unset: the daemon's
+``carry_heat``): true or false. A bad value or an unknown key stops the start (and is what
 ``vmdisktouch config --check`` reports), with the file and the key named.
 """
 
@@ -27,7 +29,7 @@ from vmdisktouch.errors import ConfigError
 from vmdisktouch.sizes import parse_size
 
 TABLE = "domain"
-KEYS = ("weight", "cap", "exclude")
+KEYS = ("weight", "cap", "exclude", "carry_heat")
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
 
 
@@ -36,6 +38,7 @@ class Override:
     weight: float = 1.0
     cap: int | None = None        # bytes
     exclude: bool = False
+    carry_heat: bool | None = None   # None: the daemon's setting
 
 
 Overrides = dict[tuple[str, "str | None"], dict[str, Any]]   # (domain, target or None) ->
@@ -77,10 +80,10 @@ def _keys(table: dict, where: str) -> dict[str, Any]:
                 got["cap"] = parse_size(value)
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"{where}: cap must be a size (\"2G\"): {exc}") from None
-        elif key == "exclude":
+        elif key in ("exclude", "carry_heat"):
             if not isinstance(value, bool):
-                raise ConfigError(f"{where}: exclude must be true or false, not {value!r}")
-            got["exclude"] = value
+                raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
+            got[key] = value
         else:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)}; a "
                               "table is a disk target)")

@@ -181,6 +181,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("state_save_interval", _duration(1, MAX_SECONDS), 300.0, "duration", "seconds",
             "How often the warm-restart state is saved (with state_dir). "
             f"From 1 s to {_num(MAX_SECONDS)} s.", group="output"),
+    Setting("carry_heat", _choice("auto", "on", "off"), "auto", "switch", "",
+            "Keep a summary of each disk's hot regions in its libvirt domain's live "
+            "metadata, and start a disk whose domain arrives with one (a migration, a "
+            "restore, a managedsave) from it: on, off, or auto (on with --libvirt). "
+            "Per domain: carry_heat in [domain.NAME].", group="output"),
+    Setting("carry_interval", _duration(1, MAX_SECONDS), 30.0, "duration", "seconds",
+            "Shortest time between two writes of a domain's heat summary (written when its "
+            f"regions move by an eighth). From 1 s to {_num(MAX_SECONDS)} s.", group="output"),
     Setting("blocks_per_pixel", _int(1, MAX_BLOCKS_PER_PIXEL), None, "integer", "blocks",
             "Blocks per pixel in the PNGs (default: fit the image in about 1 M pixels). "
             f"From 1 to {MAX_BLOCKS_PER_PIXEL} (2^40).", group="output"),

@@ -38,6 +38,7 @@ class Member:
     domain: str | None = None
     target: str | None = None
     active: bool | None = None       # its domain runs; None: no domain uses it
+    carried: object = None           # the heat its domain carries for it (``domain_heat``)
 
 
 @dataclass
@@ -79,7 +80,7 @@ class GivenPaths:
             return Member(path, active=False if path in self._owned else None)
         self._owned.add(path)
         d = found[0]
-        return Member(path, d.domain, d.target, any(bool(o.active) for o in found))
+        return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried)
 
     def close(self) -> None:
         if self.watch is not None:
@@ -102,7 +103,8 @@ class RunningDomains:
         if listed is None:
             return None
         w = libvirt_watch.wanted(listed)
-        return Want({p: Member(p, d.domain, d.target, True) for p, d in w.serve.items()},
+        return Want({p: Member(p, d.domain, d.target, True, d.carried)
+                     for p, d in w.serve.items()},
                     dict(w.skipped))
 
     def close(self) -> None:

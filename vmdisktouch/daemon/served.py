@@ -22,6 +22,7 @@ import os
 import time
 
 from vmdisktouch.adapters import outputs
+from vmdisktouch.daemon import carry
 from vmdisktouch.errors import ConfigError, ImageError
 from vmdisktouch.system import image_lock
 from vmdisktouch.system.image import open_image
@@ -91,8 +92,10 @@ class Served:
         self.config = config
         self.protected[:] = config_protected(config_path) + self.images()
 
-    def open(self, path: str):
-        """A watcher serving ``path``; VmdtError (one line) when it cannot be served."""
+    def open(self, path: str, carried=None, label: str = ""):
+        """A watcher serving ``path``, warmed from the local state or the heat its domain
+        carries (``carried``, ``daemon.carry``), whichever is newer; VmdtError (one line)
+        when it cannot be served."""
         from vmdisktouch.daemon.build import build
         self.check(path)
         img = open_image(path)
@@ -120,12 +123,14 @@ class Served:
         self.locks[id(w)] = lock
         self._images[id(w)] = mine
         self.protected.append(mine)
+        local = None
         if self.config.state_dir:
             from vmdisktouch.adapters import warm_state
             k = warm_state.Keeper(self.config.state_dir, self.config.state_save_interval,
                                   w.clock, time.time)
-            k.restore(w)
+            local = k.restore(w)
             self.keepers[id(w)] = k
+        carry.arrive(w, carried, local, time.time(), label or img.path)
         return w
 
     def maybe_save(self, watchers) -> None:

@@ -20,7 +20,8 @@ membership (a disk that appears is opened, one that goes is released; a
 domain shut off releases its disks' holds until it starts again) and runs
 ``Host.tick``; then the status file (one disk: that disk's status, as
 docs/status.md has it; several: the ``host`` object and one entry per disk),
-the metrics, the host PNG and the warm state. Signal handlers only store a
+the metrics, the host PNG, the warm state and the heat each domain carries
+in its metadata (``daemon.carry``). Signal handlers only store a
 flag and wake the loop through a pipe (``signals``), so a cycle is never cut
 in half: SIGTERM/SIGINT stop (every hold released on the way out), SIGHUP
 reloads between cycles keeping the holds (``reload``: the same checks as at
@@ -42,6 +43,7 @@ import time
 from vmdisktouch.adapters import outputs, sdnotify
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
+from vmdisktouch.daemon import carry
 from vmdisktouch.daemon import served as served_mod
 from vmdisktouch.daemon.budgetlog import BudgetLog
 from vmdisktouch.daemon.emit import status_bytes
@@ -133,6 +135,8 @@ class Service:
         self._first_error: VmdtError | None = None
         self.metrics = None
         self.budget_log = BudgetLog()
+        watch = getattr(self.members, "watch", None)
+        self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
         self.started = False
 
     def pace(self, seconds: float) -> bool:
@@ -213,11 +217,24 @@ class Service:
             if w is not None:
                 self._follow(w, m)
 
+    def carries(self, domain: str | None, target: str | None) -> bool:
+        """Whether a disk's heat travels in its domain's metadata (``carry_heat``, the
+        domain's or the daemon's; auto: with ``--libvirt``)."""
+        if not domain:
+            return False
+        ov = overrides.for_disk(self.overrides, domain, target or "")
+        if ov.carry_heat is not None:
+            return ov.carry_heat
+        c = self.config.carry_heat
+        return c == "on" or (c == "auto" and bool(self.args.libvirt))
+
     def _open(self, path: str, m):
         if not self.members.retry and (path in self.refused or path in self.host.failed):
             return None                        # a path given is tried once
+        carried = m.carried if self.carries(m.domain, m.target) else None
+        label = f"{m.domain}/{m.target} {path}" if m.domain else path
         try:
-            w = self.served.open(path)
+            w = self.served.open(path, carried, label)
         except VmdtError as exc:
             self._first_error = self._first_error or exc
             if self.refused.get(path) != str(exc) and not self.single:   # one: its exit line
@@ -270,6 +287,9 @@ class Service:
         if c.host_png:
             self.out.write("host_png", c.host_png, self._overview())
         self.served.maybe_save(self.host.watchers)
+        if self.carrier is not None:
+            self.carrier.maybe_write(self.host.watchers, lambda w: self.carries(w.domain,
+                                                                                  w.target))
         return reports
 
     def status_line(self) -> str:
@@ -320,6 +340,8 @@ class Service:
         released = sum(w.reconfigure(served_mod.disk_config(new, w.image.path, not self.single))
                        for w in self.host.watchers)
         self.overrides = ovr
+        if self.carrier is not None:
+            self.carrier.interval = new.carry_interval
         self.host.budget, self.host.spill_factor = new.max_hold, new.spill
         self.config, self.config_path = new, path
         log.info("reloaded settings%s: budget %s, floor %s; released %s",
