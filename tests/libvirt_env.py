@@ -23,6 +23,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -278,3 +279,20 @@ def qemu_io(name: str, command: str, alias: str = "virtio-disk0") -> str:
     assert "error" not in out.lower() and "failed" not in out.lower(), \
         f"qemu-io {command!r} on {name}/{alias}: {out.strip()}"
     return out
+
+
+class VmLck:
+    """Samples a daemon's VmLck every 0.2 s in a thread; ``worst`` is the largest seen
+    (``stop.set()`` ends it)."""
+
+    def __init__(self, d):
+        self.d, self.worst, self.stop = d, 0, threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.wait(0.2):
+            try:
+                self.worst = max(self.worst, self.d.vmlck())
+            except (OSError, ValueError):
+                pass                 # the daemon is gone: nothing locked

@@ -11,14 +11,13 @@ exceeded (VmLck sampled every 0.2 s)."""
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
-                               qemu_io, virsh)
+from tests.libvirt_env import (URI, VmLck, disk_xml, domains,  # noqa: F401
+                               libvirt_daemons, qemu_io, virsh)
 from tests.pagecache import data_image, evict
 from tools.daemon_proc import DaemonProc
 from vmdisktouch.adapters import domain_heat as dh
@@ -54,20 +53,6 @@ def held_share(st, path, zone) -> float:
 def digest(path) -> str:
     with open(path, "rb") as f:
         return hashlib.blake2b(f.read()).hexdigest()
-
-
-class VmLck:
-    def __init__(self, d):
-        self.d, self.worst, self.stop = d, 0, threading.Event()
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-
-    def run(self):
-        while not self.stop.wait(0.2):
-            try:
-                self.worst = max(self.worst, self.d.vmlck())
-            except (OSError, ValueError):
-                pass
 
 
 def host(tmp_path, name, *args):

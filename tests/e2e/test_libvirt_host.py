@@ -6,13 +6,12 @@ the resync finds a change without any event; a second daemon is refused on a ser
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
-from tests.libvirt_env import (URI, disk_xml, domain_state, domains,  # noqa: F401
-                               libvirt_daemons, qemu_io, virsh)
+from tests.libvirt_env import (URI, VmLck, disk_xml, domain_state,  # noqa: F401
+                               domains, libvirt_daemons, qemu_io, virsh)
 from tests.pagecache import data_image
 from tools.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt_watch import LibvirtWatch, wanted
@@ -23,19 +22,6 @@ INTERVAL = 1.0
 
 def served(status) -> set[str]:
     return {d["path"] for d in status["host"]["disks"]}
-
-
-class VmLck:
-    """Samples the daemon's VmLck every 0.2 s in a thread; ``worst`` is the largest seen."""
-
-    def __init__(self, d):
-        self.d, self.worst, self.stop = d, 0, threading.Event()
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-
-    def run(self):
-        while not self.stop.wait(0.2):
-            self.worst = max(self.worst, self.d.vmlck())
 
 
 @pytest.mark.timeout(300)

@@ -224,3 +224,26 @@ def resident_map(fd: int, length: int) -> np.ndarray:
         return (libc.mincore(addr, length, vec) & 1).astype(bool)
     finally:
         libc.munmap(addr, length)
+
+
+def test_a_cold_disk_holds_its_hot_zone_seconds_after_the_first_reads(tmp_path,  # noqa: F811
+                                                                       tracefs_root):
+    """At the default interval (5 s), the first drain of reads outside what is held starts a
+    cycle (issue 33): the zone is held well before the next scheduled cycle."""
+    image = data_image(tmp_path / "disk.img", 64 * MiB)
+    d = DaemonProc(tmp_path, image, "--uri", "", "--access-source", "trace",
+                   max_hold="24M", status="st.json")
+    stop = threading.Event()
+    try:
+        d.wait_status(lambda s: s["cycle"] >= 1, "the first cycle", timeout=30)
+        t0 = time.monotonic()
+        reader_thread(image, 16 * MiB, 32 * MiB, stop)
+        st = d.wait_status(lambda s: sum(n for o, n in s["regions"]
+                                         if 16 * MiB <= o and o + n <= 36 * MiB)
+                           >= 0.9 * 16 * MiB, "the zone held", timeout=20)
+        took = time.monotonic() - t0
+        assert took < 3.5, f"held {took:.1f} s after the first reads\n{d.log_tail(10)}"
+        assert st["cycle"] >= 2 and st["trace"]["early_cycles"] >= 1
+    finally:
+        stop.set()
+        d.stop()

@@ -284,6 +284,21 @@ def test_pacing_spaces_the_chunks(img, holders):
     assert all(0 < w <= 0.25 for w in waits)
 
 
+def test_a_cold_disks_first_loads_are_not_paced(img, holders):
+    """``unpaced`` (the watcher sets it while its trace source is cold): loaded at once,
+    from disk all the same; paced again once it is cleared."""
+    path, fd = img
+    waits = []
+    h = holders(fd, 64 * MiB, rate=8 * MiB, chunk_bytes=2 * MiB,
+                sleep=lambda s: waits.append(s))
+    h.unpaced = True
+    h.apply([(0, 8)])
+    assert waits == [] and h.held_runs() == [(0, 8)]
+    h.unpaced = False
+    h.apply([(0, 8), (16, 24)])
+    assert len(waits) == 3
+
+
 def test_only_what_comes_from_disk_is_paced(img, holders):
     """Chunks already cached (a renewed lease) are neither waited for nor read ahead."""
     path, fd = img
