@@ -81,7 +81,7 @@ from benchmarks.hotzone_report import (DAEMONS, LABELS, Result, Sample, compare_
                                        moved_held_lines, report, say, steady_start)
 from benchmarks.hotzone_report import rolling_median, steady_loaded  # noqa: E402,F401 (bench_params: hz.*)
 from benchmarks.hotzone_report import provenance, scenario_text, title  # noqa: E402
-from benchmarks.hotzone_rounds import round_orders, rounds_summary  # noqa: E402
+from benchmarks.hotzone_rounds import round_orders, rounds_summary, start_lines  # noqa: E402
 from benchmarks.report import update_section  # noqa: E402
 from benchmarks.source_common import overlap  # noqa: E402
 
@@ -364,7 +364,8 @@ def main(argv=None) -> int:
             if a.variant == "move":
                 summary += "\n" + "\n".join(moved_held_lines(b, rounds))
         if not {"none", "oracle"} <= set(results):
-            say("\n".join(["", *([summary] if summary else []),
+            say("\n".join(["", *([summary] if summary else
+                                  start_lines(rounds, steady_start(a), names)),
                             *compare_lines(a, results, steady_start(a))]))
             if summary and not a.no_doc:     # rounds without the oracle: their own section
                 name = section_name(a) + "-rounds"

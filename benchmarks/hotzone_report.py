@@ -217,6 +217,19 @@ def moved_held_lines(b, rounds: list[dict[str, Result]]) -> list[str]:
     return out + [""] if out else []
 
 
+def t90(r: Result, oracle: float, moved_at: float = 0.0) -> float | None:
+    """Seconds from ``moved_at`` (the start, or the move) until the 5 s rolling median of
+    the IOPS first reaches 90 % of the oracle's steady median (None: never)."""
+    after = rolling_median([(t, v) for t, v in r.series() if t > moved_at])
+    t = first_time_at_or_above(after, 0.9 * oracle, hold=1)
+    return None if t is None else t - moved_at
+
+
+def events_lost(r: Result) -> int | None:
+    """The trace events the kernel lost in the run (the daemon's last status)."""
+    return (r.status or {}).get("events_lost")
+
+
 def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple[str, dict]:
     """The Markdown section of one round (``b``: the Bench, for the scenario's geometry)."""
     a = b.a
@@ -227,10 +240,9 @@ def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple
     figures = {"median_iops": med}
     for n in DAEMONS:
         if n in results and oracle:
-            after = rolling_median([(t, v) for t, v in results[n].series() if t > moved_at])
-            t90 = first_time_at_or_above(after, 0.9 * oracle, hold=1)
-            figures[n] = {"t90": None if t90 is None else t90 - moved_at,
-                          "over_oracle": med[n] / oracle, "over_none": med[n] / none}
+            figures[n] = {"t90": t90(results[n], oracle, moved_at),
+                          "over_oracle": med[n] / oracle, "over_none": med[n] / none,
+                          "events_lost": events_lost(results[n])}
 
     lines = [title(b), "", provenance(command), scenario_text(b), "",
              f"Steady state = t ≥ {steady_from:.0f} s; IOPS are "
@@ -289,7 +301,8 @@ def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple
         if st:
             lines.append(f"- at the end: {st.get('cycle')} cycles, held "
                          f"{st.get('held_bytes', 0) / MiB:.0f} MiB in {len(st.get('regions', []))} "
-                         f"regions, last cycle {st.get('cycle_seconds', 0):.3f} s.")
+                         f"regions, last cycle {st.get('cycle_seconds', 0):.3f} s; trace "
+                         f"events lost in the run: {st.get('events_lost')}.")
         lines.append("")
     lines += compare_lines(a, results, steady_from)
     lines += [f"![IOPS and held bytes over time]({chart_rel})", ""]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from benchmarks.hotzone_report import LABELS, Result
+from benchmarks.hotzone_report import DAEMONS, LABELS, Result, events_lost, t90
 
 ORDERS = ("ABBA", "ABAB")
 
@@ -70,5 +70,22 @@ def rounds_summary(rounds: list[dict[str, Result]], orders: list[list[str]], ord
         cells = [f"{med[n] / med[m]:.3f}" if med[m] and not math.isnan(med[m] + med[n])
                  else "—" for m in names]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    lines.append("")
+    lines += [""] + start_lines(rounds, steady_from, names) + [""]
     return "\n".join(lines), fig
+
+
+def start_lines(rounds: list[dict[str, Result]], steady_from: float,
+                names: list[str]) -> list[str]:
+    """Per daemon, per round: its time to 90 % of that round's oracle (when the oracle
+    ran) and the trace events lost."""
+    out = []
+    for n in (n for n in names if n in DAEMONS):
+        t = [t90(r[n], r["oracle"].steady_median(steady_from)) if "oracle" in r and n in r
+             else None for r in rounds]
+        lost = [events_lost(r[n]) if n in r else None for r in rounds]
+        out.append(f"- {LABELS.get(n, n)}, per round: "
+                   + (("90 % of the oracle after " + ", ".join(
+                       "never" if x is None else f"{x:.0f} s" for x in t) + "; ")
+                      if any("oracle" in r for r in rounds) else "")
+                   + "trace events lost " + ", ".join(str(x) for x in lost) + ".")
+    return out
