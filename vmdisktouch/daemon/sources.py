@@ -137,6 +137,7 @@ class TraceSource:
         self.last_access = None              # the last cycle's Access (exact pages: tests)
         self.shift = ReadShift(self.log.pages_per_block)
         self.early_cycles = 0                # cycles asked for early by a read shift
+        self.kinds = np.zeros(4, dtype=np.int64)   # events drained this cycle, by kind
         self._drained_ns: int | None = None   # the last drain, and the one before it
         self._previous_ns = 0                 # (the first drain: none before, no rate)
 
@@ -163,6 +164,7 @@ class TraceSource:
         ev = self.reader.drain()
         self._previous_ns = now if self._drained_ns is None else self._drained_ns
         self._drained_ns = now
+        self.kinds += np.bincount(ev.kind, minlength=4)[:4]
         self.log.feed(ev.kind, ev.ts, ev.first, ev.last, ev.lost)
         self.residency.feed(ev.kind, ev.first, ev.last)
         self.shift.count(ev.first[ev.kind == READ])
@@ -204,9 +206,12 @@ class TraceSource:
         else:
             # The daemon's own loads are not traced: a held block is all cached.
             self.residency.counts[held] = self.residency.pages_per_block
+        kinds, self.kinds = self.kinds, np.zeros(4, dtype=np.int64)
         self.last = {"reads": acc.read_events, "written_pages": int(acc.write_pages.size),
                      "refaulted_pages": acc.refault_pages, "lost": acc.lost,
-                     "reconciled": bool(reconcile)}
+                     "reconciled": bool(reconcile),
+                     "events": dict(zip(("read", "write", "add", "delete"),
+                                        map(int, kinds)))}
         return Seen(self.residency.fraction(), self.residency.resident_pages() * self.page_size,
                     acc.writes, reads=acc.reads, refaults=acc.refaults,
                     read_counts=acc.read_counts, read_recent=acc.read_recent,
