@@ -114,12 +114,15 @@ def test_arrival_decays_but_the_hottest_stays_a_candidate():
 
 class Watch:
     def __init__(self, fail=None):
-        self.calls, self.fail = [], fail
+        self.calls, self.fail, self.busy = [], fail, False
 
     def set_metadata(self, domain, xml):
         if self.fail:
             raise VmdtError(self.fail)
+        if self.busy:
+            return False
         self.calls.append((domain, xml))
+        return True
 
 
 class Policy:
@@ -145,7 +148,10 @@ def test_the_writer_writes_first_heat_then_only_material_moves_after_the_interva
     c.maybe_write([w], lambda _w: True)
     assert watch.calls == []                      # nothing hot yet: nothing to carry
     heat[4:20] = 0.5
+    watch.busy = True                             # a migration or a save runs on it
     c.maybe_write([w], lambda _w: True)
+    watch.busy = False
+    c.maybe_write([w], lambda _w: True)           # not written then: tried again now
     assert [d for d, _ in watch.calls] == ["vm1"]    # the first heat: at once
     heat[20:40] = 0.5                             # moved by more than an eighth...
     now[0] = 10.0

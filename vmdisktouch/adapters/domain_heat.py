@@ -50,7 +50,9 @@ the first cycle that has heat above the threshold, then whenever the regions
 moved, or their summed heat changed, by ``MATERIAL`` (an eighth), at most
 every ``carry_interval`` (30 s).
 A write costs libvirtd one RPC and one write of the domain's status XML
-(docs/benchmarks.md, carry-heat).
+(docs/benchmarks.md, carry-heat). No write is made while a job runs on the
+domain (a migration, a save): it would wait for the job's end, up to
+libvirt's 30 s, and the daemon's loop with it; the next cycle tries again.
 """
 
 from __future__ import annotations

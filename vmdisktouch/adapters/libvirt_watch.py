@@ -168,19 +168,25 @@ class LibvirtWatch:
             log.warning("libvirt at %s: no events (%s); changes are seen by the resync of "
                         "each cycle", self.uri, libvirt_disks.libvirt_message(exc))
 
-    def set_metadata(self, domain: str, xml: str) -> None:
+    def set_metadata(self, domain: str, xml: str) -> bool:
         """Replace the heat summary in ``domain``'s live definition (``domain_heat``);
+        False, writing nothing, while a job runs on it (a migration, a save): the write
+        would wait for that job's end, up to libvirt's 30 s, and the loop with it.
         ``LibvirtError`` in one line when it cannot."""
         from vmdisktouch.adapters import domain_heat
         libvirt = libvirt_disks.import_libvirt()
         try:
             if self._rw is None or not _alive(self._rw):
                 self._rw = libvirt_disks.connect(self.uri, readonly=False)
-            self._rw.lookupByName(domain).setMetadata(
+            dom = self._rw.lookupByName(domain)
+            if dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE:
+                return False
+            dom.setMetadata(
                 libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, domain_heat.KEY, domain_heat.NS,
                 libvirt.VIR_DOMAIN_AFFECT_LIVE)
         except libvirt.libvirtError as exc:
             raise LibvirtError(libvirt_disks.libvirt_message(exc)) from None
+        return True
 
     def _on_event(self, *_args) -> None:
         """In libvirt's event thread: wake the loop; the resync finds what changed."""

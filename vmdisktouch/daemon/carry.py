@@ -86,7 +86,8 @@ class Carrier:
             if not _moved(last[1] if last else None, shape):
                 continue
             try:
-                self.watch.set_metadata(domain, domain_heat.to_xml(sums))
+                if not self.watch.set_metadata(domain, domain_heat.to_xml(sums)):
+                    continue                 # a job runs on it: the next cycle tries again
             except VmdtError as exc:
                 if self.failing.get(domain) != str(exc):
                     log.warning("libvirt: %s: cannot write the heat into its metadata: %s",
