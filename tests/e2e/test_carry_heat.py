@@ -123,6 +123,7 @@ def test_a_restored_domain_arrives_warm_on_a_fresh_daemon(domains, tmp_path):  #
         assert seconds <= 10, f"held after {seconds:.1f} s\n{b.log_tail(20)}"
         assert virsh("domstate", dom).strip() == "paused"          # no guest I/O
         assert "arrived with the heat carried" in b.err()
+        assert [d["warmed_from"] for d in st["disks"] if d["path"] == img] == ["metadata"]
         assert lck.worst <= BUDGET, lck.worst
     finally:
         lck.stop.set()

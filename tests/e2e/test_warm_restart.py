@@ -48,7 +48,7 @@ def test_the_heat_survives_a_sigkill_and_a_restart_holds_at_once(tmp_path):
     try:
         st = second.wait_status(lambda s: s["cycle"] >= 1, "the first cycle", timeout=60)
         assert st["cycle"] == 1 and zone_held(st) >= 0.9 * ZONE[1], st["regions"]
-        assert "restored the heat saved" in second.output()
+        assert "restored the heat saved" in second.output() and st["warmed_from"] == "state"
         before = os.stat(tmp_path / "state" / state).st_mtime_ns
     finally:
         assert second.stop() == 0, second.output()[-2000:]
@@ -59,7 +59,7 @@ def test_the_heat_survives_a_sigkill_and_a_restart_holds_at_once(tmp_path):
     third = DaemonProc(tmp_path, image, *args, status="third.json", log="third.log")
     try:
         st = third.wait_status(lambda s: s["cycle"] >= 1, "the first cycle", timeout=60)
-        assert zone_held(st) == 0
+        assert zone_held(st) == 0 and st["warmed_from"] is None
         assert "no saved state" in third.output() and "restored" not in third.output()
     finally:
         assert third.stop() == 0, third.output()[-2000:]

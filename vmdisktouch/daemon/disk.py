@@ -85,6 +85,7 @@ class DiskWatcher:
         self.domain: str | None = None           # its libvirt domain and target, if known
         self.target: str | None = None
         self.allotment: Allotment | None = None  # the last selection's share (``host``)
+        self.warmed_from: str | None = None      # "state", "metadata" (``served``); None: cold
         self._released_between = 0               # by a reload or a size change
         self._cycle: tuple | None = None         # prepare's (start, observation, resident)
         self._hole_map: tuple | None = None      # ((allocation, nblocks), holes per block)
@@ -252,7 +253,8 @@ class DiskWatcher:
             r, self.config, path=self.image.path, domain=(self.domain, self.target),
             allotment=self.allotment, domain_active=self.domain_active,
             holding=self.hold_enabled, lock_cap=self.holder.lock_cap,
-            charges=self.recharger.charges.status(), source=self._source_status())
+            charges=self.recharger.charges.status(), source=self._source_status(),
+            warmed_from=self.warmed_from)
 
     def _source_status(self) -> dict:
         bs, size = self.block_size, self.image.size

@@ -71,7 +71,8 @@ class Emitter:
         self.cycles = CycleLog(label)
 
     def status_obj(self, r: CycleReport, c, *, path: str, domain, allotment, domain_active,
-                   holding: bool, lock_cap, charges, source: dict) -> dict:
+                   holding: bool, lock_cap, charges, source: dict,
+                   warmed_from: str | None = None) -> dict:
         """The status JSON of report ``r`` under settings ``c``; ``domain``: (domain,
         target) or Nones; ``allotment``: the last selection's (``reasons.Allotment``)."""
         return {
@@ -100,6 +101,7 @@ class Emitter:
             "not_held_reason": r.not_held_reason,
             "limited_by": r.limited_by,
             "domain_active": domain_active,
+            "warmed_from": warmed_from,               # "state", "metadata" or None (cold)
             "holding": holding,
             "lock_cap_bytes": lock_cap,
             "charges": charges,

@@ -130,7 +130,9 @@ class Served:
                                   w.clock, time.time)
             local = k.restore(w)
             self.keepers[id(w)] = k
-        carry.arrive(w, carried, local, time.time(), label or img.path)
+            w.warmed_from = None if local is None else "state"
+        if carry.arrive(w, carried, local, time.time(), label or img.path):
+            w.warmed_from = "metadata"
         return w
 
     def maybe_save(self, watchers) -> None:
