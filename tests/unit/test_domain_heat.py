@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -17,11 +18,11 @@ MiB = 1 << 20
 
 
 class FakeImage:
-    """An image of ``size`` bytes whose pages are given by ``content`` (pread only)."""
+    """An image of ``size`` bytes, "head" at its start and "tail" at its end (the
+    fingerprint's pages), open read-only as ``fd``."""
 
     def __init__(self, path, size: int):
         self.path, self.size = str(path), size
-        import os
         path.write_bytes(b"")
         with open(path, "r+b") as f:
             f.truncate(size)
@@ -35,7 +36,6 @@ class FakeImage:
 def image(tmp_path):
     img = FakeImage(tmp_path / "a.raw", 64 * MiB)
     yield img
-    import os
     os.close(img.fd)
 
 
@@ -90,12 +90,17 @@ def test_the_identity_is_the_size_and_the_first_and_last_pages(image, tmp_path):
     s = dh.summarize(heat, 0.05, "vda", image, MiB, 1000.0)
     assert dh.check(s, image, 1000.0) is None
     other = FakeImage(tmp_path / "b.raw", 64 * MiB)
-    import os
-    os.pwrite(os.open(tmp_path / "b.raw", os.O_WRONLY), b"TAIL", 64 * MiB - 4)
-    assert "fingerprint" in dh.check(s, other, 1000.0)
+    with open(tmp_path / "b.raw", "r+b") as f:       # another last page
+        f.seek(64 * MiB - 4)
+        f.write(b"TAIL")
     bigger = FakeImage(tmp_path / "c.raw", 65 * MiB)
-    assert "bytes" in dh.check(s, bigger, 1000.0)
-    assert "future" in dh.check(s, image, 1000.0 - 3600)
+    try:
+        assert "fingerprint" in dh.check(s, other, 1000.0)
+        assert "bytes" in dh.check(s, bigger, 1000.0)
+        assert "future" in dh.check(s, image, 1000.0 - 3600)
+    finally:
+        os.close(other.fd)
+        os.close(bigger.fd)
 
 
 def test_arrival_decays_but_the_hottest_stays_a_candidate():
