@@ -1,11 +1,13 @@
 """Prometheus metrics of a real daemon: the loopback endpoint scraped over HTTP and the
-textfile, both parsed with prometheus_client's own parser and checked against the status."""
+textfile, both parsed with prometheus_client's own parser and checked against the status;
+the textfile removed at a clean stop, left (its mtime frozen) by a SIGKILL."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -108,3 +110,48 @@ def test_a_non_loopback_address_is_refused_with_one_line(tmp_path):
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 78 and "not a loopback address" in r.stderr
     assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+# -- issue 34: holding a gauge of its own; a stopped daemon leaves no textfile ----------
+
+def test_a_clean_stop_removes_the_textfile_and_holding_is_a_gauge(tmp_path):
+    img = data_image(tmp_path / "disk.raw", 32 * MiB)
+    prom = tmp_path / "vmdisktouch.prom"
+    d = DaemonProc(tmp_path, img, "--uri", "", "--min-free", "0", "--metrics-file", str(prom),
+                   max_hold="16M", interval=0.5, env=env_without_systemd())
+    try:
+        d.wait_status(lambda s: s["held_bytes"] > 0, "a hold", timeout=30,
+                      drive=lambda: read_range(img, 16 * MiB))
+        d.wait_status(lambda s: prom.exists() and samples(prom.read_text()).get(
+            ("vmdisktouch_held_bytes", img), 0) > 0, "the textfile to say it holds")
+        text = prom.read_text()
+        [info] = labelled(text, "vmdisktouch_disk_info")
+        assert info.labels == {"disk": img, "domain": "", "target": "",
+                               "access_source": d.read_status()["access_source"]}
+        [holding] = labelled(text, "vmdisktouch_holding")
+        assert holding.labels == {"disk": img, "domain": "", "target": ""}
+        assert holding.value == 1
+        rc, _ = d.terminate(timeout=20)
+        assert rc == 0, d.output()[-2000:]
+        assert not prom.exists(), prom.read_text()    # nothing held: no series left
+        assert "released all holds" in d.output()
+    finally:
+        d.stop()
+    assert [p.name for p in tmp_path.iterdir() if "prom" in p.name] == []   # no temp file
+
+
+def test_a_killed_daemon_leaves_its_textfile_to_age(tmp_path):
+    """SIGKILL runs no code: the file stays, its mtime (node_textfile_mtime_seconds) frozen,
+    as docs/metrics.md says."""
+    img = data_image(tmp_path / "disk.raw", 8 * MiB)
+    prom = tmp_path / "vmdisktouch.prom"
+    d = DaemonProc(tmp_path, img, "--uri", "", "--min-free", "0", "--metrics-file", str(prom),
+                   max_hold="4M", interval=0.5, env=env_without_systemd())
+    try:
+        d.wait_status(lambda s: s["cycle"] >= 1 and prom.exists(), "the textfile")
+    finally:
+        d.kill()
+    mtime = prom.stat().st_mtime
+    assert "vmdisktouch_held_bytes" in prom.read_text()
+    time.sleep(1.2)
+    assert prom.stat().st_mtime == mtime

@@ -1,7 +1,10 @@
 """The metrics collector over status objects: gauges of the last cycle, summed counters,
-nested status fields (``spill.read_bytes``)."""
+nested status fields (``spill.read_bytes``), info labels that never change; the textfile
+removed at close, and only a file vmdisktouch writes."""
 
 from __future__ import annotations
+
+import os
 
 from vmdisktouch.adapters.metrics import Collector
 
@@ -156,3 +159,86 @@ def test_every_metric_is_in_docs_metrics_md():
     assert len(names) > 20
     for name in names:
         assert f"`{name}`" in doc, name
+
+
+# -- an info metric's labels never change; a stopped daemon leaves no file (issue 34) ----
+
+def info_and_holding(collector: Collector) -> tuple[list, dict]:
+    """The label sets of ``vmdisktouch_disk_info``, and disk -> ``vmdisktouch_holding``."""
+    info, holding = [], {}
+    for family in collector.collect():
+        for s in family.samples:
+            if s.name == "vmdisktouch_disk_info":
+                info.append(s.labels)
+            elif s.name == "vmdisktouch_holding":
+                holding[s.labels["disk"]] = s.value
+    return info, holding
+
+
+def test_holding_is_a_gauge_and_the_info_labels_never_change():
+    c = Collector()
+    on = disk_status("/a", "web", "vda")
+    c.update([on])
+    info_on, holding_on = info_and_holding(c)
+    off = dict(on, holding=False, held_bytes=0, limited_by="domain_off", budget_bytes=0,
+               wanted_bytes=0, regions=[], cycle_seconds=0.2, mem_available_bytes=7)
+    c.update([off])
+    info_off, holding_off = info_and_holding(c)
+    assert (holding_on, holding_off) == ({"/a": 1}, {"/a": 0})
+    assert info_on == info_off == [{"disk": "/a", "domain": "web", "target": "vda",
+                                    "access_source": "trace"}]   # one series for ever
+    [fam] = [f for f in c.collect() if f.name == "vmdisktouch_holding"]
+    assert fam.type == "gauge" and [s.labels for s in fam.samples] == [
+        {"disk": "/a", "domain": "web", "target": "vda"}]
+
+
+def metrics_of(path):
+    """``Metrics`` writing the textfile ``path`` (no endpoint), through real ``Outputs``."""
+    import types
+    from vmdisktouch.adapters.metrics import Metrics
+    from vmdisktouch.adapters.outputs import Outputs
+    config = types.SimpleNamespace(metrics_file=str(path), metrics_listen=None)
+    return Metrics(config, Outputs([]))
+
+
+def test_close_removes_the_metrics_file_it_wrote(tmp_path):
+    prom = tmp_path / "vmdisktouch.prom"
+    m = metrics_of(prom)
+    m.publish([disk_status("/a", held=16 << 20)])
+    assert "vmdisktouch_held_bytes" in prom.read_text()
+    m.close()
+    assert not prom.exists()          # node_exporter drops the series: nothing held
+    m.close()                         # twice: nothing to do, no error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_close_removes_a_stale_metrics_file_and_nothing_else(tmp_path):
+    prom = tmp_path / "vmdisktouch.prom"
+    prom.write_text("# HELP vmdisktouch_held_bytes ...\nvmdisktouch_held_bytes 1\n")
+    metrics_of(prom).close()          # a killed daemon's file, never rewritten: removed
+    assert not prom.exists()
+    prom.write_text("not metrics\n")  # not a file vmdisktouch writes: left alone
+    metrics_of(prom).close()
+    assert prom.read_text() == "not metrics\n"
+    prom.unlink()
+    (tmp_path / "target").write_text("# HELP x\n")
+    prom.symlink_to(tmp_path / "target")
+    metrics_of(prom).close()          # never a link, never what it names
+    assert prom.is_symlink() and (tmp_path / "target").read_text() == "# HELP x\n"
+    prom.unlink()
+    os.mkfifo(prom)                   # never opened (it would not be ours anyway)
+    metrics_of(prom).close()
+    assert prom.is_fifo()
+
+
+def test_close_never_removes_a_protected_file(tmp_path):
+    from vmdisktouch.adapters.metrics import remove_textfile
+    from vmdisktouch.adapters.outputs import Protected
+    image = tmp_path / "disk.raw"
+    image.write_text("# HELP an image whose first bytes look like metrics\n")
+    prom = tmp_path / "vmdisktouch.prom"
+    os.link(image, prom)              # the metrics path a hard link to the image served
+    assert not remove_textfile(str(prom), [Protected.of_path(str(image), "the disk image")])
+    assert prom.exists() and image.exists()
+    assert remove_textfile(str(prom), [])            # unprotected, it would go
+    assert not remove_textfile(str(tmp_path / "gone" / "x.prom"), [])   # no directory

@@ -20,60 +20,37 @@ the metric's own name (``vmdisktouch_limited="budget"``), not ``reason``.
 prometheus_client escapes the label values (``\\``, ``"``, newline): a domain
 may be named anything libvirt allows.
 
+``vmdisktouch_disk_info`` is an info metric: its labels are what never
+changes while the disk is served (its access source, chosen when it is
+opened), so it is one series for the disk's life. A value that changes is a
+gauge of its own: ``vmdisktouch_holding`` is 1 or 0 (as a label of the info
+metric, each change of holding made a new series: issue 34).
+
 * ``metrics_file``: written each cycle through ``outputs`` (checked path,
-  atomic replacement, never fatal), for node_exporter's textfile collector.
-* ``metrics_listen``: ``Endpoint``, a small HTTP/1.1 server on a loopback
-  address (``setting_parsers._loopback_listen`` refuses others), in a daemon
-  thread of its own; the collector reads a snapshot swapped under a lock and
-  ``prometheus_client.generate_latest`` renders it.
-
-Why not ``prometheus_client.start_http_server``: it runs one thread per
-connection and waits for each client for ever, so ~1,000 idle loopback
-connections (any local user can open them) took every descriptor of the
-daemon at ``ulimit -n 1024``: /proc/meminfo could not be read (MemAvailable
-taken as 0, every hold shed), the status and the watchdog pings stopped, and
-its accept loop spun on EMFILE (issue 31, case 3). ``Endpoint`` is one
-thread and one ``selectors`` loop, bounded whatever its clients do:
-
-* at most ``MAX_CONNECTIONS`` sockets at once (so at most that many
-  descriptors, however many clients connect): a connection beyond the cap
-  drops the oldest one still sending its request (a scrape sends its request
-  at once, an idle or slow client is the oldest), or is closed at once when
-  every slot is sending a response;
-* a client has ``REQUEST_SECONDS`` to send its whole request (at most
-  ``MAX_REQUEST`` bytes) and ``SEND_SECONDS`` to read the response, however
-  slowly it trickles bytes; one request per connection;
-* an ``accept`` that fails for want of a descriptor (or of memory) rests the
-  listener for ``ACCEPT_REST`` seconds instead of spinning on it.
-
-Dropped connections are logged at most once a minute, with their count. Any
-path, GET or HEAD, answers the text format of ``generate_latest`` (gzipped
-when the client accepts it), one request per connection; unlike
-``start_http_server`` there is no OpenMetrics negotiation and no ``name[]``
-filter (Prometheus scrapes the text format as well).
+  atomic replacement, never fatal), for node_exporter's textfile collector;
+  removed by ``close()`` (the daemon stopping, its holds about to be
+  released), so node_exporter drops the series instead of showing a stopped
+  daemon's holds for ever. A SIGKILL runs no code: the file stays, and only
+  its age (node_exporter's ``node_textfile_mtime_seconds``) tells.
+* ``metrics_listen``: ``metrics_http.Endpoint``, a small HTTP/1.1 server on a
+  loopback address, one thread and one ``selectors`` loop, bounded whatever
+  its clients do (issue 31); ``render`` answers its requests.
 """
 
 from __future__ import annotations
 
-import errno
 import gzip
 import logging
-import selectors
-import socket
+import os
 import threading
-import time
 
+from vmdisktouch.adapters import atomic
+from vmdisktouch.adapters.metrics_http import Endpoint
+from vmdisktouch.adapters.outputs import OUTPUT_KEYS
 from vmdisktouch.errors import ConfigError
+from vmdisktouch.system import files
 
 log = logging.getLogger("vmdisktouch")
-
-MAX_CONNECTIONS = 32     # sockets open at once on the endpoint
-REQUEST_SECONDS = 5.0    # to send the whole request, from the connection
-SEND_SECONDS = 5.0       # to read the whole response
-MAX_REQUEST = 8192       # bytes of request line and headers
-ACCEPT_BURST = 64        # connections accepted per wake-up
-ACCEPT_REST = 1.0        # the listener rests this long after accept failed (EMFILE...)
-WARN_EVERY = 60.0        # seconds between two lines about dropped connections
 
 # (metric, help, status key): gauges of the last cycle, per disk; a key the status gives
 # as None or not at all is 0, but for ``wanted_bytes`` (before the first selection: no sample)
@@ -181,16 +158,18 @@ class Collector:
         limited = GaugeMetricFamily("vmdisktouch_limited", "Why the disk holds less than it "
                                     "wants (limited_by): 1 for the reason now, else 0.",
                                     labels=LABELS + ["reason"])
-        info = GaugeMetricFamily("vmdisktouch_disk_info", "The access source and whether "
-                                 "holding is on (1 per disk).",
-                                 labels=LABELS + ["access_source", "holding"])
+        holding = GaugeMetricFamily("vmdisktouch_holding", "1 while holding is on, 0 while "
+                                    "it is off (its libvirt domain shut off).", labels=LABELS)
+        info = GaugeMetricFamily("vmdisktouch_disk_info", "The disk's access source, fixed "
+                                 "while it is served (1 per disk).",
+                                 labels=LABELS + ["access_source"])
         for d in disks.values():
             now = d.get("limited_by")
             for code in REASONS + ((now,) if now and now not in REASONS else ()):
                 limited.add_metric(_labels(d) + [code], float(code == now))
-            info.add_metric(_labels(d) + [str(d.get("access_source", "")),
-                                          str(bool(d.get("holding", True))).lower()], 1)
-        yield from (limited, info)
+            holding.add_metric(_labels(d), float(bool(d.get("holding", True))))
+            info.add_metric(_labels(d) + [str(d.get("access_source", ""))], 1)
+        yield from (limited, holding, info)
         if host is not None:
             figures = {**host, "disks": len(host.get("disks") or ())}
             yield from (GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(figures[key]))
@@ -236,174 +215,59 @@ class Metrics:
         return body, headers
 
     def close(self) -> None:
+        """Stop the endpoint; remove the metrics file (the daemon is stopping: a file left
+        would show its holds for ever). Never raises for the file: logged."""
         if self.server is not None:
             self.server.close()
             self.server = None
-
-
-class _Conn:
-    __slots__ = ("sock", "inbox", "outbox", "deadline")
-
-    def __init__(self, sock: socket.socket, deadline: float):
-        self.sock, self.inbox, self.outbox, self.deadline = sock, b"", None, deadline
-
-
-class Endpoint:
-    """The loopback HTTP endpoint (see the module docstring): ``render(head)`` gives the
-    body and headers of a GET; ``close()`` stops the thread and closes every socket."""
-
-    def __init__(self, host: str, port: int, render):
-        family, kind, proto, _, addr = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        self.sock = socket.socket(family, kind, proto)
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind(addr)
-            self.sock.listen(128)
-            self.sock.setblocking(False)
-            self.port = self.sock.getsockname()[1]
-            self._wake_r, self._wake_w = socket.socketpair()
-        except OSError:
-            self.sock.close()
-            raise
-        self.render = render
-        self.conns: dict[socket.socket, _Conn] = {}
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.sock, selectors.EVENT_READ)
-        self.sel.register(self._wake_r, selectors.EVENT_READ)
-        self.resting_until = 0.0
-        self.dropped, self.last_warned, self.stopping = 0, -WARN_EVERY, False
-        self.thread = threading.Thread(target=self._run, name="vmdisktouch-metrics",
-                                       daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.stopping = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self.thread.join(timeout=5)
-        for sock in list(self.conns):
-            self._drop(sock)
-        self.sel.close()
-        for sock in (self.sock, self._wake_r, self._wake_w):
-            sock.close()
-
-    # -- the loop ------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception:          # noqa: BLE001 - said once; the daemon goes on without it
-            log.exception("metrics_listen: the endpoint stopped")
-
-    def _loop(self) -> None:
-        while not self.stopping:
-            now = time.monotonic()
-            if self.resting_until and now >= self.resting_until:
-                self.resting_until = 0.0
-                self.sel.register(self.sock, selectors.EVENT_READ)
-            wake = [c.deadline for c in self.conns.values()]
-            if self.resting_until:
-                wake.append(self.resting_until)
-            timeout = max(0.0, min(wake) - now) if wake else None
-            for key, _mask in self.sel.select(timeout):
-                if key.fileobj is self.sock:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    return
-                elif key.fileobj in self.conns:
-                    self._serve(key.fileobj)
-            now = time.monotonic()
-            for sock in [s for s, c in self.conns.items() if c.deadline <= now]:
-                self._drop(sock, counted=True)
-
-    def _accept(self) -> None:
-        for _ in range(ACCEPT_BURST):
+        if self.path:
             try:
-                sock, _addr = self.sock.accept()
-            except BlockingIOError:
-                return
+                remove_textfile(self.path, self.outputs.protected)
             except OSError as exc:
-                if exc.errno == errno.ECONNABORTED:
-                    continue
-                self.sel.unregister(self.sock)    # no descriptor (or memory): rest, never spin
-                self.resting_until = time.monotonic() + ACCEPT_REST
-                self._warn(f"cannot accept a connection ({exc.strerror or exc})")
-                return
-            if len(self.conns) >= MAX_CONNECTIONS:
-                reading = [s for s, c in self.conns.items() if c.outbox is None]
-                if not reading:
-                    sock.close()
-                    self._count_drop()
-                    continue
-                self._drop(reading[0], counted=True)   # the oldest (dicts keep the order)
-            sock.setblocking(False)
-            self.conns[sock] = _Conn(sock, time.monotonic() + REQUEST_SECONDS)
-            self.sel.register(sock, selectors.EVENT_READ)
+                log.warning("cannot remove --metrics-file %s: %s; node_exporter shows its "
+                            "last figures until it is removed", self.path, exc.strerror or exc)
 
-    def _serve(self, sock: socket.socket) -> None:
-        conn = self.conns[sock]
+
+def remove_textfile(path: str, protected: list) -> bool:
+    """Remove ``path`` when it is a metrics file vmdisktouch writes: a regular file (not
+    a link: never followed), starting ``# HELP ``, none of ``protected``; True if removed.
+
+    Every step works in the directory ``files.open_dir`` opened (never reached through
+    a link another user could change), as ``atomic`` writes there: the name is checked
+    (``lstat``) before the file is opened (a device node or a FIFO is never opened), the
+    file opened must be the one checked, and the name must still be it just before the
+    unlink. An unlink never writes a file: at worst it drops one name of it.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+        dfd = files.open_dir(directory)
+    except FileNotFoundError:
+        return False                       # the file went with its directory
+    try:
         try:
-            if conn.outbox is None:
-                data = sock.recv(4096)
-                if not data:
-                    return self._drop(sock)
-                conn.inbox += data
-                end = conn.inbox.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(conn.inbox) > MAX_REQUEST:
-                        self._respond(conn, "431 Request Header Fields Too Large", b"", [])
-                    return
-                self._answer(conn, conn.inbox[:end].decode("latin-1"))
-            if conn.outbox:
-                conn.outbox = conn.outbox[sock.send(conn.outbox):]
-            if conn.outbox == b"":
-                self._drop(sock)
-        except BlockingIOError:
-            pass
-        except OSError:
-            self._drop(sock)
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        why = atomic.target_problem(st) or next(
+            (f"it is {p.what}" for p in protected if p.matches(st)), None)
+        if why is None:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=dfd)
+            try:
+                magic = OUTPUT_KEYS["metrics_file"][1]
+                same = _same(os.fstat(fd), st)
+                if not same or os.read(fd, len(magic)) != magic:
+                    why = "it is not a file vmdisktouch writes"
+            finally:
+                os.close(fd)
+        if why is None and _same(os.stat(name, dir_fd=dfd, follow_symlinks=False), st):
+            os.unlink(name, dir_fd=dfd)
+            return True
+        log.warning("--metrics-file %s not removed: %s", path, why or "it was replaced")
+        return False
+    finally:
+        os.close(dfd)
 
-    def _answer(self, conn: _Conn, head: str) -> None:
-        method = head.split(" ", 1)[0]
-        if method not in ("GET", "HEAD"):
-            return self._respond(conn, "405 Method Not Allowed", b"", ["Allow: GET, HEAD"])
-        try:
-            body, headers = self.render(head)
-        except Exception as exc:    # noqa: BLE001 - a scrape never ends the endpoint
-            log.warning("metrics_listen: cannot render the metrics: %s", exc)
-            return self._respond(conn, "500 Internal Server Error", b"", [])
-        self._respond(conn, "200 OK", b"" if method == "HEAD" else body, headers,
-                      length=len(body))
 
-    def _respond(self, conn: _Conn, status: str, body: bytes, headers: list[str],
-                 length: int | None = None) -> None:
-        head = [f"HTTP/1.1 {status}", *headers,
-                f"Content-Length: {len(body) if length is None else length}",
-                "Connection: close", "", ""]
-        conn.outbox = "\r\n".join(head).encode("latin-1") + body
-        conn.deadline = time.monotonic() + SEND_SECONDS
-        self.sel.modify(conn.sock, selectors.EVENT_WRITE)
-
-    def _drop(self, sock: socket.socket, counted: bool = False) -> None:
-        self.conns.pop(sock, None)
-        try:
-            self.sel.unregister(sock)
-        except (KeyError, ValueError):
-            pass
-        sock.close()
-        if counted:
-            self._count_drop()
-
-    def _count_drop(self) -> None:
-        self.dropped += 1
-        self._warn("connections dropped (over the cap of "
-                   f"{MAX_CONNECTIONS} at once, or idle or slow past their deadline)")
-
-    def _warn(self, what: str) -> None:
-        now = time.monotonic()
-        if now - self.last_warned >= WARN_EVERY:
-            log.warning("metrics_listen: %s; %d dropped so far", what, self.dropped)
-            self.last_warned = now
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
