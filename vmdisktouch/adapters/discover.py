@@ -1,15 +1,19 @@
 """``vmdisktouch discover``: list every libvirt domain's disks and whether each can be held.
 
-For each disk: the domain and its state, the target, the source path, file or
-block, the format, the cache and io modes, eligible yes/no with the reason,
-the systemd unit to enable and whether it is enabled and running (and
-whether the host service, which serves every eligible disk, is). Empty
-removable drives (a CD-ROM with no medium) are left out, with a count.
-``--eligible`` lists only the disks vmdisktouch can help. ``--json`` prints
-a JSON array with one object per disk (keys: see ``libvirt_disks.Disk``; at
-least ``domain``, ``state``, ``target``, ``source``, ``type``, ``format``,
-``cache``, ``io``, ``eligible``, ``reason`` and ``unit``, plus
-``unit_enabled`` and ``unit_active``).
+The human listing opens with the recommended way to serve them: the host
+service ``vmdisktouch.service`` (``run --libvirt``: every eligible disk of
+every running domain under one budget, ``max_hold`` in
+``/etc/vmdisktouch/host.toml``), how to enable it, or its state once it runs.
+Then, for each disk: the domain and its state, the target, the source path,
+file or block, the format, the cache and io modes, eligible yes/no with the
+reason, and the per-disk unit with its state (enabled, running): the
+alternative, a footnote says how to enable one. Empty removable drives (a
+CD-ROM with no medium) are left out, with a count. ``--eligible`` lists only
+the disks vmdisktouch can help. ``--json`` prints a JSON array with one
+object per disk (keys: see ``libvirt_disks.Disk``; at least ``domain``,
+``state``, ``target``, ``source``, ``type``, ``format``, ``cache``, ``io``,
+``eligible``, ``reason`` and ``unit``, plus ``unit_enabled`` and
+``unit_active``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import subprocess
 from vmdisktouch.adapters.libvirt_disks import Disk
 
 HOST_UNIT = "vmdisktouch.service"
+HOST_CONFIG = "/etc/vmdisktouch/host.toml"
+DISK_CONFIG = "/etc/vmdisktouch/default.toml"
 COLUMNS = ("DOMAIN", "STATE", "TARGET", "TYPE", "FORMAT", "CACHE", "IO", "ELIGIBLE", "SOURCE")
 
 
@@ -49,9 +55,19 @@ def _row(d: Disk) -> tuple[str, ...]:
             "yes" if d.eligible else "no", d.source or "-")
 
 
+def host_line(state: tuple[str, str] | None) -> str:
+    """The host service first: its state once it runs, else how to enable it."""
+    if state is not None and state[1] in ("active", "reloading"):
+        return (f"host service {HOST_UNIT}: {state[0]}, {state[1]} (it serves every eligible "
+                "disk of every running domain, under one budget)")
+    return (f"recommended: set max_hold in {HOST_CONFIG}, then systemctl enable --now "
+            f"{HOST_UNIT}" + (f"  (now {state[0]}, {state[1]})" if state else ""))
+
+
 def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0) -> str:
-    """The human listing: a table, and under each disk its reason, its unit and the
-    unit's state; the count of empty drives left out."""
+    """The human listing: the host service's line (when a disk is eligible), a table,
+    and under each disk its reason and its per-disk unit with the unit's state; the
+    count of empty drives left out."""
     states = states or {}
     rows = [COLUMNS] + [_row(d) for d in disks]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
@@ -59,22 +75,21 @@ def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0) 
     def line(r):
         return "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
 
-    out = [line(COLUMNS).rstrip()]
+    out = []
+    if any(d.eligible for d in disks):
+        out += [host_line(states.get(HOST_UNIT)), ""]
+    out.append(line(COLUMNS).rstrip())
     for d, r in zip(disks, rows[1:]):
         out.append(line(r).rstrip())
         out.append(f"    {'why' if d.eligible else 'why not'}: {d.reason}")
         if d.eligible and d.unit:
-            if d.unit in states:
-                enabled, active = states[d.unit]
-                out.append(f"    unit: {d.unit} ({enabled}, {active})")
-            if states.get(d.unit, ("", ""))[1] != "active":
-                out.append(f"    enable: systemctl enable --now '{d.unit}'")
-    host = states.get(HOST_UNIT)
-    if host is not None and any(d.eligible for d in disks):
+            state = f" ({states[d.unit][0]}, {states[d.unit][1]})" if d.unit in states else ""
+            out.append(f"    per-disk unit: {d.unit}{state}")
+    if any(d.eligible and d.unit for d in disks):
         out.append("")
-        out.append(f"host service {HOST_UNIT}: {host[0]}, {host[1]}"
-                   + (" (it serves every eligible disk of a running domain)"
-                      if host[1] == "active" else ""))
+        out.append("per-disk unit: the alternative, for a disk outside libvirt (max_hold in "
+                   f"{DISK_CONFIG}, then systemctl enable --now 'UNIT'); never with the host "
+                   "service for one image")
     if empty:
         out.append("")
         out.append(f"{empty} empty removable drive{'s' if empty != 1 else ''} (no medium) "

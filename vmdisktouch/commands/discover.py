@@ -16,8 +16,11 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "List every libvirt domain (running or not) and its disks: source, type, format, "
         "cache and io modes, whether vmdisktouch can help it (disks opened with O_DIRECT, "
-        "i.e. cache=none/directsync or io=native, cannot be helped), and the systemd unit "
-        "to enable for it.")
+        "i.e. cache=none/directsync or io=native, cannot be helped) and its per-disk "
+        "systemd unit. The recommended way to serve them is the host service: set max_hold "
+        "in /etc/vmdisktouch/host.toml, then systemctl enable --now vmdisktouch.service "
+        "(every eligible disk of every running domain, under one budget); a per-disk unit "
+        "is the alternative, for a disk outside libvirt.")
     parser.add_argument("--uri", default=DEFAULT_URI,
                         help=f"libvirt connection URI (default: {DEFAULT_URI})")
     parser.add_argument("--json", action="store_true",
