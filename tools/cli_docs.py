@@ -21,21 +21,22 @@ COMPLETION = os.path.join(ROOT, "completions", "vmdisktouch.bash")
 
 EXTRA = r"""
 .SH EXIT STATUS
+The same for every command (docs/exit\-codes.md says where each comes from).
 .TP
 \fB0\fR
 success; \fBrun\fR: stopped by SIGTERM or SIGINT, all holds released
 .TP
 \fB1\fR
-a failure (\fBsnapshot\fR: an image could not be read; \fBrun\fR: too many failed cycles in a row)
+a failure at run time (\fBrun\fR: too many failed cycles in a row; \fBsnapshot\fR: a scan failed; \fBdiscover\fR: libvirt unreachable; standard output closed)
 .TP
 \fB2\fR
-a usage error
+a usage error: an unknown option, a missing or extra argument, options that exclude each other; \fBsnapshot \-\-png\fR with several PATHs; a \fBunit\-name\fR PATH with no unit name
 .TP
 \fB3\fR
 \fBstatus\fR: no daemon is live (no status file, or every one stale), as \fBsystemctl is\-active\fR says
 .TP
 \fB66\fR
-a disk image or path that does not exist or cannot be opened
+a disk image that does not exist, cannot be opened, or whose residency the kernel hides from this user (\fBsnapshot\fR as neither its owner nor a writer); \fBstatus\fR: the directory, or no status file serving PATH
 .TP
 \fB70\fR
 an internal error (a bug: rerun with \-\-debug)
@@ -44,7 +45,7 @@ an internal error (a bug: rerun with \-\-debug)
 the disk image went away or was replaced while served
 .TP
 \fB78\fR
-a configuration error: a bad setting, config file or output path
+a refused setup: a bad value of a setting, given as a flag of any command or in the config file; the config file; an output path; the lock limit
 .SH FILES
 .TP
 \fI/etc/vmdisktouch/host.toml\fR

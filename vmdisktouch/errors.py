@@ -5,19 +5,34 @@ complete one-line message, fit to print after ``vmdisktouch: ``; the CLI
 prints it and exits with the class's ``exit_code``, without a traceback
 unless ``--debug`` is given.
 
-Exit codes (sysexits.h), chosen so that systemd can tell what a restart can
-fix (``RestartPreventExitStatus=`` in the unit lists 2, 66 and 78):
+Exit codes (sysexits.h), one table for every subcommand (docs/exit-codes.md
+says where each comes from, per subcommand), chosen so that systemd can tell
+what a restart can fix (``RestartPreventExitStatus=`` in the unit lists 2, 66
+and 78):
 
 ==  ===========  ============================================================
- 1  EX_ERROR     a failure at run time (too many failed cycles in a row)
- 2  EX_USAGE     bad command line (argparse)
-66  EX_NOINPUT   the image cannot be opened: missing, unreadable, not an image
+ 1  EX_ERROR     a failure at run time: too many failed cycles in a row, a
+                 scan that failed, libvirt unreachable, output cut (a pipe)
+ 2  EX_USAGE     the shape of the command line: an unknown option, a missing
+                 or extra argument, options that exclude each other (argparse,
+                 one line; ``UsageError``)
+ 3  (status)     ``status`` only: no daemon is live (``systemctl is-active``)
+66  EX_NOINPUT   an input cannot be used: the image missing, unreadable, not
+                 an image, or its residency hidden from this process; the
+                 status directory, or no status file serving a PATH
 70  EX_SOFTWARE  internal error: a bug; no input may lead here
 75  EX_TEMPFAIL  the image was deleted or replaced while served: a restart
                  serves whatever the path names then (a deleted one ends in 66)
-78  EX_CONFIG    a setting, the config file, an output path, the lock limit
-                 or libvirt's cache mode forbids the start: fix the setup
+78  EX_CONFIG    refused setup: a setting's value, wherever it is given (a
+                 flag of any subcommand, the config file, the unit), settings
+                 together or against the host, the config file itself, an
+                 output path, the lock limit, the image lock or libvirt's
+                 cache mode
 ==  ===========  ============================================================
+
+The rule for a bad value: every setting is checked by one parser
+(``settings.parse_value``), so a bad value is 78 wherever it is given; 2 is
+only for what argparse checks about the line's shape.
 """
 
 from __future__ import annotations
@@ -42,7 +57,9 @@ class VmdtError(Exception):
 
 
 class UsageError(VmdtError):
-    """A command line argparse accepts but that makes no sense (exit 2, as argparse's)."""
+    """A command line argparse accepts but that makes no sense (exit 2, as argparse's):
+    ``run`` with no PATH or --libvirt, ``snapshot --png`` with several PATHs, a
+    ``unit-name`` PATH that has no unit name."""
 
     exit_code = EX_USAGE
 

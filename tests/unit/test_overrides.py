@@ -25,7 +25,6 @@ def test_a_disk_takes_its_domain_s_keys_then_its_own():
     ({"db": {"weight": True}}, ["weight"]),
     ({"db": {"vda": {"cap": "lots"}}}, ["[domain.db.vda]", "cap"]),
     ({"db": {"exclude": "yes"}}, ["exclude", "true or false"]),
-    ({"db": {"wieght": 2}}, ["unknown key 'wieght'"]),
     ({"db": 3}, ["[domain.db]", "table"]),
     ([1], ["domain", "table"]),
 ])
@@ -36,6 +35,29 @@ def test_a_bad_value_names_the_file_and_the_key(data, words):
     assert msg.startswith("host.toml: ") and "\n" not in msg
     for w in words:
         assert w in msg, msg
+
+
+def test_a_mistyped_key_is_a_warning_as_at_the_top_of_the_file(tmp_path):
+    """Issue 34: `wieght` in [domain.db] is treated as `min_fre` at the top: a warning
+    naming the table and the key, the key ignored, the rest of the table kept."""
+    warnings: list[str] = []
+    o = overrides.parse({"db": {"wieght": 2, "cap": "1G", "vdb": {"exlude": True}}},
+                        "host.toml", warnings)
+    assert o[("db", None)] == {"cap": GiB} and o[("db", "vdb")] == {}
+    assert sorted(warnings) == [
+        "host.toml: [domain.db.vdb]: unknown key 'exlude' (did you mean 'exclude'?); ignored",
+        "host.toml: [domain.db]: unknown key 'wieght' (did you mean 'weight'?); ignored"]
+    path = tmp_path / "host.toml"
+    path.write_text('max_hold = "1G"\nmin_fre = "2G"\n[domain.db]\nwieght = 2\n')
+    values, warnings = configfile.load(str(path))
+    assert values == {"max_hold": "1G"} and len(warnings) == 2
+    assert "unknown key 'min_fre'" in warnings[0] and "[domain.db]: unknown key 'wieght'" \
+        in warnings[1]
+    many = {f"d{i}": {"wieght": 1} for i in range(9)}
+    warnings = []
+    overrides.parse(many, "host.toml", warnings)
+    assert len(warnings) == 6 and warnings[-1] == (
+        "host.toml: unknown keys in 4 more [domain...] tables; ignored")
 
 
 def test_the_config_file_checks_them_and_does_not_call_them_unknown(tmp_path):

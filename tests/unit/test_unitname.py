@@ -185,5 +185,5 @@ def test_cli_unit_name():
     assert r.stdout == expected.stdout.decode()
     r = subprocess.run([sys.executable, "-m", "vmdisktouch", "unit-name", "/a/../b"],
                        capture_output=True, text=True, check=False)
-    assert r.returncode == 78                     # errors.EX_CONFIG: a path it cannot name
+    assert r.returncode == 2                      # errors.EX_USAGE: a path it cannot name
     assert r.stderr.startswith("vmdisktouch: ") and "Traceback" not in r.stderr

@@ -2,10 +2,13 @@
 
 Each subcommand module exposes ``set_argparser(parser)`` and ``main(args) ->
 int``. This module is the single place that turns exceptions into a one-line
-message and an exit status: a ``VmdtError`` prints ``vmdisktouch: <message>``
-and exits with its class's code (``errors``: 1, 66, 75 or 78); anything
-unexpected is a bug, printed as a one-line internal error with exit 70;
-``--debug`` re-raises so the traceback is shown.
+message and an exit status, the same for every subcommand (the table:
+docs/exit-codes.md): a ``VmdtError`` prints ``vmdisktouch: <message>`` and
+exits with its class's code (``errors``: 1, 2, 66, 75 or 78); a command line
+argparse refuses is one line too, exit 2, never a page of usage
+(``Parser.error``); a closed standard output (``| head``) is one line, exit
+1; anything unexpected is a bug, printed as a one-line internal error with
+exit 70; ``--debug`` re-raises so the traceback is shown.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 
 from vmdisktouch import __version__
@@ -34,8 +38,28 @@ EXIT_USAGE = EX_USAGE
 EXIT_INTERNAL = EX_SOFTWARE
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a refused command line said in one line (exit 2, as argparse's).
+
+    A value that starts with ``-`` and a digit (``--max-hold -1M``, ``--interval -5``)
+    is taken as the option's value, so the value's own check says what is wrong with
+    it, rather than "expected one argument": no option of vmdisktouch starts with a
+    digit. The subcommands' parsers are of this class too (``add_subparsers``).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d")
+
+    def error(self, message: str):
+        command = self.prog.partition(" ")[2]
+        where = f"{command}: " if command else ""
+        _fatal(f"{where}{message} (see: {self.prog} --help)")
+        sys.exit(EX_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vmdisktouch",
         description="Keep the hot parts of QEMU/KVM disk images in the host page cache.")
     parser.add_argument("--version", action="version", version=f"vmdisktouch {__version__}")
@@ -56,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args._main(args) or 0)
+        code = int(args._main(args) or 0)
+        sys.stdout.flush()        # a closed pipe is seen here, not at the interpreter's exit
+        return code
     except VmdtError as exc:
         if args.debug:
             raise
@@ -65,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        # the reader went away (``| head``): nothing more can be printed; the
+        # interpreter must not try to flush stdout again at exit (a second message)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        _fatal("standard output closed (broken pipe): output cut short")
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - the one place that hides tracebacks
         if args.debug:

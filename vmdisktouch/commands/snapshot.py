@@ -14,7 +14,25 @@ The formatting functions (``build_record``, ``format_summary``,
 ``format_json``) are pure: they take values and return dicts and strings.
 ``main`` is the only function here that opens files, reads the clock or
 prints. A bad PATH gives one ``vmdisktouch: <message>`` line on stderr; the
-other PATHs are still reported, and the exit status is 1.
+other PATHs are still reported, and the exit status is that of the first
+PATH that failed (docs/exit-codes.md): 66 for an image that is missing,
+unusable, or whose residency this process cannot see (below), 78 for a
+``--png`` that cannot be written, 1 for a scan that failed.
+
+The map's settings (``--block-size``, ``--blocks-per-pixel``, ``--width``,
+``--scale``) are the settings of ``run`` of the same names, checked by the
+same parsers (``settings.parse_value``): a bad value is exit 78 naming the
+option, as ``run`` says it, never a different bound or code here.
+
+Not the owner, and no write access: refused, never a number. Since Linux
+5.2 (mm/mincore.c, ``can_do_mincore``) ``mincore`` answers "resident" for
+every page of a file the caller neither owns (nor has CAP_FOWNER for) nor
+may open for writing, and ``cachestat`` refuses such a file (EPERM), so a
+scan would report 100 % whatever is cached (``residency.residency_hidden``).
+A note under such a number would still leave the number in a script's
+``--json``; a report with no number would be a success that says nothing.
+So the PATH is refused (66, one line saying why and what to do: run as its
+owner or as root), like any other image this process cannot use.
 
 Nothing is ever written to an image: it is opened ``O_RDONLY`` (plus
 ``O_NOATIME``), mapped ``PROT_READ`` only for ``mincore``, and never read
@@ -28,42 +46,28 @@ import json
 import sys
 import time
 
+from vmdisktouch.config import settings
 from vmdisktouch.system import residency
-from vmdisktouch.errors import ConfigError, VmdtError
+from vmdisktouch.errors import ConfigError, ImageError, UsageError, VmdtError
 from vmdisktouch.system.image import open_image
-from vmdisktouch.sizes import format_size, parse_size
+from vmdisktouch.sizes import format_size
 
 QCOW2_NOTE = ("qcow2 image: offsets are host-file offsets, not guest offsets "
               "(the qcow2 layer maps guest blocks to clusters of the file)")
-PARTIAL_NOTE = ("no write access to the image: mincore/cachestat report only this "
-                "process's own mappings, so counts may be too low (run as root)")
+HIDDEN = ("cannot see its residency: Linux reports every page of a file as cached to a "
+          "process that neither owns it nor may write it (mincore(2)); run as its owner "
+          "or as root")
 LABEL_WIDTH = 16
 
 EXIT_OK = 0
-EXIT_FAILED = 1
 
 
 # ---------------------------------------------------------------------------
 # Argument parsing
 
 
-def _block_size(text: str) -> int:
-    try:
-        size = parse_size(text)
-        residency.validate_block_size(size)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return size
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
-    return value
+# The map's settings: ``run``'s settings of the same names, parsed as ``run`` parses them.
+MAP_SETTINGS = ("block_size", "blocks_per_pixel", "width", "scale")
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +77,8 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help="print a JSON array with one object per image that could be read "
                              "(keys: path, size_bytes, page_size, total_pages, resident_pages, "
                              "block_size, scan_seconds, resident_ranges, kind, format, "
-                             "used_cachestat, partial_view, note)")
+                             "used_cachestat, partial_view (always false: an image whose residency "
+                             "the kernel hides from this process is refused), note)")
     parser.add_argument("--png", metavar="FILE",
                         help="also write the block map of the image as a PNG, replaced "
                              "atomically, with a header, an offset axis and a legend (green "
@@ -81,15 +86,14 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                              "none, grey checkerboard = a hole of a sparse file). Needs "
                              "exactly one PATH: one map per file, no naming rule to guess")
     layout = parser.add_mutually_exclusive_group()
-    layout.add_argument("--blocks-per-pixel", type=_positive_int, metavar="N",
+    layout.add_argument("--blocks-per-pixel", metavar="N",
                         help="blocks covered by each pixel of the PNG")
-    layout.add_argument("--width", type=_positive_int, metavar="W",
+    layout.add_argument("--width", metavar="W",
                         help="map pixels per row of the PNG; blocks per pixel chosen to fit")
-    parser.add_argument("--scale", type=_positive_int, metavar="K",
+    parser.add_argument("--scale", metavar="K",
                         help="draw each map pixel as a K x K square (default: the smallest "
                              "factor that makes the map at least 512 pixels wide)")
-    parser.add_argument("--block-size", type=_block_size, default=residency.DEFAULT_BLOCK_SIZE,
-                        metavar="SIZE",
+    parser.add_argument("--block-size", metavar="SIZE",
                         help="bytes per block of the map, a multiple of the page size "
                              "(default 1M; see residency.py for why)")
 
@@ -104,8 +108,6 @@ def build_record(*, path: str, kind: str, fmt: str, res: residency.Residency,
     notes = []
     if fmt == "qcow2":
         notes.append(QCOW2_NOTE)
-    if res.partial_view:
-        notes.append(PARTIAL_NOTE)
     return {
         "path": path,
         "size_bytes": res.size_bytes,
@@ -180,8 +182,11 @@ def format_png_line(path: str, width: int, height: int, blocks_per_pixel: int) -
 
 
 def _scan_one(path: str, block_size: int, want_ranges: bool, want_holes: bool = False):
-    """(record, residency, holes per block or None) of one image."""
+    """(record, residency, holes per block or None) of one image; an ``ImageError`` when
+    the kernel hides its residency from this process (the module docstring)."""
     with open_image(path) as img:
+        if residency.residency_hidden(img.fd):
+            raise ImageError(f"{path}: {HIDDEN}")
         t0 = time.perf_counter()
         res = residency.scan(img.fd, img.size, block_size, want_ranges=want_ranges)
         seconds = time.perf_counter() - t0
@@ -226,13 +231,23 @@ def _check_png_path(png: str, image_path: str) -> None:
         raise ConfigError(f"refusing --png {png}: {problem}")
 
 
+def map_settings(args) -> None:
+    """Parse the map's flags in place as ``run`` parses its settings; ConfigError (78)."""
+    for key in MAP_SETTINGS:
+        setting = settings.BY_KEY[key]
+        raw = getattr(args, key)
+        setattr(args, key, setting.default if raw is None
+                else settings.parse_value(setting, raw, f"option {setting.flag}"))
+
+
 def main(args) -> int:
     if args.png is not None and len(args.paths) != 1:
-        raise ConfigError(f"--png needs exactly one PATH (got {len(args.paths)})")
+        raise UsageError(f"--png needs exactly one PATH (got {len(args.paths)})")
+    map_settings(args)
     if args.png is not None:
         _check_png_path(args.png, args.paths[0])
     records: list[dict] = []
-    failed = False
+    status = EXIT_OK
     for path in args.paths:
         try:
             record, res, holes = _scan_one(path, args.block_size, want_ranges=args.json,
@@ -241,7 +256,7 @@ def main(args) -> int:
                         if args.png is not None else None)
         except VmdtError as exc:
             print(f"vmdisktouch: {exc}", file=sys.stderr, flush=True)
-            failed = True
+            status = status or exc.exit_code          # the first failure's
             continue
         records.append(record)
         if not args.json:
@@ -251,4 +266,4 @@ def main(args) -> int:
             sys.stdout.flush()
     if args.json:
         sys.stdout.write(format_json(records))
-    return EXIT_FAILED if failed else EXIT_OK
+    return status

@@ -1,11 +1,16 @@
-"""``vmdisktouch unit-name PATH``: the systemd unit that keeps PATH warm (``unitname``)."""
+"""``vmdisktouch unit-name PATH``: the systemd unit that keeps PATH warm (``unitname``).
+
+A PATH that has no unit name (empty, a NUL byte, a ``..`` component, a name
+longer than systemd allows) is a bad command line: exit 2, one line
+(docs/exit-codes.md); nothing is printed for the PATHs before it.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from vmdisktouch.errors import ConfigError, UsageError
 from vmdisktouch.unitname import escape_path, unit_name
-
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +28,9 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    for path in args.paths:
-        print(escape_path(path) if args.instance else unit_name(path))
+    try:
+        names = [escape_path(p) if args.instance else unit_name(p) for p in args.paths]
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    print("\n".join(names))
     return 0

@@ -14,7 +14,12 @@ which overrides the defaults (``settings.resolve``).
 
 * Unknown keys are one warning line (naming the file, how many, and the
   first few with the closest known key), so a typo does not stop a daemon,
-  but is seen in the journal.
+  but is seen in the journal and in ``vmdisktouch config --check``. The
+  same holds inside the ``[domain.NAME]`` tables (``overrides``): one line
+  per table with unknown keys, naming the table. A mistyped key is never a
+  refusal: a key a newer version added (a rollback), or an older one
+  dropped (an upgrade), must not stop the daemon, as systemd's own unit
+  files warn and go on. A known key with a bad value is a refusal.
 * A TOML syntax error, an unreadable file, a file that is not a regular
   file (a directory, FIFO, device...) or is larger than
   ``MAX_CONFIG_BYTES`` (1 MiB), or a bad value is a ``ConfigError`` naming
@@ -66,15 +71,17 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
     ``values`` holds the known keys with their raw TOML values (parsed again
     by ``settings.resolve``); every one has been checked with the setting's
     parser, so a bad value fails here even if the command line overrides it.
-    ``warnings`` has at most one line, naming the unknown keys. Only a
+    ``warnings`` has one line naming the unknown keys at the top level, then
+    one per ``[domain...]`` table with unknown keys (``overrides.parse``). Only a
     regular file of at most ``MAX_CONFIG_BYTES`` is read (``configread``).
     """
     data = configread.parse_toml(path, configread.read_text(path))
     values: dict[str, Any] = {}
     unknown: list[str] = []
+    table_warnings: list[str] = []
     for key, value in data.items():
         if key == overrides.TABLE:          # the host service's per-domain settings
-            overrides.parse(value, path)
+            overrides.parse(value, path, table_warnings)
             continue
         setting = BY_KEY.get(key)
         if setting is None:
@@ -83,7 +90,7 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
         settings.parse_value(setting, value, _where(path, key))
         values[key] = value
     warnings = [configread.unknown_keys_warning(path, unknown, BY_KEY)] if unknown else []
-    return values, warnings
+    return values, warnings + table_warnings
 
 
 def load_overrides(path: str | None) -> overrides.Overrides:

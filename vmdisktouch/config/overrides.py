@@ -16,8 +16,12 @@ the config file says so by domain name and disk target::
 ranking heat, so a region of it outranks an equally hot region elsewhere.
 ``cap``: a size, the most the disk may hold of the budget. ``exclude``
 and ``carry_heat`` (``adapters.domain_heat``; unset: the daemon's
-``carry_heat``): true or false. A bad value or an unknown key stops the start (and is what
-``vmdisktouch config --check`` reports), with the file and the key named.
+``carry_heat``): true or false. A bad value stops the start (exit 78; at a
+reload, the current settings are kept), with the file and the key named. An
+unknown key is treated as one at the top of the file is (``configfile.load``):
+a warning naming the table and the key, with the closest known key, and
+ignored, so a mistyped key never stops a daemon but is seen in the journal and
+in ``vmdisktouch config --check``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vmdisktouch.config import read as configread
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.sizes import parse_size
 
@@ -44,8 +49,22 @@ class Override:
 Overrides = dict[tuple[str, "str | None"], dict[str, Any]]   # (domain, target or None) ->
 
 
-def parse(data: Any, path: str) -> Overrides:
-    """The ``[domain...]`` table of a config file, checked; ConfigError names the key."""
+def parse(data: Any, path: str, warnings: list[str] | None = None) -> Overrides:
+    """The ``[domain...]`` table of a config file, checked; ConfigError names the key.
+    Unknown keys are ignored; with ``warnings``, one line is appended per table that
+    has some (at most ``configread.SHOWN_UNKNOWN_KEYS`` lines, then one line more)."""
+    unknown: list[tuple[str, list[str]]] = []
+    out = _parse(data, path, unknown)
+    if warnings is not None and unknown:
+        shown = unknown[:configread.SHOWN_UNKNOWN_KEYS]
+        warnings += [configread.unknown_keys_warning(where, keys, KEYS) for where, keys in shown]
+        if len(unknown) > len(shown):
+            warnings.append(f"{path}: unknown keys in {len(unknown) - len(shown)} more "
+                            f"[{TABLE}...] tables; ignored")
+    return out
+
+
+def _parse(data: Any, path: str, unknown: list[tuple[str, list[str]]]) -> Overrides:
     out: Overrides = {}
     if data is None:
         return out
@@ -59,15 +78,17 @@ def parse(data: Any, path: str) -> Overrides:
         own = {}
         for key, value in table.items():
             if isinstance(value, dict):
-                out[(domain, key)] = _keys(value, f"{path}: [{TABLE}.{domain}.{key}]")
+                out[(domain, key)] = _keys(value, f"{path}: [{TABLE}.{domain}.{key}]",
+                                           unknown)
             else:
                 own[key] = value
-        out[(domain, None)] = _keys(own, where)
+        out[(domain, None)] = _keys(own, where, unknown)
     return out
 
 
-def _keys(table: dict, where: str) -> dict[str, Any]:
+def _keys(table: dict, where: str, unknown: list[tuple[str, list[str]]]) -> dict[str, Any]:
     got: dict[str, Any] = {}
+    mistyped: list[str] = []
     for key, value in table.items():
         if key == "weight":
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
@@ -85,8 +106,9 @@ def _keys(table: dict, where: str) -> dict[str, Any]:
                 raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
             got[key] = value
         else:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)}; a "
-                              "table is a disk target)")
+            mistyped.append(key)               # a table would be a disk target
+    if mistyped:
+        unknown.append((where, mistyped))
     return got
 
 

@@ -26,9 +26,15 @@ Without ``cachestat`` (older kernel, or EPERM on a file the caller may not
 write) the scanner falls back to ``mincore`` over the whole image in
 ``CHUNK_BYTES`` windows: same result, slower, same bounded memory.
 
-Caveat (mincore(2), Linux >= 5.2): for a file the caller may not write,
-mincore reports only the caller's own mappings. ``scan`` sets
-``Residency.partial_view`` so callers can warn.
+Caveat (Linux >= 5.2, mm/mincore.c ``can_do_mincore``): to a process that
+neither owns the file (``inode_owner_or_capable``: its fsuid is the file's
+owner, or it has CAP_FOWNER) nor may open it for writing
+(``file_permission(MAY_WRITE)``: the mode bits and ACLs, or
+CAP_DAC_OVERRIDE), mincore reports **every** page as resident, cached or
+not, and cachestat refuses the file (EPERM, which falls back to mincore).
+The counts are then too high (100 %), not too low. ``residency_hidden``
+applies that rule; ``scan`` sets ``Residency.partial_view`` from it, so a
+caller refuses the numbers (``vmdisktouch snapshot`` refuses the image).
 
 Why 1 MiB blocks by default: a block is the unit of heat, hold and checksum.
 1 MiB is the extent size guest filesystems allocate in (ext4/XFS groups
@@ -69,7 +75,7 @@ class Residency:
     counts: np.ndarray                      # resident pages per block (uint32)
     ranges: list[tuple[int, int]] | None = None   # merged [offset, length] byte ranges
     used_cachestat: bool = False
-    partial_view: bool = False
+    partial_view: bool = False              # the kernel hid residency: counts are all 1s
 
     @property
     def nblocks(self) -> int:
@@ -173,9 +179,44 @@ class _MincoreWindow:
         return vec & 1
 
 
-def is_partial_view(fd: int) -> bool:
-    """mincore/cachestat see only our own mappings of a file we may not write (Linux >= 5.2)."""
-    return not os.access(f"/proc/self/fd/{fd}", os.W_OK) and os.geteuid() != 0
+CAP_FOWNER = 3                  # linux/capability.h
+
+
+def _has_capability(bit: int) -> bool:
+    """Whether this process has capability ``bit`` in its effective set (/proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def residency_hidden(fd: int) -> bool:
+    """True when Linux (>= 5.2) hides the page cache of ``fd``'s file from this process:
+    mincore then says every page is resident, cachestat says EPERM.
+
+    The kernel's rule (``can_do_mincore``; ``can_do_cachestat`` where the kernel has it,
+    as 6.18 does, so cachestat is EPERM and the scan falls back to mincore): the
+    answers are true when the caller owns the file (its fsuid, here its euid, is the
+    owner) or has CAP_FOWNER, or may open the file for writing. The last is asked of
+    the kernel, ``access(W_OK)`` with the effective ids through /proc/self/fd, so mode
+    bits, ACLs and CAP_DAC_OVERRIDE count as the kernel counts them. One difference,
+    on the safe side: access(2) also says no on a read-only mount of a writable file
+    system, where mincore would answer truly; such a file is called hidden.
+    """
+    try:
+        if os.fstat(fd).st_uid == os.geteuid() or _has_capability(CAP_FOWNER):
+            return False
+        effective = os.access in os.supports_effective_ids
+        return not os.access(f"/proc/self/fd/{fd}", os.W_OK, effective_ids=effective)
+    except OSError:
+        return True
+
+
+is_partial_view = residency_hidden       # the name ``residency_tracker`` uses
 
 
 NO_CACHESTAT_ENV = "VMDISKTOUCH_NO_CACHESTAT"   # "1": scan as on a kernel before 6.5
@@ -190,7 +231,7 @@ def scan(fd: int, size: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
     page = libc.PAGE_SIZE
     validate_block_size(block_size, page)
     col = Collector(size, block_size, page, want_ranges)
-    partial_view = is_partial_view(fd)
+    partial_view = residency_hidden(fd)
     if size <= 0:
         return col.result(partial_view=partial_view)
 
