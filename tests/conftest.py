@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -25,3 +28,15 @@ def loop_device_of(tmp_path):
     yield make
     for dev in made:
         subprocess.run([losetup, "-d", dev], check=True)
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-searchable directory (0755) under /var/tmp, for a test that runs a command
+    as an unprivileged user: tmp_path's parents are 0700."""
+    d = tempfile.mkdtemp(prefix="vmdt-shared-", dir="/var/tmp")
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)

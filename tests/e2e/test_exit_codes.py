@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
@@ -168,17 +166,6 @@ def test_snapshot_reports_the_good_paths_and_exits_with_the_first_failure(tmp_pa
     r = vmdt("snapshot", "--json", image, missing)
     one_line(r, errors.EX_NOINPUT, str(missing))
     assert [rec["path"] for rec in json.loads(r.stdout)] == [image]
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory nobody may traverse (tmp_path's parents are 0700)."""
-    d = tempfile.mkdtemp(prefix="vmdt-exit-", dir="/var/tmp")
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
 
 
 def snapshot_as(path, *prefix) -> subprocess.CompletedProcess:

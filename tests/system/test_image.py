@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
@@ -141,17 +139,6 @@ def test_usage_errors_are_one_line(tmp_path):
 
 # ---------------------------------------------------------------------------
 # Unreadable paths: as the unprivileged user nobody
-
-
-@pytest.fixture
-def shared_dir():
-    """A world-searchable directory (tmp_path's parents are 0700)."""
-    d = tempfile.mkdtemp(prefix="vmdt-perm-", dir="/var/tmp")
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
 
 
 def as_nobody_open_image(path):
