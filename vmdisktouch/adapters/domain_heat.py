@@ -108,15 +108,20 @@ def fingerprint(image) -> str:
     return h.hexdigest()
 
 
-def summarize(heat: np.ndarray, threshold: float, target: str, image, block_size: int,
-              now_wall: float) -> DiskHeat:
-    """The ``MAX_REGIONS`` densest runs of ``heat`` at or above ``threshold``."""
+def densest(heat: np.ndarray, threshold: float) -> tuple[tuple[int, int, float], ...]:
+    """The ``MAX_REGIONS`` densest runs of ``heat`` at or above ``threshold``, by start:
+    (start block, blocks, mean heat)."""
     runs = consecutive_runs(np.flatnonzero(heat >= threshold))
     dense = [(a, b - a, float(heat[a:b].mean())) for a, b in runs]
     dense.sort(key=lambda r: -r[2])
-    kept = sorted(dense[:MAX_REGIONS])
+    return tuple((a, n, round(h, 4)) for a, n, h in sorted(dense[:MAX_REGIONS]))
+
+
+def summarize(heat: np.ndarray, threshold: float, target: str, image, block_size: int,
+              now_wall: float) -> DiskHeat:
+    """The summary of one disk: its identity and its ``densest`` regions."""
     return DiskHeat(target, int(image.size), int(block_size), fingerprint(image), now_wall,
-                    tuple((a, n, round(h, 4)) for a, n, h in kept))
+                    densest(heat, threshold))
 
 
 def to_xml(disks: list[DiskHeat]) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 
 from vmdisktouch.adapters import domain_heat
 from vmdisktouch.adapters.domain_heat import DiskHeat
+from vmdisktouch.adapters.warm_state import Saved
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.sizes import format_size
 
@@ -44,7 +45,6 @@ def arrive(watcher, carried: DiskHeat | str | None, local_saved_at: float | None
     p = watcher.policy.params.heat
     hr = domain_heat.arrival(carried, watcher.policy.nblocks, watcher.block_size, p.decay,
                              p.threshold, now_wall)
-    from vmdisktouch.adapters.warm_state import Saved
     watcher.restore(Saved(hr, np.zeros_like(hr), [], carried.saved_at), 0.0)
     hot = int(np.count_nonzero(hr >= p.threshold))
     log.info("%s: arrived with the heat carried in the domain's metadata (written %.0f s "
@@ -79,12 +79,15 @@ class Carrier:
             last = self.written.get(domain)
             if last is not None and now - last[0] < self.interval:
                 continue
-            sums = [domain_heat.summarize(w.policy.state.total, w.config.threshold,
-                                          w.target or "?", w.image, w.block_size, self.wall())
-                    for w in ws]
-            shape = {s.target: _shape(s, w.policy.nblocks) for s, w in zip(sums, ws)}
+            regions = [domain_heat.densest(w.policy.state.total, w.config.threshold)
+                       for w in ws]
+            shape = {w.target or "?": _shape(r, w.policy.nblocks) for r, w in zip(regions, ws)}
             if not _moved(last[1] if last else None, shape):
                 continue
+            # The images are read (their fingerprints) only for a summary written.
+            sums = [DiskHeat(w.target or "?", int(w.image.size), int(w.block_size),
+                             domain_heat.fingerprint(w.image), self.wall(), r)
+                    for r, w in zip(regions, ws)]
             try:
                 if not self.watch.set_metadata(domain, domain_heat.to_xml(sums)):
                     continue                 # a job runs on it: the next cycle tries again
@@ -101,12 +104,12 @@ class Carrier:
             self.written[domain] = (now, shape)
 
 
-def _shape(s: DiskHeat, n: int) -> tuple[np.ndarray, float]:
-    """(the blocks a summary covers, its summed heat)."""
+def _shape(regions, n: int) -> tuple[np.ndarray, float]:
+    """(the blocks the regions cover, their summed heat)."""
     m = np.zeros(n, dtype=bool)
-    for start, blocks, _ in s.regions:
+    for start, blocks, _ in regions:
         m[start:start + blocks] = True
-    return m, sum(blocks * h for _, blocks, h in s.regions)
+    return m, sum(blocks * h for _, blocks, h in regions)
 
 
 def _moved(last: dict | None, now: dict) -> bool:
