@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps deps39 test test39 demo bench clean
+.PHONY: deps deps39 test test39 demo deb bench clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -30,5 +30,10 @@ test39: deps39
 demo: deps
 	$(PY) -m tools.demo
 
+# The Debian package, from the tree git knows (tracked and new files, not ignored), into dist/
+# (docs/packaging.md).
+deb: deps
+	bash scripts/build-deb.sh dist
+
 clean:
-	rm -rf $(VENV) .venv39 demo-out *.egg-info build
+	rm -rf $(VENV) .venv39 demo-out *.egg-info build dist

@@ -18,6 +18,12 @@ APT_PACKAGES=(
   # tests/libvirt_env.py; no default network, so no dnsmasq), and what
   # `pip install libvirt-python` needs to build (it ships no wheels).
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
+  python3-systemd  # the journal handler with fields (docs/logging.md); systemd-journald for its test
+  prometheus-node-exporter  # its textfile collector, scraped for real (docs/metrics.md)
+  # The Debian package: built (make deb), checked by lintian, installed into a clean
+  # Debian 12 root made by mmdebstrap, and purged (tests/package, docs/packaging.md).
+  debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
+  lintian mmdebstrap piuparts fakeroot
 )
 
 missing=()
