@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 
@@ -237,8 +238,14 @@ def import_libvirt():
     try:
         import libvirt
     except ImportError:
-        raise LibvirtError("libvirt-python is not installed (pip install "
-                           "'vmdisktouch[libvirt]', or Debian's python3-libvirt)") from None
+        # Name the interpreter: Debian's python3-libvirt is importable only by
+        # /usr/bin/python3 (and venvs made from it with --system-site-packages), not by
+        # a pyenv or other python3 that comes first on PATH.
+        raise LibvirtError(
+            f"libvirt-python cannot be imported by {sys.executable} (Python "
+            f"{sys.version.split()[0]}): apt install python3-libvirt and run "
+            f"vmdisktouch with /usr/bin/python3 (a venv made from it with "
+            f"--system-site-packages), or pip install 'vmdisktouch[libvirt]'") from None
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
     return libvirt
 

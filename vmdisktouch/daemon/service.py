@@ -110,6 +110,11 @@ def membership(args, wake):
     if args.libvirt:
         if watch is None:
             raise ConfigError("--libvirt needs a libvirt URI (--uri), not ''")
+        from vmdisktouch.adapters import libvirt_disks
+        try:        # unlike an unreachable libvirtd, a module missing does not come back
+            libvirt_disks.import_libvirt()
+        except libvirt_disks.LibvirtError as exc:
+            raise ConfigError(f"--libvirt: {exc}") from None
         return RunningDomains(watch)
     return GivenPaths(args.paths, watch, args.force)
 
