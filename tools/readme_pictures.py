@@ -1,4 +1,4 @@
-"""The three PNGs of the README, from real daemons: ``python -m tools.readme_pictures``.
+"""The three PNGs of docs/reference.md, from real daemons: ``python -m tools.readme_pictures``.
 
 The map and the heat map: a 1 GiB sparse image with data in 100 MiB-400 MiB
 and 700 MiB-900 MiB (the rest is a hole); ``vmdisktouch run IMG --max-hold

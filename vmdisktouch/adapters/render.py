@@ -5,7 +5,7 @@ them. Blocks are laid out row by row, block 0 at the top left. Each pixel
 covers ``blocks_per_pixel`` consecutive blocks; pixels after the end of the
 image are padding (dark grey).
 
-Colours of the block map (documented in the README), from the Okabe-Ito
+Colours of the block map (documented in docs/reference.md), from the Okabe-Ito
 palette, which red-green colour-blind eyes tell apart, bright on a dark
 background so the daemon's own holds are the most visible colour:
 
