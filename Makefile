@@ -25,7 +25,7 @@ test39: deps39
 	  --deselect tests/unit/test_cli_docs.py::test_both_are_generated_from_the_current_parser \
 	  tests/unit tests/system \
 	  tests/e2e/test_snapshot_cli.py tests/e2e/test_status_cmd.py tests/e2e/test_metrics.py \
-	  tests/e2e/test_run_notify.py
+	  tests/e2e/test_node_exporter.py tests/e2e/test_run_notify.py
 
 demo: deps
 	$(PY) -m tools.demo

@@ -35,13 +35,15 @@ PIN
   rm -rf "$tmp"
 fi
 
+# prometheus_client: the oldest version the metrics support, Debian 12's 0.16.0
+# (python3-prometheus-client), so its tests run against it; .venv has the newest.
 stamp=.venv39/.installed
 if [[ ! -x .venv39/bin/python ]]; then
   python3.9 -m venv --without-pip .venv39
 fi
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+if [[ ! -f $stamp || pyproject.toml -nt $stamp || scripts/install-py39.sh -nt $stamp ]]; then
   [[ -x .venv/bin/uv ]] || .venv/bin/pip install -q uv
   .venv/bin/uv pip install -q --python .venv39/bin/python -e . scipy pytest pytest-timeout \
-    prometheus_client "qemu.qmp>=0.0.3"
+    "prometheus_client==0.16.0" "qemu.qmp>=0.0.3"
   touch "$stamp"
 fi

@@ -4,8 +4,23 @@ systemd is not PID 1 on the test machines, so the unit cannot be started;
 this launcher applies the same kernel mechanisms systemd would, reading the
 settings from the unit file, then execs the command::
 
-    python tests/sandbox_exec.py [--mdwe] [--mdwe-seccomp] [--seccomp] [--caps]
-                                 [--devices-cgroup NAME] [--report FILE] -- CMD...
+    python tests/sandbox_exec.py [--private-network] [--address-families] [--mdwe]
+                                 [--mdwe-seccomp] [--seccomp] [--caps]
+                                 [--devices-cgroup NAME] [--listen-fd FD:NAME]
+                                 [--report FILE] -- CMD...
+
+--private-network PrivateNetwork=yes as systemd applies it: a new network
+                  namespace (unshare(CLONE_NEWNET)) whose loopback device is
+                  brought up (systemd's loopback_setup()), so 127.0.0.1
+                  there is the namespace's own, unreachable from the host.
+--address-families
+                  RestrictAddressFamilies= (an allow-list) as systemd 252
+                  applies it (src/shared/seccomp-util.c,
+                  seccomp_restrict_address_families): socket(2) with a family
+                  not listed fails with EAFNOSUPPORT; socketpair(2) and the
+                  use of sockets already open (accept(2) on a passed one) are
+                  not filtered. Verified: socket(AF_INET) then fails,
+                  socket(AF_UNIX) works.
 
 --mdwe            MemoryDenyWriteExecute= as systemd >= 254 applies it:
                   prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN). Verified here:
@@ -31,10 +46,17 @@ settings from the unit file, then execs the command::
 --devices-cgroup NAME
                   Join /sys/fs/cgroup/devices/NAME (cgroup v1), which the
                   caller has set up with ``device_rules()``.
+--listen-fd FD:NAME
+                  Socket activation as systemd does it for a socket unit
+                  (repeatable): the inherited descriptor FD (the caller's
+                  pass_fds) becomes 3, 4, ... and LISTEN_FDS, LISTEN_FDNAMES
+                  and LISTEN_PID (this process, which the exec keeps) are set
+                  right before the exec, after everything else.
 --report FILE     Write what was applied and verified, as JSON.
 
 Any verification that fails exits 1 with a message; nothing is exec'd.
-The functions are also imported by tests/e2e/test_sandbox.py.
+The functions are also imported by tests/e2e/test_sandbox.py and
+tests/e2e/test_metrics_socket.py.
 """
 
 from __future__ import annotations
@@ -42,13 +64,16 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import fcntl
 import json
 import mmap
 import os
 import pathlib
 import re
 import shutil
+import socket
 import stat
+import struct
 import subprocess
 import sys
 
@@ -58,6 +83,9 @@ UNIT_PATH = pathlib.Path(UNIT)
 DEVICES_CGROUP = "/sys/fs/cgroup/devices"
 
 PR_CAPBSET_DROP = 24
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+SD_LISTEN_FDS_START = 3
 PR_SET_MDWE = 65
 PR_GET_MDWE = 66
 PR_MDWE_REFUSE_EXEC_GAIN = 1
@@ -71,6 +99,7 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
                        ctypes.c_int, ctypes.c_long]
 _libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.unshare.argtypes = [ctypes.c_int]
 
 
 class SandboxError(Exception):
@@ -396,11 +425,100 @@ def seccomp_mode() -> tuple[int, int]:
     return vals.get("Seccomp", 0), vals.get("Seccomp_filters", 0)
 
 
+# -- PrivateNetwork= ----------------------------------------------------------------------
+
+def private_network(settings: dict[str, list[str]]) -> dict:
+    """A new network namespace with its loopback device up, as PrivateNetwork=yes gives;
+    returns the old and new namespace (``/proc/self/ns/net``) and the loopback's flags."""
+    if settings.get("PrivateNetwork", ["no"])[-1] not in ("yes", "true", "1", "on"):
+        raise SandboxError(f"PrivateNetwork={settings.get('PrivateNetwork')}: the unit has "
+                           "no private network to emulate")
+    before = os.readlink("/proc/self/ns/net")
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        raise SandboxError(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
+    after = os.readlink("/proc/self/ns/net")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:     # before any filter
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, req))[1]
+    if after == before or not flags & IFF_UP:
+        raise SandboxError(f"no private network: namespace {before} -> {after}, "
+                           f"lo flags {flags:#x}")
+    return {"host_netns": before, "netns": after, "lo_up": True}
+
+
+# -- RestrictAddressFamilies= --------------------------------------------------------------
+
+def allowed_families(settings: dict[str, list[str]]) -> list[int]:
+    """RestrictAddressFamilies= (an allow-list) as address family numbers."""
+    names = " ".join(settings.get("RestrictAddressFamilies", [])).split()
+    if not names or any(n.startswith("~") or n == "none" for n in names):
+        raise SandboxError(f"RestrictAddressFamilies={names}: this emulation handles an "
+                           "allow-list")
+    unknown = [n for n in names if not isinstance(getattr(socket, n, None), int)]
+    if unknown:
+        raise SandboxError(f"RestrictAddressFamilies=: unknown families {unknown}")
+    return sorted({int(getattr(socket, n)) for n in names})
+
+
+def address_family_filter(allowed: list[int]):
+    """systemd 252's allow-list filter on socket(2): EAFNOSUPPORT below the first family
+    allowed, above the last, and for each one between them that is not allowed."""
+    import seccomp
+    f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    refuse = seccomp.ERRNO(errno.EAFNOSUPPORT)
+    first, last = allowed[0], allowed[-1]
+    f.add_rule_exactly(refuse, "socket", seccomp.Arg(0, seccomp.LT, first))
+    f.add_rule_exactly(refuse, "socket", seccomp.Arg(0, seccomp.GT, last))
+    for af in range(first + 1, last):
+        if af not in allowed:
+            f.add_rule_exactly(refuse, "socket", seccomp.Arg(0, seccomp.EQ, af))
+    return f
+
+
+def socket_errno(family: int) -> int:
+    """0 when a socket of ``family`` can be made, else the errno."""
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        return 0
+    except OSError as exc:
+        return exc.errno
+
+
+# -- socket activation ---------------------------------------------------------------------
+
+def pass_listen_fds(specs: list[str]) -> dict:
+    """Move each inherited ``FD:NAME`` to 3, 4, ... and set LISTEN_* for this process (the
+    exec keeps its pid), as systemd does for the sockets of a service; call last."""
+    pairs = []
+    for spec in specs:
+        fd, _, name = spec.partition(":")
+        if not fd.isdigit() or not name or ":" in name:
+            raise SandboxError(f"--listen-fd {spec}: expected FD:NAME")
+        pairs.append((int(fd), name))
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd, _ in pairs]   # out of 3..'s way
+    for i, fd in enumerate(high):
+        os.dup2(fd, SD_LISTEN_FDS_START + i)                          # inheritable
+        os.close(fd)
+    for fd, _ in pairs:
+        if fd >= SD_LISTEN_FDS_START + len(pairs):
+            os.close(fd)
+    os.environ.update(LISTEN_FDS=str(len(pairs)),
+                      LISTEN_FDNAMES=":".join(name for _, name in pairs),
+                      LISTEN_PID=str(os.getpid()))
+    return {"fds": list(range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + len(pairs))),
+            "names": [name for _, name in pairs], "pid": os.getpid()}
+
+
 # -- main ---------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--unit", default=UNIT)
+    ap.add_argument("--private-network", action="store_true")
+    ap.add_argument("--address-families", action="store_true")
+    ap.add_argument("--listen-fd", action="append", default=[], metavar="FD:NAME")
     ap.add_argument("--mdwe", action="store_true")
     ap.add_argument("--mdwe-seccomp", action="store_true")
     ap.add_argument("--seccomp", action="store_true")
@@ -416,6 +534,8 @@ def main(argv=None) -> int:
     settings = read_unit(args.unit)
     report: dict = {"pid": os.getpid()}
     try:
+        if args.private_network:           # first, as systemd: the namespaces, then the rest
+            report["private_network"] = private_network(settings)
         if args.devices_cgroup:
             report["cgroup"] = join_cgroup(args.devices_cgroup)
         if args.caps:
@@ -443,7 +563,19 @@ def main(argv=None) -> int:
             f.load()
             report["seccomp"] = {"errno": err, "denied": sorted(denied),
                                  "installed": installed}
+        if args.address_families:
+            allowed = allowed_families(settings)
+            address_family_filter(allowed).load()
+            got = {socket.AddressFamily(af).name: socket_errno(af)
+                   for af in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)}
+            if any((got[socket.AddressFamily(af).name] == 0) != (af in allowed)
+                   for af in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)) or \
+                    any(e not in (0, errno.EAFNOSUPPORT) for e in got.values()):
+                raise SandboxError(f"RestrictAddressFamilies= not in force: {got}")
+            report["address_families"] = {"allowed": allowed, "socket_errno": got}
         report["seccomp_status"] = seccomp_mode()
+        if args.listen_fd:
+            report["listen_fds"] = pass_listen_fds(args.listen_fd)
     except SandboxError as exc:
         print(f"sandbox_exec: {exc}", file=sys.stderr)
         return 1

@@ -45,6 +45,40 @@ def read_range(path, length):
             length -= len(f.read(min(length, MiB)) or b"x" * length)
 
 
+# status key -> metric: equal when the scrape and the status are of one cycle (agreeing_scrape)
+SAME_AS_STATUS = {"held_bytes": "vmdisktouch_held_bytes",
+                  "budget_bytes": "vmdisktouch_budget_bytes",
+                  "wanted_bytes": "vmdisktouch_wanted_bytes",
+                  "resident_bytes": "vmdisktouch_resident_bytes",
+                  "size_bytes": "vmdisktouch_size_bytes",
+                  "mem_available_bytes": "vmdisktouch_mem_available_bytes",
+                  "cycle_seconds": "vmdisktouch_cycle_seconds",
+                  "cycle": "vmdisktouch_cycles_total"}
+
+
+def agreeing_scrape(d: DaemonProc, scrape, disk: str, timeout: float = 30.0):
+    """(status, samples, text) of a scrape taken between two reads of the status file
+    that show the same cycle, its ``cycles_total`` that cycle: all from one cycle."""
+    deadline, text = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        before = d.read_status()
+        text = scrape()
+        after = d.read_status()
+        m = samples(text)
+        if before and after and before["cycle"] == after["cycle"] == \
+                m.get(("vmdisktouch_cycles_total", disk)):
+            return after, m, text
+        time.sleep(0.05)
+    raise AssertionError(f"no scrape agreed with the status file; last:\n{text[-3000:]}")
+
+
+def assert_the_status_values(status: dict, m: dict, disk: str) -> None:
+    for key, metric in SAME_AS_STATUS.items():
+        assert m[(metric, disk)] == status[key], (key, m[(metric, disk)], status[key])
+    assert m[("vmdisktouch_regions", disk)] == len(status["regions"])
+    assert 0 < status["held_bytes"] <= status["budget_bytes"]
+
+
 def test_endpoint_and_textfile_agree_with_the_status(tmp_path):
     img = data_image(tmp_path / "disk.raw", 32 * MiB)
     port = free_port()

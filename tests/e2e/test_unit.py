@@ -165,6 +165,9 @@ def test_hardening():
     for key, value in expected.items():
         assert one(key) == value, key
     assert "PrivateDevices" not in SERVICE      # LVM volumes are block devices
+    # node_exporter's textfile directory on Debian, for metrics_file (docs/metrics.md);
+    # '-': no error where it does not exist
+    assert "-/var/lib/prometheus/node-exporter" in SERVICE["ReadWritePaths"]
     # ... but only read: every block device, and no device writable
     assert one("DevicePolicy") == "closed"
     assert SERVICE["DeviceAllow"] == ["block-* r"]

@@ -35,17 +35,30 @@ metric, each change of holding made a new series: issue 34).
 * ``metrics_listen``: ``metrics_http.Endpoint``, a small HTTP/1.1 server on a
   loopback address, one thread and one ``selectors`` loop, bounded whatever
   its clients do (issue 31); ``render`` answers its requests.
+* a socket systemd passed as ``metrics`` (systemd/vmdisktouch-metrics.socket,
+  ``listen_fds``): the same ``Endpoint`` on it. The socket is made in the
+  host's network namespace, so it is reachable under the unit's
+  ``PrivateNetwork=yes``, where a ``metrics_listen`` socket is not (and
+  ``RestrictAddressFamilies=AF_UNIX`` refuses to make one). It must listen on
+  a loopback address, as ``metrics_listen`` must; with ``metrics_listen`` as
+  well the start is refused (two endpoints, one of them unreachable under the
+  unit, would hide which one Prometheus scrapes).
+
+``start`` takes the passed socket and builds what the settings ask for.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
+import ipaddress
 import logging
 import os
+import socket
 import threading
 
-from vmdisktouch.adapters import atomic
-from vmdisktouch.adapters.metrics_http import Endpoint
+from vmdisktouch.adapters import atomic, listen_fds
+from vmdisktouch.adapters.metrics_http import Endpoint, listen
 from vmdisktouch.adapters.outputs import OUTPUT_KEYS
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.system import files
@@ -97,14 +110,17 @@ HOST_GAUGES = (
      "holds may still take from the host.", "above_floor_bytes"),
     ("host_disks", "Disks served (with a status yet or not).", "disks"),
 )
+# FileDescriptorName= of systemd/vmdisktouch-metrics.socket
+PASSED_NAME = "metrics"
 
 
 def _import():
     try:
         import prometheus_client
     except ImportError:
-        raise ConfigError("metrics_file and metrics_listen need the prometheus_client "
-                          "package: pip install 'vmdisktouch[metrics]'") from None
+        raise ConfigError("metrics_file, metrics_listen and vmdisktouch-metrics.socket need "
+                          "the prometheus_client package: pip install 'vmdisktouch[metrics]' "
+                          "(Debian: python3-prometheus-client)") from None
     return prometheus_client
 
 
@@ -176,24 +192,87 @@ class Collector:
                         for name, text, key in HOST_GAUGES if figures.get(key) is not None)
 
 
-class Metrics:
-    """Publishes the collector: to ``metrics_file`` each cycle, on ``metrics_listen``."""
+def start(config, outputs) -> "Metrics | None":
+    """The metrics the settings and systemd ask for, None when none are: ``metrics_file``,
+    ``metrics_listen``, a socket passed as ``metrics`` (taken here, whatever is asked)."""
+    sock = passed_socket()
+    if not (config.metrics_file or config.metrics_listen or sock):
+        return None
+    try:
+        return Metrics(config, outputs, sock)
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
 
-    def __init__(self, config, outputs):
+
+def passed_socket() -> socket.socket | None:
+    """The listening socket systemd passed as ``metrics``, checked (a TCP socket on a
+    loopback address), or None; a descriptor passed under another name is closed."""
+    ours = []
+    for fd, name in listen_fds.take():
+        if name == PASSED_NAME:
+            ours.append(fd)
+        else:
+            log.warning("socket activation: descriptor %d named %r closed: only %r is served",
+                        fd, name, PASSED_NAME)
+            os.close(fd)
+    if len(ours) > 1:
+        for fd in ours:
+            os.close(fd)
+        raise ConfigError(f"socket activation: {len(ours)} sockets named {PASSED_NAME!r} "
+                          "passed, the endpoint serves one: one ListenStream= in "
+                          "vmdisktouch-metrics.socket")
+    if not ours:
+        return None
+    sock = listen_fds.stream_listener(ours[0], PASSED_NAME)
+    host = sock.getsockname()[0]
+    ip = ipaddress.ip_address(host.split("%")[0])
+    if not (ip.is_loopback or getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback):
+        url = _url(sock)
+        sock.close()
+        raise ConfigError(f"the socket passed as {PASSED_NAME!r} listens on {url}, not on a "
+                          "loopback address: the endpoint has no authentication; use "
+                          "ListenStream=127.0.0.1:PORT (and node_exporter's textfile "
+                          "collector, metrics_file, or a proxy for a remote Prometheus)")
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+
+class Metrics:
+    """Publishes the collector: to ``metrics_file`` each cycle; on ``metrics_listen`` or
+    on ``passed``, the listening socket systemd passed (``start`` takes it)."""
+
+    def __init__(self, config, outputs, passed: socket.socket | None = None):
+        if passed is not None and config.metrics_listen:
+            raise ConfigError(f"metrics_listen {config.metrics_listen} and a socket passed by "
+                              f"systemd ({_url(passed)}): serve one; remove metrics_listen "
+                              "(under the unit only the socket can be reached) or stop "
+                              "vmdisktouch-metrics.socket")
         self.pc = pc = _import()
         self.outputs, self.path = outputs, config.metrics_file
         self.collector = Collector()
         self.registry = pc.CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self.server = None
-        if config.metrics_listen:
+        if passed is not None:
+            self.server = Endpoint(passed, self.render)
+            log.info("metrics on %s (a socket passed by systemd)", _url(passed))
+        elif config.metrics_listen:
             from vmdisktouch.config.parsers import split_listen
             host, port = split_listen(config.metrics_listen)
             try:
-                self.server = Endpoint(host, port, self.render)
+                self.server = Endpoint(listen(host, port), self.render)
             except OSError as exc:
+                hint = ("; under the unit (RestrictAddressFamilies=AF_UNIX, PrivateNetwork=yes) "
+                        "enable vmdisktouch-metrics.socket instead"
+                        if exc.errno == errno.EAFNOSUPPORT else "")
                 raise ConfigError(f"metrics_listen {config.metrics_listen}: cannot listen: "
-                                  f"{exc.strerror or exc}") from None
+                                  f"{exc.strerror or exc}{hint}") from None
             log.info("metrics on http://%s/metrics", config.metrics_listen)
 
     def publish(self, disks: list[dict], host: dict | None = None) -> None:

@@ -1,8 +1,10 @@
-"""The loopback HTTP endpoint of ``metrics_listen``: one thread, one ``selectors`` loop.
+"""The loopback HTTP endpoint of the metrics: one thread, one ``selectors`` loop.
 
-``Endpoint(host, port, render)`` listens on a loopback address
-(``config.parsers._loopback_listen`` refuses others) in a daemon thread of
-its own; ``render(head)`` (``metrics.Metrics.render``) gives the body and
+``Endpoint(sock, render)`` serves a listening socket in a daemon thread of
+its own: one ``listen(host, port)`` made for ``metrics_listen`` (a loopback
+address: ``config.parsers._loopback_listen`` refuses others), or the one
+systemd passed (``listen_fds``, vmdisktouch-metrics.socket), through the
+same loop. ``render(head)`` (``metrics.Metrics.render``) gives the body and
 headers of each GET, from the collector's snapshot swapped under a lock.
 
 Why not ``prometheus_client.start_http_server``: it runs one thread per
@@ -58,18 +60,29 @@ class _Conn:
         self.sock, self.inbox, self.outbox, self.deadline = sock, b"", None, deadline
 
 
-class Endpoint:
-    """The loopback HTTP endpoint (see the module docstring): ``render(head)`` gives the
-    body and headers of a GET; ``close()`` stops the thread and closes every socket."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (``metrics_listen``); raises ``OSError``."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, host: str, port: int, render):
-        family, kind, proto, _, addr = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        self.sock = socket.socket(family, kind, proto)
+
+class Endpoint:
+    """The HTTP endpoint (see the module docstring) on the listening socket ``sock``, which
+    it owns: ``render(head)`` gives the body and headers of a GET; ``close()`` stops the
+    thread and closes every socket (a passed socket's copy only: systemd keeps its own)."""
+
+    def __init__(self, sock: socket.socket, render):
+        self.sock = sock
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind(addr)
-            self.sock.listen(128)
             self.sock.setblocking(False)
             self.port = self.sock.getsockname()[1]
             self._wake_r, self._wake_w = socket.socketpair()

@@ -165,14 +165,20 @@ SETTINGS: tuple[Setting, ...] = (
             "(replaced atomically): the budget split between the disks, and one band per "
             "disk with what it holds and has cached.", group="output"),
     Setting("metrics_file", _path, None, "path", "",
-            "Write Prometheus metrics here every cycle (text format, replaced atomically), "
-            "for node_exporter's textfile collector (a *.prom file in its directory). "
-            "Needs the prometheus_client package.", group="output"),
+            "Write Prometheus metrics here every cycle (text format, replaced atomically; "
+            "removed at a clean stop), for node_exporter's textfile collector: a *.prom "
+            "file in its directory, on Debian /var/lib/prometheus/node-exporter, which the "
+            "units may write. One file per daemon: vmdisktouch.prom for the host service; "
+            "for a per-disk unit, in its own INSTANCE.toml, vmdisktouch@INSTANCE.prom. The "
+            "directory must exist (else the start is refused). Needs the prometheus_client "
+            "package.", group="output"),
     Setting("metrics_listen", _loopback_listen, None, "address", "",
             "Serve Prometheus metrics over HTTP on this loopback address, HOST:PORT "
             "(127.0.0.1:9105, [::1]:9105 or localhost:9105; other addresses are refused: "
-            "the endpoint has no authentication). Unset: no endpoint. Needs the "
-            "prometheus_client package.", group="output"),
+            "the endpoint has no authentication). Unset: no endpoint. Not under the units, "
+            "whose private network would hide it: there, vmdisktouch-metrics.socket passes "
+            "the host service a socket on 127.0.0.1:9479. Needs the prometheus_client "
+            "package.", group="output"),
     Setting("state_dir", _path, None, "path", "",
             "Save each image's heat and held regions in this directory (one file per "
             "image, replaced atomically) every state_save_interval and at stop, and "

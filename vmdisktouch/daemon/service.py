@@ -172,9 +172,8 @@ class Service:
             meminfo.keep_open()    # read by pread from now on: no client can starve it (#31)
         except VmdtError:
             pass                   # FailSafe says so at the first cycle
-        if self.config.metrics_file or self.config.metrics_listen:
-            from vmdisktouch.adapters.metrics import Metrics
-            self.metrics = Metrics(self.config, self.out)
+        from vmdisktouch.adapters.metrics import start as start_metrics
+        self.metrics = start_metrics(self.config, self.out)  # or a socket systemd passed
         log.info("%s", settings.in_force(self.config, self.config_path or ""))
         self.started = True
         if not self.single:
