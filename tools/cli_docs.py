@@ -62,7 +62,7 @@ the warm\-restart state (\fB\-\-state\-dir\fR)
 .SH ENVIRONMENT
 .TP
 \fBJOURNAL_STREAM\fR
-set by systemd: log lines carry journald priorities (<3> for a fatal one)
+set by systemd to the device and inode of the journal stream on stderr. Only where it matches stderr's own does \fBrun\fR log to the journal: entries with fields (DISK, DOMAIN, TARGET, MESSAGE_ID) where python3\-systemd is installed, else lines with syslog priority prefixes (<3> for a fatal one). Otherwise: timestamped lines (docs/logging.md)
 .TP
 \fBNOTIFY_SOCKET\fR, \fBWATCHDOG_USEC\fR
 set by systemd: readiness, status and watchdog notifications

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -590,9 +591,13 @@ def _(tmp_path, image):
 @fault("garbage-systemd-env", "`NOTIFY_SOCKET=garbage`, `WATCHDOG_USEC=-5`, "
        "`JOURNAL_STREAM=x`", SERVE, "holds, exits 0 on SIGTERM")
 def _(tmp_path, image):
+    # a malformed JOURNAL_STREAM is not the journal: a terminal's timestamped lines
     env = dict(os.environ, NOTIFY_SOCKET="garbage", WATCHDOG_USEC="-5", JOURNAL_STREAM="x")
     d = serving(tmp_path, image, env=env)
     stopped_cleanly(d)
+    lines = d.err().splitlines()
+    assert lines and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ", line)
+                         for line in lines), lines
 
 
 @fault("libvirt-unreachable", "`--uri qemu+unix:///system?socket=/nonexistent`", SERVE +

@@ -21,6 +21,7 @@ import re
 import sys
 
 from vmdisktouch import __version__
+from vmdisktouch.adapters import journal
 from vmdisktouch.errors import EX_ERROR, EX_SOFTWARE, EX_USAGE, VmdtError
 
 # subcommand -> (module, one-line help)
@@ -107,6 +108,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fatal(message: str) -> None:
-    """The last line before a failed exit: one line, at journald priority 3 under systemd."""
-    prefix = "<3>" if os.environ.get("JOURNAL_STREAM") else ""
-    print(f"{prefix}vmdisktouch: {' '.join(message.splitlines())}", file=sys.stderr, flush=True)
+    """The last line before a failed exit: one line, at priority 3 wherever the log goes
+    (``journal.fatal``: the same decision as the log's, so the journal sees why it died)."""
+    journal.fatal(message)

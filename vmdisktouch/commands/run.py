@@ -3,8 +3,9 @@
 ``run PATH [PATH ...]`` serves the images given (a single disk is a host of
 one), ``run --libvirt`` the disks of libvirt's running domains; either way
 under one budget (``max_hold``), with the settings of defaults < config
-file < flags. This module parses the arguments, sets up the log (journald
-priorities under systemd) and the signal handlers, first, so a SIGHUP or
+file < flags. This module parses the arguments, sets up the log (the
+journal's fields, its stream's priorities or a terminal's timestamps:
+``adapters.journal``) and the signal handlers, first, so a SIGHUP or
 SIGTERM during start-up is kept, and hands over to the service.
 """
 
@@ -12,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 
+from vmdisktouch.adapters import journal
 from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import settings
@@ -22,28 +22,6 @@ from vmdisktouch.errors import UsageError
 from vmdisktouch.system.signals import LoopSignals
 
 log = logging.getLogger("vmdisktouch")
-
-
-class _JournalFormatter(logging.Formatter):
-    """Under systemd: no timestamps, syslog priority prefixes (sd-daemon(3))."""
-
-    PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4,
-                logging.ERROR: 3, logging.CRITICAL: 2}
-
-    def format(self, record):
-        return f"<{self.PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
-
-
-def setup_logging(debug: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if os.environ.get("JOURNAL_STREAM"):
-        handler.setFormatter(_JournalFormatter("%(message)s"))
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    root = logging.getLogger("vmdisktouch")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-    root.propagate = False
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +42,7 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    setup_logging(getattr(args, "debug", False))
+    journal.setup(getattr(args, "debug", False))
     sig = LoopSignals().install()     # first: a SIGHUP or SIGTERM during start-up is kept
     try:
         return _start(args, sig)

@@ -4,7 +4,8 @@
 newer than the local warm state; ``Carrier`` writes each served domain's
 summary into its live definition (when: ``domain_heat``'s docstring).
 Neither ever stops the daemon: carried heat is an optimisation, and a
-failure is one line.
+failure is one line (with the journal's ``DOMAIN``: a line about a domain, not
+one disk).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import numpy as np
 
-from vmdisktouch.adapters import domain_heat
+from vmdisktouch.adapters import domain_heat, journal
 from vmdisktouch.adapters.domain_heat import DiskHeat
 from vmdisktouch.adapters.warm_state import Saved
 from vmdisktouch.errors import VmdtError
@@ -94,11 +95,12 @@ class Carrier:
             except VmdtError as exc:
                 if self.failing.get(domain) != str(exc):
                     log.warning("libvirt: %s: cannot write the heat into its metadata: %s",
-                                domain, exc)
+                                domain, exc, extra=journal.fields(domain=domain))
                 self.failing[domain] = str(exc)
                 continue
             if self.failing.pop(domain, None) is not None:
-                log.info("libvirt: %s: its heat written into its metadata again", domain)
+                log.info("libvirt: %s: its heat written into its metadata again", domain,
+                         extra=journal.fields(domain=domain))
             log.debug("libvirt: %s: heat written into its metadata (%d regions)", domain,
                       sum(len(s.regions) for s in sums))
             self.written[domain] = (now, shape)

@@ -238,6 +238,7 @@ class DiskWatcher:
             size_bytes=size,
             relocked_bytes=min(relocked, acted.result.loaded_bytes),
             spill_read_bytes=self.last_spill.read_bytes,
+            shed_bytes=acted.result.shed_bytes,
             share_bytes=(self.config.max_hold if self.allotment is None
                          else self.allotment.share),
         )

@@ -40,6 +40,7 @@ class CycleReport:
     limited_by: str | None = None            # that reason's code (``reasons.CODES``)
     share_bytes: int = 0                     # its share of the budget (``reasons.Allotment``)
     spill_read_bytes: int = 0                # read by the spill in this cycle (unlocked)
+    shed_bytes: int = 0                      # of released_bytes: under the floor (``alerts``)
 
 
 def process_fields(interval: float) -> dict:

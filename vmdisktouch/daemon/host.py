@@ -21,9 +21,16 @@ cycle ``Host.tick``:
 A disk whose image is gone (deleted, replaced) is released, closed and
 reported in ``failed`` at once; any other failure (unreadable, truncated
 under a read) is logged, and the disk dropped at the ``ERROR_THRESHOLD``-th
-in a row. The others go on. The cycle fails only when no disk is left
-(``NoDiskLeft``, with the exit status of the last failure: 75 when the image
-went, so systemd restarts the daemon on whatever the path names then).
+in a row, in a warning with the journal's ``DISK_DROPPED`` id. The others go on.
+The cycle fails only when no disk is left (``NoDiskLeft``, with the exit
+status of the last failure: 75 when the image went, so systemd restarts the
+daemon on whatever the path names then).
+
+Whatever is done for one disk (its turn of a cycle, a drain, a reload, its
+close) runs in its log context (``about``: ``journal.disk_context``), so
+every line logged meanwhile, at any layer, carries its ``DISK``, ``DOMAIN``
+and ``TARGET`` in the journal. After each cycle the host's events an operator
+alerts on (budget full, shedding under the floor) are noted (``alerts``).
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from vmdisktouch.adapters import journal
 from vmdisktouch.core import regions
 from vmdisktouch.core.policy import select
+from vmdisktouch.daemon.alerts import HostAlerts
 from vmdisktouch.daemon.reasons import Allotment, disk_name
 from vmdisktouch.errors import ImageGoneError, VmdtError
 from vmdisktouch.sizes import format_size
@@ -74,17 +83,19 @@ class Host:
         self._last_error: BaseException | None = None
         self.cycle = 0
         self.cycle_seconds = 0.0      # the last tick, every disk's turn and the selection
+        self.alerts = HostAlerts()
 
     def tick(self) -> list:
         """One cycle over every disk; returns their ``CycleReport``s."""
         started = time.perf_counter()
         maps, ready = [], []
         for w in list(self.watchers):
-            try:
-                m = w.prepare()
-            except (VmdtError, OSError) as exc:
-                self._failed(w, exc)
-                continue
+            with about(w):
+                try:
+                    m = w.prepare()
+                except (VmdtError, OSError) as exc:
+                    self._failed(w, exc)
+                    continue
             ready.append(w)
             if m is not None:
                 maps.append((w, self._weighed(w.image.path, m)))
@@ -100,12 +111,14 @@ class Host:
 
         reports = []
         for w in sorted(ready, key=growth):          # who shrinks first
-            try:
-                reports.append(w.act(targets.get(id(w), []), spills.get(id(w), ())))
-            except (VmdtError, OSError) as exc:
-                self._failed(w, exc)
-            else:
-                self.failures.pop(id(w), None)
+            with about(w):
+                try:
+                    reports.append(w.act(targets.get(id(w), []), spills.get(id(w), ())))
+                except (VmdtError, OSError) as exc:
+                    self._failed(w, exc)
+                else:
+                    self.failures.pop(id(w), None)
+        self.alerts.note(self.watchers, reports, self.budget, self.block_size)
         if not self.watchers and not self.may_be_empty:
             self._no_disk_left()
         self.cycle += 1
@@ -154,14 +167,23 @@ class Host:
         else:
             self.caps[path] = cap
 
+    def each(self, fn) -> list:
+        """``fn(w)`` for every disk, each in its log context (``about``)."""
+        out = []
+        for w in list(self.watchers):
+            with about(w):
+                out.append(fn(w))
+        return out
+
     def remove(self, path: str, why: str) -> None:
         """Stop serving ``path`` (its domain stopped, its disk was unplugged): released now."""
         for w in list(self.watchers):
             if w.image.path == path:
-                held = w.holder.held_bytes()
-                self.watchers.remove(w)
-                self._close(w)
-                log.info("%s: %s; released %s", path, why, format_size(held))
+                with about(w):
+                    held = w.holder.held_bytes()
+                    self.watchers.remove(w)
+                    self._close(w)
+                    log.info("%s: %s; released %s", path, why, format_size(held))
 
     def _failed(self, w, exc: BaseException) -> None:
         """A cycle of ``w`` failed: counted, and ``w`` dropped when its image is gone or at
@@ -184,19 +206,23 @@ class Host:
             f"{p}: {why}" for p, why in self.failed.items()), code)
 
     def _drop(self, w, exc: BaseException) -> None:
+        """No longer serve ``w``: a warning, the journal's ``DISK_DROPPED`` (the daemon goes
+        on, or says why it cannot in its last line)."""
         self._last_error = exc
         why = str(exc) or exc.__class__.__name__
-        log.error("%s: dropped%s: %s", w.image.path,
-                  ", the other disks go on" if len(self.watchers) > 1 else "", why)
+        log.warning("%s: dropped%s: %s", w.image.path,
+                    ", the other disks go on" if len(self.watchers) > 1 else "", why,
+                    extra=journal.fields(message_id=journal.DISK_DROPPED))
         self.failed[w.image.path] = why
         self.watchers.remove(w)
         self._close(w)
 
     def _close(self, w) -> None:
-        try:
-            self.close_disk(w)
-        except (VmdtError, OSError) as err:
-            log.warning("%s: releasing it failed: %s", w.image.path, err)
+        with about(w):
+            try:
+                self.close_disk(w)
+            except (VmdtError, OSError) as err:
+                log.warning("%s: releasing it failed: %s", w.image.path, err)
 
     def status_obj(self, disks: list[dict], interval: float, min_free: int) -> dict:
         """The host's status: the budget, the sum held, each disk's share and why it holds
@@ -243,6 +269,12 @@ class Host:
     def close(self) -> None:
         while self.watchers:
             self._close(self.watchers.pop())
+
+
+def about(w):
+    """The log context of disk ``w``: its path, and its domain and target when libvirt
+    knows them (``journal.disk_context``)."""
+    return journal.disk_context(w.image.path, w.domain, w.target)
 
 
 def _close_watcher(w) -> None:

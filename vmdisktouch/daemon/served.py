@@ -135,11 +135,11 @@ class Served:
             w.warmed_from = "metadata"
         return w
 
-    def maybe_save(self, watchers) -> None:
-        for w in watchers:
-            k = self.keepers.get(id(w))
-            if k is not None:
-                k.maybe_save(w)
+    def maybe_save(self, w) -> None:
+        """Save ``w``'s warm state when it is due (``warm_state.Keeper``)."""
+        k = self.keepers.get(id(w))
+        if k is not None:
+            k.maybe_save(w)
 
     def close(self, w) -> None:
         """Save, release and close one disk (``Host``'s ``close``)."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import time
 
-from vmdisktouch.adapters import outputs, sdnotify
+from vmdisktouch.adapters import journal, outputs, sdnotify
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
 from vmdisktouch.daemon import carry
@@ -209,7 +209,8 @@ class Service:
                 self.host.set_override(path, ov.weight, ov.cap)
         for key, why in want.skipped.items():
             if self.skipped.get(key) != why:
-                log.info("libvirt: %s %s skipped: %s", key[0], key[1], why)
+                log.info("libvirt: %s %s skipped: %s", key[0], key[1], why,
+                         extra=journal.fields(domain=key[0], target=key[1]))
         self.skipped = dict(want.skipped)
         served = {w.image.path: w for w in self.host.watchers}
         for path in sorted(set(served) - set(want.serve)):
@@ -235,23 +236,24 @@ class Service:
     def _open(self, path: str, m):
         if not self.members.retry and (path in self.refused or path in self.host.failed):
             return None                        # a path given is tried once
-        carried = m.carried if self.carries(m.domain, m.target) else None
-        label = f"{m.domain}/{m.target} {path}" if m.domain else path
-        try:
-            w = self.served.open(path, carried, label)
-        except VmdtError as exc:
-            self._first_error = self._first_error or exc
-            if self.refused.get(path) != str(exc) and not self.single:   # one: its exit line
-                where = f"libvirt: {m.domain} {m.target} not served" if self.members.retry \
-                    else "left out"
-                log.error("%s: %s", where, exc)
-            self.refused[path] = str(exc)
-            return None
-        self.refused.pop(path, None)
-        self.host.add(w)
-        if self.members.retry:
-            log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
-        return w
+        with journal.disk_context(path, m.domain, m.target):     # its lines carry its fields
+            carried = m.carried if self.carries(m.domain, m.target) else None
+            label = f"{m.domain}/{m.target} {path}" if m.domain else path
+            try:
+                w = self.served.open(path, carried, label)
+            except VmdtError as exc:
+                self._first_error = self._first_error or exc
+                if self.refused.get(path) != str(exc) and not self.single:   # one: its exit line
+                    where = f"libvirt: {m.domain} {m.target} not served" if self.members.retry \
+                        else "left out"
+                    log.error("%s: %s", where, exc)
+                self.refused[path] = str(exc)
+                return None
+            self.refused.pop(path, None)
+            self.host.add(w)
+            if self.members.retry:
+                log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
+            return w
 
     def _follow(self, w, m) -> None:
         """Hold while the owning domain is not shut off (``active`` None: no domain); name
@@ -262,11 +264,12 @@ class Service:
         name = " ".join(([f"{m.domain}/{m.target}"] if m.domain else [])
                         + ([] if self.single else [w.image.path]))
         w.emitter.cycles.label = f"{name}: " if name else ""
-        if active is False and w.hold_enabled:
-            log.info("%s: its libvirt domain is not running; releasing the holds",
-                     w.image.path)
-        elif active is not False and not w.hold_enabled:
-            log.info("%s: its libvirt domain is running; holding again", w.image.path)
+        with journal.disk_context(w.image.path, m.domain, m.target):
+            if active is False and w.hold_enabled:
+                log.info("%s: its libvirt domain is not running; releasing the holds",
+                         w.image.path)
+            elif active is not False and not w.hold_enabled:
+                log.info("%s: its libvirt domain is running; holding again", w.image.path)
         w.domain_active = active
         w.hold_enabled = active is not False
 
@@ -290,7 +293,7 @@ class Service:
         self.budget_log.note(self.host.watchers, self.host.budget, above_floor)
         if c.host_png:
             self.out.write("host_png", c.host_png, self._overview())
-        self.served.maybe_save(self.host.watchers)
+        self.host.each(self.served.maybe_save)
         if self.carrier is not None:
             self.carrier.maybe_write(self.host.watchers, lambda w: self.carries(w.domain,
                                                                                   w.target))
@@ -341,8 +344,8 @@ class Service:
             log.warning("%s", line)
         log.info("%s", settings.in_force(new, path or ""))
         self.served.set_config(new, path)
-        released = sum(w.reconfigure(served_mod.disk_config(new, w.image.path, not self.single))
-                       for w in self.host.watchers)
+        released = sum(self.host.each(lambda w: w.reconfigure(
+            served_mod.disk_config(new, w.image.path, not self.single))))
         self.overrides = ovr
         if self.carrier is not None:
             self.carrier.interval = new.carry_interval
@@ -390,6 +393,6 @@ def _wait_for_next_cycle(svc: Service, deadline: float) -> None:
             if not sig.take_reload():
                 return                     # a stop, or libvirt woke us: act now
             svc.reload()
-        if any([w.pump() for w in svc.host.watchers]):    # every disk drains
+        if any(svc.host.each(lambda w: w.pump())):    # every disk drains
             return
         dog.ping()

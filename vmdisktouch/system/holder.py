@@ -55,7 +55,9 @@ budget. ``apply`` turns what is held now into that target:
    blocks), releasing the measured deficit (rounded up to whole blocks) per
    step and measuring again. ``munlock`` puts the pages back on the file LRU,
    so ``MemAvailable`` rises at once. ``set_budget`` uses the same ordering to
-   cut down to a new, smaller budget immediately.
+   cut down to a new, smaller budget immediately. What ``apply`` shed is its
+   ``shed_bytes``; the holder logs nothing of it: one holder sees one disk, and
+   the host says once when shedding starts (``daemon.alerts``).
 
 Mappings. Every held piece is its own mapping (``mappings``), at most
 ``MAX_SEGMENTS`` (4096, about 6 % of the default ``vm.max_map_count``); a
@@ -109,7 +111,6 @@ from typing import Callable, Iterable
 from vmdisktouch.core.runs import (Run, blocks_of, clip_runs, diff_runs, lowest_first,
                                    page_round, priority_pieces, subtract)
 from vmdisktouch.errors import ClosedError, LockLimitError, SyscallError
-from vmdisktouch.sizes import format_size
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.image import Image
 from vmdisktouch.system.mappings import Mappings
@@ -130,13 +131,15 @@ class ApplyResult:
     skipped_bytes: int = 0     # targeted but not loaded: budget, floor, mapping cap, error, stop
     stopped: bool = False      # loading was cut short because ``sleep`` returned True
     lock_refused: str | None = None   # mlock refused by the lock limit in this call (see Errors)
+    shed_bytes: int = 0        # of released_bytes: shed because MemAvailable fell under min_free
 
     def plus(self, later: "ApplyResult") -> "ApplyResult":
         """Two calls of one cycle as one result."""
         return ApplyResult(self.loaded_bytes + later.loaded_bytes,
                            self.released_bytes + later.released_bytes,
                            later.skipped_bytes, self.stopped or later.stopped,
-                           later.lock_refused or self.lock_refused)
+                           later.lock_refused or self.lock_refused,
+                           self.shed_bytes + later.shed_bytes)
 
 
 class Holder:
@@ -229,8 +232,8 @@ class Holder:
         if not stopped:
             for run in pieces:
                 self._maps.coalesce(run, self.max_pieces_per_run)
-        released += self._shed_to_floor()
-        return ApplyResult(loaded, released, skipped, stopped, self._lock_refused)
+        shed = self._shed_to_floor()
+        return ApplyResult(loaded, released + shed, skipped, stopped, self._lock_refused, shed)
 
     def resize(self, new_size: int) -> int:
         """Follow a size change; drop every hold the new size makes stale. Returns bytes released.
@@ -394,8 +397,4 @@ class Holder:
             if deficit <= 0:
                 break
             released += self._release_lowest(deficit)
-        if released:
-            log.warning("%s: MemAvailable below the floor (min_free %s); shed %s of the "
-                        "lowest-priority regions", self.image.path, format_size(self.min_free),
-                        format_size(released))
         return released

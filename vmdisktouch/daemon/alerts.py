@@ -1,0 +1,93 @@
+"""The host's events an operator alerts on: one line when each starts, none while it lasts.
+
+Each is a line at its own priority with a fixed ``MESSAGE_ID`` in the journal
+(``adapters.journal``; docs/logging.md), written by ``Host.tick`` after every
+cycle, whatever the host serves:
+
+* the budget is full (notice, ``BUDGET_FULL``): the disks hold ``max_hold``, to
+  within a block, and want more (the status's ``wanted_bytes`` above its
+  ``held_bytes``). It is news once: said again only after the demand or the
+  holding fell a tenth (``STEP``) below the budget, so a working set the size of
+  the budget does not write a line a cycle;
+* shedding under the floor (warning, ``FLOOR_SHED``): held memory was given back
+  because MemAvailable fell under ``min_free``, with how much and from which
+  disks (``floor_took``): what a holder shed (``Holder``: floor shedding), or what
+  it released and could not take again because of the floor (a renewal whose
+  reload the floor refused gives the memory back before any shedding is needed).
+  The episode lasts while cycles give memory back or are held back by the floor
+  (``reasons``: ``floor``); the next one is said again.
+
+A disk dropped (``DISK_DROPPED``) is the third, logged where it happens
+(``Host._drop``). A host-wide line carries a disk's fields only when the host
+serves that one disk: the line is then about it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vmdisktouch.adapters import journal
+from vmdisktouch.daemon.reasons import disk_name
+from vmdisktouch.sizes import format_size
+
+log = logging.getLogger("vmdisktouch")
+
+STEP = 0.1      # of the budget: how far below it a full budget must fall to be news again
+
+
+class HostAlerts:
+    """Remembers which events are going on."""
+
+    def __init__(self):
+        self.full = False
+        self.shedding = False
+
+    def note(self, watchers: list, reports: list, budget: int, block_size: int) -> None:
+        """After a cycle: the line of an event that starts now (``reports``: this cycle's)."""
+        extra = _fields(watchers)
+        self._budget(watchers, budget, block_size, extra)
+        fresh = {id(r) for r in reports}
+        shed = [(w, w.last_report) for w in watchers if id(w.last_report) in fresh]
+        self._floor(shed, extra)
+
+    def _budget(self, watchers: list, budget: int, block_size: int, extra: dict) -> None:
+        allotted = [w for w in watchers if w.allotment is not None]
+        held = sum(w.holder.held_bytes() for w in allotted)
+        wanted = sum(w.allotment.wanted for w in allotted)
+        if not self.full and allotted and held + block_size > budget and wanted > held:
+            self.full = True
+            log.log(journal.NOTICE, "budget full: held %s of max_hold %s, the %s %s: the "
+                    "hottest regions are held, the rest is not (raise max_hold to hold more)",
+                    format_size(held), format_size(budget),
+                    "disk wants" if len(watchers) == 1 else "disks want", format_size(wanted),
+                    extra=dict(extra, MESSAGE_ID=journal.BUDGET_FULL))
+        elif self.full and min(held, wanted) < (1 - STEP) * budget:
+            self.full = False
+
+    def _floor(self, acted: list, extra: dict) -> None:
+        shed = [(w, floor_took(r)) for w, r in acted if floor_took(r)]
+        if shed and not self.shedding:
+            min_free = acted[0][0].config.min_free
+            log.warning("MemAvailable fell under the floor (min_free %s): released %s held "
+                        "(%s); MemAvailable now %s", format_size(min_free),
+                        format_size(sum(n for _, n in shed)),
+                        ", ".join(f"{disk_name(w)} {format_size(n)}" for w, n in shed),
+                        format_size(min(r.mem_available_bytes for _, r in acted)),
+                        extra=dict(extra, MESSAGE_ID=journal.FLOOR_SHED))
+        self.shedding = bool(shed) or (self.shedding and any(
+            r.limited_by == "floor" for _, r in acted))
+
+
+def floor_took(r) -> int:
+    """The bytes cycle report ``r`` gave back to the floor: shed, or released and not
+    taken again while the floor held the disk back."""
+    kept_back = r.released_bytes - r.loaded_bytes - r.shed_bytes
+    return r.shed_bytes + (max(0, kept_back) if r.limited_by == "floor" else 0)
+
+
+def _fields(watchers: list) -> dict:
+    """The fields of the one disk served; none for several (the line is the host's)."""
+    if len(watchers) != 1:
+        return {}
+    w = watchers[0]
+    return journal.fields(w.image.path, w.domain, w.target)
