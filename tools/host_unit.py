@@ -36,10 +36,12 @@ HEADER = """\
 # outside libvirt; the two never serve the same image (a per-image lock in
 # /run/vmdisktouch/locks: the second one leaves it out with one line).
 #
-# Install: copy this file to /etc/systemd/system/, then `systemctl
-# daemon-reload && systemctl enable --now vmdisktouch.service`. ExecStart
-# expects the console script at /usr/local/bin/vmdisktouch (see
-# vmdisktouch@.service and examples/DEPLOY.md).
+# Install: the Debian package installs it (with ExecStart rewritten to
+# /usr/bin/vmdisktouch), not enabled. By hand: copy this file to
+# /etc/systemd/system/ and run `systemctl daemon-reload`; ExecStart expects
+# the console script at /usr/local/bin/vmdisktouch (see vmdisktouch@.service
+# and examples/DEPLOY.md). Then set max_hold in /etc/vmdisktouch/host.toml
+# and `systemctl enable --now vmdisktouch.service`.
 """
 
 EXEC = ("ExecStart=:/usr/local/bin/vmdisktouch run --libvirt --config "
