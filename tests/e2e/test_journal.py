@@ -28,6 +28,7 @@ import pytest
 from tests.clocks import Stepped
 from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                qemu_io)
+from tests.journal_records import journal_records
 from tests.pagecache import data_image, held
 from tools.common import ROOT
 from tools.daemon_proc import DaemonProc, env_without_systemd
@@ -272,18 +273,8 @@ def test_a_failed_start_says_why_at_priority_3(private_journal, tmp_path, mode,
 def captured():
     """The daemon's records as the journal handler would see them: (level, message,
     fields)."""
-    got = []
-    h = logging.Handler(logging.DEBUG)
-    h.addFilter(journal.DiskFields())
-    h.emit = lambda r: got.append((r.levelno, r.getMessage(), {
-        k: getattr(r, k) for k in journal.FIELDS if hasattr(r, k)}))
-    lg = logging.getLogger("vmdisktouch")
-    old = lg.level
-    lg.addHandler(h)
-    lg.setLevel(logging.DEBUG)
-    yield got
-    lg.removeHandler(h)
-    lg.setLevel(old)
+    with journal_records() as got:
+        yield got
 
 
 def test_the_floor_and_a_full_budget_are_one_line_each_time_they_start(tmp_path, captured):

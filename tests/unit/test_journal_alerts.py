@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.journal_records import journal_records
 from vmdisktouch.adapters import journal
 from vmdisktouch.daemon.alerts import HostAlerts
 
@@ -30,24 +31,13 @@ def disk(name, held, wanted, shed=0, limited_by=None, mem=5 << 30, released=None
 @pytest.fixture
 def lines():
     """The alert lines logged: (level, message, journal fields), cleared when read."""
-    got = []
-    h = logging.Handler(logging.DEBUG)
-    h.addFilter(journal.DiskFields())
-    h.emit = lambda r: got.append((r.levelno, r.getMessage(), {
-        k: getattr(r, k) for k in journal.FIELDS if hasattr(r, k)}))
-    lg = logging.getLogger("vmdisktouch")
-    lg.addHandler(h)
-    old = lg.level
-    lg.setLevel(logging.DEBUG)
+    with journal_records() as got:
+        def take():
+            out = list(got)
+            got.clear()
+            return out
 
-    def take():
-        out = list(got)
-        got.clear()
-        return out
-
-    yield take
-    lg.removeHandler(h)
-    lg.setLevel(old)
+        yield take
 
 
 def note(alerts, watchers):
