@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -24,18 +23,16 @@ import pytest
 
 from tests.e2e.test_metrics import (agreeing_scrape, assert_the_status_values, free_port,
                                     labelled, read_range, samples)
-from tests.pagecache import data_image
+from tests.pagecache import data_image, require_tool
 from tools.daemon_proc import DaemonProc, env_without_systemd
 from vmdisktouch.unitname import escape_path
 
 MiB = 1 << 20
 DEBIAN_DIR = pathlib.Path("/var/lib/prometheus/node-exporter")
+
+
 def node_exporter_exe() -> str:
-    exe = shutil.which("prometheus-node-exporter")
-    if exe is None:
-        pytest.fail("prometheus-node-exporter is not installed: run scripts/install-deps.sh "
-                    "(the Debian package prometheus-node-exporter)")
-    return exe
+    return require_tool("prometheus-node-exporter")     # make test installs it
 
 
 class NodeExporter:
