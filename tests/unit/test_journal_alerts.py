@@ -41,7 +41,7 @@ def lines():
 
 
 def note(alerts, watchers):
-    alerts.note(watchers, [w.last_report for w in watchers], BUDGET, MiB)
+    alerts.note(watchers, [(w, w.last_report) for w in watchers], BUDGET, MiB)
 
 
 def test_budget_full_once_until_it_falls_a_tenth_below(lines):
@@ -101,7 +101,7 @@ def test_a_stale_report_of_a_disk_that_failed_this_cycle_is_not_read(lines):
     a = HostAlerts()
     failed = disk("vm2/vda", 0, 0, shed=5 * MiB)      # its last report: an earlier cycle
     ok = disk("vm1/vda", 10 * MiB, 10 * MiB)
-    a.note([ok, failed], [ok.last_report], BUDGET, MiB)
+    a.note([ok, failed], [(ok, ok.last_report)], BUDGET, MiB)
     assert lines() == []
 
 

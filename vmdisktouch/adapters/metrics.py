@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import ipaddress
 import logging
 import os
 import socket
@@ -226,9 +225,8 @@ def passed_socket() -> socket.socket | None:
     if not ours:
         return None
     sock = listen_fds.stream_listener(ours[0], PASSED_NAME)
-    host = sock.getsockname()[0]
-    ip = ipaddress.ip_address(host.split("%")[0])
-    if not (ip.is_loopback or getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback):
+    from vmdisktouch.config.parsers import is_loopback
+    if not is_loopback(sock.getsockname()[0]):
         url = _url(sock)
         sock.close()
         raise ConfigError(f"the socket passed as {PASSED_NAME!r} listens on {url}, not on a "

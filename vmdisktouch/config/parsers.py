@@ -7,6 +7,7 @@ and within its bounds, or raises ValueError saying what is wrong.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -190,7 +191,6 @@ def _show(value: Any) -> str:
 def _loopback_listen(v):
     """``HOST:PORT`` on a loopback address: ``127.0.0.1:9105``, ``[::1]:9105``,
     ``localhost:9105``. Returns the text as given (checked)."""
-    import ipaddress
     if not isinstance(v, str):
         raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:9105")
     m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([^:\[\]]+):(\d{1,5})", v.strip())
@@ -201,7 +201,7 @@ def _loopback_listen(v):
         raise ValueError("the port must be from 1 to 65535")
     if host != "localhost":
         try:
-            loopback = ipaddress.ip_address(host).is_loopback
+            loopback = is_loopback(host)
         except ValueError:
             raise ValueError(f"{host!r} is not an IP address or localhost") from None
         if not loopback:
@@ -210,6 +210,15 @@ def _loopback_listen(v):
                              "node_exporter's textfile collector, metrics_file, for a "
                              "remote Prometheus)")
     return v.strip()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether the IP address ``host`` is a loopback one, the one rule for every metrics
+    endpoint (it has no authentication): an IPv4-mapped ``::ffff:127.0.0.1``, as a
+    dual-stack socket reports it, is one too. ``ValueError`` when not an IP address."""
+    ip = ipaddress.ip_address(host.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def split_listen(text: str) -> tuple[str, int]:

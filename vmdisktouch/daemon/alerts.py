@@ -42,13 +42,12 @@ class HostAlerts:
         self.full = False
         self.shedding = False
 
-    def note(self, watchers: list, reports: list, budget: int, block_size: int) -> None:
-        """After a cycle: the line of an event that starts now (``reports``: this cycle's)."""
+    def note(self, watchers: list, acted: list, budget: int, block_size: int) -> None:
+        """After a cycle: the line of an event that starts now (``acted``: this cycle's
+        (disk, report) pairs, a disk whose cycle failed left out)."""
         extra = _fields(watchers)
         self._budget(watchers, budget, block_size, extra)
-        fresh = {id(r) for r in reports}
-        shed = [(w, w.last_report) for w in watchers if id(w.last_report) in fresh]
-        self._floor(shed, extra)
+        self._floor(acted, extra)
 
     def _budget(self, watchers: list, budget: int, block_size: int, extra: dict) -> None:
         allotted = [w for w in watchers if w.allotment is not None]

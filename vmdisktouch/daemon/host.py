@@ -109,21 +109,21 @@ class Host:
         def growth(w) -> int:
             return sum(b - a for a, b in targets.get(id(w), [])) * bs - w.holder.held_bytes()
 
-        reports = []
+        acted = []                                   # (disk, its report)
         for w in sorted(ready, key=growth):          # who shrinks first
             with about(w):
                 try:
-                    reports.append(w.act(targets.get(id(w), []), spills.get(id(w), ())))
+                    acted.append((w, w.act(targets.get(id(w), []), spills.get(id(w), ()))))
                 except (VmdtError, OSError) as exc:
                     self._failed(w, exc)
                 else:
                     self.failures.pop(id(w), None)
-        self.alerts.note(self.watchers, reports, self.budget, self.block_size)
+        self.alerts.note(self.watchers, acted, self.budget, self.block_size)
         if not self.watchers and not self.may_be_empty:
             self._no_disk_left()
         self.cycle += 1
         self.cycle_seconds = time.perf_counter() - started
-        return reports
+        return [r for _, r in acted]
 
     def _weighed(self, path: str, m: regions.DiskMap) -> regions.DiskMap:
         """This disk's map with its cap and weight (``overrides``), if it has them."""
