@@ -58,6 +58,12 @@ HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
 # virDomainState -> name (virsh spells some of these with spaces; keep them one word)
 STATE_NAMES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown",
                5: "shutoff", 6: "crashed", 7: "pmsuspended"}
+PAUSED = 3
+# virDomainPausedReason values that mean QEMU may not have activated its disks yet:
+# STARTING_UP (11) while QEMU starts (a restore's or migration's incoming included);
+# MIGRATION (2) both during an incoming migration and after a completed restore that
+# stays paused, told apart by the job libvirt runs on the domain (``arriving``).
+PAUSED_MIGRATION, PAUSED_STARTING_UP = 2, 11
 
 
 class LibvirtError(VmdtError):
@@ -84,6 +90,9 @@ class Disk:
     reason: str = ""
     unit: str | None = None    # the systemd unit to enable, for a local source
     uuid: str = ""
+    # QEMU has not activated its disks yet: an incoming migration or restore runs
+    # (``arriving``; the rule that follows from it: ``daemon.arrival``).
+    arriving: bool = False
     # The heat its domain carries for it (``domain_heat``): a summary, why it is none, or None.
     carried: object = field(default=None, repr=False, compare=False)
 
@@ -157,7 +166,7 @@ def _backing_chain(disk_el: ET.Element) -> list[str]:
 
 
 def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = None,
-                     with_units: bool = True) -> list[Disk]:
+                     arriving: bool = False, with_units: bool = True) -> list[Disk]:
     """The disks of one domain XML document (``virsh dumpxml``), assessed.
 
     Raises ``LibvirtError`` if the text is not a domain XML document.
@@ -183,7 +192,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
         target_el = el.find("target")
         source = _source_path(el.find("source"), dtype)
         disk = Disk(
-            domain=name, uuid=uuid, state=state, active=active,
+            domain=name, uuid=uuid, state=state, active=active, arriving=arriving,
             target=target_el.get("dev", "?") if target_el is not None else "?",
             device=el.get("device", "disk"),
             source=source, type=dtype,
@@ -266,16 +275,42 @@ def connect(uri: str = DEFAULT_URI, *, readonly: bool = True):
         raise LibvirtError(f"cannot connect to {uri}: {libvirt_message(exc)}") from None
 
 
-def domain_state(dom) -> tuple[str, bool]:
-    """(state name, active) of a virDomain."""
-    st = dom.state()[0]
-    return STATE_NAMES.get(st, f"state{st}"), bool(dom.isActive())
+def arriving(active: bool, state: int, reason: int, job_running) -> bool:
+    """Whether QEMU may not have activated the domain's disks yet: it is starting up, or
+    paused for a migration while a job runs on it (an incoming migration; on the source,
+    the end of an outgoing one). ``job_running()`` is asked only then, because a paused
+    domain whose restore has completed has the same state and reason, and no job."""
+    if not active or state != PAUSED:
+        return False
+    if reason == PAUSED_STARTING_UP:
+        return True
+    return reason == PAUSED_MIGRATION and job_running()
+
+
+def _job_running(dom) -> bool:
+    """A job runs on ``dom``. The destination of a migration refuses to report its incoming
+    job ("migration statistics are available only on the source host"): any error counts
+    as a job, so a domain whose arrival cannot be told complete is not held."""
+    libvirt = import_libvirt()
+    try:
+        return dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
+    except libvirt.libvirtError:
+        return True
+
+
+def domain_state(dom) -> tuple[str, bool, bool]:
+    """(state name, active, arriving) of a virDomain."""
+    st, reason = dom.state()[:2]
+    active = bool(dom.isActive())
+    return (STATE_NAMES.get(st, f"state{st}"), active,
+            arriving(active, st, reason, lambda: _job_running(dom)))
 
 
 def domain_disks(dom, *, with_units: bool = True) -> list[Disk]:
     """The assessed disks of one virDomain (its live XML when running)."""
-    state, active = domain_state(dom)
-    return parse_domain_xml(dom.XMLDesc(0), state=state, active=active, with_units=with_units)
+    state, active, arrives = domain_state(dom)
+    return parse_domain_xml(dom.XMLDesc(0), state=state, active=active, arriving=arrives,
+                            with_units=with_units)
 
 
 def _domains_and_disks(conn, *, with_units: bool):

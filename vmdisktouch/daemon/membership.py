@@ -39,6 +39,7 @@ class Member:
     target: str | None = None
     active: bool | None = None       # its domain runs; None: no domain uses it
     carried: object = None           # the heat its domain carries for it (``domain_heat``)
+    arriving: bool = False           # QEMU has not activated its disks yet (``daemon.arrival``)
 
 
 @dataclass
@@ -80,7 +81,8 @@ class GivenPaths:
             return Member(path, active=False if path in self._owned else None)
         self._owned.add(path)
         d = found[0]
-        return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried)
+        return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried,
+                      any(o.arriving for o in found if o.active))
 
     def close(self) -> None:
         if self.watch is not None:
@@ -103,7 +105,7 @@ class RunningDomains:
         if listed is None:
             return None
         w = libvirt_watch.wanted(listed)
-        return Want({p: Member(p, d.domain, d.target, True, d.carried)
+        return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving)
                      for p, d in w.serve.items()},
                     dict(w.skipped))
 
