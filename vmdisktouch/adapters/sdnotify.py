@@ -116,7 +116,8 @@ def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
     Like sd_watchdog_enabled(3): ``WATCHDOG_USEC`` must be a positive integer
     and, when ``WATCHDOG_PID`` is set, it must be this process's PID (so a
     child that inherited the environment does not ping for its parent).
-    Ping at half this interval.
+    Ping at half this interval. A value below ``MIN_WATCHDOG_USEC`` (1 s) is
+    raised to it, with one warning: the loop waits half the period at a time.
     """
     env = os.environ if environ is None else environ
     usec = env.get("WATCHDOG_USEC")
@@ -135,4 +136,22 @@ def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
                 return None
         except ValueError:
             return None
+    if value < MIN_WATCHDOG_USEC:
+        _warn_short_once(value)
+        value = MIN_WATCHDOG_USEC
     return value / 1_000_000
+
+
+# A period below a second is clamped to one: the daemon waits in slices of half the
+# period, so WATCHDOG_USEC=1 (a 0.5 us slice) spun at 50-57 % of a core (issue 40);
+# systemd's own WatchdogSec= is in seconds, and no daemon answers a microsecond.
+MIN_WATCHDOG_USEC = 1_000_000
+_warned = [False]          # said once per process: the period is read at start and reload
+
+
+def _warn_short_once(value: int) -> None:
+    if not _warned[0]:
+        _warned[0] = True
+        log.warning("WATCHDOG_USEC=%d is below one second: the watchdog is pinged as if it "
+                    "were 1 s (WatchdogSec= of at least 2 s leaves room for a slow cycle)",
+                    value)
