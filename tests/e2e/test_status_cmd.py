@@ -109,14 +109,14 @@ def test_every_valid_entry_is_shown_beside_every_kind_of_bad_file(tmp_path):
     (run / "dir.json").mkdir()
     (run / "link.json").symlink_to(run / "one.json")
     with open(run / "big.json", "wb") as f:
-        f.truncate(65 * MiB)                            # sparse: past the 64 MiB cap
+        f.truncate(65 * MiB)                            # sparse: past the 4 MiB cap
     (run / "text.json").write_text("not json")
     (run / "utf8.json").write_bytes(b'{"path": "\xff"}')
     (run / "deep.json").write_text("{\"a\": " * 50_000)
     (run / "list.json").write_text("[1, 2]")
     (run / "value.json").write_text(json.dumps(disk(one, held_bytes=-1)))
     bad = {"fifo": "unreadable: a FIFO", "dir": "unreadable: a directory",
-           "link": "unreadable: a symbolic link", "big": "unreadable: larger than 64M",
+           "link": "unreadable: a symbolic link", "big": "unreadable: larger than 4M",
            "text": "malformed: not JSON", "utf8": "malformed: not JSON",
            "deep": "malformed: JSON nested too deep",
            "list": "malformed: the document is not a JSON object",

@@ -25,12 +25,16 @@ included) and a ``PATH`` no file serves are an ``ImageError`` (66).
 
 The directory may hold anything: a file is opened without following a
 symlink or waiting on a FIFO, read only if it is a regular file of at most
-``MAX_STATUS_BYTES``, and shown only if ``status_read.check`` accepts it.
+``MAX_STATUS_BYTES`` (4 MiB: a status file is a few KiB a disk; a 12 MB file
+once took 14-20 s to parse and check, 76 MB of ``--json``), and shown only if
+``status_read.check`` accepts it.
 Any other file is one line (one ``--json`` entry: ``file``, ``error``,
 ``stale: true``) saying it is ``unreadable`` or ``malformed`` and why; the
 valid entries are shown as ever. A ``time`` in the future by more than the
 staleness limit makes its entry stale ("written in the future"; a negative
-``age_seconds``). Every string printed is one line, its control characters
+``age_seconds``). Each file's age is taken against the clock read after that
+file is read, so a slow file never makes a live daemon's later write look
+written in the future. Every string printed is one line, its control characters
 escaped (``status_read.sanitise``); ``--json`` escapes them as JSON does.
 """
 
@@ -44,7 +48,6 @@ import stat
 import sys
 import time
 
-from vmdisktouch.adapters.outputs import MAX_STATUS_BYTES
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
 from vmdisktouch.errors import ImageError, file_kind
 from vmdisktouch.sizes import format_size
@@ -54,6 +57,7 @@ STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 15.0
 EX_LIVE = 0                 # as ``systemctl is-active``: some daemon is live
 EX_INACTIVE = 3             # no status file, or every one stale or bad
+MAX_STATUS_BYTES = 4 << 20  # read of one status file at most (see the docstring)
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
@@ -130,10 +134,11 @@ def parse(data: bytes):
     return doc
 
 
-def read_files(directory: str, now: float) -> list[dict]:
+def read_files(directory: str, clock=time.time) -> list[dict]:
     """One item per ``*.json`` file of ``directory``, sorted by name: its checked
     document (``doc``), ``age_seconds`` and ``stale``; or ``error`` (unreadable or
-    malformed, always stale). A directory that cannot be listed is an ``ImageError``."""
+    malformed, always stale). A directory that cannot be listed is an ``ImageError``.
+    ``clock`` is read after each file, for that file's age."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
     except FileNotFoundError:
@@ -153,7 +158,7 @@ def read_files(directory: str, now: float) -> list[dict]:
         except Malformed as exc:
             out.append({"file": path, "error": f"malformed: {exc}", "stale": True})
             continue
-        out.append({"file": path, "doc": doc, **freshness(doc, mtime, now)})
+        out.append({"file": path, "doc": doc, **freshness(doc, mtime, clock())})
     return out
 
 
@@ -282,7 +287,7 @@ def main(args) -> int:
         # The default directory exists once a daemon has run since boot: none has.
         print(f"no status files in {STATUS_DIR} (no daemon has run since boot)")
         return EX_INACTIVE
-    items = read_files(args.dir, time.time())
+    items = read_files(args.dir)
     if args.path:
         bad = sum("error" in i for i in items)
         items = [{**i, "doc": d} for i in items if "doc" in i
