@@ -3,7 +3,12 @@
 ``--check FILE`` refuses exactly what ``run --config FILE`` would refuse at
 start: a key or value that is wrong, a missing required setting
 (``max_hold``), a budget smaller than one block or a floor above the host's
-memory, a bad per-domain or per-disk override. It prints the warnings ``run``
+memory, a bad per-domain or per-disk override, and an output path ``run``
+would refuse (``served.check_outputs``, the very check ``run`` makes: its
+directory missing or not writable, the config file itself, a file that is not
+vmdisktouch's; a PNG path's ``{disk}`` stands for ``SAMPLE_IMAGE``'s name),
+in the same one line and exit 78: an "ok" that ``run`` then refuses is a
+broken deploy found too late (issue 40). It prints the warnings ``run``
 would log, then ``FILE: ok``. The lock limit (``RLIMIT_MEMLOCK``) is the
 running process's, not the unit's (``LimitMEMLOCK=infinity``), so it is only
 reported, never refused here.
@@ -16,6 +21,7 @@ import sys
 
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import settings
+from vmdisktouch.daemon import served
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.sizes import format_size
 from vmdisktouch.system import meminfo
@@ -30,11 +36,15 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                             "the first thing `run` would refuse and exit 78")
 
 
+SAMPLE_IMAGE = "/var/lib/libvirt/images/disk.img"   # no image is named: {disk} stands for it
+
+
 def check(path: str) -> list[str]:
     """The warnings of ``path`` as ``run --config path`` reads it; ConfigError if refused."""
     config, warnings = configfile.resolve_run_config(
         {s.key: None for s in settings.SETTINGS}, path)
     configfile.load_overrides(path)
+    served.check_outputs(config, [SAMPLE_IMAGE], served.config_protected(path))
     warnings = list(warnings)
     try:
         total = meminfo.mem_total()
