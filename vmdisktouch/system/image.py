@@ -22,12 +22,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import resource
 import stat
 import struct
 from dataclasses import dataclass
 
 from vmdisktouch.core.runs import Run, blocks_of
-from vmdisktouch.errors import ImageError, ImageGoneError, SyscallError, VmdtError, syscall_error
+from vmdisktouch.errors import (ConfigError, ImageError, ImageGoneError, SyscallError, VmdtError,
+                                syscall_error)
 from vmdisktouch.system import files, libc
 
 BLKGETSIZE64 = 0x80081272
@@ -201,8 +203,52 @@ def read_magic(fd: int, size: int) -> bytes:
     return head
 
 
+# Descriptors kept free whatever the images take: the daemon's own outputs (the status
+# file, the PNGs, the metrics file and connections, the probe of each directory, a lazy
+# import) must never fail for a descriptor a later image took. With 130 images at
+# ``ulimit -n 1024`` the 114th image took the last one and the daemon exited 78 because it
+# could not open its status file (issue 40).
+RESERVED_FDS = 64
+# What one image takes once served: the image, its lock, pagemap, kpagecount, kpagecgroup,
+# the tracefs instance's directory and ``tracing_on``, one ``trace_pipe_raw`` per CPU
+# (counted: 9 each for 100 images on 2 CPUs), and one spare.
+PER_IMAGE_FDS = 8 + (os.cpu_count() or 1)
+EMFILE = (errno.EMFILE, errno.ENFILE)
+
+
+def too_many_files() -> str:
+    """The real cause of EMFILE/ENFILE, with the numbers: in use, and the soft limit."""
+    used, limit = descriptors()
+    shown = "unlimited" if limit == resource.RLIM_INFINITY else str(limit)
+    return (f"too many open files: {used} descriptors in use, limit {shown} "
+            "(LimitNOFILE; ulimit -n)")
+
+
+def descriptors() -> tuple[int, int]:
+    """(descriptors open now, this process's soft ``RLIMIT_NOFILE``)."""
+    try:
+        used = len(os.listdir("/proc/self/fd")) - 1       # less the listing's own
+    except OSError:
+        used = -1
+    return used, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def require_descriptors(path: str) -> None:
+    """Refuse to open ``path`` (ConfigError: the limit is the setup's) unless the image
+    and ``RESERVED_FDS`` still fit under the descriptor limit: what is served keeps its
+    outputs, and the disks past the limit are left out in one line each."""
+    used, limit = descriptors()
+    if limit != resource.RLIM_INFINITY and used >= 0 and \
+            limit - used < RESERVED_FDS + PER_IMAGE_FDS:
+        raise ConfigError(f"{path}: not opened: {too_many_files()}; {RESERVED_FDS} are kept "
+                          f"for the daemon's own files and an image takes about "
+                          f"{PER_IMAGE_FDS}: raise LimitNOFILE")
+
+
 def open_image(path: str) -> Image:
-    """Open ``path`` as a disk image, or raise ImageError saying what is wrong."""
+    """Open ``path`` as a disk image, or raise ImageError saying what is wrong; refused
+    while too few descriptors are left (``require_descriptors``)."""
+    require_descriptors(path)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -230,6 +276,8 @@ def open_image(path: str) -> Image:
     except PermissionError:
         raise ImageError(f"{path}: permission denied (cannot open for reading)") from None
     except OSError as exc:
+        if exc.errno in EMFILE:
+            raise ConfigError(f"{path}: cannot open: {too_many_files()}") from None
         raise ImageError(f"{path}: cannot open: {exc.strerror}") from None
 
     try:

@@ -41,6 +41,7 @@ import stat
 
 from vmdisktouch.errors import ConfigError, file_kind
 from vmdisktouch.system import files
+from vmdisktouch.system.image import EMFILE, too_many_files
 
 LOCK_DIR = "/run/vmdisktouch/locks"
 ENV = "VMDISKTOUCH_LOCK_DIR"
@@ -95,8 +96,10 @@ def acquire(image, directory: str | None = None) -> ImageLock:
     except files.UnsafePath as exc:
         raise ConfigError(f"refusing the lock directory {directory}: {exc.strerror}") from None
     except OSError as exc:
+        hint = too_many_files() if exc.errno in EMFILE else \
+            f"{exc.strerror} (set {ENV} to a writable directory)"
         raise ConfigError(f"cannot make the lock of {image.path} in {directory}: "
-                          f"{exc.strerror} (set {ENV} to a writable directory)") from None
+                          f"{hint}") from None
     try:
         fd = _open_lock(name, dfd, path)
     finally:
@@ -136,7 +139,8 @@ def _open_lock(name: str, dfd: int, path: str) -> int:
             raise ConfigError(f"refusing the lock file {path}: {problem}; remove it")
         fd = os.open(name, LOCK_FLAGS | (os.O_CREAT if st is None else 0), 0o600, dir_fd=dfd)
     except OSError as exc:
-        raise ConfigError(f"cannot open the lock file {path}: {exc.strerror}") from None
+        why = too_many_files() if exc.errno in EMFILE else exc.strerror
+        raise ConfigError(f"cannot open the lock file {path}: {why}") from None
     st = os.fstat(fd)
     problem = _lock_file_problem(st)                 # swapped after the check
     try:
