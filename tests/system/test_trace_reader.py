@@ -401,7 +401,7 @@ def test_a_changed_switch_is_found_within_one_turn_and_every_one_set_back(scratc
             f.write("1\n")
         r.probe()
         r.drain()
-        assert r.probe_seen is False and r.check_instance(full=True) == {}
+        assert r.probe_seen is False and r.check_instance(full=True) == {"set_event_pid": "1"}
     finally:
         os.close(fd)
 

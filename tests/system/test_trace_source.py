@@ -291,6 +291,7 @@ def test_a_blind_instance_that_cannot_be_made_anew_falls_back_to_a_mincore_pass_
         def refused():
             raise TraceUnavailable("injected")
         w.source.make_reader = refused
+        w.source.reader._inst.restore = lambda rels: refused()   # #40: a pid filter is set back
         for _ in range(11):                          # up to the next scheduled pass
             tick(w)
         assert w.source.reader is not None

@@ -194,6 +194,8 @@ class TraceSource:
         self.events_lost += acc.lost
         if probing and not missed and acc.lost == 0 and self.reader.probe_seen is False:
             missed = self._unseen()
+        elif probing and not missed:     # a pid filter may hide the guest, not the probe
+            missed = self._check(full=True)
         missed = missed or self.reader is None
         if missed:       # a changed instance's events are not the guest's: none are used
             none = Sparse.empty()
@@ -222,43 +224,46 @@ class TraceSource:
 
     # -- the instance changed under us -----------------------------------------------
 
-    def _check(self, full: bool = False) -> bool:
+    def _check(self, full: bool = False, why: str = "") -> bool:
         """A few of the instance's switches (every one with ``full``): True when something
-        outside had changed them (set back now) or they cannot be set back (gone)."""
+        outside had changed them (set back now, said with ``why`` first), or they cannot be
+        set back (the instance made anew, or tracing given up)."""
         if self.reader is None:
             return False
         try:
             changed = self.reader.check_instance(full)
         except VmdtError as exc:
-            self._lose(f"its tracefs instance cannot be set back: {exc}")
+            self._remake(f"{why}its tracefs instance cannot be set back ({exc})")
             return True
         if changed:
-            self._warn("trace: %s: the tracefs instance was changed from outside (%s); set "
+            self._warn("trace: %s: %sthe tracefs instance was changed from outside (%s); set "
                        "back, this cycle's evidence of use taken from the page cache",
-                       self.reader.name, ", ".join(f"{k} was {v!r}" for k, v in changed.items()))
+                       self.reader.name, why,
+                       ", ".join(f"{k} was {v!r}" for k, v in changed.items()))
         return bool(changed)
 
     def _unseen(self) -> bool:
         """The probe's read did not come back: a switch changed, else the instance is
         blind some other way and is made anew; else tracing is given up. True."""
-        if self._check(full=True) or self.reader is None:
+        why = "a read of the image's did not come back as an event"
+        if self._check(full=True, why=why + ": ") or self.reader is None:
             return True
+        self._remake(why + ", though its switches are as set (changed from outside?)")
+        return True
+
+    def _remake(self, why: str) -> None:
+        """The instance made anew (its name is the new one's), said once; else given up."""
         old = self.reader
-        old.close()                         # its name is the new one's
+        old.close()
         self.reader = None
         if self.make_reader is None:
-            self._lose("a read of the image's did not come back as an event", old.name)
-            return True
+            return self._lose(why, old.name)
         try:
             self.reader = self.make_reader()
         except VmdtError as exc:
-            self._lose(f"a read of the image's did not come back as an event, and a new "
-                       f"instance cannot be made: {exc}", old.name)
-            return True
-        self._warn("trace: %s: a read of the image's did not come back as an event, though "
-                   "its switches are as set (changed from outside?); the instance was made "
-                   "anew, this cycle's evidence of use taken from the page cache", old.name)
-        return True
+            return self._lose(f"{why}, and a new instance cannot be made: {exc}", old.name)
+        self._warn("trace: %s: %s; the instance was made anew, this cycle's evidence of use "
+                   "taken from the page cache", old.name, why)
 
     def _lose(self, why: str, name: str = "") -> None:
         """Tracing given up: its instance removed, a mincore pass every cycle from now on."""

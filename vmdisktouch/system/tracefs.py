@@ -20,9 +20,16 @@ kept from its creation, so tracefs unmounted under its owner (``umount
 -l``) neither stops its reads nor its removal.
 
 What an instance was set up with (``switches()``: its filters, clock,
-``buffer_percent``, ``tracing_on`` and enables) can be read back (``changed``)
-and set again (``restore``), when something outside (``echo 0 >
-events/enable``, ``trace-cmd reset``) changed it.
+``buffer_percent``, ``tracing_cpumask``, pid filters, ``tracing_on``, enables,
+and no trigger on its events) can be read back (``changed``) and set again
+(``restore``), when something outside (``echo 0 > events/enable``,
+``trace-cmd reset``, ``echo traceoff > events/G/E/trigger``) changed it. A
+trigger is removed by its ``!COMMAND`` line (kernel
+Documentation/trace/events.rst, "Event triggers"): a ``traceoff`` trigger
+turns ``tracing_on`` off at its event's next hit, so setting ``tracing_on``
+back alone left the instance blind again at once (issue 40). What still reads
+otherwise once set back (a trigger on another event disabling ours again) is
+``TraceUnavailable``: its owner makes the instance anew.
 
 ``Instance.create`` sets ``trace_clock`` to ``mono`` (event times are then
 CLOCK_MONOTONIC nanoseconds, the clock of ``time.monotonic_ns()``), the
@@ -44,10 +51,11 @@ import atexit
 import errno
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping
 
-from vmdisktouch.system import libc
-from vmdisktouch.system.tracefs_mount import (DEFAULT_ROOT, TraceUnavailable, online_cpus,
+from vmdisktouch.system.tracefs_buffers import Buffers
+from vmdisktouch.system.tracefs_mount import (DEFAULT_ROOT, TraceUnavailable,
                                               reason, check_events, check_root, find_root,
                                               read_text)
 
@@ -55,10 +63,10 @@ log = logging.getLogger("vmdisktouch")
 
 CLOCK = "mono"
 NAME_MAX = 255
-_STATS_LOST = ("overrun", "commit overrun", "dropped events")
+PID_FILTERS = ("set_event_pid", "set_event_notrace_pid")   # empty as made: every pid traced
 
 
-class Instance:
+class Instance(Buffers):
     """One private tracefs instance ``ROOT/instances/NAME``: made by ``create``.
 
     It keeps two descriptors until ``remove``: one of the ``instances``
@@ -77,6 +85,8 @@ class Instance:
         self.events: list[str] = []
         self.filters: dict[str, str] = {}     # as set: what ``changed`` expects
         self.poll_ready = False               # buffer_percent is 0: poll(2) says "not empty"
+        self.cpumask: str | None = None       # tracing_cpumask as made (every CPU)
+        self.pid_filters: list[str] = []      # of PID_FILTERS, those this kernel has
         self.removed = False
         self._hold: int | None = None
         try:
@@ -166,6 +176,11 @@ class Instance:
             log.info("tracefs: cannot set %s/buffer_percent to 0 (%s): a poll of the buffers "
                      "cannot tell them empty", self.path, reason(exc))
         self._write("options/overwrite", "1", missing_ok=True)
+        try:
+            self.cpumask = self._text("tracing_cpumask").strip() or None
+        except OSError:
+            self.cpumask = None
+        self.pid_filters = [f for f in PID_FILTERS if self._exists(f)]
         self._write("tracing_on", "1")
         for event, expr in filters.items():
             self.set_filter(event, expr)
@@ -197,6 +212,13 @@ class Instance:
             os.write(fd, text.encode() + b"\n")
         finally:
             os.close(fd)
+
+    def _exists(self, rel: str) -> bool:
+        try:
+            os.close(self._open(rel, os.O_RDONLY))
+            return True
+        except OSError:
+            return False
 
     def _read(self, rel: str) -> str:
         try:
@@ -233,15 +255,28 @@ class Instance:
 
     def switches(self) -> dict[str, tuple[str, str]]:
         """Each control file this instance was set up through -> (its value as read back,
-        the text that sets it): the filters first, the enables last, as ``create``."""
-        out = {f"events/{e}/filter": (expr or "none", expr or "0")
-               for e, expr in self.filters.items()}
+        the text that sets it), in the order ``restore`` sets them: the triggers first (a
+        ``traceoff`` would turn ``tracing_on`` off again), ``tracing_on`` and the enables
+        last, as ``create``. A trigger file reads back without its ``#`` lines."""
+        out = {f"events/{e}/trigger": ("", "") for e in self.events}
+        out.update({f"events/{e}/filter": (expr or "none", expr or "0")
+                    for e, expr in self.filters.items()})
         out["trace_clock"] = (f"[{CLOCK}]", CLOCK)
         if self.poll_ready:
             out["buffer_percent"] = ("0", "0")
+        if self.cpumask:
+            out["tracing_cpumask"] = (self.cpumask, self.cpumask)
+        out.update({f: ("", "") for f in self.pid_filters})
         out["tracing_on"] = ("1", "1")
         out.update({f"events/{e}/enable": ("1", "1") for e in self.events})
         return out
+
+    def _value(self, rel: str) -> str:
+        """What ``rel`` reads, a trigger file's ``#`` lines (its help) left out."""
+        text = self._text(rel)
+        if rel.endswith("/trigger"):
+            text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+        return text
 
     def changed(self, rels: Iterable[str]) -> dict[str, str]:
         """Which of the control files ``rels`` (of ``switches()``) read otherwise than they
@@ -249,109 +284,52 @@ class Instance:
         want, out = self.switches(), {}
         for rel in rels:
             try:
-                text = self._text(rel)
+                text = self._value(rel)
             except OSError as exc:
                 out[rel] = f"unreadable ({reason(exc)})"
                 continue
-            if text.strip() != want[rel][0] and want[rel][0] not in text.split():
+            if text.strip() != want[rel][0] and (not want[rel][0]
+                                                 or want[rel][0] not in text.split()):
                 out[rel] = " ".join(text.split())[:80]
         return out
 
     def restore(self, rels: Iterable[str]) -> None:
-        """Set the control files ``rels`` back as they were set up; ``TraceUnavailable``."""
+        """Set the control files ``rels`` back as they were set up, then read them again:
+        ``TraceUnavailable`` when one cannot be written or still reads otherwise."""
         rels = set(rels)
         for rel, (_, text) in self.switches().items():
-            if rel in rels:
+            if rel in rels and rel.endswith("/trigger"):
+                self._untrigger(rel)
+            elif rel in rels:
                 self._write(rel, text)
+        still = self.changed(r for r in self.switches() if r in rels)
+        if still:
+            raise TraceUnavailable(f"{self.path}: set back, but it reads otherwise again: "
+                                   + ", ".join(f"{k} {v!r}" for k, v in still.items()))
+
+    def _untrigger(self, rel: str) -> None:
+        """Remove every trigger of the file ``rel``: ``!COMMAND[:EVENT]`` per line read
+        (its count and ``if`` filter left out: the kernel matches a trigger without them)."""
+        for line in self._value(rel).splitlines():
+            parts = line.split(" if ", 1)[0].strip().split(":")
+            if len(parts) > 1 and re.fullmatch(r"unlimited|count=\d+|\d+", parts[-1]):
+                parts.pop()
+            if parts[0]:
+                self._write(rel, "!" + ":".join(parts))
 
     def check(self, turn: int, full: bool = False) -> dict[str, str]:
-        """Three small reads: ``tracing_on`` and the ``enable`` and ``filter`` of event
-        ``turn`` (of ``events``, in turn). On a change (or ``full``), every switch is read
-        and what changed set back; returns that (file -> what it read), or {}."""
+        """Four small reads: ``tracing_on`` and the ``enable``, ``filter`` and ``trigger`` of
+        event ``turn`` (of ``events``, in turn). On a change (or ``full``), every switch is
+        read and what changed set back; returns that (file -> what it read), or {}.
+        ``TraceUnavailable`` when it cannot be set back (``restore``)."""
         ev = self.events[turn % len(self.events)] if self.events else None
         if not full and not self.changed(["tracing_on"] + (
-                [f"events/{ev}/enable", f"events/{ev}/filter"] if ev is not None else [])):
+                [f"events/{ev}/{f}" for f in ("enable", "filter", "trigger")]
+                if ev is not None else [])):
             return {}
         changed = self.changed(self.switches())
         self.restore(changed)
         return changed
-
-    # -- reading ---------------------------------------------------------------------
-
-    def format_text(self, event: str) -> str:
-        return self._read(f"events/{event}/format")
-
-    def header_page(self) -> str:
-        return self._read("events/header_page")
-
-    def header_event(self) -> str:
-        return self._read("events/header_event")
-
-    def subbuf_bytes(self) -> int:
-        """Bytes of one sub-buffer, the unit of ``trace_pipe_raw`` reads."""
-        try:
-            return int(self._text("buffer_subbuf_size_kb").split()[0]) * 1024
-        except FileNotFoundError:
-            return libc.PAGE_SIZE
-        except OSError as exc:
-            raise TraceUnavailable(f"cannot read {self.path}/buffer_subbuf_size_kb: "
-                                   f"{reason(exc)}") from None
-
-    def buffer_kb(self) -> int:
-        return int(self._read("buffer_size_kb").split()[0])
-
-    def resize(self, kb: int) -> None:
-        """Set the per-CPU buffer size; ``TraceUnavailable`` when the kernel refuses."""
-        self._write("buffer_size_kb", str(int(kb)))
-
-    def cpus(self) -> list[int]:
-        """The CPUs with a per-CPU buffer now (``per_cpu/cpuN``) that are online."""
-        try:
-            fd = self._open("per_cpu", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                names = os.listdir(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise TraceUnavailable(f"cannot list {self.path}/per_cpu: {reason(exc)}") from None
-        cpus = sorted(int(n[3:]) for n in names if n.startswith("cpu") and n[3:].isdigit())
-        online = online_cpus()
-        return [c for c in cpus if online is None or c in online]
-
-    def open_pipe(self, cpu: int) -> int:
-        """``per_cpu/cpuN/trace_pipe_raw``, non-blocking: a read gives a page or EAGAIN."""
-        return self._open(f"per_cpu/cpu{cpu}/trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
-
-    def open_pipes(self) -> dict[int, int]:
-        """CPU -> its ``open_pipe``, for each of ``cpus()`` whose pipe opens;
-        ``TraceUnavailable`` when none does."""
-        fds: dict[int, int] = {}
-        for cpu in self.cpus():
-            try:
-                fds[cpu] = self.open_pipe(cpu)
-            except OSError as exc:
-                log.debug("tracefs: cpu%d has no ring buffer to read: %s", cpu, exc)
-        if not fds:
-            raise TraceUnavailable(f"cannot open any per_cpu/cpuN/trace_pipe_raw of {self.path}")
-        return fds
-
-    def lost_counts(self, cpus: Iterable[int]) -> dict[int, int | None]:
-        """Per CPU, the events lost so far (``overrun`` + ``commit overrun`` + ``dropped
-        events`` of ``per_cpu/cpuN/stats``); None where the stats cannot be read."""
-        out: dict[int, int | None] = {}
-        for cpu in cpus:
-            try:
-                text = self._text(f"per_cpu/cpu{cpu}/stats")
-            except OSError:
-                out[cpu] = None
-                continue
-            total = 0
-            for line in text.splitlines():
-                key, _, value = line.partition(":")
-                if key.strip() in _STATS_LOST and value.strip().isdigit():
-                    total += int(value)
-            out[cpu] = total
-        return out
 
     # -- removal ---------------------------------------------------------------------
 
