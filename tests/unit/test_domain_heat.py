@@ -142,6 +142,7 @@ class W:
         self.config = type("C", (), {"threshold": 0.05})()
         self.policy = Policy(heat)
         self.domain, self.target, self.domain_active = domain, target, active
+        self.hold_enabled = bool(active)
 
 
 def test_the_writer_writes_first_heat_then_only_material_moves_after_the_interval(image):
@@ -175,7 +176,10 @@ def test_the_writer_writes_first_heat_then_only_material_moves_after_the_interva
     now[0] = 93.0
     c.maybe_write([w, W(image, heat, "vm2", active=False)], lambda _w: True)
     c.maybe_write([W(image, heat, "vm3")], lambda _w: False)
-    assert len(watch.calls) == 3                  # shut off, or not carried: untouched
+    arriving = W(image, heat, "vm4")
+    arriving.hold_enabled = False                 # its domain arriving (daemon.arrival)
+    c.maybe_write([arriving], lambda _w: True)
+    assert len(watch.calls) == 3      # shut off, not carried, or arriving: untouched
 
 
 def test_a_failing_write_is_one_line_and_the_daemon_goes_on(image, caplog):

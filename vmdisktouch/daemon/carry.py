@@ -68,10 +68,12 @@ class Carrier:
     def maybe_write(self, watchers, enabled) -> None:
         """Write the summary of every running domain ``enabled(watcher)`` carries for, when
         it is due: never written yet and not empty, or its regions moved or its heat
-        changed by ``MATERIAL``, and the last write ``interval`` ago."""
+        changed by ``MATERIAL``, and the last write ``interval`` ago. Not while a disk is
+        not held (its domain arriving, ``daemon.arrival``): the summary it carries in is
+        what the disk starts from when it has arrived."""
         by_domain: dict[str, list] = {}
         for w in watchers:
-            if w.domain and w.domain_active and enabled(w):
+            if w.domain and w.domain_active and w.hold_enabled and enabled(w):
                 by_domain.setdefault(w.domain, []).append(w)
         now = self.clock()
         for domain in set(self.written) - set(by_domain):

@@ -92,10 +92,9 @@ class Served:
         self.config = config
         self.protected[:] = config_protected(config_path) + self.images()
 
-    def open(self, path: str, carried=None, label: str = ""):
-        """A watcher serving ``path``, warmed from the local state or the heat its domain
-        carries (``carried``, ``daemon.carry``), whichever is newer; VmdtError (one line)
-        when it cannot be served."""
+    def open(self, path: str):
+        """A watcher serving ``path``, its heat not started (``warm``); VmdtError (one
+        line) when it cannot be served."""
         from vmdisktouch.daemon.build import build
         self.check(path)
         img = open_image(path)
@@ -123,6 +122,12 @@ class Served:
         self.locks[id(w)] = lock
         self._images[id(w)] = mine
         self.protected.append(mine)
+        return w
+
+    def warm(self, w, carried=None, label: str = "") -> None:
+        """Start ``w``'s heat from the local warm state or the heat its domain carries
+        (``carried``, ``daemon.carry``), whichever is newer; from then on its state is
+        saved (not before: an arriving disk's empty heat must not replace it)."""
         local = None
         if self.config.state_dir:
             from vmdisktouch.adapters import warm_state
@@ -131,9 +136,8 @@ class Served:
             local = k.restore(w)
             self.keepers[id(w)] = k
             w.warmed_from = None if local is None else "state"
-        if carry.arrive(w, carried, local, time.time(), label or img.path):
+        if carry.arrive(w, carried, local, time.time(), label or w.image.path):
             w.warmed_from = "metadata"
-        return w
 
     def maybe_save(self, w) -> None:
         """Save ``w``'s warm state when it is due (``warm_state.Keeper``)."""

@@ -43,7 +43,7 @@ import time
 from vmdisktouch.adapters import journal, outputs, sdnotify
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
-from vmdisktouch.daemon import carry
+from vmdisktouch.daemon import arrival, carry
 from vmdisktouch.daemon import served as served_mod
 from vmdisktouch.daemon.budgetlog import BudgetLog
 from vmdisktouch.daemon.emit import status_bytes
@@ -131,7 +131,8 @@ class Service:
         self.dog = Watchdog()
         self.served = served_mod.Served(config, config_path, self.pace, self.members.check,
                                         several=not self.single)
-        self.host = Host([], config.max_hold, config.block_size, close=self.served.close,
+        self.follower = arrival.Follower(self._warm, self.single)
+        self.host = Host([], config.max_hold, config.block_size, close=self._close_disk,
                          may_be_empty=self.members.retry, spill_factor=config.spill)
         self.out = outputs.Outputs(self.served.protected)
         self.overrides = configfile.load_overrides(config_path)
@@ -159,8 +160,9 @@ class Service:
             given = [outputs.Protected.of_path(p, f"the disk image {p}") for p in self.args.paths]
             served_mod.check_outputs(self.config, self.args.paths,
                                      self.served.protected + [g for g in given if g])
+            want = self.members.want()          # each one's domain, arriving or not
             for path in self.args.paths:        # in the order given, a path named twice too
-                self._open(path, Member(path))
+                self._open(path, want.serve.get(path, Member(path)))
         self.sync()
         if isinstance(self.members, GivenPaths) and not self.host.watchers:
             if self.single:
@@ -180,6 +182,10 @@ class Service:
             log.info("serving %s under one budget of %s",
                      "libvirt's running domains" if self.members.retry
                      else f"{len(self.host.watchers)} images", format_size(self.config.max_hold))
+
+    def _close_disk(self, w) -> None:
+        self.follower.closed(w)
+        self.served.close(w)
 
     def close(self) -> None:
         sdnotify.stopping()
@@ -220,7 +226,7 @@ class Service:
             if w is None:
                 w = self._open(path, m)
             if w is not None:
-                self._follow(w, m)
+                self.follower.follow(w, m)
 
     def carries(self, domain: str | None, target: str | None) -> bool:
         """Whether a disk's heat travels in its domain's metadata (``carry_heat``, the
@@ -237,10 +243,8 @@ class Service:
         if not self.members.retry and (path in self.refused or path in self.host.failed):
             return None                        # a path given is tried once
         with journal.disk_context(path, m.domain, m.target):     # its lines carry its fields
-            carried = m.carried if self.carries(m.domain, m.target) else None
-            label = f"{m.domain}/{m.target} {path}" if m.domain else path
             try:
-                w = self.served.open(path, carried, label)
+                w = self.served.open(path)
             except VmdtError as exc:
                 self._first_error = self._first_error or exc
                 if self.refused.get(path) != str(exc) and not self.single:   # one: its exit line
@@ -253,25 +257,14 @@ class Service:
             self.host.add(w)
             if self.members.retry:
                 log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
+            self.follower.opened(w, m)
             return w
 
-    def _follow(self, w, m) -> None:
-        """Hold while the owning domain is not shut off (``active`` None: no domain); name
-        the disk by its domain and target wherever it appears."""
-        active = m.active
-        w.domain, w.target = m.domain, m.target
-        # The log's label: domain/target when libvirt knows it, and the path of one of many.
-        name = " ".join(([f"{m.domain}/{m.target}"] if m.domain else [])
-                        + ([] if self.single else [w.image.path]))
-        w.emitter.cycles.label = f"{name}: " if name else ""
-        with journal.disk_context(w.image.path, m.domain, m.target):
-            if active is False and w.hold_enabled:
-                log.info("%s: its libvirt domain is not running; releasing the holds",
-                         w.image.path)
-            elif active is not False and not w.hold_enabled:
-                log.info("%s: its libvirt domain is running; holding again", w.image.path)
-        w.domain_active = active
-        w.hold_enabled = active is not False
+    def _warm(self, w, m) -> None:
+        """Start a disk's heat from the local state or its domain's summary (``Served.warm``)."""
+        carried = m.carried if self.carries(m.domain, m.target) else None
+        self.served.warm(w, carried, f"{m.domain}/{m.target} {w.image.path}" if m.domain
+                         else w.image.path)
 
     # -- a cycle -----------------------------------------------------------
 

@@ -1,0 +1,107 @@
+"""The arrival rule (daemon/arrival.py): a disk whose domain arrives holds nothing and is
+not warmed until QEMU has activated its disks; libvirt's states classified
+(adapters/libvirt_disks.arriving)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from vmdisktouch.adapters.libvirt_disks import arriving
+from vmdisktouch.daemon.arrival import Follower
+from vmdisktouch.daemon.membership import Member
+
+RUNNING, PAUSED, SHUTOFF = 1, 3, 5
+P_USER, P_MIGRATION, P_SAVE, P_STARTING_UP = 1, 2, 3, 11
+
+
+@pytest.mark.parametrize("active,state,reason,job,expected", [
+    (True, PAUSED, P_STARTING_UP, False, True),     # QEMU starting (an incoming too)
+    (True, PAUSED, P_MIGRATION, True, True),        # an incoming migration runs
+    (True, PAUSED, P_MIGRATION, False, False),      # paused after a completed restore
+    (True, PAUSED, P_USER, True, False),            # paused by the user
+    (True, PAUSED, P_SAVE, True, False),            # being saved: leaving, not arriving
+    (True, RUNNING, 2, True, False),                # running (resumed after a migration)
+    (False, SHUTOFF, 5, False, False),
+])
+def test_arriving_from_state_reason_and_job(active, state, reason, job, expected):
+    asked = []
+
+    def job_running():
+        asked.append(1)
+        return job
+
+    assert arriving(active, state, reason, job_running) is expected
+    # the job is asked only to tell an incoming migration from a completed restore
+    assert bool(asked) == (active and state == PAUSED and reason == P_MIGRATION)
+
+
+class Img:
+    path = "/images/a.raw"
+
+
+class W:
+    def __init__(self):
+        self.image = Img()
+        self.emitter = type("E", (), {"cycles": type("C", (), {"label": ""})()})()
+        self.hold_enabled, self.domain_active = True, None
+        self.domain = self.target = None
+
+
+def member(**kw):
+    return Member("/images/a.raw", "vm1", "vda", **{"active": True, **kw})
+
+
+def test_an_arriving_disk_is_not_held_nor_warmed_until_its_arrival_completes(caplog):
+    warmed = []
+    f = Follower(lambda w, m: warmed.append(m.carried), single=False)
+    w = W()
+    m = member(arriving=True, carried="summary-1")
+    caplog.set_level(logging.INFO, logger="vmdisktouch")
+    f.opened(w, m)
+    for _ in range(3):                               # the incoming takes cycles
+        f.follow(w, m)
+        assert w.hold_enabled is False and warmed == []
+    assert sum("is arriving" in r.getMessage() for r in caplog.records) == 1   # said once
+    f.follow(w, member(carried="summary-2"))        # resumed: QEMU activated its disks
+    assert w.hold_enabled is True
+    assert warmed == ["summary-2"]                  # the summary the listing has now
+    f.follow(w, member(carried="summary-3"))
+    assert warmed == ["summary-2"]                  # warmed once
+    assert any("has arrived" in r.getMessage() for r in caplog.records)
+    assert not any("holding again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_disk_not_arriving_is_warmed_at_open_and_held():
+    warmed = []
+    f = Follower(lambda w, m: warmed.append(m), single=True)
+    w = W()
+    f.opened(w, member())
+    f.follow(w, member())
+    assert len(warmed) == 1 and w.hold_enabled is True and w.domain == "vm1"
+
+
+def test_a_held_disk_whose_domain_goes_arriving_releases_and_comes_back():
+    f = Follower(lambda w, m: None, single=False)
+    w = W()
+    f.opened(w, member())
+    f.follow(w, member())
+    f.follow(w, member(active=False))               # shut off (migrated away)
+    assert w.hold_enabled is False
+    f.follow(w, member(arriving=True))              # back, by an incoming migration
+    assert w.hold_enabled is False
+    f.follow(w, member())
+    assert w.hold_enabled is True
+
+
+def test_an_arrival_that_ends_shut_off_stays_unwarmed():
+    warmed = []
+    f = Follower(lambda w, m: warmed.append(m), single=False)
+    w = W()
+    f.opened(w, member(arriving=True))
+    f.follow(w, member(arriving=True))
+    f.follow(w, member(active=False))               # the incoming failed
+    assert w.hold_enabled is False and warmed == []
+    f.follow(w, member())                           # started later: warmed then
+    assert w.hold_enabled is True and len(warmed) == 1

@@ -1,0 +1,99 @@
+"""Following each disk's domain: held while it runs, and nothing held while it arrives.
+
+Theory of operation
+-------------------
+Each cycle the membership says, for every disk served, what libvirt reports
+of its domain (``membership.Member``), and ``Follower.follow`` applies two
+rules to the disk:
+
+* **A domain shut off** (``active`` False) releases its disks' holds until
+  it runs again; a disk no domain uses (``active`` None) is held.
+* **A domain arriving holds nothing.** A domain arrives by an incoming live
+  migration, a restore or a start from a managed save: QEMU starts with
+  ``-incoming`` and, when the incoming completes, activates its disks and
+  drops the image's page cache (``bdrv_invalidate_cache``; for a raw file
+  or block device opened without O_DIRECT, QEMU's ``raw_co_invalidate_cache``
+  in block/file-posix.c: a flush, then ``posix_fadvise(POSIX_FADV_DONTNEED)``
+  over the whole image). On storage that two hosts share, that drop is what
+  keeps the destination from reading pages it cached before the source's
+  last writes. Linux does not drop a page that is locked or mapped, so a
+  page this daemon locked before the drop would survive it, and the guest
+  could read bytes it overwrote on the source during the migration. So from
+  the moment a disk's domain is seen arriving (``libvirt_disks.arriving``:
+  starting up, or paused for a migration while a job runs on it) until
+  libvirt reports the incoming complete (the domain running, or paused with
+  no job after a completed restore), the disk holds nothing and spills
+  nothing. Its heat is not started either: the local warm state and the
+  summary its domain carries are applied when the arrival completes
+  (``Served.warm``), so they neither decay meanwhile nor are saved over by
+  an empty heat. The daemon's own reads (the trace source's probe, the
+  summary's fingerprint) use ``pread`` and never map or lock a page, so the
+  drop removes what they read.
+
+Only libvirt can see an arrival: ``run IMG`` without a URI cannot, so on
+storage that hosts share the host service (or ``run IMG --uri``) is the
+supported mode (docs/algorithm.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vmdisktouch.adapters import journal
+
+log = logging.getLogger("vmdisktouch")
+
+
+class Follower:
+    """Applies each cycle's view of a disk's domain: its name, shut off, arriving."""
+
+    def __init__(self, warm, single: bool):
+        self.warm = warm                  # warm(watcher, member): start its heat, once
+        self.single = single              # one disk: the log's label has no path
+        self.waiting: set[int] = set()    # id(watcher): opened arriving, not warmed yet
+        self.arriving: set[int] = set()   # id(watcher): its domain seen arriving (said once)
+
+    def opened(self, w, m) -> None:
+        """A disk just opened: warmed now, or when its domain's arrival completes."""
+        if m.arriving:
+            self.waiting.add(id(w))
+        else:
+            self.warm(w, m)
+
+    def closed(self, w) -> None:
+        self.waiting.discard(id(w))
+        self.arriving.discard(id(w))
+
+    def follow(self, w, m) -> None:
+        """Hold while the owning domain runs (``active`` None: no domain) and has arrived;
+        name the disk by its domain and target wherever it appears."""
+        w.domain, w.target = m.domain, m.target
+        # The log's label: domain/target when libvirt knows it, and the path of one of many.
+        name = " ".join(([f"{m.domain}/{m.target}"] if m.domain else [])
+                        + ([] if self.single else [w.image.path]))
+        w.emitter.cycles.label = f"{name}: " if name else ""
+        key, path = id(w), w.image.path
+        with journal.disk_context(path, m.domain, m.target):
+            if m.arriving:
+                if key not in self.arriving:
+                    log.info("%s: its libvirt domain is arriving (an incoming migration or "
+                             "restore); holding nothing until QEMU has activated its disks",
+                             path)
+                    self.arriving.add(key)
+                hold = False
+            else:
+                self.arriving.discard(key)
+                arrived = key in self.waiting and m.active is not False
+                if arrived:
+                    self.waiting.discard(key)
+                    log.info("%s: its libvirt domain has arrived (QEMU activated its "
+                             "disks); holding from now", path)
+                    self.warm(w, m)
+                hold = m.active is not False and key not in self.waiting
+                if m.active is False and w.hold_enabled:
+                    log.info("%s: its libvirt domain is not running; releasing the holds",
+                             path)
+                elif hold and not w.hold_enabled and not arrived:
+                    log.info("%s: its libvirt domain is running; holding again", path)
+        w.domain_active = m.active
+        w.hold_enabled = hold
