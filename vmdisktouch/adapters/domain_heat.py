@@ -65,6 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmdisktouch.config.settings import MAX_AMP
 from vmdisktouch.core.runs import consecutive_runs
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.system import files
@@ -77,6 +78,9 @@ VERSION = "1"
 MAX_REGIONS = 64
 FINGERPRINT_BYTES = 4096      # the same on every host, whatever its page size
 ARRIVAL_HEAT = 4.0          # the hottest carried region arrives at >= this x the threshold
+ARRIVAL_MAX = 20.0          # ... and at <= this x the threshold (1.0 at the default 0.05)
+MAX_HEAT = 2 * MAX_AMP      # a block's heat never exceeds amp_resident + amp_rewritten
+MAX_SIZE = (1 << 63) - 1    # the largest file offset (off_t)
 MATERIAL = 1 / 8            # regions or heat moved by this share: write again
 FUTURE_SLACK = 60.0         # seconds: clocks of two hosts may differ this much
 
@@ -110,9 +114,9 @@ def fingerprint(image) -> str:
 
 def densest(heat: np.ndarray, threshold: float) -> tuple[tuple[int, int, float], ...]:
     """The ``MAX_REGIONS`` densest runs of ``heat`` at or above ``threshold``, by start:
-    (start block, blocks, mean heat)."""
+    (start block, blocks, mean heat at most ``MAX_HEAT``, so what is written is finite)."""
     runs = consecutive_runs(np.flatnonzero(heat >= threshold))
-    dense = [(a, b - a, float(heat[a:b].mean())) for a, b in runs]
+    dense = [(a, b - a, min(float(heat[a:b].mean()), MAX_HEAT)) for a, b in runs]
     dense.sort(key=lambda r: -r[2])
     return tuple((a, n, round(h, 4)) for a, n, h in sorted(dense[:MAX_REGIONS]))
 
@@ -167,21 +171,27 @@ def _local(tag: str) -> str:
 
 
 def _disk(de: ET.Element, target: str) -> DiskHeat:
+    """One disk's summary, every value within what a daemon could have written: a size
+    an image can have, a block size within it, regions within its blocks, at most
+    ``MAX_REGIONS``, each with a finite heat from 0 to ``MAX_HEAT`` (a larger heat would
+    keep a region nobody reads held for as long as it is watched); ``ValueError``
+    otherwise."""
     size, bs = int(de.get("size")), int(de.get("block-size"))
     saved = float(de.get("saved-at"))
-    if size <= 0 or bs <= 0 or not math.isfinite(saved):
-        raise ValueError("size, block size and time must be positive")
+    if not (0 < bs <= size <= MAX_SIZE) or not math.isfinite(saved):
+        raise ValueError(f"size {size}, block size {bs} or time {saved} out of range")
     n = -(-size // bs)
     regions = []
     for re_ in de:
         if _local(re_.tag) != "region":
             continue
+        if len(regions) == MAX_REGIONS:
+            raise ValueError(f"more than {MAX_REGIONS} regions")
         s, k, h = int(re_.get("start")), int(re_.get("blocks")), float(re_.get("heat"))
-        if not (0 <= s and 0 < k and s + k <= n and math.isfinite(h) and h >= 0):
-            raise ValueError(f"region {s}+{k} heat {h} outside the disk")
+        if not (0 <= s and 0 < k and s + k <= n and 0 <= h <= MAX_HEAT):   # NaN fails too
+            raise ValueError(f"region {s}+{k} heat {h} outside the disk (blocks 0 to {n}, "
+                             f"heat 0 to {MAX_HEAT:g})")
         regions.append((s, k, h))
-    if len(regions) > MAX_REGIONS:
-        raise ValueError(f"{len(regions)} regions, more than {MAX_REGIONS}")
     return DiskHeat(target, size, bs, de.get("fingerprint") or "", saved, tuple(regions))
 
 
@@ -201,7 +211,8 @@ def arrival(summary: DiskHeat, nblocks: int, block_size: int, decay: float, thre
             now_wall: float) -> np.ndarray:
     """The heat per block (of ``block_size``) the summary stands for on arrival (module
     docstring: decayed for the time since it was written, the hottest at least
-    ``ARRIVAL_HEAT`` x the threshold)."""
+    ``ARRIVAL_HEAT`` and at most ``ARRIVAL_MAX`` x the threshold, so a region nobody reads
+    is released as one the guest stopped reading is, whatever heat it carried)."""
     heat = np.zeros(nblocks, dtype=np.float32)
     if not summary.regions:
         return heat
@@ -210,6 +221,7 @@ def arrival(summary: DiskHeat, nblocks: int, block_size: int, decay: float, thre
     k = math.exp(-decay * away)
     if hottest > 0:
         k = max(k, min(1.0, ARRIVAL_HEAT * threshold / hottest))
+        k = min(k, ARRIVAL_MAX * threshold / hottest)
     for start, blocks, h in summary.regions:
         a = start * summary.block_size // block_size
         b = min(nblocks, -(-(start + blocks) * summary.block_size // block_size))

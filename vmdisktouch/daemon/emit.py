@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -60,8 +61,25 @@ def disk_title(status: dict) -> str:
 def status_bytes(status: dict) -> bytes:
     """The status file's text: one line of compact JSON, because ``json`` encodes it in C
     only without ``indent`` (docs/benchmarks.md, why-status). ``python3 -m json.tool FILE``
-    or ``vmdisktouch status`` shows it to a human."""
-    return (json.dumps(status, separators=(",", ":")) + "\n").encode()
+    or ``vmdisktouch status`` shows it to a human. A number that is not finite is written
+    as null (``finite``): NaN and Infinity are not JSON, and ``vmdisktouch status`` refuses
+    a file that holds them, hiding a live daemon."""
+    try:
+        text = json.dumps(status, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(finite(status), separators=(",", ":"), allow_nan=False)
+    return (text + "\n").encode()
+
+
+def finite(obj):
+    """``obj`` with every float that is not finite replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 class Emitter:
