@@ -86,6 +86,7 @@ class DiskWatcher:
         self.target: str | None = None
         self.allotment: Allotment | None = None  # the last selection's share (``host``)
         self.warmed_from: str | None = None      # "state", "metadata" (``served``); None: cold
+        self._arriving = False                   # restored heat not loaded yet (``restore``)
         self._released_between = 0               # by a reload or a size change
         self._cycle: tuple | None = None         # prepare's (start, observation, resident)
         self._hole_map: tuple | None = None      # ((allocation, nblocks), holes per block)
@@ -143,8 +144,10 @@ class DiskWatcher:
         # between its prepare and its act are not its own.
         own_start = t0 + (self.clock() - prepared)
         plan = self.policy.finish(targets)
-        self.holder.unpaced = self.source.cold      # a cold disk's first loads: at once
+        # A cold disk's first loads, and a warm one's first selection, at once (``restore``).
+        self.holder.unpaced = self.source.cold or self._arriving
         acted = self.recharger.act(plan, obs.held, t0, self.config, holding=obs.holding)
+        self._arriving = self._arriving and not obs.holding
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
         if acted.result.loaded_bytes:
             self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
@@ -273,9 +276,16 @@ class DiskWatcher:
         return resident, self.policy.held_after
 
     def restore(self, saved, away_seconds: float) -> None:
-        """Start from saved heat (``warm_state.Saved``), decayed over ``away_seconds``."""
+        """Start from saved heat (``warm_state.Saved``), decayed over ``away_seconds``.
+
+        The first selection made while holding is loaded unpaced, as a cold disk's
+        first loads are: it is what the guest read just before it went away (a
+        restart, a reboot, a restore, a migration), so each second paced is a
+        second the guest waits on the disk for it (docs/benchmarks.md,
+        warm-restart-reboot)."""
         k = np.float32(heat.decay_factor(self.policy.params.heat.decay, max(0.0, away_seconds)))
         self.policy.state = heat.HeatState(saved.heat_resident * k, saved.heat_rewritten * k)
+        self._arriving = True
 
     def warm_state(self) -> tuple[np.ndarray, np.ndarray, list]:
         """(heat resident, heat rewritten, held runs) to save."""
