@@ -188,8 +188,24 @@ def domain_state(name: str) -> str:
     return virsh("domstate", name).strip()
 
 
+def _other_pytest_running() -> bool:
+    """Another pytest process runs on this machine (its domains are not stale)."""
+    me = {os.getpid(), os.getppid()}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(pid) not in me and any(b"pytest" in a for a in argv[:3]):
+            return True
+    return False
+
+
 def cleanup_stale_domains() -> None:
-    """Remove vdt-test-* domains a killed earlier run left behind."""
+    """Remove vdt-test-* domains a killed earlier run left behind (none while another
+    pytest runs: they may be its own)."""
+    if _other_pytest_running():
+        return
     for name in virsh("list", "--all", "--name").split():
         if name.startswith(PREFIX):
             destroy_undefine(name)
