@@ -225,12 +225,14 @@ def too_many_files() -> str:
 
 
 def descriptors() -> tuple[int, int]:
-    """(descriptors open now, this process's soft ``RLIMIT_NOFILE``)."""
+    """(descriptors open now, this process's soft ``RLIMIT_NOFILE``); every one of them
+    when there is none left to list them with."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     try:
         used = len(os.listdir("/proc/self/fd")) - 1       # less the listing's own
-    except OSError:
-        used = -1
-    return used, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except OSError as exc:
+        used = limit if exc.errno in EMFILE else -1
+    return used, limit
 
 
 def require_descriptors(path: str) -> None:
