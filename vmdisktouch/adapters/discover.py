@@ -13,7 +13,11 @@ the disks vmdisktouch can help. ``--json`` prints a JSON array with one
 object per disk (keys: see ``libvirt_disks.Disk``; at least ``domain``,
 ``state``, ``target``, ``source``, ``type``, ``format``, ``cache``, ``io``,
 ``eligible``, ``reason`` and ``unit``, plus ``unit_enabled`` and
-``unit_active``).
+``unit_active``). What is wrong with a domain's XML is said under each of
+its disks (``problem``: its metadata cannot be parsed, so the heat it
+carries is ignored); a domain whose XML cannot be read at all (over
+libvirt's 4 MiB message limit) is one row of its own (``unread``), its
+target ``-``, not eligible, with the reason.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0) 
     for d, r in zip(disks, rows[1:]):
         out.append(line(r).rstrip())
         out.append(f"    {'why' if d.eligible else 'why not'}: {d.reason}")
+        if d.problem and d.problem != d.reason:
+            out.append(f"    problem: {d.problem}")
         if d.eligible and d.unit:
             state = f" ({states[d.unit][0]}, {states[d.unit][1]})" if d.unit in states else ""
             out.append(f"    per-disk unit: {d.unit}{state}")
@@ -103,3 +109,11 @@ def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0) 
 def is_empty_drive(d: Disk) -> bool:
     """A CD-ROM or floppy drive with no medium: nothing to hold, only noise."""
     return d.source is None and d.type != "network" and d.device in ("cdrom", "floppy")
+
+
+def unread(domain: str, state: str, why: str) -> Disk:
+    """The row of a domain whose disks cannot be read (``why``): listed, not eligible."""
+    return Disk(domain=domain, state=state, active=None, target="-", device="-", source=None,
+                type="-", format="-", cache="-", cache_default=False, io="-",
+                io_default=False, readonly=False, eligible=False,
+                reason=f"{why}; its disks are not known", problem=why)

@@ -34,12 +34,14 @@ so it only helps a disk that QEMU reads and writes through that cache:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import stat
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from vmdisktouch.errors import VmdtError
 
@@ -95,6 +97,9 @@ class Disk:
     arriving: bool = False
     # The heat its domain carries for it (``domain_heat``): a summary, why it is none, or None.
     carried: object = field(default=None, repr=False, compare=False)
+    # What is wrong with its domain's XML (its metadata unreadable, or the XML itself: then
+    # this is its last known listing), or None (``Memo``).
+    problem: str | None = field(default=None, compare=False)
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -169,17 +174,21 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
                      arriving: bool = False, with_units: bool = True) -> list[Disk]:
     """The disks of one domain XML document (``virsh dumpxml``), assessed.
 
-    Raises ``LibvirtError`` if the text is not a domain XML document.
+    Raises ``LibvirtError`` if the text is not a domain XML document. Metadata that is not
+    well-formed (libvirt accepts an element with an undeclared prefix) costs only the
+    domain's summary, never its disks: they are read with ``<metadata>`` cut out, and
+    the summary is why it is none (``problem``).
     """
     try:
-        root = ET.fromstring(xml)
+        root, problem = ET.fromstring(xml), None
     except ET.ParseError as exc:
-        raise LibvirtError(f"cannot parse domain XML: {exc}") from None
+        root, problem = _without_metadata(xml, exc), (
+            f"its metadata is not well-formed XML ({exc}): the heat it carries is ignored")
     if root.tag != "domain":
         raise LibvirtError(f"not a domain XML document (root element <{root.tag}>)")
     name = root.findtext("name") or "?"
     uuid = root.findtext("uuid") or ""
-    carried = _carried(root)
+    carried = problem or _carried(root)
     disks = []
     for el in root.findall("./devices/disk"):
         dtype = el.get("type", "file")
@@ -202,7 +211,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
             io=QEMU_DEFAULT_IO if io_default else io_attr,
             io_default=io_default,
             readonly=el.find("readonly") is not None,
-            backing=_backing_chain(el),
+            backing=_backing_chain(el), problem=problem,
         )
         disk.carried = carried if isinstance(carried, str) else carried.get(disk.target)
         disk.eligible, disk.reason = assess(disk)
@@ -210,6 +219,19 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
             disk.unit = unit_name(source)
         disks.append(disk)
     return disks
+
+
+METADATA = re.compile(r"<metadata\s*/>|<metadata>.*?</metadata>", re.S)
+
+
+def _without_metadata(xml: str, exc: ET.ParseError) -> ET.Element:
+    """The document parsed with its ``<metadata>`` element cut out (libvirt writes every
+    element inside it with a prefix, so the first unprefixed end tag is its own);
+    ``LibvirtError`` naming the first error when it still cannot be parsed."""
+    try:
+        return ET.fromstring(METADATA.sub("", xml, count=1))
+    except ET.ParseError:
+        raise LibvirtError(f"cannot parse domain XML: {exc}") from None
 
 
 def _carried(root: ET.Element) -> dict | str:
@@ -306,15 +328,67 @@ def domain_state(dom) -> tuple[str, bool, bool]:
             arriving(active, st, reason, lambda: _job_running(dom)))
 
 
-def domain_disks(dom, *, with_units: bool = True) -> list[Disk]:
-    """The assessed disks of one virDomain (its live XML when running)."""
-    state, active, arrives = domain_state(dom)
-    return parse_domain_xml(dom.XMLDesc(0), state=state, active=active, arriving=arrives,
-                            with_units=with_units)
+class Memo:
+    """What ``list_disks`` keeps between listings, per domain (by UUID): the digest of its
+    last XML and the disks read from it, so an unchanged domain is not parsed again (2.7 MB
+    of foreign metadata parsed each cycle cost a quarter of a core at 1 s cycles); those
+    disks again while its XML cannot be read (over libvirt's 4 MiB message limit, say),
+    so a served domain is not dropped for it; and each domain's problem, said once
+    (``say``) rather than every cycle, and kept by name for the last listing in
+    ``problems``."""
+
+    def __init__(self, say=log.warning):
+        self.say = say
+        self.parsed: dict[str, tuple[bytes, list[Disk]]] = {}
+        self.said: dict[str, str] = {}
+        self.problems: dict[str, tuple[str, str]] = {}    # name -> (problem, state)
+
+    def disks(self, uuid: str, name: str, xml: str | None, why: str | None, fresh: dict,
+              with_units: bool) -> list[Disk]:
+        """The disks of one domain (``fresh``: its state now): read from ``xml``, again
+        only when it changed; when it cannot be read (``why``), its last known ones."""
+        if xml is not None:
+            try:
+                listed = self._parse(uuid, xml, with_units)
+            except LibvirtError as exc:
+                why = str(exc)
+            else:
+                self._note(uuid, name, listed[0].problem if listed else None, fresh, False)
+                return [replace(d, **fresh) for d in listed]
+        last = self.parsed.get(uuid, (b"", []))[1]
+        self._note(uuid, name, why, fresh, bool(last))
+        return [replace(d, problem=f"{why}; its last known disks", **fresh) for d in last]
+
+    def _parse(self, uuid: str, xml: str, with_units: bool) -> list[Disk]:
+        key = hashlib.blake2b(xml.encode(), digest_size=16,
+                              person=b"units" if with_units else b"").digest()
+        last = self.parsed.get(uuid)
+        if last is None or last[0] != key:
+            last = self.parsed[uuid] = (key, parse_domain_xml(xml, with_units=with_units))
+        return last[1]
+
+    def _note(self, uuid: str, name: str, why: str | None, fresh: dict, kept: bool) -> None:
+        if why is None:
+            self.said.pop(uuid, None)
+            return
+        self.problems[name] = (why, fresh["state"])
+        if self.said.get(uuid) != why:
+            self.said[uuid] = why
+            self.say("libvirt: %s: %s%s", name, why,
+                     "; keeping its last known disks" if kept else "")
+
+    def forget_all_but(self, uuids: set[str]) -> None:
+        """Forget the domains that are gone."""
+        for d in (self.parsed, self.said):
+            for uuid in set(d) - uuids:
+                del d[uuid]
 
 
-def _domains_and_disks(conn, *, with_units: bool):
-    """(virDomain, its disks) for every domain, active and inactive.
+MEMO = Memo()     # the process's own: the daemon's resyncs share it
+
+
+def _domains_and_disks(conn, *, with_units: bool, memo: Memo):
+    """(virDomain, its disks) for every domain, active and inactive (``Memo.disks``).
 
     A domain that vanished between the listing and the reading is skipped.
     """
@@ -323,18 +397,34 @@ def _domains_and_disks(conn, *, with_units: bool):
         domains = conn.listAllDomains(0)
     except libvirt.libvirtError as exc:
         raise LibvirtError(f"cannot list domains: {libvirt_message(exc)}") from None
+    memo.problems = {}
+    seen = set()
     for dom in domains:
+        xml = why = None
         try:
-            disks = domain_disks(dom, with_units=with_units)
+            uuid, name = dom.UUIDString(), dom.name()
+            state, active, arrives = domain_state(dom)
+            try:
+                xml = dom.XMLDesc(0)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    raise
+                why = f"cannot read its XML: {libvirt_message(exc)}"
         except libvirt.libvirtError as exc:
             log.debug("skipping a domain: %s", libvirt_message(exc))
             continue
-        yield dom, disks
+        seen.add(uuid)
+        fresh = dict(state=state, active=active, arriving=arrives)
+        yield dom, memo.disks(uuid, name, xml, why, fresh, with_units)
+    memo.forget_all_but(seen)
 
 
-def list_disks(conn, *, with_units: bool = True) -> list[Disk]:
-    """Every disk of every domain (active and inactive), sorted by domain and target."""
-    out = [disk for _, disks in _domains_and_disks(conn, with_units=with_units)
+def list_disks(conn, *, with_units: bool = True, memo: Memo | None = None) -> list[Disk]:
+    """Every disk of every domain (active and inactive), sorted by domain and target.
+    ``memo``: what is kept between listings (default: the process's ``MEMO``); a domain
+    whose XML cannot be read is in ``memo.problems``, with its last known disks if any."""
+    memo = MEMO if memo is None else memo
+    out = [disk for _, disks in _domains_and_disks(conn, with_units=with_units, memo=memo)
            for disk in disks]
     out.sort(key=lambda d: (d.domain, d.target))
     return out

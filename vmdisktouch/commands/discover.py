@@ -1,5 +1,7 @@
 """``vmdisktouch discover``: every libvirt domain's disks and whether each can be helped
-(the table and its rules: ``adapters.discover``)."""
+(the table and its rules: ``adapters.discover``). A domain whose XML cannot be read is
+listed as such and the others as ever, and the exit status is 1, with one line on
+stderr per such domain: a script must not take the listing for complete."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import json
 import sys
 
 from vmdisktouch.adapters import libvirt_disks
-from vmdisktouch.adapters.discover import HOST_UNIT, format_table, is_empty_drive, unit_states
+from vmdisktouch.adapters.discover import (HOST_UNIT, format_table, is_empty_drive,
+                                           unit_states, unread)
 from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI
 
 
@@ -31,10 +34,15 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     conn = libvirt_disks.connect(args.uri)
+    memo = libvirt_disks.Memo(say=lambda *_: None)      # said here, in the listing
     try:
-        disks = libvirt_disks.list_disks(conn)
+        disks = libvirt_disks.list_disks(conn, memo=memo)
     finally:
         conn.close()
+    known = {d.domain for d in disks}
+    unreadable = {name: p for name, p in memo.problems.items() if name not in known}
+    disks = sorted(disks + [unread(n, state, why) for n, (why, state) in unreadable.items()],
+                   key=lambda d: (d.domain, d.target))
     shown = [d for d in disks if not is_empty_drive(d)]
     empty = len(disks) - len(shown)
     if args.eligible:
@@ -51,4 +59,6 @@ def main(args) -> int:
               + (f" ({empty} empty removable drives)" if empty else ""))
     else:
         print(format_table(shown, states, empty))
-    return 0
+    for name, (why, _) in sorted(unreadable.items()):
+        print(f"vmdisktouch: {name}: {why}; its disks are not listed", file=sys.stderr)
+    return 1 if unreadable else 0
