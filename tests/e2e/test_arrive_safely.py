@@ -1,0 +1,191 @@
+"""The arrival rule (issue 40), shown with real QEMU and libvirtd: a disk whose domain is
+arriving holds nothing until libvirt reports the incoming complete.
+
+When a domain arrives (a restore, an incoming migration) QEMU activates its disks and
+drops each image's page cache (``raw_co_invalidate_cache``: ``posix_fadvise(DONTNEED)``
+over the whole image), so a destination on shared storage never reads stale pages. Pages
+a daemon has mlocked survive that drop. Here QEMU checks the drop itself: the domain's
+emulator is a wrapper (``tests.arrival_env.CheckedQemu``) that gives the image's file
+blockdev ``x-check-cache-dropped``, and QEMU logs "page cache still in use!" when a page
+stayed (QEMU 7.2 logs it and completes the arrival anyway).
+
+A host service (daemon A) learns a hot zone from guest-like reads and writes the summary
+into the domain's metadata; the domain is saved; a fresh host service (daemon B, empty
+state dir, 1 s cycles) runs; the restore reads its save image from a FIFO fed over 4 s,
+so the incoming phase spans several of B's cycles. Asserted: the restore completes, QEMU
+ran with the check and logged no "page cache still in use", and B holds the zone (VmLck
+>= 90 % of it) within 2 s of the domain running.
+
+The daemons run the code of this checkout, or of the tree in ``VDT_ARRIVAL_TREE`` (e.g.
+a ``git worktree`` of the code before the fix, which these tests must fail on).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.arrival_env import STILL_IN_USE, CheckedQemu, QemuLog, SlowFeed, checked_domain_xml
+from tests.libvirt_env import (PREFIX, URI, VmLck, disk_xml, domains,  # noqa: F401
+                               libvirt_daemons, qemu_io, virsh)
+from tests.pagecache import data_image, evict
+from tools.common import ROOT
+from tools.daemon_proc import DaemonProc
+from vmdisktouch.adapters import domain_heat as dh
+
+MiB = 1 << 20
+BUDGET = 24 * MiB
+ZONE = (8 * MiB, 8 * MiB)          # offset, length
+HELD_WITHIN = 2.0                  # s after the domain runs
+FEED_SECONDS = 4.0                 # the restore's incoming phase, at least
+TREE = os.environ.get("VDT_ARRIVAL_TREE", ROOT)
+
+
+@pytest.fixture(scope="module")
+def checked_qemu():
+    q = CheckedQemu()
+    yield q
+    q.remove()
+
+
+def define_checked(domains, tmp_path, img, emulator, tag):  # noqa: F811
+    """A domain (started paused) whose emulator is the checking wrapper."""
+    name = f"{PREFIX}{tag}-{uuid.uuid4().hex[:8]}"
+    xml = tmp_path / f"{name}.xml"
+    xml.write_text(checked_domain_xml(name, [disk_xml("vda", img)], emulator))
+    domains.names.append(name)              # destroyed and undefined at the end
+    virsh("define", str(xml))
+    virsh("start", name, "--paused")
+    return name
+
+
+def qemu_pid(name: str, run_dir: str = "") -> int:
+    return int(open(f"{run_dir}/run/libvirt/qemu/{name}.pid").read().strip())
+
+
+def assert_checked(name: str, run_dir: str = "") -> None:
+    """QEMU runs with the check on its file blockdev (the wrapper did its work)."""
+    cmdline = open(f"/proc/{qemu_pid(name, run_dir)}/cmdline", "rb").read().decode()
+    assert '"x-check-cache-dropped":true' in cmdline, cmdline.replace("\0", " ")
+
+
+def summary_covers(dom: str, uri: str = URI) -> float:
+    from tests.arrival_env import vsh
+    elem = dh.find(ET.fromstring(vsh(uri, "dumpxml", dom)))
+    if elem is None:
+        return 0.0
+    s = dh.parse(elem).get("vda")
+    if s is None or isinstance(s, str):
+        return 0.0
+    off, length = ZONE
+    blocks = set(range(off // s.block_size, (off + length) // s.block_size))
+    return len(blocks & s.covered()) / len(blocks)
+
+
+def held_share(st, path) -> float:
+    off, length = ZONE
+    disk = next((d for d in st.get("disks", []) if d["path"] == path), None)
+    if disk is None:
+        return 0.0
+    return sum(max(0, min(o + n, off + length) - max(o, off))
+               for o, n in disk["regions"]) / length
+
+
+def host(tmp_path, name, *args, uri=URI):
+    """A host service: carry on, 1 s cycles, a budget, its own (empty) state dir."""
+    work = tmp_path / name
+    work.mkdir()
+    return DaemonProc(work, [], "--libvirt", "--uri", uri, "--carry-heat", "on",
+                      "--min-free", "0", "--state-dir", str(work / "state"), *args,
+                      max_hold=str(BUDGET), interval=1, status="host.json", cwd=TREE)
+
+
+def learn(tmp_path, dom, uri=URI, read=None):
+    """Daemon A reads the zone as the guest until the summary in the domain's metadata
+    covers 90 % of it; returns A (running: stop it)."""
+    a = host(tmp_path, "a", "--carry-interval", "1", uri=uri)
+    try:
+        deadline = time.monotonic() + 60
+        while summary_covers(dom, uri) < 0.9:
+            (read or (lambda: qemu_io(dom, f"read {ZONE[0]} {ZONE[1]}")))()
+            assert time.monotonic() < deadline, f"no summary covers the zone\n{a.log_tail(20)}"
+            time.sleep(0.5)
+        return a
+    except BaseException:
+        a.stop()
+        raise
+
+
+def wait_locked(b, t0: float, timeout: float = 10.0) -> float:
+    """Seconds from ``t0`` until B's VmLck is 90 % of the zone."""
+    deadline = time.monotonic() + timeout
+    while b.vmlck() < 0.9 * ZONE[1]:
+        assert b.alive(), b.output()[-3000:]
+        assert time.monotonic() < deadline, \
+            f"VmLck {b.vmlck()} after {timeout:g} s\n{b.log_tail(20)}"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "paused-then-resume"])
+def test_a_restore_under_qemus_own_check(domains, tmp_path, checked_qemu, paused):  # noqa: F811
+    img = data_image(tmp_path / "a.raw", 64 * MiB)
+    dom = define_checked(domains, tmp_path, img, checked_qemu.path, "arrive")
+    assert_checked(dom)
+    a = learn(tmp_path, dom)
+    saved = tmp_path / "dom.save"
+    try:
+        virsh("save", dom, str(saved))
+    finally:
+        a.stop()
+    evict(img)
+    b = host(tmp_path, "b")
+    lck = None
+    try:
+        b.wait_status(lambda s: "host" in s, "daemon B up", timeout=60)
+        log = QemuLog(dom)
+        lck = VmLck(b)
+        feed = SlowFeed(saved, tmp_path / "dom.fifo", FEED_SECONDS)
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(["virsh", "-c", URI, "restore", str(feed.path),
+                                "--paused" if paused else "--running"],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, f"virsh restore: {r.stderr.strip()}\n" \
+                                      f"QEMU:\n{log.new()[-1500:]}\nB:\n{b.log_tail(30)}"
+        finally:
+            feed.join()
+        restored = time.monotonic()
+        assert restored - t0 >= FEED_SECONDS * 0.9, "the incoming phase was not slow"
+        assert_checked(dom)
+        if paused:
+            assert virsh("domstate", dom).strip() == "paused"
+            # as an operator would: some cycles of B's pass before the resume
+            cycle = b.read_status()["host"]["cycle"]
+            b.wait_status(lambda s: s["host"]["cycle"] >= cycle + 3, "three cycles of B's",
+                          timeout=30)
+            r = subprocess.run(["virsh", "-c", URI, "resume", dom], capture_output=True,
+                               text=True)
+            assert r.returncode == 0, f"virsh resume: {r.stderr.strip()}\n" \
+                                      f"QEMU:\n{log.new()[-1500:]}\nB:\n{b.log_tail(30)}"
+        running = time.monotonic()
+        assert virsh("domstate", dom).strip() == "running"
+        seconds = wait_locked(b, running)
+        out = log.new()
+        assert STILL_IN_USE not in out, \
+            f"QEMU found pages still cached when it arrived:\n{out[-2000:]}\n" \
+            f"daemon B:\n{b.log_tail(30)}"
+        assert seconds <= HELD_WITHIN, f"held {seconds:.1f} s after running\n{b.log_tail(20)}"
+        b.wait_status(lambda s: held_share(s, img) >= 0.9, "the zone held, in B's status",
+                      timeout=10)
+        assert lck.worst <= BUDGET + 64 * MiB       # its budget (others' domains aside)
+    finally:
+        if lck is not None:
+            lck.stop.set()
+        b.stop()
