@@ -24,7 +24,14 @@ thread and one ``selectors`` loop, bounded whatever its clients do:
   ``MAX_REQUEST`` bytes) and ``SEND_SECONDS`` to read the response, however
   slowly it trickles bytes; one request per connection;
 * an ``accept`` that fails for want of a descriptor (or of memory) rests the
-  listener for ``ACCEPT_REST`` seconds instead of spinning on it.
+  listener for ``ACCEPT_REST`` seconds instead of spinning on it;
+* at most ``ACCEPT_RATE`` connections are accepted a second (a token bucket of
+  ``ACCEPT_TOKENS``): past it the listener rests until a token is due, and the
+  connections wait in the kernel's backlog, costing the daemon nothing (issue
+  40: connect-and-close from four processes took 80 % of a core). A scrape
+  waits behind at most a backlog's worth (128) of them: well under a second.
+
+The page itself is rendered once per cycle by ``render`` (``metrics.Metrics.page``).
 
 Dropped connections are logged at most once a minute, with their count. Any
 path, GET or HEAD, answers the text format of ``generate_latest`` (gzipped
@@ -50,6 +57,8 @@ SEND_SECONDS = 5.0       # to read the whole response
 MAX_REQUEST = 8192       # bytes of request line and headers
 ACCEPT_BURST = 64        # connections accepted per wake-up
 ACCEPT_REST = 1.0        # the listener rests this long after accept failed (EMFILE...)
+ACCEPT_RATE = 1000.0     # connections accepted a second, at most (the rest wait in the backlog)
+ACCEPT_TOKENS = 256.0    # ... and at once, after a quiet while
 WARN_EVERY = 60.0        # seconds between two lines about dropped connections
 
 
@@ -95,6 +104,7 @@ class Endpoint:
         self.sel.register(self.sock, selectors.EVENT_READ)
         self.sel.register(self._wake_r, selectors.EVENT_READ)
         self.resting_until = 0.0
+        self.tokens, self.filled = ACCEPT_TOKENS, time.monotonic()
         self.dropped, self.last_warned, self.stopping = 0, -WARN_EVERY, False
         self.thread = threading.Thread(target=self._run, name="vmdisktouch-metrics",
                                        daemon=True)
@@ -142,8 +152,18 @@ class Endpoint:
             for sock in [s for s, c in self.conns.items() if c.deadline <= now]:
                 self._drop(sock, counted=True)
 
+    def _rest(self, seconds: float) -> None:
+        """Stop accepting for ``seconds``: the connections wait in the kernel's backlog."""
+        self.sel.unregister(self.sock)
+        self.resting_until = time.monotonic() + seconds
+
     def _accept(self) -> None:
+        now = time.monotonic()
+        self.tokens = min(ACCEPT_TOKENS, self.tokens + (now - self.filled) * ACCEPT_RATE)
+        self.filled = now
         for _ in range(ACCEPT_BURST):
+            if self.tokens < 1.0:
+                return self._rest((1.0 - self.tokens) / ACCEPT_RATE)
             try:
                 sock, _addr = self.sock.accept()
             except BlockingIOError:
@@ -151,10 +171,10 @@ class Endpoint:
             except OSError as exc:
                 if exc.errno == errno.ECONNABORTED:
                     continue
-                self.sel.unregister(self.sock)    # no descriptor (or memory): rest, never spin
-                self.resting_until = time.monotonic() + ACCEPT_REST
+                self._rest(ACCEPT_REST)           # no descriptor (or memory): never spin
                 self._warn(f"cannot accept a connection ({exc.strerror or exc})")
                 return
+            self.tokens -= 1.0
             if len(self.conns) >= MAX_CONNECTIONS:
                 reading = [s for s, c in self.conns.items() if c.outbox is None]
                 if not reading:
