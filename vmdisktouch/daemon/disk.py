@@ -156,6 +156,7 @@ class DiskWatcher:
         self.last_spill = (self.spiller.warm(spill_runs, self.config.min_free) if spilling
                            else SpillResult())
         self.spilled = list(spill_runs) if spilling else []   # the next selection's incumbents
+        self.source.brace(acted.held, self.last_spill.target_bytes)
         self.cycle += 1
         report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:

@@ -107,6 +107,9 @@ class PollingSource:
     def resize(self, nblocks: int) -> None:
         self.sums.resize(nblocks)
 
+    def brace(self, held: np.ndarray, unlocked_bytes: int) -> None:
+        pass
+
     def status(self) -> dict:
         return {"access_source": self.name, "events_lost": 0}
 
@@ -133,6 +136,7 @@ class TraceSource:
         self.residency = EventResidency(nblocks, block_size, self.page_size)
         self.cycles = 0
         self.events_lost = 0
+        self.lost_at: float | None = None    # Unix time of the last cycle that lost events
         self.last: dict = {}
         self.last_access = None              # the last cycle's Access (exact pages: tests)
         self.shift = ReadShift(self.log.pages_per_block)
@@ -192,6 +196,7 @@ class TraceSource:
         missed = self._check()
         acc = self.last_access = self.log.take(held.size, now_ns=self.clock_ns())
         self.events_lost += acc.lost
+        self.lost_at = time.time() if acc.lost else self.lost_at
         if probing and not missed and acc.lost == 0 and self.reader.probe_seen is False:
             missed = self._unseen()
         elif probing and not missed:     # a pid filter may hide the guest, not the probe
@@ -285,6 +290,16 @@ class TraceSource:
     def taken(self, blocks: np.ndarray, size: int) -> None:
         pass
 
+    def brace(self, held: np.ndarray, unlocked_bytes: int) -> None:
+        """The buffer sized for the deletes that can come at once: one fadvise DONTNEED
+        (QEMU's of an arriving VM's image, a backup's) deletes every cached page not held,
+        in one call on one CPU, faster than any drain (issue 40). ``unlocked_bytes``: what
+        the daemon cached without holding it (the spill), whose adds are never traced."""
+        if self.reader is not None:
+            counts = self.residency.counts[:held.size]
+            unheld = int(counts[~held[:counts.size]].sum())
+            self.reader.reserve(unheld + unlocked_bytes // self.page_size)
+
     def resize(self, nblocks: int) -> None:
         self.residency.resize(nblocks)
 
@@ -293,7 +308,8 @@ class TraceSource:
         return {"access_source": self.name, "events_lost": self.events_lost,
                 "trace": {"instance": r and r.name, "target": r and r.target,
                           "buffer_kb": r.buffer_kb if r else 0,
-                          "early_cycles": self.early_cycles, **self.last}}
+                          "early_cycles": self.early_cycles, "lost_at": self.lost_at,
+                          **self.last}}
 
     def close(self) -> None:
         if self.reader is not None:

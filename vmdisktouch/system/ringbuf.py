@@ -70,6 +70,23 @@ class EventFormat:
     fields: dict[str, Field]
 
 
+def buffer_kb_for(events: int, formats) -> int:
+    """KiB of one CPU's buffer that ``events`` records of the largest of ``formats`` fill:
+    the payload rounded to 4 bytes and a record header (4 bytes, 8 with a length word), a
+    quarter more for the sub-buffers' headers and the ends of sub-buffers left unfilled."""
+    payload = max(f.offset + f.size for fmt in formats for f in fmt.fields.values())
+    return -(-int(events) * (-(-payload // 4) * 4 + 8) * 5 // 4 // 1024)
+
+
+def grown_kb(now_kb: int, want_kb: int, most_kb: int) -> int:
+    """The buffer's next size: double ``now_kb``, doubled again until ``want_kb``, at most
+    ``most_kb``."""
+    new = now_kb * 2
+    while new < want_kb:
+        new *= 2
+    return min(new, most_kb)
+
+
 def parse_format(text: str) -> EventFormat:
     """An ``events/GROUP/EVENT/format`` file."""
     name = re.search(r"^name:\s*(\S+)", text, re.M)
@@ -250,3 +267,30 @@ def parse_pages(data, lay: Layout) -> Records:
     start = 4 * (p + 1 + (tl == 0))
     return Records(buf, ts[data_rec], start[data_rec], missed, unknown, bad)
 
+
+@dataclass(frozen=True)
+class Events:
+    """Decoded events (``trace_reader``), sorted by time."""
+    kind: np.ndarray    # uint8, one of READ/WRITE/ADD/DELETE
+    ts: np.ndarray      # int64, CLOCK_MONOTONIC ns (trace_clock mono)
+    first: np.ndarray   # int64, first page index (in pages of ``libc.PAGE_SIZE`` bytes)
+    last: np.ndarray    # int64, last page index, inclusive
+    lost: int           # events the kernel reported lost since the previous drain (>= 0)
+
+    def __len__(self) -> int:
+        return int(self.kind.size)
+
+
+def no_events(lost: int = 0) -> Events:
+    z = np.zeros(0, dtype=np.int64)
+    return Events(np.zeros(0, dtype=np.uint8), z, z.copy(), z.copy(), lost)
+
+
+def concat_events(parts: list[Events], lost: int) -> Events:
+    if not parts:
+        return no_events(lost)
+    ts = np.concatenate([p.ts for p in parts])
+    order = np.argsort(ts, kind="stable")
+    return Events(np.concatenate([p.kind for p in parts])[order], ts[order],
+                  np.concatenate([p.first for p in parts])[order],
+                  np.concatenate([p.last for p in parts])[order], lost)

@@ -42,7 +42,9 @@ events sorted by time, CLOCK_MONOTONIC ns (``trace_clock`` ``mono``).
 Lost events are counted twice by the kernel, as the per-CPU ``overrun``
 counters and as the "missed events" of the next page read; per CPU the
 larger of the two running totals is taken, so nothing is counted twice.
-When events were lost the buffer doubles, up to ``max_buffer_kb``.
+When events were lost the buffer doubles, up to ``max_buffer_kb``; so it does
+when one CPU's drain found it half full, before the next burst overflows it.
+``reserve(events)`` grows it ahead of a burst the caller foresees.
 ``pending()`` tells, without reading, whether a ``drain`` has anything to give:
 one poll(2) of every CPU's ``trace_pipe_raw`` with timeout 0, which says
 readable as soon as that CPU holds one event because ``tracefs.Instance``
@@ -68,13 +70,12 @@ import os
 import select
 import stat
 import threading
-from dataclasses import dataclass
-
 import numpy as np
 
 from vmdisktouch.errors import ClosedError, SyscallError, VmdtError, file_kind
 from vmdisktouch.system import bdi, files, libc, ringbuf, tracefs
 from vmdisktouch.system.bdi import kernel_dev
+from vmdisktouch.system.ringbuf import Events, concat_events, no_events
 from vmdisktouch.system.tracefs import TraceUnavailable
 
 log = logging.getLogger("vmdisktouch")
@@ -86,36 +87,10 @@ ADDED = "filemap/mm_filemap_add_to_page_cache"
 DELETED = "filemap/mm_filemap_delete_from_page_cache"
 KINDS = {GET_PAGES: READ, DIRTY: WRITE, ADDED: ADD, DELETED: DELETE}
 CONFIRM_TRIES = 5
+RESERVE_KB = 16384     # the most ``reserve`` sizes the buffer to, per CPU (each CPU gets it)
 
 __all__ = ["ADD", "DELETE", "Events", "READ", "TraceReader", "TraceUnavailable", "WRITE",
            "kernel_dev"]
-
-
-@dataclass(frozen=True)
-class Events:
-    kind: np.ndarray    # uint8, one of READ/WRITE/ADD/DELETE
-    ts: np.ndarray      # int64, CLOCK_MONOTONIC ns (trace_clock mono)
-    first: np.ndarray   # int64, first page index (in pages of ``libc.PAGE_SIZE`` bytes)
-    last: np.ndarray    # int64, last page index, inclusive
-    lost: int           # events the kernel reported lost since the previous drain (>= 0)
-
-    def __len__(self) -> int:
-        return int(self.kind.size)
-
-
-def _empty(lost: int = 0) -> Events:
-    z = np.zeros(0, dtype=np.int64)
-    return Events(np.zeros(0, dtype=np.uint8), z, z.copy(), z.copy(), lost)
-
-
-def _concat(parts: list[Events], lost: int) -> Events:
-    if not parts:
-        return _empty(lost)
-    ts = np.concatenate([p.ts for p in parts])
-    order = np.argsort(ts, kind="stable")
-    return Events(np.concatenate([p.kind for p in parts])[order], ts[order],
-                  np.concatenate([p.first for p in parts])[order],
-                  np.concatenate([p.last for p in parts])[order], lost)
 
 
 class TraceReader:
@@ -333,7 +308,7 @@ class TraceReader:
         # Nothing buffered on any CPU: nothing can have been lost since the last look (an
         # overrun leaves a full buffer behind), so the stats files are not read.
         lost = self._account_lost() if self.last_bytes else 0
-        events = _concat(parts, lost)
+        events = concat_events(parts, lost)
         if not extra:
             return events
         ts = np.concatenate([p.ts for p in parts]) if parts else np.zeros(0, np.int64)
@@ -355,20 +330,30 @@ class TraceReader:
             self._lost_seen[cpu] = seen
         return lost
 
-    def _grow(self, lost: int) -> None:
-        if self.buffer_kb >= self.max_buffer_kb:
+    def _grow(self, why: str, want_kb: int = 0) -> None:
+        """Double the per-CPU buffer, or more to reach ``want_kb``, up to ``max_buffer_kb``."""
+        new = ringbuf.grown_kb(self.buffer_kb, want_kb, self.max_buffer_kb)
+        if new <= self.buffer_kb:
             return
-        new = min(self.buffer_kb * 2, self.max_buffer_kb)
         try:
             self._inst.resize(new)
         except VmdtError as exc:
-            log.warning("trace: %s: %d events lost; cannot grow the buffer to %d KiB: %s",
-                        self.name, lost, new, exc)
+            log.warning("trace: %s: %s; cannot grow the buffer to %d KiB: %s",
+                        self.name, why, new, exc)
             self.max_buffer_kb = self.buffer_kb
             return
-        log.info("trace: %s: %d events lost; per-CPU buffer %d -> %d KiB", self.name, lost,
+        log.info("trace: %s: %s; per-CPU buffer %d -> %d KiB", self.name, why,
                  self.buffer_kb, new)
         self.buffer_kb = new
+
+    def reserve(self, events: int) -> None:
+        """Grow the per-CPU buffer, before they come, to hold ``events`` events on one CPU
+        (at most ``RESERVE_KB``): a burst the caller foresees (``sources``: one fadvise
+        DONTNEED deletes every unheld cached page of the image) comes in one system call
+        on one CPU, faster than any drain; only the buffer's size keeps it (issue 40)."""
+        want_kb = min(ringbuf.buffer_kb_for(events, self._formats.values()), RESERVE_KB)
+        if want_kb > self.buffer_kb:
+            self._grow(f"{int(events)} events foreseen", want_kb)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -393,9 +378,12 @@ class TraceReader:
             events = self._collect()
         if self._pending:
             parts, self._pending = self._pending + [events], []
-            events = _concat(parts, sum(p.lost for p in parts))
+            events = concat_events(parts, sum(p.lost for p in parts))
         if events.lost:
-            self._grow(events.lost)
+            self._grow(f"{events.lost} events lost")
+        elif self.last_bytes * 2 >= self.buffer_kb * 1024:
+            # Half full at a drain: the next burst a little larger would be lost.
+            self._grow(f"{self.last_bytes >> 10} KiB buffered on one CPU at a drain")
         return events
 
     def close(self) -> None:
