@@ -19,6 +19,7 @@ See ``tests/faultkit.py``.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -27,8 +28,9 @@ import pytest
 
 from tests.e2e.test_faults_trace import (EVENTS, FAST, NEW, as_set_up, get, held_zone, put,
                                          serving, stopped_cleanly, warnings_about, where)
-from tests.faultkit import Untouched, fault, more_cycles, rows_of
+from tests.faultkit import EX_CONFIG, Untouched, assert_refused, fault, more_cycles, rows_of, vmdt
 from tests.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.pagecache import require_tool
 from tests.tracing import tracefs_root  # noqa: F401 - the test's fixture
 from vmdisktouch.daemon.sources import instance_name
 
@@ -169,6 +171,34 @@ def _(tmp_path, image):
     assert r["served"] >= 0.8 * r["scrapes"] and r["scrapes"] >= 10, r
     assert r["watchdog_gap_s"] < 1.5, r
     assert r["held_min"] >= r["held0"] > 0, r
+
+
+# -- localhost that is not loopback --------------------------------------------------------------
+
+def _localhost_maps_to(addr: str):
+    def check(tmp_path, image):
+        from benchmarks.bench_metrics_conns import free_port
+        hosts = tmp_path / "hosts"
+        hosts.write_text(f"{addr} localhost\n")
+        mount = [require_tool("unshare"), "--mount", "--propagation", "private", "sh", "-c",
+                 f'mount --bind {shlex.quote(str(hosts))} /etc/hosts && exec "$@"', "sh"]
+        seen = vmdt("run", image, "--max-hold", "8M", "--min-free", "0", "--uri", "",
+                    "--access-source", "mincore", "--interval", "0.2", "--metrics-listen",
+                    f"localhost:{free_port()}", prefix=mount, timeout=10)
+        line = assert_refused(seen, EX_CONFIG, f"localhost resolves to {addr}, not a loopback")
+        assert "/etc/hosts" in line, line
+        with open("/etc/hosts") as f:                 # the host's own file never changed
+            assert f"{addr} localhost" not in f.read()
+    return check
+
+
+for _addr, _what in (("0.0.0.0", "every interface"), ("192.0.2.2", "a documentation address")):
+    fault(f"metrics-listen-localhost-is-{_addr}", f"`--metrics-listen localhost:P` where "
+          f"/etc/hosts maps localhost to {_addr} ({_what}; a bind mount in a private mount "
+          "namespace)", "a name is not trusted: every address it resolves to must be "
+          "loopback, else the start is refused before anything listens or is held",
+          f"exit 78, one `vmdisktouch:` line naming {_addr} and /etc/hosts, no traceback",
+          CASE)(_localhost_maps_to(_addr))
 
 
 # -- the table's own test -------------------------------------------------------------------------

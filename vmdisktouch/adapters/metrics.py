@@ -265,13 +265,21 @@ class Metrics:
             from vmdisktouch.config.parsers import split_listen
             host, port = split_listen(config.metrics_listen)
             try:
-                self.server = Endpoint(listen(host, port), self.render)
+                sock = listen(host, port)
             except OSError as exc:
                 hint = ("; under the unit (RestrictAddressFamilies=AF_UNIX, PrivateNetwork=yes) "
                         "enable vmdisktouch-metrics.socket instead"
                         if exc.errno == errno.EAFNOSUPPORT else "")
                 raise ConfigError(f"metrics_listen {config.metrics_listen}: cannot listen: "
                                   f"{exc.strerror or exc}{hint}") from None
+            from vmdisktouch.config.parsers import is_loopback
+            if not is_loopback(sock.getsockname()[0]):     # a name resolved otherwise since
+                url = _url(sock)
+                sock.close()
+                raise ConfigError(f"metrics_listen {config.metrics_listen} listened on {url}, "
+                                  "not on a loopback address: the endpoint has no "
+                                  "authentication; use 127.0.0.1 or ::1")
+            self.server = Endpoint(sock, self.render)
             log.info("metrics on http://%s/metrics", config.metrics_listen)
 
     def publish(self, disks: list[dict], host: dict | None = None) -> None:

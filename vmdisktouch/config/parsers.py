@@ -12,6 +12,7 @@ import math
 import os
 import re
 import reprlib
+import socket
 from typing import Any, Callable
 
 from vmdisktouch.sizes import format_size, parse_duration, parse_size
@@ -199,7 +200,9 @@ def _loopback_listen(v):
     host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
     if not 1 <= int(port) <= 65535:
         raise ValueError("the port must be from 1 to 65535")
-    if host != "localhost":
+    if host == "localhost":
+        _resolves_to_loopback(host, int(port))
+    else:
         try:
             loopback = is_loopback(host)
         except ValueError:
@@ -210,6 +213,22 @@ def _loopback_listen(v):
                              "node_exporter's textfile collector, metrics_file, for a "
                              "remote Prometheus)")
     return v.strip()
+
+
+def _resolves_to_loopback(host: str, port: int) -> None:
+    """``host`` (a name) resolves to loopback addresses only, or ``ValueError``: the name is
+    not trusted, since ``/etc/hosts`` may map ``localhost`` to any address (issue 40: the
+    endpoint, which has no authentication, listened on 192.0.2.2)."""
+    try:
+        found = {a[4][0] for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                     flags=socket.AI_PASSIVE)}
+    except OSError as exc:
+        raise ValueError(f"{host} does not resolve: {exc.strerror or exc}") from None
+    other = sorted(a for a in found if not is_loopback(a))
+    if other or not found:
+        raise ValueError(f"{host} resolves to {', '.join(other) or 'nothing'}, not a loopback "
+                         "address (see /etc/hosts): the endpoint has no authentication; use "
+                         "127.0.0.1 or ::1")
 
 
 def is_loopback(host: str) -> bool:
