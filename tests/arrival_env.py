@@ -42,6 +42,12 @@ import os, sys
 PREFIX = '{"driver":"file",'
 args = [a.replace(PREFIX, PREFIX + '"x-check-cache-dropped":true,', 1)
         if a.startswith(PREFIX) else a for a in sys.argv[1:]]
+# RAM filled at reset from DIR/NAME.ram when there is one (a migration with a long stream)
+name = next((a.split("guest=", 1)[1].split(",")[0] for a in args if a.startswith("guest=")),
+            None)
+ram = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.ram")
+if name and os.path.exists(ram):
+    args += ["-device", f"loader,file={ram},addr=0x1000000,force-raw=on"]
 os.execv(%(qemu)r, [%(qemu)r] + args)
 """
 
@@ -56,12 +62,22 @@ class CheckedQemu:
         self.path.write_text(WRAPPER % {"qemu": _tool("qemu-system-x86_64")})
         os.chmod(self.path, 0o755)
 
+    def fill_ram(self, name: str, size: int) -> None:
+        """Domain ``name``'s QEMU loads ``size`` random bytes into its RAM at 16 MiB at
+        reset (``-device loader``): a migration of it sends that much."""
+        with open(self.dir / f"{name}.ram", "wb") as f:
+            for _ in range(size >> 20):
+                f.write(os.urandom(1 << 20))
+        os.chmod(self.dir / f"{name}.ram", 0o644)
+
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def checked_domain_xml(name: str, disks: list[str], emulator: str | os.PathLike) -> str:
-    xml = domain_xml(name, disks)
+def checked_domain_xml(name: str, disks: list[str], emulator: str | os.PathLike,
+                       memory_mib: int = 64) -> str:
+    xml = domain_xml(name, disks).replace("<memory unit='MiB'>64</memory>",
+                                          f"<memory unit='MiB'>{memory_mib}</memory>")
     qemu = f"<emulator>{_tool('qemu-system-x86_64')}</emulator>"
     assert qemu in xml
     return xml.replace(qemu, f"<emulator>{emulator}</emulator>")
@@ -133,7 +149,7 @@ class QemuLog:
 NS_SCRIPT = """set -e
 hostname {host}
 for d in /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /etc/libvirt/qemu; do
-    mount -t tmpfs -o mode=0755 vdt-arrive-dst "$d"
+    mount -t tmpfs -o mode=0755 vdt-arrive "$d"
 done
 mkdir -p /var/log/libvirt/qemu /var/lib/libvirt/qemu /var/cache/libvirt/qemu
 mount --bind {dir}/qemu.conf /etc/libvirt/qemu.conf
@@ -151,17 +167,17 @@ def vsh(uri: str, *args: str, check: bool = True, timeout: float = 300) -> str:
 
 
 class DestLibvirtd:
-    """A second libvirtd in its own mount and UTS namespaces (its own hostname, host UUID,
+    """A libvirtd of its own (the destination, or a source no other session's daemon sees) in its own mount and UTS namespaces (its own hostname, host UUID,
     sockets, tmpfs over its run/state/log dirs, no cgroup controllers, QEMU's stdio to a
     file); the same network namespace and files. ``uri`` reaches it; ``stop()`` destroys
     its domains and stops it (SIGTERM by PID)."""
 
-    def __init__(self, tmp: Path, extra: str = ""):
-        self.dir = tmp / "dst"
+    def __init__(self, tmp: Path, extra: str = "", name: str = "dst"):
+        self.dir = tmp / name
         self.sock = self.dir / "sock"
         self.sock.mkdir(parents=True)
         self.uri = f"qemu+unix:///system?socket={self.sock}/libvirt-sock"
-        self.host = f"vdt-arrive-dst-{os.getpid()}"
+        self.host = f"vdt-arrive-{name}-{os.getpid()}"
         (self.dir / "libvirtd.conf").write_text(
             f'unix_sock_dir = "{self.sock}"\nhost_uuid = "{uuid.uuid4()}"\n')
         qemu = Path("/etc/libvirt/qemu.conf").read_text() if os.path.exists(

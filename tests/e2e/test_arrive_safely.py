@@ -23,6 +23,7 @@ a ``git worktree`` of the code before the fix, which these tests must fail on).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -30,7 +31,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.arrival_env import STILL_IN_USE, CheckedQemu, QemuLog, SlowFeed, checked_domain_xml
+from tests.arrival_env import (STILL_IN_USE, CheckedQemu, DestLibvirtd, QemuLog, SlowFeed,
+                               checked_domain_xml, vsh)
 from tests.libvirt_env import (PREFIX, URI, VmLck, disk_xml, domains,  # noqa: F401
                                libvirt_daemons, qemu_io, virsh)
 from tests.pagecache import data_image, evict
@@ -53,11 +55,12 @@ def checked_qemu():
     q.remove()
 
 
-def define_checked(domains, tmp_path, img, emulator, tag):  # noqa: F811
+def define_checked(domains, tmp_path, img, emulator, tag, *, name=None,  # noqa: F811
+                   memory_mib=64):
     """A domain (started paused) whose emulator is the checking wrapper."""
-    name = f"{PREFIX}{tag}-{uuid.uuid4().hex[:8]}"
+    name = name or f"{PREFIX}{tag}-{uuid.uuid4().hex[:8]}"
     xml = tmp_path / f"{name}.xml"
-    xml.write_text(checked_domain_xml(name, [disk_xml("vda", img)], emulator))
+    xml.write_text(checked_domain_xml(name, [disk_xml("vda", img)], emulator, memory_mib))
     domains.names.append(name)              # destroyed and undefined at the end
     virsh("define", str(xml))
     virsh("start", name, "--paused")
@@ -75,7 +78,6 @@ def assert_checked(name: str, run_dir: str = "") -> None:
 
 
 def summary_covers(dom: str, uri: str = URI) -> float:
-    from tests.arrival_env import vsh
     elem = dh.find(ET.fromstring(vsh(uri, "dumpxml", dom)))
     if elem is None:
         return 0.0
@@ -189,3 +191,98 @@ def test_a_restore_under_qemus_own_check(domains, tmp_path, checked_qemu, paused
         if lck is not None:
             lck.stop.set()
         b.stop()
+
+
+@pytest.fixture
+def two_libvirtds(libvirt_daemons, tmp_path):
+    """A source and a destination libvirtd, each in its own mount and UTS namespaces: no
+    other session's host service (they serve qemu:///system) sees these domains."""
+    src = DestLibvirtd(tmp_path, name="src")
+    try:
+        dst = DestLibvirtd(tmp_path, name="dst")
+    except BaseException:
+        src.stop()
+        raise
+    yield src, dst
+    dst.stop()
+    src.stop()
+
+
+def qemu_io_at(uri: str, name: str, command: str) -> str:
+    out = vsh(uri, "qemu-monitor-command", name, "--hmp",
+              f'qemu-io -d /machine/peripheral/virtio-disk0/virtio-backend "{command}"')
+    assert "error" not in out.lower() and "failed" not in out.lower(), out
+    return out
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+FILLED = 96 * MiB                  # guest RAM filled with random bytes: the stream's length
+SPEED_MIB = 16                     # migrate-setspeed: about 6 s of incoming
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "paused-then-resume"])
+def test_a_live_migration_under_qemus_own_check(tmp_path, checked_qemu, two_libvirtds,
+                                                paused):
+    """A domain migrated live to a second libvirtd (own mount and UTS namespaces), a fresh
+    host service serving that one; running, or paused and resumed there after some of the
+    service's cycles (QEMU activates the disks, and drops their cache, at ``cont``)."""
+    src, dst = two_libvirtds
+    img = data_image(tmp_path / "a.raw", 64 * MiB)
+    dom = f"{PREFIX}mig-{uuid.uuid4().hex[:8]}"
+    checked_qemu.fill_ram(dom, FILLED)
+    xml = tmp_path / f"{dom}.xml"
+    xml.write_text(checked_domain_xml(dom, [disk_xml("vda", img)], checked_qemu.path, 160))
+    vsh(src.uri, "define", str(xml))
+    vsh(src.uri, "start", dom, *(["--paused"] if paused else []))
+    assert_checked(dom, src.root())
+    a = learn(tmp_path, dom, src.uri, lambda: qemu_io_at(src.uri, dom,
+                                                         f"read {ZONE[0]} {ZONE[1]}"))
+    a.stop()              # one page cache here: the source's holds would be the destination's
+    evict(img)
+    b = host(tmp_path, "b", uri=dst.uri)
+    try:
+        b.wait_status(lambda s: "host" in s, "daemon B up", timeout=60)
+        vsh(src.uri, "migrate-setspeed", dom, str(SPEED_MIB))
+        t0 = time.monotonic()
+        r = subprocess.run(["virsh", "-c", src.uri, "migrate", "--live", "--unsafe", dom, dst.uri,
+                            "--migrateuri", f"tcp://127.0.0.1:{free_port()}"],
+                           capture_output=True, text=True, timeout=300)
+        took = time.monotonic() - t0
+        log = QemuLog(dom, dst.qemu_log(dom))
+        log.start = 0
+        assert r.returncode == 0, f"virsh migrate: {r.stderr.strip()}\nQEMU there:\n" \
+                                  f"{log.new()[-1500:]}\nB:\n{b.log_tail(30)}"
+        assert took >= 3, f"the migration took {took:.1f} s: too fast to be seen"
+        assert_checked(dom, dst.root())
+        if paused:
+            resume_later(b, dst, dom, log)
+        running = time.monotonic()
+        assert vsh(dst.uri, "domstate", dom).strip() == "running"
+        seconds = wait_locked(b, running)
+        out = log.new()
+        assert STILL_IN_USE not in out, f"QEMU there found pages still cached:\n{out[-2000:]}"
+        assert seconds <= HELD_WITHIN, f"held {seconds:.1f} s after running\n{b.log_tail(20)}"
+        b.wait_status(lambda s: held_share(s, img) >= 0.9, "the zone held, in B's status",
+                      timeout=10)
+    finally:
+        b.stop()
+
+
+def resume_later(b, dst, dom, log):
+    """Resume ``dom`` (paused there) after three of B's cycles, as an operator would."""
+    assert vsh(dst.uri, "domstate", dom).strip() == "paused"
+    cycle = b.read_status()["host"]["cycle"]
+    b.wait_status(lambda s: s["host"]["cycle"] >= cycle + 3, "three cycles of B's", timeout=30)
+    before = (b.vmlck(), vsh(dst.uri, "domstate", dom, "--reason").strip())
+    r = subprocess.run(["virsh", "-c", dst.uri, "resume", dom], capture_output=True, text=True)
+    assert r.returncode == 0, \
+        f"virsh resume there (B's VmLck, the state before it: {before}): {r.stderr.strip()}\n" \
+        f"QEMU there:\n{log.new()[-1500:]}\nB:\n{b.log_tail(30)}"
