@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from vmdisktouch.adapters.libvirt_disks import arriving
+from vmdisktouch.adapters.libvirt_disks import activated, arriving
 from vmdisktouch.daemon.arrival import Follower
 from vmdisktouch.daemon.membership import Member
 
@@ -50,7 +50,7 @@ class W:
 
 
 def member(**kw):
-    return Member("/images/a.raw", "vm1", "vda", **{"active": True, **kw})
+    return Member("/images/a.raw", "vm1", "vda", **{"active": True, "activated": True, **kw})
 
 
 def test_an_arriving_disk_is_not_held_nor_warmed_until_its_arrival_completes(caplog):
@@ -105,3 +105,37 @@ def test_an_arrival_that_ends_shut_off_stays_unwarmed():
     assert w.hold_enabled is False and warmed == []
     f.follow(w, member())                           # started later: warmed then
     assert w.hold_enabled is True and len(warmed) == 1
+
+
+@pytest.mark.parametrize("active,state,reason,job,expected", [
+    (True, RUNNING, 2, False, True),                # running: QEMU activated its disks
+    (True, PAUSED, P_MIGRATION, False, True),       # paused after a completed restore
+    (True, PAUSED, P_MIGRATION, True, False),       # an incoming migration runs
+    (True, PAUSED, P_USER, False, False),           # paused: maybe a migrated paused domain
+    (True, PAUSED, P_STARTING_UP, False, False),
+    (False, SHUTOFF, 5, False, False),
+])
+def test_activated_only_when_certain(active, state, reason, job, expected):
+    assert activated(active, state, reason, lambda: job) is expected
+
+
+def test_a_paused_domain_that_arrived_waits_for_its_resume():
+    """A paused domain's migration ends "paused (user)" with its disks not activated
+    until ``cont`` (late block activation): seen arriving, it is not held before it runs."""
+    warmed = []
+    f = Follower(lambda w, m: warmed.append(m), single=False)
+    w = W()
+    f.opened(w, member(arriving=True, activated=False))
+    f.follow(w, member(arriving=True, activated=False))
+    f.follow(w, member(activated=False))            # the incoming ended: paused (user)
+    assert w.hold_enabled is False and warmed == []
+    f.follow(w, member())                           # resumed
+    assert w.hold_enabled is True and len(warmed) == 1
+
+
+def test_a_paused_domain_never_seen_arriving_is_held():
+    f = Follower(lambda w, m: None, single=False)
+    w = W()
+    f.opened(w, member(activated=False))            # started paused before the daemon
+    f.follow(w, member(activated=False))
+    assert w.hold_enabled is True

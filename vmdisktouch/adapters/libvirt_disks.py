@@ -60,7 +60,7 @@ HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
 # virDomainState -> name (virsh spells some of these with spaces; keep them one word)
 STATE_NAMES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown",
                5: "shutoff", 6: "crashed", 7: "pmsuspended"}
-PAUSED = 3
+RUNNING, PAUSED = 1, 3
 # virDomainPausedReason values that mean QEMU may not have activated its disks yet:
 # STARTING_UP (11) while QEMU starts (a restore's or migration's incoming included);
 # MIGRATION (2) both during an incoming migration and after a completed restore that
@@ -95,6 +95,9 @@ class Disk:
     # QEMU has not activated its disks yet: an incoming migration or restore runs
     # (``arriving``; the rule that follows from it: ``daemon.arrival``).
     arriving: bool = False
+    # QEMU has activated its disks for certain: running, or paused after a completed
+    # restore. A domain paused otherwise may not have, right after it arrived (``daemon.arrival``).
+    activated: bool = False
     # The heat its domain carries for it (``domain_heat``): a summary, why it is none, or None.
     carried: object = field(default=None, repr=False, compare=False)
     # What is wrong with its domain's XML (its metadata unreadable, or the XML itself: then
@@ -320,12 +323,38 @@ def _job_running(dom) -> bool:
         return True
 
 
-def domain_state(dom) -> tuple[str, bool, bool]:
-    """(state name, active, arriving) of a virDomain."""
+def activated(active: bool, state: int, reason: int, job_running) -> bool:
+    """Whether QEMU has activated the domain's disks for certain: it runs, or it is paused
+    after a completed restore (paused for a migration, no job; libvirt's restore sets no
+    late block activation, so QEMU activated them when the incoming ended). A domain paused
+    after an incoming migration of a paused domain reports "paused (user)" and activates
+    its disks only when resumed (late block activation), so paused is not enough."""
+    if not active:
+        return False
+    if state == RUNNING:
+        return True
+    return state == PAUSED and reason == PAUSED_MIGRATION and not job_running()
+
+
+def domain_state(dom) -> tuple[str, bool, bool, bool]:
+    """(state name, active, arriving, activated) of a virDomain."""
     st, reason = dom.state()[:2]
     active = bool(dom.isActive())
-    return (STATE_NAMES.get(st, f"state{st}"), active,
-            arriving(active, st, reason, lambda: _job_running(dom)))
+    job = _Once(lambda: _job_running(dom))
+    return (STATE_NAMES.get(st, f"state{st}"), active, arriving(active, st, reason, job),
+            activated(active, st, reason, job))
+
+
+class _Once:
+    """A question to libvirt asked at most once."""
+
+    def __init__(self, ask):
+        self.ask, self.answer = ask, None
+
+    def __call__(self) -> bool:
+        if self.answer is None:
+            self.answer = bool(self.ask())
+        return self.answer
 
 
 class Memo:
@@ -403,7 +432,7 @@ def _domains_and_disks(conn, *, with_units: bool, memo: Memo):
         xml = why = None
         try:
             uuid, name = dom.UUIDString(), dom.name()
-            state, active, arrives = domain_state(dom)
+            state, active, arrives, activated_ = domain_state(dom)
             try:
                 xml = dom.XMLDesc(0)
             except libvirt.libvirtError as exc:
@@ -414,7 +443,7 @@ def _domains_and_disks(conn, *, with_units: bool, memo: Memo):
             log.debug("skipping a domain: %s", libvirt_message(exc))
             continue
         seen.add(uuid)
-        fresh = dict(state=state, active=active, arriving=arrives)
+        fresh = dict(state=state, active=active, arriving=arrives, activated=activated_)
         yield dom, memo.disks(uuid, name, xml, why, fresh, with_units)
     memo.forget_all_but(seen)
 

@@ -23,7 +23,10 @@ rules to the disk:
   starting up, or paused for a migration while a job runs on it) until
   libvirt reports the incoming complete (the domain running, or paused with
   no job after a completed restore), the disk holds nothing and spills
-  nothing. Its heat is not started either: the local warm state and the
+  nothing. A domain that arrived paused by a migration reports "paused
+  (user)", and QEMU activates its disks only when it is resumed (late block
+  activation): so once seen arriving, a disk waits for one of those two
+  states, not merely for the job's end. Its heat is not started either: the local warm state and the
   summary its domain carries are applied when the arrival completes
   (``Served.warm``), so they neither decay meanwhile nor are saved over by
   an empty heat. The daemon's own reads (the trace source's probe, the
@@ -74,7 +77,9 @@ class Follower:
         w.emitter.cycles.label = f"{name}: " if name else ""
         key, path = id(w), w.image.path
         with journal.disk_context(path, m.domain, m.target):
-            if m.arriving:
+            # seen arriving: still arriving until QEMU activated the disks for certain
+            if m.arriving or (key in self.arriving and not m.activated
+                              and m.active is not False):
                 if key not in self.arriving:
                     log.info("%s: its libvirt domain is arriving (an incoming migration or "
                              "restore); holding nothing until QEMU has activated its disks",

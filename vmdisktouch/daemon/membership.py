@@ -40,6 +40,7 @@ class Member:
     active: bool | None = None       # its domain runs; None: no domain uses it
     carried: object = None           # the heat its domain carries for it (``domain_heat``)
     arriving: bool = False           # QEMU has not activated its disks yet (``daemon.arrival``)
+    activated: bool = True           # QEMU has activated them for certain (running, restored)
 
 
 @dataclass
@@ -82,7 +83,8 @@ class GivenPaths:
         self._owned.add(path)
         d = found[0]
         return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried,
-                      any(o.arriving for o in found if o.active))
+                      any(o.arriving for o in found if o.active),
+                      any(o.activated for o in found if o.active))
 
     def close(self) -> None:
         if self.watch is not None:
@@ -105,7 +107,7 @@ class RunningDomains:
         if listed is None:
             return None
         w = libvirt_watch.wanted(listed)
-        return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving)
+        return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving, d.activated)
                      for p, d in w.serve.items()},
                     dict(w.skipped))
 
