@@ -54,12 +54,15 @@ with the other switches).
 
 Something outside may change the instance under us (``echo 0 >
 events/enable``, ``tracing_on``, a filter, as ``trace-cmd reset`` does):
-``check_instance()`` reads ``tracing_on`` and one event's ``enable`` and
-``filter`` each call, in turn (three small reads), and on a change reads
-every switch and sets back what changed (``tracefs.Instance.restore``).
-What no switch shows (``set_event_pid``, ``tracing_cpumask``, a trigger) a
-``probe()`` does: a read of page 0 from a thread of its own, whose READ the
-next ``drain`` must bring back (``probe_seen``; taken out of the events).
+``check_instance()`` reads ``tracing_on`` and one event's ``enable``,
+``filter`` and ``trigger`` each call, in turn (four small reads), and on a
+change reads every switch (the triggers, ``tracing_cpumask`` and the pid
+filters included) and sets back what changed (``tracefs.Instance.restore``;
+what cannot be set back makes the instance anew). A ``probe()`` checks the
+whole path as well: a read of page 0 from a thread of its own, whose READ
+the next ``drain`` must bring back (``probe_seen``; taken out of the
+events); every scheduled pass also checks every switch, because a guest's
+pid in ``set_event_notrace_pid`` hides the guest's reads, not the probe's.
 """
 
 from __future__ import annotations
