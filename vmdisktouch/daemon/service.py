@@ -38,6 +38,7 @@ period, even in the middle of a paced load.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from vmdisktouch.adapters import journal, outputs, sdnotify
@@ -247,11 +248,12 @@ class Service:
                 w = self.served.open(path)
             except VmdtError as exc:
                 self._first_error = self._first_error or exc
-                if self.refused.get(path) != str(exc) and not self.single:   # one: its exit line
+                said = re.sub(r"\d+", "N", str(exc))     # counts that move are the same why
+                if self.refused.get(path) != said and not self.single:   # one: its exit line
                     where = f"libvirt: {m.domain} {m.target} not served" if self.members.retry \
                         else "left out"
                     log.error("%s: %s", where, exc)
-                self.refused[path] = str(exc)
+                self.refused[path] = said
                 return None
             self.refused.pop(path, None)
             self.host.add(w)
