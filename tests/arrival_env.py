@@ -46,6 +46,8 @@ args = [a.replace(PREFIX, PREFIX + '"x-check-cache-dropped":true,', 1)
 name = next((a.split("guest=", 1)[1].split(",")[0] for a in args if a.startswith("guest=")),
             None)
 ram = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.ram")
+if name and os.path.exists(ram[:-4] + ".nocheck"):     # this domain runs unchecked
+    args = sys.argv[1:]
 if name and os.path.exists(ram):
     args += ["-device", f"loader,file={ram},addr=0x1000000,force-raw=on"]
 os.execv(%(qemu)r, [%(qemu)r] + args)
@@ -69,6 +71,10 @@ class CheckedQemu:
             for _ in range(size >> 20):
                 f.write(os.urandom(1 << 20))
         os.chmod(self.dir / f"{name}.ram", 0o644)
+
+    def unchecked(self, name: str) -> None:
+        """Domain ``name``'s QEMU runs without the check (the RAM filler still applies)."""
+        (self.dir / f"{name}.nocheck").write_text("")
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -172,8 +178,19 @@ class DestLibvirtd:
     file); the same network namespace and files. ``uri`` reaches it; ``stop()`` destroys
     its domains and stops it (SIGTERM by PID)."""
 
-    def __init__(self, tmp: Path, extra: str = "", name: str = "dst"):
+    def __init__(self, tmp: Path, extra: str = "", name: str = "dst",
+                 fuse: tuple[Path, Path] | None = None):
+        """``fuse``: (directory, mount point): bindfs mounts the directory there with
+        ``kernel_cache`` in this libvirtd's mount namespace only: a page cache of its own
+        over the same files (two such libvirtds: two hosts on shared storage)."""
         self.dir = tmp / name
+        self.fuse = fuse
+        if fuse is not None:
+            src, target = fuse
+            extra += (f"\nmkdir -p {target}\n{_tool('bindfs')} -f -o kernel_cache {src} {target} &"
+                      f"\necho $! > {self.dir}/bindfs.pid\ni=0\n"
+                      f"while ! mountpoint -q {target}; do i=$((i+1)); [ $i -lt 100 ] || exit 1; "
+                      f"sleep 0.1; done\n")
         self.sock = self.dir / "sock"
         self.sock.mkdir(parents=True)
         self.uri = f"qemu+unix:///system?socket={self.sock}/libvirt-sock"
@@ -227,5 +244,34 @@ class DestLibvirtd:
             for name in vsh(self.uri, "list", "--all", "--name", check=False).split():
                 vsh(self.uri, "destroy", name, check=False)
                 vsh(self.uri, "undefine", name, check=False)
+        self.unmount()
         stop_process(self.proc, timeout=30)
         self.log.close()
+
+    def unmount(self) -> None:
+        """Unmount the FUSE mount (bindfs then exits), from inside its namespace."""
+        pidfile = self.dir / "bindfs.pid"
+        if self.fuse is None or not pidfile.exists():
+            return
+        pid = int(pidfile.read_text().strip())
+        subprocess.run([_tool("nsenter"), "-t", str(pid), "-m", _tool("fusermount3"), "-u",
+                        str(self.fuse[1])], capture_output=True)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            try:
+                if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+                    break           # exited: libvirtd, its parent, reaps it or dies
+            except OSError:
+                break
+            time.sleep(0.1)
+        else:
+            if os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.kill(pid, 15)
+                except ProcessLookupError:
+                    pass
+        pidfile.unlink()
+
+    def prefix(self) -> list[str]:
+        """A command prefix that runs a program in this libvirtd's mount namespace."""
+        return [_tool("nsenter"), "-t", str(self.proc.pid), "-m"]

@@ -98,19 +98,20 @@ def held_share(st, path) -> float:
                for o, n in disk["regions"]) / length
 
 
-def host(tmp_path, name, *args, uri=URI):
+def host(tmp_path, name, *args, uri=URI, prefix=()):
     """A host service: carry on, 1 s cycles, a budget, its own (empty) state dir."""
     work = tmp_path / name
     work.mkdir()
     return DaemonProc(work, [], "--libvirt", "--uri", uri, "--carry-heat", "on",
                       "--min-free", "0", "--state-dir", str(work / "state"), *args,
-                      max_hold=str(BUDGET), interval=1, status="host.json", cwd=TREE)
+                      max_hold=str(BUDGET), interval=1, status="host.json", cwd=TREE,
+                      prefix=prefix)
 
 
-def learn(tmp_path, dom, uri=URI, read=None):
+def learn(tmp_path, dom, uri=URI, read=None, prefix=()):
     """Daemon A reads the zone as the guest until the summary in the domain's metadata
     covers 90 % of it; returns A (running: stop it)."""
-    a = host(tmp_path, "a", "--carry-interval", "1", uri=uri)
+    a = host(tmp_path, "a", "--carry-interval", "1", uri=uri, prefix=prefix)
     try:
         deadline = time.monotonic() + 60
         while summary_covers(dom, uri) < 0.9:
@@ -287,3 +288,90 @@ def resume_later(b, dst, dom, log):
     assert r.returncode == 0, \
         f"virsh resume there (B's VmLck, the state before it: {before}): {r.stderr.strip()}\n" \
         f"QEMU there:\n{log.new()[-1500:]}\nB:\n{b.log_tail(30)}"
+
+
+@pytest.fixture
+def two_hosts(libvirt_daemons, tmp_path, checked_qemu):
+    """Two libvirtds as two hosts on shared storage: each mounts one directory with bindfs
+    and ``kernel_cache`` at the same path in its own mount namespace, so each has its own
+    page cache over the same image (a write through one leaves the other's cached pages
+    as they were until they are dropped)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    shared = checked_qemu.dir / f"shared-{uuid.uuid4().hex[:8]}"
+    shared.mkdir()
+    src = DestLibvirtd(tmp_path, name="src", fuse=(store, shared))
+    try:
+        dst = DestLibvirtd(tmp_path, name="dst", fuse=(store, shared))
+    except BaseException:
+        src.stop()
+        raise
+    yield src, dst, store, shared
+    dst.stop()
+    src.stop()
+    shared.rmdir()
+
+
+NEW = "0x5a"
+
+
+@pytest.mark.timeout(400)
+def test_two_page_caches_the_destination_reads_what_the_source_wrote(tmp_path, checked_qemu,
+                                                                       two_hosts):
+    """A live migration (``--unsafe``) between two hosts with a page cache each; a host
+    service on each (A keeps serving the source). While the migration runs, the source
+    guest rewrites the hot zone; after the switchover the destination guest must read
+    the new bytes (``qemu-io read -P``). QEMU runs unchecked here, as it does by default."""
+    src, dst, store, shared = two_hosts
+    data_image(store / "a.raw", 64 * MiB)
+    img = str(shared / "a.raw")            # the same path on both "hosts"
+    dom = f"{PREFIX}two-{uuid.uuid4().hex[:8]}"
+    checked_qemu.fill_ram(dom, FILLED)
+    checked_qemu.unchecked(dom)
+    xml = tmp_path / f"{dom}.xml"
+    xml.write_text(checked_domain_xml(dom, [disk_xml("vda", img)], checked_qemu.path, 160))
+    vsh(src.uri, "define", str(xml))
+    vsh(src.uri, "start", dom)
+    off, length = ZONE
+    a = learn(tmp_path, dom, src.uri, lambda: qemu_io_at(src.uri, dom, f"read {off} {length}"),
+              prefix=[*src.prefix(), f"--wd={TREE}"])
+    b = None
+    try:
+        b = host(tmp_path, "b", uri=dst.uri, prefix=[*dst.prefix(), f"--wd={TREE}"])
+        b.wait_status(lambda s: "host" in s, "daemon B up", timeout=60)
+        vsh(src.uri, "migrate-setspeed", dom, str(SPEED_MIB))
+        t0 = time.monotonic()
+        mig = subprocess.Popen(["virsh", "-c", src.uri, "migrate", "--live", "--unsafe", dom,
+                                dst.uri, "--migrateuri", f"tcp://127.0.0.1:{free_port()}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # B serves the arriving disk, and one more of its cycles passes
+            b.wait_output(f"libvirt: serving {dom} vda", timeout=30)
+            time.sleep(1.2)
+            wrote = time.monotonic() - t0
+            qemu_io_at(src.uri, dom, f"write -P {NEW} {off} {length}")
+            assert mig.poll() is None, \
+                f"the migration ended before the source's write ({wrote:.1f} s in)"
+            _, err = mig.communicate(timeout=300)
+        finally:
+            if mig.poll() is None:
+                mig.kill()
+                mig.wait()
+        assert mig.returncode == 0, f"virsh migrate: {err.strip()}\nB:\n{b.log_tail(30)}"
+        assert vsh(dst.uri, "domstate", dom).strip() == "running"
+        log = QemuLog(dom, dst.qemu_log(dom))
+        vsh(dst.uri, "qemu-monitor-command", dom, "--hmp",
+            f'qemu-io -d /machine/peripheral/virtio-disk0/virtio-backend "read -P {NEW} {off} '
+            f'{length}"')
+        deadline = time.monotonic() + 10        # qemu-io prints into QEMU's log
+        while f"read {length}/{length} bytes" not in log.new():
+            assert time.monotonic() < deadline, f"qemu-io said nothing: {log.new()[-500:]}"
+            time.sleep(0.1)
+        out = log.new()
+        assert "verification failed" not in out, \
+            f"the destination guest read stale bytes of the zone: {out.strip()[-300:]}\n" \
+            f"daemon B:\n{b.log_tail(30)}"
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
