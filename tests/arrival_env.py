@@ -14,9 +14,12 @@
   some seconds, so the restore's incoming phase (QEMU started, disks not yet
   activated) lasts long enough for a daemon's 1 s cycle to see it.
 * ``QemuLog``: a domain's QEMU log read from an offset (what one arrival wrote).
-* ``DestLibvirtd``: a second libvirtd in its own mount and UTS namespaces,
-  copied from benchmarks/bench_carry_heat.py (tests must not import
-  benchmarks), so a live migration runs between two libvirtds on one machine.
+* ``DestLibvirtd``: a libvirtd in its own mount and UTS namespaces, copied
+  from benchmarks/bench_carry_heat.py (tests must not import benchmarks), so
+  a live migration runs between two libvirtds on one machine; optionally with
+  a bindfs ``kernel_cache`` mount of its own (a page cache of its own over
+  shared files). The wrapper can also fill a domain's RAM at reset
+  (``fill_ram``: a long migration stream) or leave it unchecked.
 """
 
 from __future__ import annotations
@@ -173,9 +176,10 @@ def vsh(uri: str, *args: str, check: bool = True, timeout: float = 300) -> str:
 
 
 class DestLibvirtd:
-    """A libvirtd of its own (the destination, or a source no other session's daemon sees) in its own mount and UTS namespaces (its own hostname, host UUID,
-    sockets, tmpfs over its run/state/log dirs, no cgroup controllers, QEMU's stdio to a
-    file); the same network namespace and files. ``uri`` reaches it; ``stop()`` destroys
+    """A libvirtd of its own (a migration's destination, or any libvirtd no other session's
+    daemon sees) in its own mount and UTS namespaces (its own hostname, host UUID, sockets,
+    tmpfs over its run/state/log dirs, no cgroup controllers, QEMU's stdio to a file); the
+    same network namespace and files. ``uri`` reaches it; ``stop()`` destroys
     its domains and stops it (SIGTERM by PID)."""
 
     def __init__(self, tmp: Path, extra: str = "", name: str = "dst",
@@ -187,7 +191,8 @@ class DestLibvirtd:
         self.fuse = fuse
         if fuse is not None:
             src, target = fuse
-            extra += (f"\nmkdir -p {target}\n{_tool('bindfs')} -f -o kernel_cache {src} {target} &"
+            bindfs = _tool("bindfs")
+            extra += (f"\nmkdir -p {target}\n{bindfs} -f -o kernel_cache {src} {target} &"
                       f"\necho $! > {self.dir}/bindfs.pid\ni=0\n"
                       f"while ! mountpoint -q {target}; do i=$((i+1)); [ $i -lt 100 ] || exit 1; "
                       f"sleep 0.1; done\n")

@@ -4,20 +4,29 @@ arriving holds nothing until libvirt reports the incoming complete.
 When a domain arrives (a restore, an incoming migration) QEMU activates its disks and
 drops each image's page cache (``raw_co_invalidate_cache``: ``posix_fadvise(DONTNEED)``
 over the whole image), so a destination on shared storage never reads stale pages. Pages
-a daemon has mlocked survive that drop. Here QEMU checks the drop itself: the domain's
+a daemon has mlocked survive that drop. QEMU checks the drop itself here: the domain's
 emulator is a wrapper (``tests.arrival_env.CheckedQemu``) that gives the image's file
-blockdev ``x-check-cache-dropped``, and QEMU logs "page cache still in use!" when a page
-stayed (QEMU 7.2 logs it and completes the arrival anyway).
+blockdev ``x-check-cache-dropped``; a page left makes QEMU log "page cache still in use!"
+and, under libvirt 9.0 (QEMU 7.2), refuse ``cont``: the restore, migration or resume
+fails. (A migration's disks are activated at ``cont``: libvirt sets late-block-activate.)
 
-A host service (daemon A) learns a hot zone from guest-like reads and writes the summary
-into the domain's metadata; the domain is saved; a fresh host service (daemon B, empty
-state dir, 1 s cycles) runs; the restore reads its save image from a FIFO fed over 4 s,
-so the incoming phase spans several of B's cycles. Asserted: the restore completes, QEMU
-ran with the check and logged no "page cache still in use", and B holds the zone (VmLck
->= 90 % of it) within 2 s of the domain running.
+Every domain lives in a libvirtd of its own (``tests.arrival_env.DestLibvirtd``: own mount
+and UTS namespaces), so no other session's host service on qemu:///system serves it.
 
-The daemons run the code of this checkout, or of the tree in ``VDT_ARRIVAL_TREE`` (e.g.
-a ``git worktree`` of the code before the fix, which these tests must fail on).
+* restore: daemon A learns a hot zone from guest-like reads and writes the summary into
+  the metadata; ``virsh save``; a fresh host service B (empty state dir, 1 s cycles)
+  runs; the restore reads its save image from a FIFO fed over 4 s, so the incoming spans
+  several of B's cycles; ``--running``, or ``--paused`` and a resume three cycles later.
+* live migration: the same between two libvirtds, 96 MiB of guest RAM loaded at reset and
+  16 MiB/s, so the incoming lasts ~6 s; running, or paused and resumed there later.
+  Asserted for both: it completes, QEMU logged no "page cache still in use", and B holds
+  the zone (VmLck >= 90 % of it) within 2 s of the domain running.
+* two page caches: each libvirtd mounts one directory with bindfs ``kernel_cache`` at the
+  same path (two hosts on shared storage); QEMU unchecked; the source guest rewrites the
+  zone during the migration; the destination guest must read the new bytes.
+
+The daemons run this checkout's code, or the tree in ``VDT_ARRIVAL_TREE`` (e.g. a ``git
+worktree`` of 550c5fe, the code before the fix, which every test here fails on).
 """
 
 from __future__ import annotations
@@ -33,8 +42,7 @@ import pytest
 
 from tests.arrival_env import (STILL_IN_USE, CheckedQemu, DestLibvirtd, QemuLog, SlowFeed,
                                checked_domain_xml, vsh)
-from tests.libvirt_env import (PREFIX, URI, VmLck, disk_xml, domains,  # noqa: F401
-                               libvirt_daemons, qemu_io, virsh)
+from tests.libvirt_env import PREFIX, disk_xml, libvirt_daemons  # noqa: F401
 from tests.pagecache import data_image, evict
 from tools.common import ROOT
 from tools.daemon_proc import DaemonProc
@@ -55,18 +63,6 @@ def checked_qemu():
     q.remove()
 
 
-def define_checked(domains, tmp_path, img, emulator, tag, *, name=None,  # noqa: F811
-                   memory_mib=64):
-    """A domain (started paused) whose emulator is the checking wrapper."""
-    name = name or f"{PREFIX}{tag}-{uuid.uuid4().hex[:8]}"
-    xml = tmp_path / f"{name}.xml"
-    xml.write_text(checked_domain_xml(name, [disk_xml("vda", img)], emulator, memory_mib))
-    domains.names.append(name)              # destroyed and undefined at the end
-    virsh("define", str(xml))
-    virsh("start", name, "--paused")
-    return name
-
-
 def qemu_pid(name: str, run_dir: str = "") -> int:
     return int(open(f"{run_dir}/run/libvirt/qemu/{name}.pid").read().strip())
 
@@ -77,7 +73,7 @@ def assert_checked(name: str, run_dir: str = "") -> None:
     assert '"x-check-cache-dropped":true' in cmdline, cmdline.replace("\0", " ")
 
 
-def summary_covers(dom: str, uri: str = URI) -> float:
+def summary_covers(dom: str, uri: str) -> float:
     elem = dh.find(ET.fromstring(vsh(uri, "dumpxml", dom)))
     if elem is None:
         return 0.0
@@ -98,7 +94,7 @@ def held_share(st, path) -> float:
                for o, n in disk["regions"]) / length
 
 
-def host(tmp_path, name, *args, uri=URI, prefix=()):
+def host(tmp_path, name, *args, uri, prefix=()):
     """A host service: carry on, 1 s cycles, a budget, its own (empty) state dir."""
     work = tmp_path / name
     work.mkdir()
@@ -108,14 +104,14 @@ def host(tmp_path, name, *args, uri=URI, prefix=()):
                       prefix=prefix)
 
 
-def learn(tmp_path, dom, uri=URI, read=None, prefix=()):
+def learn(tmp_path, dom, uri, read, prefix=()):
     """Daemon A reads the zone as the guest until the summary in the domain's metadata
     covers 90 % of it; returns A (running: stop it)."""
     a = host(tmp_path, "a", "--carry-interval", "1", uri=uri, prefix=prefix)
     try:
         deadline = time.monotonic() + 60
         while summary_covers(dom, uri) < 0.9:
-            (read or (lambda: qemu_io(dom, f"read {ZONE[0]} {ZONE[1]}")))()
+            read()
             assert time.monotonic() < deadline, f"no summary covers the zone\n{a.log_tail(20)}"
             time.sleep(0.5)
         return a
