@@ -18,6 +18,7 @@ APT_PACKAGES=(
   # tests/libvirt_env.py; no default network, so no dnsmasq), and what
   # `pip install libvirt-python` needs to build (it ships no wheels).
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
+  bindfs fuse3  # two page caches over one image, one per "host" (tests/e2e/test_arrive_safely.py)
   python3-systemd  # the journal handler with fields (docs/logging.md); systemd-journald for its test
   prometheus-node-exporter  # its textfile collector, scraped for real (docs/metrics.md)
   # The Debian package: built (make deb), checked by lintian, installed into a clean
