@@ -17,13 +17,13 @@ P_USER, P_MIGRATION, P_SAVE, P_STARTING_UP = 1, 2, 3, 11
 
 
 @pytest.mark.parametrize("active,state,reason,job,expected", [
-    (True, PAUSED, P_STARTING_UP, False, True),     # QEMU starting (an incoming too)
-    (True, PAUSED, P_MIGRATION, True, True),        # an incoming migration runs
-    (True, PAUSED, P_MIGRATION, False, False),      # paused after a completed restore
-    (True, PAUSED, P_USER, True, False),            # paused by the user
-    (True, PAUSED, P_SAVE, True, False),            # being saved: leaving, not arriving
-    (True, RUNNING, 2, True, False),                # running (resumed after a migration)
-    (False, SHUTOFF, 5, False, False),
+    (True, PAUSED, P_STARTING_UP, False, "starting"),   # QEMU starting (an incoming too)
+    (True, PAUSED, P_MIGRATION, True, "incoming"),      # an incoming migration runs
+    (True, PAUSED, P_MIGRATION, False, ""),             # paused after a completed restore
+    (True, PAUSED, P_USER, True, ""),                   # paused by the user
+    (True, PAUSED, P_SAVE, True, ""),                   # being saved: leaving, not arriving
+    (True, RUNNING, 2, True, ""),                       # running (resumed after a migration)
+    (False, SHUTOFF, 5, False, ""),
 ])
 def test_arriving_from_state_reason_and_job(active, state, reason, job, expected):
     asked = []
@@ -32,7 +32,7 @@ def test_arriving_from_state_reason_and_job(active, state, reason, job, expected
         asked.append(1)
         return job
 
-    assert arriving(active, state, reason, job_running) is expected
+    assert arriving(active, state, reason, job_running) == expected
     # the job is asked only to tell an incoming migration from a completed restore
     assert bool(asked) == (active and state == PAUSED and reason == P_MIGRATION)
 
@@ -57,7 +57,7 @@ def test_an_arriving_disk_is_not_held_nor_warmed_until_its_arrival_completes(cap
     warmed = []
     f = Follower(lambda w, m: warmed.append(m.carried), single=False)
     w = W()
-    m = member(arriving=True, carried="summary-1")
+    m = member(arriving="incoming", carried="summary-1")
     caplog.set_level(logging.INFO, logger="vmdisktouch")
     f.opened(w, m)
     for _ in range(3):                               # the incoming takes cycles
@@ -89,7 +89,7 @@ def test_a_held_disk_whose_domain_goes_arriving_releases_and_comes_back():
     f.follow(w, member())
     f.follow(w, member(active=False))               # shut off (migrated away)
     assert w.hold_enabled is False
-    f.follow(w, member(arriving=True))              # back, by an incoming migration
+    f.follow(w, member(arriving="incoming"))              # back, by an incoming migration
     assert w.hold_enabled is False
     f.follow(w, member())
     assert w.hold_enabled is True
@@ -99,8 +99,8 @@ def test_an_arrival_that_ends_shut_off_stays_unwarmed():
     warmed = []
     f = Follower(lambda w, m: warmed.append(m), single=False)
     w = W()
-    f.opened(w, member(arriving=True))
-    f.follow(w, member(arriving=True))
+    f.opened(w, member(arriving="incoming"))
+    f.follow(w, member(arriving="incoming"))
     f.follow(w, member(active=False))               # the incoming failed
     assert w.hold_enabled is False and warmed == []
     f.follow(w, member())                           # started later: warmed then
@@ -125,12 +125,24 @@ def test_a_paused_domain_that_arrived_waits_for_its_resume():
     warmed = []
     f = Follower(lambda w, m: warmed.append(m), single=False)
     w = W()
-    f.opened(w, member(arriving=True, activated=False))
-    f.follow(w, member(arriving=True, activated=False))
+    f.opened(w, member(arriving="incoming", activated=False))
+    f.follow(w, member(arriving="incoming", activated=False))
     f.follow(w, member(activated=False))            # the incoming ended: paused (user)
     assert w.hold_enabled is False and warmed == []
     f.follow(w, member())                           # resumed
     assert w.hold_enabled is True and len(warmed) == 1
+
+
+def test_a_domain_booted_paused_is_held_once_started():
+    """Starting up is an arrival while it lasts, not after: a domain booted paused ends
+    "paused (user)" with its disks active."""
+    f = Follower(lambda w, m: None, single=False)
+    w = W()
+    f.opened(w, member(arriving="starting", activated=False))
+    f.follow(w, member(arriving="starting", activated=False))
+    assert w.hold_enabled is False
+    f.follow(w, member(activated=False))
+    assert w.hold_enabled is True
 
 
 def test_a_paused_domain_never_seen_arriving_is_held():

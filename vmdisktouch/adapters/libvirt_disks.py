@@ -94,7 +94,7 @@ class Disk:
     uuid: str = ""
     # QEMU has not activated its disks yet: an incoming migration or restore runs
     # (``arriving``; the rule that follows from it: ``daemon.arrival``).
-    arriving: bool = False
+    arriving: str = ""
     # QEMU has activated its disks for certain: running, or paused after a completed
     # restore. A domain paused otherwise may not have, right after it arrived (``daemon.arrival``).
     activated: bool = False
@@ -174,7 +174,7 @@ def _backing_chain(disk_el: ET.Element) -> list[str]:
 
 
 def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = None,
-                     arriving: bool = False, with_units: bool = True) -> list[Disk]:
+                     arriving: str = "", with_units: bool = True) -> list[Disk]:
     """The disks of one domain XML document (``virsh dumpxml``), assessed.
 
     Raises ``LibvirtError`` if the text is not a domain XML document. Metadata that is not
@@ -300,16 +300,17 @@ def connect(uri: str = DEFAULT_URI, *, readonly: bool = True):
         raise LibvirtError(f"cannot connect to {uri}: {libvirt_message(exc)}") from None
 
 
-def arriving(active: bool, state: int, reason: int, job_running) -> bool:
-    """Whether QEMU may not have activated the domain's disks yet: it is starting up, or
-    paused for a migration while a job runs on it (an incoming migration; on the source,
-    the end of an outgoing one). ``job_running()`` is asked only then, because a paused
-    domain whose restore has completed has the same state and reason, and no job."""
+def arriving(active: bool, state: int, reason: int, job_running) -> str:
+    """Whether QEMU may not have activated the domain's disks yet, and why: "starting"
+    (QEMU starting up, a restore's incoming included) or "incoming" (paused for a migration
+    while a job runs on it: an incoming migration; on the source, the end of an outgoing
+    one); "" otherwise. ``job_running()`` is asked only then, because a paused domain whose
+    restore has completed has the same state and reason, and no job."""
     if not active or state != PAUSED:
-        return False
+        return ""
     if reason == PAUSED_STARTING_UP:
-        return True
-    return reason == PAUSED_MIGRATION and job_running()
+        return "starting"
+    return "incoming" if reason == PAUSED_MIGRATION and job_running() else ""
 
 
 def _job_running(dom) -> bool:
@@ -336,7 +337,7 @@ def activated(active: bool, state: int, reason: int, job_running) -> bool:
     return state == PAUSED and reason == PAUSED_MIGRATION and not job_running()
 
 
-def domain_state(dom) -> tuple[str, bool, bool, bool]:
+def domain_state(dom) -> tuple[str, bool, str, bool]:
     """(state name, active, arriving, activated) of a virDomain."""
     st, reason = dom.state()[:2]
     active = bool(dom.isActive())

@@ -25,8 +25,10 @@ rules to the disk:
   no job after a completed restore), the disk holds nothing and spills
   nothing. A domain that arrived paused by a migration reports "paused
   (user)", and QEMU activates its disks only when it is resumed (late block
-  activation): so once seen arriving, a disk waits for one of those two
-  states, not merely for the job's end. Its heat is not started either: the local warm state and the
+  activation): so once seen in an incoming migration, a disk waits for one
+  of those two states, not merely for the job's end. Starting up alone is
+  not enough to wait for: a domain booted paused ("paused (user)" too) has
+  its disks active, and a restore's incoming ends "paused (migration)". Its heat is not started either: the local warm state and the
   summary its domain carries are applied when the arrival completes
   (``Served.warm``), so they neither decay meanwhile nor are saved over by
   an empty heat. The daemon's own reads (the trace source's probe, the
@@ -55,6 +57,7 @@ class Follower:
         self.single = single              # one disk: the log's label has no path
         self.waiting: set[int] = set()    # id(watcher): opened arriving, not warmed yet
         self.arriving: set[int] = set()   # id(watcher): its domain seen arriving (said once)
+        self.incoming: set[int] = set()   # id(watcher): seen in an incoming migration
 
     def opened(self, w, m) -> None:
         """A disk just opened: warmed now, or when its domain's arrival completes."""
@@ -66,6 +69,7 @@ class Follower:
     def closed(self, w) -> None:
         self.waiting.discard(id(w))
         self.arriving.discard(id(w))
+        self.incoming.discard(id(w))
 
     def follow(self, w, m) -> None:
         """Hold while the owning domain runs (``active`` None: no domain) and has arrived;
@@ -77,8 +81,11 @@ class Follower:
         w.emitter.cycles.label = f"{name}: " if name else ""
         key, path = id(w), w.image.path
         with journal.disk_context(path, m.domain, m.target):
-            # seen arriving: still arriving until QEMU activated the disks for certain
-            if m.arriving or (key in self.arriving and not m.activated
+            # seen in an incoming migration: arriving until QEMU activated the disks for
+            # certain (a paused domain's migration ends "paused (user)", disks inactive)
+            if m.arriving == "incoming":
+                self.incoming.add(key)
+            if m.arriving or (key in self.incoming and not m.activated
                               and m.active is not False):
                 if key not in self.arriving:
                     log.info("%s: its libvirt domain is arriving (an incoming migration or "
@@ -88,6 +95,7 @@ class Follower:
                 hold = False
             else:
                 self.arriving.discard(key)
+                self.incoming.discard(key)
                 arrived = key in self.waiting and m.active is not False
                 if arrived:
                     self.waiting.discard(key)

@@ -39,7 +39,7 @@ class Member:
     target: str | None = None
     active: bool | None = None       # its domain runs; None: no domain uses it
     carried: object = None           # the heat its domain carries for it (``domain_heat``)
-    arriving: bool = False           # QEMU has not activated its disks yet (``daemon.arrival``)
+    arriving: str = ""               # QEMU has not activated its disks yet: starting, incoming
     activated: bool = True           # QEMU has activated them for certain (running, restored)
 
 
@@ -82,8 +82,9 @@ class GivenPaths:
             return Member(path, active=False if path in self._owned else None)
         self._owned.add(path)
         d = found[0]
+        why = {o.arriving for o in found if o.active}
         return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried,
-                      any(o.arriving for o in found if o.active),
+                      next((a for a in ("incoming", "starting") if a in why), ""),
                       any(o.activated for o in found if o.active))
 
     def close(self) -> None:
