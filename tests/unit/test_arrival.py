@@ -151,3 +151,15 @@ def test_a_paused_domain_never_seen_arriving_is_held():
     f.opened(w, member(activated=False))            # started paused before the daemon
     f.follow(w, member(activated=False))
     assert w.hold_enabled is True
+
+
+def test_the_reason_names_the_arrival():
+    from vmdisktouch.daemon.reasons import Facts, why_not_held
+
+    def line(arriving):
+        return why_not_held(None, None, Facts(False, None, lambda: 0.0, 0.05, None,
+                                              arriving=arriving))
+
+    assert line(True) == ("domain_off", "its libvirt domain is arriving: nothing is held "
+                                        "until QEMU has activated its disks")
+    assert line(False) == ("domain_off", "its libvirt domain is not running")

@@ -249,7 +249,7 @@ class DiskWatcher:
         why = why_not_held(self.last_report, self.config, Facts(
             obs.holding, self.allotment, lambda: float(self.policy.state.total.max(initial=0.0)),
             self.config.threshold, acted.result.lock_refused,
-            int(self.policy.ceded.blocks.size) * bs))
+            int(self.policy.ceded.blocks.size) * bs, arriving=self.domain_active is True))
         self.last_report.limited_by, self.last_report.not_held_reason = why or (None, None)
         return self.last_report
 

@@ -10,7 +10,7 @@ status key ``limited_by``, the metrics) and a line for humans (the status key
 =================  ==========================================================
 code               when
 =================  ==========================================================
-``domain_off``     its libvirt domain is not running: nothing is held
+``domain_off``     its libvirt domain is not running, or is arriving: nothing is held
 ``no_evidence``    no heat at all yet: the guest has not been seen to read it
 ``below_threshold``  heat, but nothing above the threshold
 ``budget``         the budget went to hotter regions (naming the disk given the most)
@@ -66,6 +66,7 @@ class Facts:
     threshold: float
     lock_refused: str | None     # the kernel's refusal to lock, if any
     ceded_bytes: int = 0         # left to the guest's own cgroup-limited cache now
+    arriving: bool = False       # not holding while its domain runs: it is arriving
 
 
 def _holder_reason(r, c, f: Facts) -> tuple[str, str] | None:
@@ -89,6 +90,9 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
     wants; None when it holds all it wants."""
     a = f.allotment
     if not f.holding:
+        if f.arriving:
+            return "domain_off", ("its libvirt domain is arriving: nothing is held until "
+                                  "QEMU has activated its disks")
         return "domain_off", "its libvirt domain is not running"
     if a is not None and a.wanted == 0 and not r.held_bytes:
         hottest = f.heat_max()
