@@ -19,7 +19,8 @@ import pytest
 from vmdisktouch.adapters import libvirt_disks, libvirt_watch
 from vmdisktouch.adapters.libvirt_disks import LibvirtError
 
-BOUND = libvirt_watch.WAIT + 0.15      # the wait, and a loaded machine's scheduling
+HANG = 10.0       # the longest a blocked fake call waits (then it answers, as libvirt would)
+BOUND = 0.35      # the loop's bound, 0.2 s, and a loaded machine's scheduling
 XML = """<domain><name>{name}</name><devices><disk type='file' device='disk'>
 <driver name='qemu' type='raw' cache='writethrough'/><source file='/img/{name}.raw'/>
 <target dev='vda' bus='virtio'/></disk></devices></domain>"""
@@ -67,7 +68,7 @@ class Dom:
         return [self.lib.job]
 
     def setMetadata(self, *args):
-        self.lib.gate.wait()
+        self.lib.gate.wait(HANG)
         self.lib.written.append((self.name_, args[1]))
 
 
@@ -92,7 +93,7 @@ class Conn:
 
     def listAllDomains(self, _flags):
         self.lib.calls += 1
-        self.lib.gate.wait()
+        self.lib.gate.wait(HANG)
         if self.lib.fail:
             raise FakeError(self.lib.fail)
         return [Dom(self.lib, n) for n in self.lib.domains]
