@@ -106,7 +106,9 @@ def test_watchdog_interval():
     assert sdnotify.watchdog_interval({}) is None
     assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "60000000"}) == 60.0
     assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "60000000", "WATCHDOG_PID": pid}) == 60.0
-    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "500000", "WATCHDOG_PID": pid}) == 0.5
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "2500000", "WATCHDOG_PID": pid}) == 2.5
+    # below a second: clamped to one (WATCHDOG_USEC=1 made an idle daemon spin)
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "500000", "WATCHDOG_PID": pid}) == 1.0
     # meant for another process (e.g. inherited by a child): not ours to ping
     assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "60000000",
                                        "WATCHDOG_PID": str(os.getpid() + 1)}) is None
