@@ -40,7 +40,7 @@ Each trial, on a fresh domain:
 Trials alternate per round A B, B A (``--rounds`` 2: A B B A), for each flow.
 
 The migration's destination is a second libvirtd on this machine
-(``DestLibvirtd``): ``unshare -m -u``, its own hostname (libvirt refuses to
+(``tests.private_libvirt.PrivateLibvirtd``): ``unshare -m -u``, its own hostname (libvirt refuses to
 migrate to the host it runs on: it compares hostnames and host UUIDs), a
 ``host_uuid`` and socket directory of its own (``libvirtd -f``), tmpfs over
 /run/libvirt, /var/lib/libvirt, /var/cache/libvirt, /var/log/libvirt and
@@ -78,14 +78,12 @@ import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -99,7 +97,8 @@ from tests import libvirt_env  # noqa: E402
 from tests.libvirt_env import (URI, DomainFactory, disk_xml, ensure_daemons,  # noqa: E402
                                stop_daemons)
 from tests.pagecache import data_image  # noqa: E402
-from tools.common import GiB, MiB, stop_process  # noqa: E402
+from tests.private_libvirt import QEMU_LOG, PrivateLibvirtd  # noqa: E402
+from tools.common import GiB, MiB, free_port  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tools.images import evict, resident_bytes  # noqa: E402
 from vmdisktouch.adapters import domain_heat  # noqa: E402
@@ -114,7 +113,6 @@ CONTAMINATED = 0.05        # of the zone cached before the command: not a cold p
 MISS_SECONDS = 0.0005      # a 64 KiB read slower than this (QEMU's own time) was not cached
 PREFIX = "vdt-bench-carry-"   # not vdt-test-: a test session removes stale vdt-test-* domains
 QEMU_IO = 'qemu-io -d /machine/peripheral/{alias}/virtio-backend "read {off} {len}"'
-QEMU_LOG = "/var/log/libvirt/qemu/{name}.log"
 MODES = ("carry", "cold")
 FLOWS = ("save", "managedsave", "migrate")
 COMMANDS = {"save": "`virsh restore --running`", "managedsave": "`virsh start`",
@@ -165,82 +163,6 @@ class Domains(DomainFactory):
             self.forget(self.names[-1])
 
 
-# -- the destination of a migration: a second libvirtd on this machine ---------------------
-
-NS_SCRIPT = """set -e
-hostname {host}
-for d in /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /etc/libvirt/qemu; do
-    mount -t tmpfs -o mode=0755 vdt-carry-dst "$d"
-done
-mkdir -p /var/log/libvirt/qemu /var/lib/libvirt/qemu /var/cache/libvirt/qemu
-mount --bind {dir}/qemu.conf /etc/libvirt/qemu.conf
-exec {libvirtd} -f {dir}/libvirtd.conf -p {dir}/libvirtd.pid
-"""
-
-
-class DestLibvirtd:
-    """A second libvirtd in its own mount and UTS namespaces (the module docstring); ``uri``
-    reaches it. ``stop()`` destroys its domains and stops it (SIGTERM by PID)."""
-
-    def __init__(self, tmp: Path):
-        self.dir = tmp / "dst"
-        self.sock = self.dir / "sock"
-        self.sock.mkdir(parents=True)
-        self.uri = f"qemu+unix:///system?socket={self.sock}/libvirt-sock"
-        self.host = f"vdt-carry-dst-{os.getpid()}"
-        (self.dir / "libvirtd.conf").write_text(
-            f'unix_sock_dir = "{self.sock}"\nhost_uuid = "{uuid.uuid4()}"\n')
-        qemu = Path("/etc/libvirt/qemu.conf").read_text() if os.path.exists(
-            "/etc/libvirt/qemu.conf") else ""
-        (self.dir / "qemu.conf").write_text(qemu + '\nstdio_handler = "file"\n'
-                                            'cgroup_controllers = [ ]\n')
-        libvirtd = shutil.which("libvirtd") or shutil.which("libvirtd", path="/usr/sbin:/sbin")
-        script = NS_SCRIPT.format(host=self.host, dir=self.dir, libvirtd=libvirtd)
-        self.log = open(self.dir / "libvirtd.log", "wb")
-        self.proc = subprocess.Popen(["unshare", "-m", "-u", "--propagation", "private",
-                                      "sh", "-c", script], stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 90
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the second libvirtd exited ({self.proc.returncode}): "
-                                   + self.log_tail())
-            r = subprocess.run(["virsh", "-q", "-c", self.uri, "hostname"],
-                               capture_output=True, text=True)
-            if r.returncode == 0:
-                self.hostname = r.stdout.strip()
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the second libvirtd does not answer: {r.stderr.strip()}")
-            time.sleep(0.3)
-        # its first domain would otherwise wait for its probe of QEMU's capabilities (seconds)
-        vsh(self.uri, "domcapabilities", timeout=120)
-
-    def log_tail(self, n: int = 8) -> str:
-        self.log.flush()
-        return " | ".join((self.dir / "libvirtd.log").read_text(errors="replace")
-                          .strip().splitlines()[-n:])
-
-    def qemu_log(self, name: str) -> str:
-        """A domain's QEMU log there (its /var/log/libvirt is a tmpfs of its namespace)."""
-        return f"/proc/{self.proc.pid}/root" + QEMU_LOG.format(name=name)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            for name in vsh(self.uri, "list", "--all", "--name", check=False).split():
-                vsh(self.uri, "destroy", name, check=False)
-                vsh(self.uri, "undefine", name, check=False)
-        stop_process(self.proc, timeout=30)
-        self.log.close()
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # -- the guest ---------------------------------------------------------------------------
@@ -444,7 +366,7 @@ def learn(a: DaemonProc, name: str, img: str, args, ro, tag: str) -> dict:
 
 
 def trial(flow: str, mode: str, args, img: str, tmp: Path, doms: Domains, guest: Guest,
-          ro, k: int, dst: DestLibvirtd | None) -> dict:
+          ro, k: int, dst: PrivateLibvirtd | None) -> dict:
     zone = (args.zone_offset, args.zone)
     tag = f"{k}-{flow}-{mode}"
     name = doms.define([disk_xml("vda", img)], tag=f"{flow[:4]}{k}")
@@ -850,7 +772,7 @@ def main() -> int:
         doms = Domains(tmp)
         if "migrate" in flows:
             try:
-                dst = DestLibvirtd(tmp)
+                dst = PrivateLibvirtd(tmp, name="dst")
                 print(f"  second libvirtd (hostname {dst.hostname}) at {dst.uri}", flush=True)
             except Exception as exc:  # noqa: BLE001 - reported: the flow is left out
                 dst_error = str(exc)
@@ -888,7 +810,7 @@ def main() -> int:
         if doms is not None:
             doms.cleanup()
         if dst is not None:
-            dst.stop()
+            dst.close()
         stop_daemons()
         if args.keep:
             print(f"logs kept in {tmp}")

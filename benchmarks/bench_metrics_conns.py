@@ -58,7 +58,7 @@ if ROOT not in sys.path:
 
 from benchmarks.report import provenance, update_section  # noqa: E402
 from tests.pagecache import data_image, read_range  # noqa: E402
-from tools.common import MiB  # noqa: E402
+from tools.common import MiB, free_port  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 
 HOT = (8 * MiB, 6 * MiB)
@@ -70,10 +70,6 @@ SCENARIOS = ("none", "idle", "slowloris", "after")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raise_nofile(n: int) -> None:

@@ -1,8 +1,10 @@
 """A libvirtd of a test's own: one it may SIGSTOP without stalling anyone else's tests.
 
-Other engineers' tests share the libvirtd of qemu:///system, so a stall test
-must never stop that one. ``PrivateLibvirtd`` starts a second libvirtd as
-benchmarks/bench_carry_heat.py's ``DestLibvirtd`` does: ``unshare -m -u``
+Other sessions' tests share the libvirtd of qemu:///system (and their host
+services serve every domain there), so a stall test must never stop that one,
+and a test whose domains no other daemon may touch runs them here. It is also
+the destination of a live migration on one machine (benchmarks/bench_carry_heat.py,
+tests/e2e/test_arrive_safely.py). ``PrivateLibvirtd`` starts a libvirtd with ``unshare -m -u``
 (its own mount and UTS namespaces), tmpfs over /run/libvirt,
 /var/lib/libvirt, /var/cache/libvirt, /var/log/libvirt and /etc/libvirt/qemu
 (no shared state, no domains, no networks), its own socket directory and
@@ -12,9 +14,13 @@ files: the images of the test's tmp directory are seen as they are.
 
 ``uri`` reaches it (``qemu+unix:///system?socket=...``); ``virsh``,
 ``define``, ``qemu_io`` act on it; ``stop()``/``cont()`` SIGSTOP/SIGCONT it
-by PID; ``qemu_pid(name)`` is a domain's QEMU. ``close()`` resumes it,
-destroys and undefines its domains, SIGTERMs it by PID, and kills by PID any
-QEMU of its domains still alive after that (the namespaces end with it).
+by PID; ``qemu_pid(name)`` is a domain's QEMU, ``qemu_log(name)`` its log.
+``fuse=(directory, mount point)``: bindfs mounts the directory there with
+``kernel_cache`` in this libvirtd's mount namespace only, a page cache of its
+own over the same files (two such libvirtds: two hosts on shared storage).
+``close()`` resumes it, destroys and undefines its domains, unmounts its
+FUSE mount, SIGTERMs it by PID, and kills by PID any QEMU of its domains
+still alive after that (the namespaces end with it).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import uuid
 from pathlib import Path
 
 from tests import libvirt_env
+from tools.common import stop_process
+
+QEMU_LOG = "/var/log/libvirt/qemu/{name}.log"
 
 NS_SCRIPT = """set -e
 hostname {host}
@@ -35,16 +44,26 @@ for d in /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /etc/
 done
 mkdir -p /var/log/libvirt/qemu /var/lib/libvirt/qemu /var/cache/libvirt/qemu
 mount --bind {dir}/qemu.conf /etc/libvirt/qemu.conf
+{extra}
 exec {libvirtd} -f {dir}/libvirtd.conf -p {dir}/libvirtd.pid
+"""
+
+FUSE_SCRIPT = """mkdir -p {target}
+{bindfs} -f -o kernel_cache {src} {target} &
+echo $! > {dir}/bindfs.pid
+i=0
+while ! mountpoint -q {target}; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.1; done
 """
 
 
 class PrivateLibvirtd:
     """A second libvirtd in namespaces of its own (the module docstring)."""
 
-    def __init__(self, workdir: Path, timeout: float = 120.0):
+    def __init__(self, workdir: Path, name: str = "private-libvirt",
+                 fuse: tuple[Path, Path] | None = None, timeout: float = 120.0):
         assert os.geteuid() == 0, "a private libvirtd needs root"
-        self.dir = Path(workdir) / "private-libvirt"
+        self.dir = Path(workdir) / name
+        self.fuse = fuse
         self.sock = self.dir / "sock"
         self.sock.mkdir(parents=True)
         self.uri = f"qemu+unix:///system?socket={self.sock}/libvirt-sock"
@@ -56,11 +75,12 @@ class PrivateLibvirtd:
             "/etc/libvirt/qemu.conf") else ""
         (self.dir / "qemu.conf").write_text(qemu + '\nstdio_handler = "file"\n'
                                             'cgroup_controllers = [ ]\n')
-        libvirtd = libvirt_env._tool("libvirtd")
-        script = NS_SCRIPT.format(host=f"vdt-private-{os.getpid()}", dir=self.dir,
-                                  libvirtd=libvirtd)
+        extra = "" if fuse is None else FUSE_SCRIPT.format(
+            target=fuse[1], src=fuse[0], dir=self.dir, bindfs=libvirt_env._tool("bindfs"))
+        script = NS_SCRIPT.format(host=f"vdt-{name}-{os.getpid()}", dir=self.dir, extra=extra,
+                                  libvirtd=libvirt_env._tool("libvirtd"))
         self.log = open(self.dir / "libvirtd.log", "wb")
-        self.proc = subprocess.Popen(["unshare", "-m", "-u", "--propagation", "private",
+        self.proc = subprocess.Popen([libvirt_env._tool("unshare"), "-m", "-u", "--propagation", "private",
                                       "sh", "-c", script], stdin=subprocess.DEVNULL,
                                      stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -75,8 +95,9 @@ class PrivateLibvirtd:
         while True:
             assert self.proc.poll() is None, \
                 f"the private libvirtd exited ({self.proc.returncode}): {self.log_tail()}"
-            r = self.virsh("list", "--all", check=False)
+            r = self.virsh("hostname", check=False)
             if r.returncode == 0:
+                self.hostname = r.stdout.strip()
                 break
             assert time.monotonic() < deadline, f"the private libvirtd does not answer: " \
                                                 f"{r.stderr.strip()}"
@@ -126,8 +147,19 @@ class PrivateLibvirtd:
 
     def qemu_pid(self, name: str) -> int:
         """The PID of the domain's QEMU (its pid file in this libvirtd's /run)."""
-        path = f"/proc/{self.pid}/root/run/libvirt/qemu/{name}.pid"
-        return int(Path(path).read_text().strip())
+        return int(Path(f"{self.root()}/run/libvirt/qemu/{name}.pid").read_text().strip())
+
+    def root(self) -> str:
+        """Its namespace's root, to reach its mounts (its /run, its logs) from here."""
+        return f"/proc/{self.pid}/root"
+
+    def qemu_log(self, name: str) -> str:
+        """A domain's QEMU log there (its /var/log/libvirt is a tmpfs of its namespace)."""
+        return self.root() + QEMU_LOG.format(name=name)
+
+    def prefix(self) -> list[str]:
+        """A command prefix that runs a program in this libvirtd's mount namespace."""
+        return [libvirt_env._tool("nsenter"), "-t", str(self.pid), "-m"]
 
     def stop(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)
@@ -139,15 +171,12 @@ class PrivateLibvirtd:
     def close(self) -> None:
         self.cont()
         if self.proc.poll() is None:
-            for name in self.names:
+            listed = self.virsh("list", "--all", "--name", check=False, timeout=60).stdout
+            for name in set(listed.split()) | set(self.names):   # migrated here ones too
                 self.virsh("destroy", name, check=False, timeout=60)
                 self.virsh("undefine", name, check=False, timeout=60)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.unmount()
+        stop_process(self.proc, timeout=30)
         for pid in self._qemu_pids:          # a QEMU libvirtd left behind, by its PID
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -157,3 +186,27 @@ class PrivateLibvirtd:
                 os.kill(pid, signal.SIGKILL)
         self.log.close()
 
+    def unmount(self) -> None:
+        """Unmount the FUSE mount (bindfs then exits), from inside its namespace."""
+        pidfile = self.dir / "bindfs.pid"
+        if self.fuse is None or not pidfile.exists():
+            return
+        pid = int(pidfile.read_text().strip())
+        subprocess.run([libvirt_env._tool("nsenter"), "-t", str(pid), "-m",
+                        libvirt_env._tool("fusermount3"), "-u", str(self.fuse[1])],
+                       capture_output=True)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            try:
+                if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+                    break           # exited: libvirtd, its parent, reaps it or dies
+            except OSError:
+                break
+            time.sleep(0.1)
+        else:
+            if os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        pidfile.unlink()

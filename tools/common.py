@@ -6,6 +6,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 
 from vmdisktouch.errors import VmdtError
@@ -42,3 +43,10 @@ def stop_process(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: flo
     except subprocess.TimeoutExpired:
         return None
 
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -10,7 +10,7 @@ blockdev ``x-check-cache-dropped``; a page left makes QEMU log "page cache still
 and, under libvirt 9.0 (QEMU 7.2), refuse ``cont``: the restore, migration or resume
 fails. (A migration's disks are activated at ``cont``: libvirt sets late-block-activate.)
 
-Every domain lives in a libvirtd of its own (``tests.arrival_env.DestLibvirtd``: own mount
+Every domain lives in a libvirtd of its own (``tests.private_libvirt.PrivateLibvirtd``: own mount
 and UTS namespaces), so no other session's host service on qemu:///system serves it.
 
 * restore: daemon A learns a hot zone from guest-like reads and writes the summary into
@@ -32,7 +32,6 @@ worktree`` of 550c5fe, the code before the fix, which every test here fails on).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -40,11 +39,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.arrival_env import (STILL_IN_USE, CheckedQemu, DestLibvirtd, QemuLog, SlowFeed,
+from tests.arrival_env import (STILL_IN_USE, CheckedQemu, QemuLog, SlowFeed,
                                checked_domain_xml, vsh)
 from tests.libvirt_env import PREFIX, disk_xml, libvirt_daemons  # noqa: F401
 from tests.pagecache import data_image, evict
-from tools.common import ROOT
+from tests.private_libvirt import PrivateLibvirtd
+from tools.common import ROOT, free_port
 from tools.daemon_proc import DaemonProc
 from vmdisktouch.adapters import domain_heat as dh
 
@@ -135,9 +135,9 @@ def wait_locked(b, t0: float, timeout: float = 10.0) -> float:
 def own_libvirtd(libvirt_daemons, tmp_path):
     """A libvirtd in its own mount and UTS namespaces: no other session's host service
     (they serve qemu:///system) sees its domains."""
-    lv = DestLibvirtd(tmp_path, name="own")
+    lv = PrivateLibvirtd(tmp_path, name="own")
     yield lv
-    lv.stop()
+    lv.close()
 
 
 @pytest.mark.timeout(300)
@@ -195,15 +195,15 @@ def test_a_restore_under_qemus_own_check(tmp_path, checked_qemu, own_libvirtd, p
 def two_libvirtds(libvirt_daemons, tmp_path):
     """A source and a destination libvirtd, each in its own mount and UTS namespaces: no
     other session's host service (they serve qemu:///system) sees these domains."""
-    src = DestLibvirtd(tmp_path, name="src")
+    src = PrivateLibvirtd(tmp_path, name="src")
     try:
-        dst = DestLibvirtd(tmp_path, name="dst")
+        dst = PrivateLibvirtd(tmp_path, name="dst")
     except BaseException:
-        src.stop()
+        src.close()
         raise
     yield src, dst
-    dst.stop()
-    src.stop()
+    dst.close()
+    src.close()
 
 
 def qemu_io_at(uri: str, name: str, command: str) -> str:
@@ -213,12 +213,6 @@ def qemu_io_at(uri: str, name: str, command: str) -> str:
     return out
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 FILLED = 96 * MiB                  # guest RAM filled with random bytes: the stream's length
@@ -296,15 +290,15 @@ def two_hosts(libvirt_daemons, tmp_path, checked_qemu):
     store.mkdir()
     shared = checked_qemu.dir / f"shared-{uuid.uuid4().hex[:8]}"
     shared.mkdir()
-    src = DestLibvirtd(tmp_path, name="src", fuse=(store, shared))
+    src = PrivateLibvirtd(tmp_path, name="src", fuse=(store, shared))
     try:
-        dst = DestLibvirtd(tmp_path, name="dst", fuse=(store, shared))
+        dst = PrivateLibvirtd(tmp_path, name="dst", fuse=(store, shared))
     except BaseException:
-        src.stop()
+        src.close()
         raise
     yield src, dst, store, shared
-    dst.stop()
-    src.stop()
+    dst.close()
+    src.close()
     shared.rmdir()
 
 

@@ -13,15 +13,12 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.pagecache import data_image
+from tools.common import free_port
 from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
 
 MiB = 1 << 20
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def samples(text: str) -> dict:

@@ -86,7 +86,7 @@ class DiskWatcher:
         self.target: str | None = None
         self.allotment: Allotment | None = None  # the last selection's share (``host``)
         self.warmed_from: str | None = None      # "state", "metadata" (``served``); None: cold
-        self._arriving = False                   # restored heat not loaded yet (``restore``)
+        self._restored = False                   # restored heat not loaded yet (``restore``)
         self._released_between = 0               # by a reload or a size change
         self._cycle: tuple | None = None         # prepare's (start, observation, resident)
         self._hole_map: tuple | None = None      # ((allocation, nblocks), holes per block)
@@ -145,9 +145,9 @@ class DiskWatcher:
         own_start = t0 + (self.clock() - prepared)
         plan = self.policy.finish(targets)
         # A cold disk's first loads, and a warm one's first selection, at once (``restore``).
-        self.holder.unpaced = self.source.cold or self._arriving
+        self.holder.unpaced = self.source.cold or self._restored
         acted = self.recharger.act(plan, obs.held, t0, self.config, holding=obs.holding)
-        self._arriving = self._arriving and not obs.holding
+        self._restored = self._restored and not obs.holding
         self.policy.settle(acted.held, holes=acted.holes, ceded=acted.ceded)
         if acted.result.loaded_bytes:
             self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
@@ -286,7 +286,7 @@ class DiskWatcher:
         warm-restart-reboot)."""
         k = np.float32(heat.decay_factor(self.policy.params.heat.decay, max(0.0, away_seconds)))
         self.policy.state = heat.HeatState(saved.heat_resident * k, saved.heat_rewritten * k)
-        self._arriving = True
+        self._restored = True
 
     def warm_state(self) -> tuple[np.ndarray, np.ndarray, list]:
         """(heat resident, heat rewritten, held runs) to save."""
