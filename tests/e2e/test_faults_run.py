@@ -217,8 +217,9 @@ def _swap_status(make):
         d = serving(tmp_path, image)
         try:
             d.wait_status(lambda s: True, "a status file")
-            os.unlink(d.status_path)
-            make(image, d.status_path)
+            swap = f"{d.status_path}.swap"     # made aside, then renamed over it: a
+            make(image, swap)                  # cycle's write between an unlink and a
+            os.replace(swap, d.status_path)    # link made the link fail (EEXIST) once
             more_cycles(d, 4)
             out = d.output()
             assert out.count("cannot write --status") == 1, out[-2000:]
