@@ -1,6 +1,6 @@
 """The arrival rule (daemon/arrival.py): a disk whose domain arrives holds nothing and is
 not warmed until QEMU has activated its disks; libvirt's states classified
-(adapters/libvirt_disks.arriving)."""
+(adapters/domain_state.arriving)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from vmdisktouch.adapters.libvirt_disks import activated, arriving
+from vmdisktouch.adapters.domain_state import activated, arriving
 from vmdisktouch.daemon.arrival import Follower
 from vmdisktouch.daemon.membership import Member
 
@@ -16,25 +16,32 @@ RUNNING, PAUSED, SHUTOFF = 1, 3, 5
 P_USER, P_MIGRATION, P_SAVE, P_STARTING_UP = 1, 2, 3, 11
 
 
-@pytest.mark.parametrize("active,state,reason,job,expected", [
-    (True, PAUSED, P_STARTING_UP, False, "starting"),   # QEMU starting (an incoming too)
-    (True, PAUSED, P_MIGRATION, True, "incoming"),      # an incoming migration runs
-    (True, PAUSED, P_MIGRATION, False, ""),             # paused after a completed restore
-    (True, PAUSED, P_USER, True, ""),                   # paused by the user
-    (True, PAUSED, P_SAVE, True, ""),                   # being saved: leaving, not arriving
-    (True, RUNNING, 2, True, ""),                       # running (resumed after a migration)
-    (False, SHUTOFF, 5, False, ""),
+@pytest.mark.parametrize("active,state,reason,job,landed,expected", [
+    (True, PAUSED, P_STARTING_UP, False, False, "starting"),  # QEMU starting (an incoming too)
+    (True, PAUSED, P_MIGRATION, True, False, "incoming"),     # an incoming migration runs
+    (True, PAUSED, P_MIGRATION, False, False, ""),            # after a completed restore
+    (True, PAUSED, P_USER, True, False, ""),                  # paused by the user
+    (True, PAUSED, P_USER, False, True, "landed"),            # a paused domain migrated here
+    (True, PAUSED, P_SAVE, True, True, ""),                   # being saved: leaving
+    (True, RUNNING, 2, True, True, ""),                       # running (resumed after it)
+    (False, SHUTOFF, 5, False, True, ""),
 ])
-def test_arriving_from_state_reason_and_job(active, state, reason, job, expected):
+def test_arriving_from_state_reason_and_jobs(active, state, reason, job, landed, expected):
     asked = []
 
     def job_running():
-        asked.append(1)
+        asked.append("job")
         return job
 
-    assert arriving(active, state, reason, job_running) == expected
-    # the job is asked only to tell an incoming migration from a completed restore
-    assert bool(asked) == (active and state == PAUSED and reason == P_MIGRATION)
+    def came_in():
+        asked.append("landed")
+        return landed
+
+    assert arriving(active, state, reason, job_running, came_in) == expected
+    # the running job is asked only to tell an incoming migration from a completed restore,
+    # the completed one only of a domain paused by the user
+    assert ("job" in asked) == (active and state == PAUSED and reason == P_MIGRATION)
+    assert ("landed" in asked) == (active and state == PAUSED and reason == P_USER)
 
 
 class Img:
@@ -163,3 +170,19 @@ def test_the_reason_names_the_arrival():
     assert line(True) == ("domain_off", "its libvirt domain is arriving: nothing is held "
                                         "until QEMU has activated its disks")
     assert line(False) == ("domain_off", "its libvirt domain is not running")
+
+
+def test_a_daemon_started_after_a_paused_migration_waits_for_the_resume():
+    """A daemon that starts while a paused domain that migrated here waits (its disks not
+    activated until ``cont``) first sees it "landed": not held, not warmed, until it runs;
+    then a pause by the user while the daemon watches is a pause, not an arrival."""
+    warmed = []
+    f = Follower(lambda w, m: warmed.append(m), single=False)
+    w = W()
+    f.opened(w, member(arriving="landed", activated=False))
+    f.follow(w, member(arriving="landed", activated=False))
+    assert w.hold_enabled is False and warmed == []
+    f.follow(w, member())                           # resumed: QEMU activated its disks
+    assert w.hold_enabled is True and len(warmed) == 1
+    f.follow(w, member(arriving="landed", activated=False))     # paused by the user again
+    assert w.hold_enabled is True and len(warmed) == 1

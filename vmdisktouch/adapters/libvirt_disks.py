@@ -43,6 +43,7 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 
+from vmdisktouch.adapters.domain_state import domain_state
 from vmdisktouch.errors import VmdtError
 
 log = logging.getLogger("vmdisktouch")
@@ -57,17 +58,6 @@ O_DIRECT_CONSEQUENCE = ("the guest bypasses the host page cache, so holding page
                         "nothing and can collide with direct writes")
 HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
 
-# virDomainState -> name (virsh spells some of these with spaces; keep them one word)
-STATE_NAMES = {0: "nostate", 1: "running", 2: "blocked", 3: "paused", 4: "shutdown",
-               5: "shutoff", 6: "crashed", 7: "pmsuspended"}
-RUNNING, PAUSED = 1, 3
-# virDomainPausedReason values that mean QEMU may not have activated its disks yet:
-# STARTING_UP (11) while QEMU starts (a restore's or migration's incoming included);
-# MIGRATION (2) both during an incoming migration and after a completed restore that
-# stays paused, told apart by the job libvirt runs on the domain (``arriving``).
-PAUSED_MIGRATION, PAUSED_STARTING_UP = 2, 11
-
-
 class LibvirtError(VmdtError):
     """libvirt-python is missing, the daemon is unreachable, or a call failed."""
 
@@ -75,7 +65,7 @@ class LibvirtError(VmdtError):
 @dataclass
 class Disk:
     domain: str
-    state: str                 # STATE_NAMES value, or "unknown" when parsed without libvirt
+    state: str                 # domain_state.STATE_NAMES value, or "unknown" without libvirt
     active: bool | None        # the domain has a QEMU process (running, paused...)
     target: str                # guest device name: vda, sdb...
     device: str                # disk, cdrom, floppy, lun
@@ -300,64 +290,6 @@ def connect(uri: str = DEFAULT_URI, *, readonly: bool = True):
         raise LibvirtError(f"cannot connect to {uri}: {libvirt_message(exc)}") from None
 
 
-def arriving(active: bool, state: int, reason: int, job_running) -> str:
-    """Whether QEMU may not have activated the domain's disks yet, and why: "starting"
-    (QEMU starting up, a restore's incoming included) or "incoming" (paused for a migration
-    while a job runs on it: an incoming migration; on the source, the end of an outgoing
-    one); "" otherwise. ``job_running()`` is asked only then, because a paused domain whose
-    restore has completed has the same state and reason, and no job."""
-    if not active or state != PAUSED:
-        return ""
-    if reason == PAUSED_STARTING_UP:
-        return "starting"
-    return "incoming" if reason == PAUSED_MIGRATION and job_running() else ""
-
-
-def _job_running(dom) -> bool:
-    """A job runs on ``dom``. The destination of a migration refuses to report its incoming
-    job ("migration statistics are available only on the source host"): any error counts
-    as a job, so a domain whose arrival cannot be told complete is not held."""
-    libvirt = import_libvirt()
-    try:
-        return dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
-    except libvirt.libvirtError:
-        return True
-
-
-def activated(active: bool, state: int, reason: int, job_running) -> bool:
-    """Whether QEMU has activated the domain's disks for certain: it runs, or it is paused
-    after a completed restore (paused for a migration, no job; libvirt's restore sets no
-    late block activation, so QEMU activated them when the incoming ended). A domain paused
-    after an incoming migration of a paused domain reports "paused (user)" and activates
-    its disks only when resumed (late block activation), so paused is not enough."""
-    if not active:
-        return False
-    if state == RUNNING:
-        return True
-    return state == PAUSED and reason == PAUSED_MIGRATION and not job_running()
-
-
-def domain_state(dom) -> tuple[str, bool, str, bool]:
-    """(state name, active, arriving, activated) of a virDomain."""
-    st, reason = dom.state()[:2]
-    active = bool(dom.isActive())
-    job = _Once(lambda: _job_running(dom))
-    return (STATE_NAMES.get(st, f"state{st}"), active, arriving(active, st, reason, job),
-            activated(active, st, reason, job))
-
-
-class _Once:
-    """A question to libvirt asked at most once."""
-
-    def __init__(self, ask):
-        self.ask, self.answer = ask, None
-
-    def __call__(self) -> bool:
-        if self.answer is None:
-            self.answer = bool(self.ask())
-        return self.answer
-
-
 class Memo:
     """What ``list_disks`` keeps between listings, per domain (by UUID): the digest of its
     last XML and the disks read from it, so an unchanged domain is not parsed again (2.7 MB
@@ -433,7 +365,7 @@ def _domains_and_disks(conn, *, with_units: bool, memo: Memo):
         xml = why = None
         try:
             uuid, name = dom.UUIDString(), dom.name()
-            state, active, arrives, activated_ = domain_state(dom)
+            state, active, arrives, activated_ = domain_state(dom, libvirt)
             try:
                 xml = dom.XMLDesc(0)
             except libvirt.libvirtError as exc:

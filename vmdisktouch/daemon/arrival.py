@@ -19,14 +19,18 @@ rules to the disk:
   last writes. Linux does not drop a page that is locked or mapped, so a
   page this daemon locked before the drop would survive it, and the guest
   could read bytes it overwrote on the source during the migration. So from
-  the moment a disk's domain is seen arriving (``libvirt_disks.arriving``:
+  the moment a disk's domain is seen arriving (``domain_state.arriving``:
   starting up, or paused for a migration while a job runs on it) until
   libvirt reports the incoming complete (the domain running, or paused with
   no job after a completed restore), the disk holds nothing and spills
   nothing. A domain that arrived paused by a migration reports "paused
   (user)", and QEMU activates its disks only when it is resumed (late block
   activation): so once seen in an incoming migration, a disk waits for one
-  of those two states, not merely for the job's end. Starting up alone is
+  of those two states, not merely for the job's end. A daemon that starts
+  while such a domain waits sees it "landed" (paused by the user, libvirt's
+  last completed job an incoming migration) and waits as well; it cannot
+  tell that domain from one resumed and paused since, which waits too until
+  it runs (safe, and only until then). Starting up alone is
   not enough to wait for: a domain booted paused ("paused (user)" too) has
   its disks active, and a restore's incoming ends "paused (migration)". Its heat is not started either: the local warm state and the
   summary its domain carries are applied when the arrival completes
@@ -60,9 +64,12 @@ class Follower:
         self.incoming: set[int] = set()   # id(watcher): seen in an incoming migration
 
     def opened(self, w, m) -> None:
-        """A disk just opened: warmed now, or when its domain's arrival completes."""
+        """A disk just opened: warmed now, or when its domain's arrival completes. A domain
+        first seen paused after an incoming migration ("landed") waits until it runs."""
         if m.arriving:
             self.waiting.add(id(w))
+            if m.arriving == "landed":
+                self.incoming.add(id(w))
         else:
             self.warm(w, m)
 
@@ -85,8 +92,8 @@ class Follower:
             # certain (a paused domain's migration ends "paused (user)", disks inactive)
             if m.arriving == "incoming":
                 self.incoming.add(key)
-            if m.arriving or (key in self.incoming and not m.activated
-                              and m.active is not False):
+            if m.arriving in ("starting", "incoming") or (
+                    key in self.incoming and not m.activated and m.active is not False):
                 if key not in self.arriving:
                     log.info("%s: its libvirt domain is arriving (an incoming migration or "
                              "restore); holding nothing until QEMU has activated its disks",

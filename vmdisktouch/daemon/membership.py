@@ -39,7 +39,8 @@ class Member:
     target: str | None = None
     active: bool | None = None       # its domain runs; None: no domain uses it
     carried: object = None           # the heat its domain carries for it (``domain_heat``)
-    arriving: str = ""               # QEMU has not activated its disks yet: starting, incoming
+    arriving: str = ""               # QEMU has not activated its disks yet: starting,
+    #                                  incoming, landed (``domain_state.arriving``)
     activated: bool = True           # QEMU has activated them for certain (running, restored)
 
 
@@ -84,7 +85,7 @@ class GivenPaths:
         d = found[0]
         why = {o.arriving for o in found if o.active}
         return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried,
-                      next((a for a in ("incoming", "starting") if a in why), ""),
+                      next((a for a in ("incoming", "landed", "starting") if a in why), ""),
                       any(o.activated for o in found if o.active))
 
     def close(self) -> None:
