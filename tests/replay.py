@@ -69,11 +69,11 @@ class RecordedProbes:
         return [tuple(run)]
 
 
-def plan_one(policy: Policy, obs: Observation, probe) -> Plan:
+def plan_one(policy: Policy, obs: Observation, probe, budget_blocks: int) -> Plan:
     """One disk's plan through the one selection the host runs for every disk
-    (``policy.select``), with no spill."""
+    (``policy.select``) with a budget of ``budget_blocks``, with no spill."""
     m = policy.prepare(obs, probe)
-    targets = [] if m is None else select([m], policy.params.budget_blocks, 0.0, [[]])[0].runs[0]
+    targets = [] if m is None else select([m], budget_blocks, 0.0, [[]])[0].runs[0]
     return policy.finish(targets)
 
 
@@ -90,7 +90,8 @@ def replay(cycles: list[dict], strict: bool = True):
         if c["nblocks"] != policy.nblocks:
             policy.resize(c["nblocks"])
         probes = RecordedProbes(c["probes"], strict)
-        plan = plan_one(policy, observation(c), probes)
+        plan = plan_one(policy, observation(c), probes,
+                        settings["max_hold"] // settings["block_size"])
         assert not (strict and probes.left), f"cycle {i}: recorded probes not made: {probes.left}"
         yield i, c, plan, policy
         policy.settle(runs_to_mask(c["held_after"], c["nblocks"]),

@@ -314,11 +314,11 @@ def test_only_what_comes_from_disk_is_paced(img, holders):
     assert all(0 < w <= 0.25 for w in waits)
 
 
-def test_set_budget_cuts_lowest_priority_first(img, holders):
+def test_a_lower_budget_cuts_lowest_priority_first(img, holders):
     path, fd = img
     h = holders(fd, 64 * MiB)
     h.apply([(20, 28), (0, 8), (40, 48)])         # priority: 20-28 > 0-8 > 40-48
-    assert h.set_budget(13 * MiB, 0) == 11 * MiB
+    assert h.ledger.set_budget(13 * MiB) == 11 * MiB
     assert h.held_runs() == [(0, 5), (20, 28)]
     assert locked() - holders.base == 13 * MiB
 
@@ -514,7 +514,7 @@ def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):
         print("REFUSED", h.held_bytes(), vmlck("self"), h.lock_cap, r.lock_refused)
         r = h.apply([(0, 16)])
         print("AGAIN", r.loaded_bytes, r.lock_refused)
-        h.set_budget(64 << 20, 0)
+        h.set_floor(0)
         print("RESET", h.lock_cap)
         h.close()
         print("AFTER", vmlck("self"))

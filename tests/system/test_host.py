@@ -141,3 +141,54 @@ def test_a_disks_cycle_time_is_its_own_not_the_other_disks(tmp_path):
     alone = first_disk_seconds(paths[:1])
     assert alone[-1] > 0
     assert first_disk_seconds(paths) == alone      # the other two disks' turns not counted
+
+
+def test_the_sum_held_never_exceeds_the_budget_whatever_the_policy_asks(tmp_path, monkeypatch):
+    """The host's ledger bounds the holders where they lock: with the selection forced to
+    ask for every block of three 64 MiB disks (a seam over ``host.select``), VmLck summed
+    over the disks stays within the 80M budget after every cycle and between every chunk
+    of every load (sampled where each chunk reads MemAvailable); a lower budget (a reload)
+    cuts it at once."""
+    from dataclasses import replace
+
+    from tools.procfs import vmlck
+    from vmdisktouch.daemon import host as host_mod
+    from tests.pagecache import evict
+
+    real = host_mod.select
+
+    def over_ask(maps, budget_blocks, factor, spilled):
+        alloc, spills = real(maps, budget_blocks, factor, spilled)
+        return replace(alloc, runs=[[(0, len(m.total_heat))] for m in maps]), spills
+
+    monkeypatch.setattr(host_mod, "select", over_ask)
+    paths = [data_image(tmp_path / f"{n}.img", 64 * MiB) for n in "abc"]
+    base, seen = vmlck("self"), []
+    clock = Stepped()
+    cfg = settings.resolve({"max_hold": "80M", "interval": 5.0, "min_free": 0,
+                            "access_source": "mincore", "load_rate": "4G"})
+
+    def sample() -> int:                   # MemAvailable, read before the chunks are locked
+        seen.append(vmlck("self") - base)
+        return 1 << 50
+
+    watchers = []
+    for p in paths:
+        evict(p)
+        watchers.append(build(open_image(p), cfg, clock=clock, memcg=None, mem_available=sample))
+    h = Host(watchers, cfg.max_hold, cfg.block_size)
+    try:
+        for _ in range(3):
+            clock.t += 5.0
+            h.tick()
+            seen.append(vmlck("self") - base)
+        assert max(seen) <= 80 * MiB and h.held_bytes() == 80 * MiB, seen
+        assert len(seen) > 6                                  # loads were sampled between chunks
+        assert h.set_budget(24 * MiB) == 56 * MiB
+        assert vmlck("self") - base == 24 * MiB == h.held_bytes()
+        clock.t += 5.0
+        h.tick()
+        assert vmlck("self") - base <= 24 * MiB
+    finally:
+        h.close()
+    assert vmlck("self") == base

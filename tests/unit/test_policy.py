@@ -45,6 +45,7 @@ class World:
         self.data = np.ones(n, bool) if data is None else data
         self.allocation = int(self.data.sum()) if sparse_file else None
         self.policy = Policy(n, params(budget_blocks), sparse_file=sparse_file)
+        self.budget_blocks = budget_blocks
         self.now = 0.0
         self.probes: list = []
 
@@ -58,7 +59,7 @@ class World:
         resident = np.maximum(self.guest, (self.loaded & self.data).astype(np.float32))
         obs = Observation(self.now, resident, self.held.copy(), Sparse.empty(),
                           self.allocation, holding)
-        plan = plan_one(self.policy, obs, self.probe)
+        plan = plan_one(self.policy, obs, self.probe, self.budget_blocks)
         wanted = runs_to_mask(plan.targets, self.n)
         self.held = wanted & self.data
         self.held[list(ceded_now)] = False
@@ -223,11 +224,11 @@ def test_rewrites_make_a_region_first_class_and_red():
     resident = np.zeros(64, np.float32)
     resident[8:16] = 1.0                                    # much hotter by residency
     rew = Sparse(np.arange(40, 44), np.full(4, 0.5))
-    plan = plan_one(pol, Observation(5.0, resident, held, rew, None), w.probe)
+    plan = plan_one(pol, Observation(5.0, resident, held, rew, None), w.probe, 4)
     assert plan.targets[0][0] >= 36 and plan.recent[40:44].min() == 0.5
     assert pol.red.runs() == [(40, 44)]
     pol.settle(held)
-    plan = plan_one(pol, Observation(10.0, resident, held, Sparse.empty(), None), w.probe)
+    plan = plan_one(pol, Observation(10.0, resident, held, Sparse.empty(), None), w.probe, 4)
     assert plan.recent is not None and plan.recent[40] == 0.5   # the cycle before counts
     assert not plan.quiet[40] and plan.quiet[8]
 

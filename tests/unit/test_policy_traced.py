@@ -28,6 +28,7 @@ class TracedWorld:
     def __init__(self, n: int, budget_blocks: int):
         self.n = n
         self.policy = Policy(n, params(budget_blocks), sparse_file=False)
+        self.budget_blocks = budget_blocks
         self.held = np.zeros(n, bool)
         self.cached = np.zeros(n, np.float32)
         self.now = 0.0
@@ -40,7 +41,7 @@ class TracedWorld:
                           reads=ones(list(reads)),
                           refaults=refaults if isinstance(refaults, Sparse) else ones(list(refaults)),
                           reconcile=reconcile, read_counts=read_counts)
-        plan = plan_one(self.policy, obs, lambda run: [run])
+        plan = plan_one(self.policy, obs, lambda run: [run], self.budget_blocks)
         self.held = runs_to_mask(plan.targets, self.n)
         self.policy.settle(self.held)
         return plan

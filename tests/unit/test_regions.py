@@ -8,9 +8,9 @@ from vmdisktouch.core.policy import HOLD_FRACTION, INCUMBENT_WEIGHT, SELECT_RULE
 
 
 def select(heat, rewritten, threshold, budget, held=None, recent=None, candidates=None):
-    """``regions.select`` with the policy's rules."""
-    return fill.select(heat, rewritten, threshold, budget, SELECT_RULES, held, recent,
-                          candidates=candidates)
+    """One disk's runs of the host's selection, with the policy's rules."""
+    one = regions.DiskMap(heat, threshold, rewritten, held, recent, candidates)
+    return fill.select_many([one], budget, SELECT_RULES)[0]
 
 
 def candidate_mask(heat, threshold, held=None):

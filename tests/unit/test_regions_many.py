@@ -47,18 +47,6 @@ def test_a_boost_weighs_one_disk_over_another():
     assert fill.select_many([a, b], 10, SELECT_RULES) == [[], [(0, 10)]]
 
 
-def test_one_disk_is_select():
-    rng = np.random.default_rng(3)
-    for _ in range(50):
-        heat = (rng.random(300) * 3).astype(np.float32)
-        held = rng.random(300) < 0.2
-        budget = int(rng.integers(0, 120))
-        want = fill.select(heat, None, T, budget, SELECT_RULES, held_mask=held)
-        got = fill.select_many([regions.DiskMap(heat, T, held_mask=held)], budget,
-                                  SELECT_RULES)
-        assert got == [want]
-
-
 def test_the_budget_and_the_caps_are_never_exceeded():
     rng = np.random.default_rng(7)
     for _ in range(100):

@@ -113,7 +113,7 @@ def test_policy_boosts_with_the_intensity_only_for_the_trace_source():
     from vmdisktouch.core.heat import HeatParams
     from vmdisktouch.core.policy import Observation, Policy, PolicyParams
     n = 64
-    params = PolicyParams(HeatParams(1.0, 2.0, 1.0, 1.0, 0.1, THR), budget_blocks=8,
+    params = PolicyParams(HeatParams(1.0, 2.0, 1.0, 1.0, 0.1, THR),
                           interval=5.0, rewritten_seconds=30.0)
     reads = Sparse(np.arange(n), np.ones(n, np.float32))
     counts = np.full(n, 1.0, np.float32)

@@ -174,7 +174,7 @@ class LibvirtWatch:
         self._unreachable: str | None = None
         self._answered = False              # libvirt answered once: losing it is a warning
         self._behind = 0                    # calls in a row without a fresh listing
-        self._stale_said = False
+        self._stale_said, self._stale_view = False, None   # said stale, of this listing
 
     # -- the loop's side: never waits longer than ``wait``
 
@@ -209,7 +209,9 @@ class LibvirtWatch:
                         "each cycle", self.uri, error)
                 self._unreachable = error
             return None
-        if fresh:
+        # a listing completed since the stall was said is an answer too, waited for or not
+        renewed = self._stale_said and error is None and listed_at != self._stale_view
+        if fresh or renewed:
             if (self._unreachable or self._stale_said) and self._answered:
                 log.info("libvirt at %s answers again", self.uri)
             self._unreachable, self._answered = None, True
@@ -222,7 +224,7 @@ class LibvirtWatch:
             log.warning("libvirt at %s has not answered for %.0f s; holding with the view "
                         "of %s", self.uri, time.monotonic() - listed_at[0],
                         time.strftime("%H:%M:%S", time.localtime(listed_at[1])))
-            self._stale_said = True
+            self._stale_said, self._stale_view = True, listed_at
         return listing
 
     def set_metadata(self, domain: str, xml: str) -> bool:

@@ -83,16 +83,6 @@ class Allocation:
     top: list[int | None]        # limited by the budget: the disk given the most
 
 
-def select(total_heat: np.ndarray, rewritten_heat, threshold: float, budget_blocks: int,
-           rules: Rules, held_mask=None, recent_rewrites=None, candidates=None,
-           boost=None) -> list[Run]:
-    """Runs to hold on one disk, highest priority first; their lengths sum to at most
-    ``budget_blocks``. The arguments are ``regions.DiskMap``'s."""
-    one = DiskMap(total_heat, threshold, rewritten_heat, held_mask, recent_rewrites,
-                  candidates, boost)
-    return select_many([one], budget_blocks, rules)[0]
-
-
 def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[list[Run]]:
     """Each disk's runs of ``allocate``."""
     return allocate(maps, budget_blocks, rules).runs

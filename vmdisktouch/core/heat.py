@@ -80,14 +80,14 @@ that keep a held region held are
   ``1 - k``, ~0.39 at 5 s cycles; steady rewriting of f of every block
   holds it near f). Not 4, its earlier default: at 4 moved hot zones were
   followed later than at 1 (docs/benchmarks.md, why-heat);
-* hysteresis in ``budget.select``: a held run stays a candidate while its
+* hysteresis in ``budget.allocate``: a held run stays a candidate while its
   mean heat is at least ``threshold * policy.HOLD_FRACTION``;
-* incumbency in ``budget.select``: the resident heat of held blocks
+* incumbency in ``budget.allocate``: the resident heat of held blocks
   weighs 16 times in the ranking, so equal unheld candidates do not
   displace a hold every cycle.
 
 Rewrites of a block in this cycle or the one before also put its region in
-the first class of ``budget.select``; once the guest stops writing there,
+the first class of ``budget.allocate``; once the guest stops writing there,
 the region competes on its (decaying) heat like any other.
 
 A held region that is only read, never written, therefore cools from ~A_r

@@ -171,7 +171,6 @@ TRACED_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=TRACE
 class PolicyParams:
     """The operator's settings the policy uses (``vmdisktouch.settings`` defines them)."""
     heat: heat.HeatParams
-    budget_blocks: int
     interval: float              # seconds; the first cycle's time step
     rewritten_seconds: float     # how long a rewritten block is shown red
 
@@ -183,7 +182,6 @@ class PolicyParams:
                             amp_rewritten=config.amp_rewritten,
                             sigma_rewritten=config.sigma_rewritten,
                             decay=config.decay, threshold=config.threshold),
-            budget_blocks=config.max_hold // config.block_size,
             interval=config.interval, rewritten_seconds=config.rewritten_seconds)
 
 

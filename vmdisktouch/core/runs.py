@@ -149,7 +149,7 @@ def priority_pieces(target_runs: Iterable[Run], nblocks: int) -> list[Run]:
     Each target run, clipped to ``[0, nblocks)``, minus everything an earlier
     (higher-priority) target already covers. A target overlapped by an
     earlier one can become several pieces; they keep its rank. Targets
-    from ``budget.select`` are disjoint already and come back unchanged.
+    from ``budget.allocate`` are disjoint already and come back unchanged.
     """
     runs = clip_runs(target_runs, nblocks)
     ordered = sorted(runs)

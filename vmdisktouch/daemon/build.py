@@ -59,7 +59,7 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
         out = outputs_mod.Outputs([outputs_mod.Protected.of_fd(
             image.fd, f"the disk image {image.path}")])
     nblocks = image.block_count(bs)
-    holder = Holder(image, bs, config.max_hold, config.min_free,
+    holder = Holder(image, bs, config.max_hold, config.min_free,      # alone until a Host adopts it
                     mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
     charges = ChargeTracker(memcg_reader(memcg), bs, nblocks)
     source = sources.choose(image, config, ResidencyTracker(image, bs),

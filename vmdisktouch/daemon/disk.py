@@ -120,7 +120,7 @@ class DiskWatcher:
         self.holder.load_rate = config.load_rate
         if self.spiller is not None:
             self.spiller.load_rate = config.load_rate
-        released = self.holder.set_budget(config.max_hold, config.min_free)
+        released = self.holder.set_floor(config.min_free)      # the budget: the host's
         self._released_between += released
         return released
 

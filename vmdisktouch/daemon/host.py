@@ -48,6 +48,7 @@ from vmdisktouch.daemon.alerts import HostAlerts
 from vmdisktouch.daemon.reasons import Allotment, disk_name
 from vmdisktouch.errors import ImageGoneError, VmdtError
 from vmdisktouch.sizes import format_size
+from vmdisktouch.system.ledger import Ledger
 
 log = logging.getLogger("vmdisktouch")
 
@@ -65,16 +66,19 @@ class NoDiskLeft(ImageGoneError):
 
 
 class Host:
-    """The disks served together under one budget (``budget`` bytes)."""
+    """The disks served together under one budget: ``ledger`` (a ``Ledger``, or its bytes),
+    which every disk's holder draws from once the host has it (``adopt``)."""
 
-    def __init__(self, watchers: list, budget: int, block_size: int,
+    def __init__(self, watchers: list, ledger: Ledger | int, block_size: int,
                  caps: dict[str, int] | None = None, close=None, may_be_empty=False,
                  spill_factor: float = 0.0):
         self.watchers = list(watchers)
         self.weights: dict[str, float] = {}     # image path -> ranking weight (overrides)
         self.may_be_empty = may_be_empty          # following libvirt: no VM running is fine
         self.close_disk = close or _close_watcher   # releases, closes (and saves) a disk
-        self.budget = int(budget)
+        self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        for w in self.watchers:
+            self.ledger.adopt(w.holder)
         self.spill_factor = float(spill_factor)   # ``spill``: x the budget, unlocked
         self.block_size = int(block_size)
         self.caps = dict(caps or {})         # image path -> most bytes it may hold
@@ -84,6 +88,15 @@ class Host:
         self.cycle = 0
         self.cycle_seconds = 0.0      # the last tick, every disk's turn and the selection
         self.alerts = HostAlerts()
+
+    @property
+    def budget(self) -> int:
+        """The host's budget, bytes: the ledger's one number."""
+        return self.ledger.budget
+
+    def set_budget(self, budget: int) -> int:
+        """A new budget (a reload), the excess released at once. Returns bytes released."""
+        return self.ledger.set_budget(budget)
 
     def tick(self) -> list:
         """One cycle over every disk; returns their ``CycleReport``s."""
@@ -153,10 +166,11 @@ class Host:
                                     self.weights.get(w.image.path, 1.0))
 
     def held_bytes(self) -> int:
-        return sum(w.holder.held_bytes() for w in self.watchers)
+        return self.ledger.held()
 
     def add(self, w) -> None:
-        """Serve one more disk from the next cycle on."""
+        """Serve one more disk from the next cycle on; its holder draws from the host's budget."""
+        self.ledger.adopt(w.holder)
         self.watchers.append(w)
         self.failed.pop(w.image.path, None)
 

@@ -344,7 +344,8 @@ class Service:
         self.overrides = ovr
         if self.carrier is not None:
             self.carrier.interval = new.carry_interval
-        self.host.budget, self.host.spill_factor = new.max_hold, new.spill
+        released += self.host.set_budget(new.max_hold)
+        self.host.spill_factor = new.spill
         self.config, self.config_path = new, path
         log.info("reloaded settings%s: budget %s, floor %s; released %s",
                  f" from {path}" if path else "", format_size(new.max_hold),

@@ -3,9 +3,11 @@
 Theory of operation
 -------------------
 The holder is the only part of vmdisktouch that pins memory. It receives,
-each cycle, the *target runs* chosen by ``budget.select``: half-open block
-runs ``(start, stop)`` in priority order, highest first, whose total fits the
-budget. ``apply`` turns what is held now into that target:
+each cycle, the *target runs* chosen by the host's selection (``budget``):
+half-open block runs ``(start, stop)`` in priority order, highest first.
+What it may lock is the host's to say: every holder of a host draws from
+one ``ledger.Ledger``, the budget summed over the disks. ``apply`` turns what
+is held now into that target:
 
 1. Release first. Every held block outside the target is unlocked and
    unmapped (``munlock`` + ``munmap`` of exactly those pages) before anything
@@ -41,21 +43,22 @@ budget. ``apply`` turns what is held now into that target:
    disk's first loads (``unpaced``, set by the watcher while its trace source
    is cold) are not paced: what they read is what its guest is waiting for.
    (docs/benchmarks.md, cold-start).
-4. Guards before every chunk: ``held + chunk <= max_hold`` and
+4. Guards before every chunk: ``chunk <= ledger.room()`` (the budget less
+   what every holder of the host holds) and
    ``mem_available() - chunk >= min_free``. ``MemAvailable`` is read again
    once a chunk's worth (``CHUNK_BYTES``) has been locked since the last
    read; in between, what was locked is subtracted from it (``pacing``).
    A chunk that does not fit is cut to the whole blocks that fit; if not
    even one fits, loading stops and the rest is ``skipped_bytes``.
-   The held total therefore never exceeds ``max_hold``, not even for one
-   chunk in the middle of a cycle.
+   The host's held total therefore never exceeds its budget, not even for
+   one chunk in the middle of a cycle, whatever the target asks for.
 5. Floor shedding. After loading, while ``mem_available() < min_free``, the
    lowest-priority held blocks are released: the runs of the last ``apply``
    are walked from the lowest priority up, each from its tail (its highest
    blocks), releasing the measured deficit (rounded up to whole blocks) per
    step and measuring again. ``munlock`` puts the pages back on the file LRU,
-   so ``MemAvailable`` rises at once. ``set_budget`` uses the same ordering to
-   cut down to a new, smaller budget immediately. What ``apply`` shed is its
+   so ``MemAvailable`` rises at once. ``Ledger.set_budget`` uses the same
+   ordering (``release_lowest``) to cut down to a new, smaller budget at once. What ``apply`` shed is its
    ``shed_bytes``; the holder logs nothing of it: one holder sees one disk, and
    the host says once when shedding starts (``daemon.alerts``).
 
@@ -79,7 +82,7 @@ loading continues with the next (logged). ``LockLimitError`` from ``mlock``
 (RLIMIT_MEMLOCK without CAP_IPC_LOCK, lowered under a running daemon, or a
 memory cgroup that cannot charge more) keeps what was locked, stops loading
 and caps what the holder will try to lock at what it holds then
-(``lock_cap``), until the next ``set_budget`` (a reload): retrying every
+(``lock_cap``), until the next ``set_floor`` (a reload): retrying every
 cycle would read a chunk from disk each time only to be refused again.
 ``ApplyResult.lock_refused`` carries the message, which says to raise the
 limit (systemd: ``LimitMEMLOCK=infinity``) or grant ``CAP_IPC_LOCK``.
@@ -113,6 +116,7 @@ from vmdisktouch.core.runs import (Run, blocks_of, clip_runs, diff_runs, lowest_
 from vmdisktouch.errors import ClosedError, LockLimitError, SyscallError
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.image import Image
+from vmdisktouch.system.ledger import Ledger
 from vmdisktouch.system.mappings import Mappings
 from vmdisktouch.system.pacing import MemGauge, Pacer
 
@@ -146,10 +150,11 @@ class Holder:
     """Holds block runs of one open image with mmap + mlock.
 
     ``size`` is the image size the holds are fitted to: the image's at the
-    start, then what ``resize`` was last given.
+    start, then what ``resize`` was last given. ``ledger``: the host's budget it draws
+    from (a number: a ledger of its own, a host of one).
     """
 
-    def __init__(self, image: Image, block_size: int, max_hold: int, min_free: int, *,
+    def __init__(self, image: Image, block_size: int, ledger: Ledger | int, min_free: int, *,
                  mem_available: Callable[[], int], load_rate: int = 0,
                  sleep: Callable[[float], object] = time.sleep,
                  clock: Callable[[], float] = time.monotonic,
@@ -161,7 +166,7 @@ class Holder:
         self.fd = image.fd
         self.size = int(image.size)
         self.block_size = int(block_size)
-        self.max_hold = int(max_hold)
+        self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
         self.min_free = int(min_free)
         self.mem_available = mem_available
         self.load_rate = int(load_rate)
@@ -180,6 +185,7 @@ class Holder:
         self._lock_refused: str | None = None
         self._cachestat = libc.CacheStatCaller(self.fd)   # what a load must read (see "Pace")
         self.skip_holes = image.is_regular   # holes of a sparse regular file are never held
+        self.ledger.join(self)
 
     # -- queries -----------------------------------------------------------
 
@@ -224,8 +230,9 @@ class Holder:
         to_release, to_load = diff_runs(self.held_runs(), pieces)
         released = self.release(to_release)
         self._order = pieces
-        if self.held_bytes() > self.max_hold:            # budget lowered behind our back
-            released += self._release_lowest(self.held_bytes() - self.max_hold)
+        over = self.ledger.over()                        # budget lowered behind our back
+        if over:
+            released += self.release_lowest(min(over, self.held_bytes()))
 
         self._lock_refused = None
         loaded, skipped, stopped = self._load(to_load)
@@ -252,16 +259,12 @@ class Holder:
         self._order = clip_runs(self._order, self.nblocks)
         return released
 
-    def set_budget(self, max_hold: int, min_free: int) -> int:
-        """New budget and floor (config reload): cut down to them at once. Returns bytes released."""
-        self.max_hold = int(max_hold)
+    def set_floor(self, min_free: int) -> int:
+        """A new floor (config reload): shed down to it at once, and try the lock limit again.
+        Returns bytes released. (The budget is the ledger's: ``Ledger.set_budget``.)"""
         self.min_free = int(min_free)
         self.lock_cap = None            # the limit may have been raised: try again
-        released = 0
-        excess = self.held_bytes() - self.max_hold
-        if excess > 0:
-            released += self._release_lowest(excess)
-        return released + self._shed_to_floor()
+        return self._shed_to_floor()
 
     def release(self, runs: Iterable[Run]) -> int:
         """Unlock and unmap the held blocks of ``runs``. Returns bytes released."""
@@ -290,8 +293,10 @@ class Holder:
         return self._maps.release_all()
 
     def close(self) -> None:
-        """Release everything; the holder cannot be used afterwards. Idempotent."""
+        """Release everything and leave the ledger; the holder cannot be used afterwards.
+        Idempotent."""
         self.release_all()
+        self.ledger.leave(self)
         self._closed = True
 
     # -- loading -----------------------------------------------------------
@@ -341,7 +346,7 @@ class Holder:
                 if cold and not pace.wait():
                     keep_going = False
                     break
-                fit = min(self._lockable() - self.held_bytes(), gauge.get() - self.min_free)
+                fit = min(self._room(), gauge.get() - self.min_free)
                 if nbytes > fit:
                     n = min(n, max(fit, 0) // bs)
                     nbytes = maps.offset_in(a, pos + n, length) - seg.length
@@ -374,13 +379,15 @@ class Holder:
         maps.trim_tail(seg, length)
         return seg.length, keep_going
 
-    def _lockable(self) -> int:
-        """The most the holder may lock now: the budget, or less after a lock refusal."""
-        return self.max_hold if self.lock_cap is None else min(self.max_hold, self.lock_cap)
+    def _room(self) -> int:
+        """The most the holder may lock more now: the host's room, or less after a lock
+        refusal (``lock_cap``)."""
+        room = self.ledger.room()
+        return room if self.lock_cap is None else min(room, self.lock_cap - self.held_bytes())
 
     # -- shedding ----------------------------------------------------------
 
-    def _release_lowest(self, nbytes: int) -> int:
+    def release_lowest(self, nbytes: int) -> int:
         """Release at least ``nbytes`` (whole blocks) of the lowest-priority holds."""
         released = 0
         for a, b in lowest_first(self._order, self.held_runs()):
@@ -396,5 +403,5 @@ class Holder:
             deficit = self.min_free - self.mem_available()
             if deficit <= 0:
                 break
-            released += self._release_lowest(deficit)
+            released += self.release_lowest(deficit)
         return released
