@@ -5,14 +5,32 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps deps39 test test39 demo deb bench clean
+.PHONY: deps deps39 test test-unit test-system test-e2e test-package test39 demo deb bench clean
 
 deps:
 	@bash scripts/install-deps.sh
 
+# The tiers (docs/architecture.md#tests), each on its own and all of them by `make test`;
+# each prints its own time.
+TIERS := test-unit test-system test-e2e test-package
+
 test: deps deps39
-	$(PY) -m pytest $(PYTEST_ARGS)
-	$(MAKE) test39
+	@for t in $(TIERS) test39; do $(MAKE) --no-print-directory $$t || exit $$?; done
+
+test-unit: deps
+	$(call timed,unit,$(PY) -m pytest $(PYTEST_ARGS) tests/unit)
+
+test-system: deps
+	$(call timed,system,$(PY) -m pytest $(PYTEST_ARGS) tests/system)
+
+test-e2e: deps
+	$(call timed,e2e,$(PY) -m pytest $(PYTEST_ARGS) tests/e2e)
+
+test-package: deps
+	$(call timed,package,$(PY) -m pytest $(PYTEST_ARGS) tests/package)
+
+# $(call timed,NAME,COMMAND): the command, then the tier's wall time on one line.
+timed = @s=$$(date +%s); $(2); rc=$$?; echo "tier $(1): $$(( $$(date +%s) - s )) s (exit $$rc)"; exit $$rc
 
 deps39: deps
 	@bash scripts/install-py39.sh
@@ -21,12 +39,12 @@ deps39: deps
 # need neither libvirt-python nor QEMU (those run under the main venv above). The man
 # page is generated with the main venv's argparse (3.9's words its headings otherwise).
 test39: deps39
-	.venv39/bin/python -m pytest -p no:cacheprovider \
+	$(call timed,python3.9,.venv39/bin/python -m pytest -p no:cacheprovider \
 	  --deselect tests/unit/test_cli_docs.py::test_both_are_generated_from_the_current_parser \
 	  --ignore tests/unit/test_libvirt_memo.py \
 	  tests/unit tests/system \
 	  tests/e2e/test_snapshot_cli.py tests/e2e/test_status_cmd.py tests/e2e/test_metrics.py \
-	  tests/e2e/test_node_exporter.py tests/e2e/test_run_notify.py
+	  tests/e2e/test_node_exporter.py tests/e2e/test_run_notify.py)
 
 demo: deps
 	$(PY) -m tools.demo
