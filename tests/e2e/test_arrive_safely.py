@@ -17,9 +17,13 @@ and UTS namespaces), so no other session's host service on qemu:///system serves
   the metadata; ``virsh save``; a fresh host service B (empty state dir, 1 s cycles)
   runs; the restore reads its save image from a FIFO fed over 4 s, so the incoming spans
   several of B's cycles; ``--running``, or ``--paused`` and a resume three cycles later.
+* start from a managed save: the same with ``virsh managedsave`` (the guest running) and
+  ``virsh start`` (``--paused``, then a resume); libvirt's managed save image is moved
+  aside and fed back through a FIFO at its path over 4 s (a 64 MiB guest's incoming
+  lasts well under a second otherwise).
 * live migration: the same between two libvirtds, 96 MiB of guest RAM loaded at reset and
   16 MiB/s, so the incoming lasts ~6 s; running, or paused and resumed there later.
-  Asserted for both: it completes, QEMU logged no "page cache still in use", and B holds
+  Asserted for all three: it completes, QEMU logged no "page cache still in use", and B holds
   the zone (VmLck >= 90 % of it) within 2 s of the domain running.
 * two page caches: each libvirtd mounts one directory with bindfs ``kernel_cache`` at the
   same path (two hosts on shared storage); QEMU unchecked; the source guest rewrites the
@@ -32,6 +36,7 @@ worktree`` of 550c5fe, the code before the fix, which every test here fails on).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -174,6 +179,78 @@ def test_a_restore_under_qemus_own_check(tmp_path, checked_qemu, own_libvirtd, p
         finally:
             feed.join()
         assert time.monotonic() - t0 >= FEED_SECONDS * 0.9, "the incoming phase was not slow"
+        assert_checked(dom, lv.root())
+        if paused:
+            resume_later(b, lv, dom, log)
+        running = time.monotonic()
+        assert vsh(lv.uri, "domstate", dom).strip() == "running"
+        seconds = wait_locked(b, running)
+        out = log.new()
+        assert STILL_IN_USE not in out, \
+            f"QEMU found pages still cached when it arrived:\n{out[-2000:]}\n" \
+            f"daemon B:\n{b.log_tail(30)}"
+        assert seconds <= HELD_WITHIN, f"held {seconds:.1f} s after running\n{b.log_tail(20)}"
+        b.wait_status(lambda s: held_share(s, img) >= 0.9, "the zone held, in B's status",
+                      timeout=10)
+    finally:
+        b.stop()
+
+
+def managed_save_path(lv: PrivateLibvirtd, name: str) -> str:
+    """Where libvirt keeps a domain's managed save image (a tmpfs of its namespace)."""
+    return f"{lv.root()}/var/lib/libvirt/qemu/save/{name}.save"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "paused-then-resume"])
+def test_a_start_from_a_managed_save_under_qemus_own_check(tmp_path, checked_qemu,
+                                                           own_libvirtd, paused):
+    """``virsh managedsave``, then ``virsh start`` (libvirt restores from the managed save
+    image: QEMU with ``-incoming``, the domain "paused (starting up)" until it completes)
+    with a fresh host service B running; the same assertions as the restore's. The guest
+    is saved running. To span B's cycles, the managed save image is moved aside and a FIFO
+    at its path feeds it to libvirt over 4 s (a 64 MiB guest's image is read in well under
+    a second otherwise). ``--paused``: restored paused ("paused (migrating)": QEMU has
+    activated the disks), resumed three cycles later. On 550c5fe B holds the zone during
+    the incoming and QEMU refuses ``cont``: the start fails (``--paused``: the resume)."""
+    lv = own_libvirtd
+    img = data_image(tmp_path / "a.raw", 64 * MiB)
+    dom = f"{PREFIX}msave-{uuid.uuid4().hex[:8]}"
+    xml = tmp_path / f"{dom}.xml"
+    xml.write_text(checked_domain_xml(dom, [disk_xml("vda", img)], checked_qemu.path))
+    vsh(lv.uri, "define", str(xml))
+    vsh(lv.uri, "start", dom)
+    assert_checked(dom, lv.root())
+    a = learn(tmp_path, dom, lv.uri, lambda: qemu_io_at(lv.uri, dom,
+                                                        f"read {ZONE[0]} {ZONE[1]}"))
+    try:
+        vsh(lv.uri, "managedsave", dom)
+    finally:
+        a.stop()
+    assert vsh(lv.uri, "domstate", dom, "--reason").strip() == "shut off (saved)"
+    managed = managed_save_path(lv, dom)
+    saved = tmp_path / "dom.save"
+    shutil.move(managed, saved)
+    evict(img)
+    b = host(tmp_path, "b", uri=lv.uri)
+    try:
+        b.wait_status(lambda s: "host" in s, "daemon B up", timeout=60)
+        log = QemuLog(dom, lv.qemu_log(dom))
+        feed = SlowFeed(saved, managed, FEED_SECONDS)      # the FIFO at libvirt's path
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(["virsh", "-c", lv.uri, "start", dom,
+                                *(["--paused"] if paused else [])],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, f"virsh start: {r.stderr.strip()}\n" \
+                                      f"QEMU:\n{log.new()[-1500:]}\nB:\n{b.log_tail(30)}"
+        finally:
+            feed.join()
+        took = time.monotonic() - t0
+        assert took >= FEED_SECONDS * 0.9, f"the incoming phase was not slow ({took:.1f} s)"
+        assert not os.path.exists(managed), "libvirt did not consume the managed save"
+        assert "-incoming" in open(f"/proc/{qemu_pid(dom, lv.root())}/cmdline", "rb").read() \
+            .decode().split("\0"), "QEMU was not started from the managed save"
         assert_checked(dom, lv.root())
         if paused:
             resume_later(b, lv, dom, log)
