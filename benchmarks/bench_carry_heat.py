@@ -93,7 +93,7 @@ in ``--inactive`` (the persistent definition).
 Everything started here is stopped here, by PID (daemons, the second
 libvirtd, the domains: destroyed and undefined, managed-save images
 included), also on failure. ``--doc`` writes section "carry-heat" of
-docs/benchmarks.md.
+docs/benchmarks/carry-heat.md.
 
     .venv/bin/python benchmarks/bench_carry_heat.py [--rounds 2] [--doc]
         [--flows save,managedsave,migrate] [--no-cost] [--keep] [--compare-rev REV]

@@ -19,7 +19,7 @@ cannot take, here the daemon's locks on the group's pages) and the daemon's
 ``VmLck``; it reports the maximum unevictable after the daemon took the zone
 (against the cap), whether the allocation was OOM-killed, the group's
 ``oom_kill`` count and what the daemon recharged. Results go to the
-``cgroup`` section of ``docs/benchmarks.md``.
+``cgroup`` reading of ``docs/benchmarks/cgroup.md``.
 
     python benchmarks/bench_cgroup.py            # about 3 minutes
 """

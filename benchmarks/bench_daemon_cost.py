@@ -47,7 +47,7 @@ The daemon is stopped with SIGTERM (by PID) and the images are removed at the
 end of each case, also on errors and on SIGINT/SIGTERM of the benchmark.
 Results: a table on stdout, the chart ``docs/img/daemon_cost.png`` (cycle
 time, RSS and CPU against image size, log x axis, drawn with Pillow) and
-section "daemon-cost" of docs/benchmarks.md.
+section "daemon-cost" of docs/benchmarks/daemon-cost.md.
 
 Usage: .venv/bin/python benchmarks/bench_daemon_cost.py [--sizes 1G,16G,128G,1T]
        [--duration 60] [--scale-duration 30] [--no-held-case] [--no-write]
@@ -521,7 +521,7 @@ def main() -> int:
                     help=f"where the chart goes (default {os.path.relpath(PNG, ROOT)}; "
                          "with --no-write, only when given)")
     ap.add_argument("--no-write", "--no-doc", dest="no_write", action="store_true",
-                    help="do not update docs/benchmarks.md (nor the default PNG)")
+                    help="do not update docs/benchmarks/daemon-cost.md (nor the default PNG)")
     ap.add_argument("--compare-rev", metavar="REV",
                     help="also run, in every case and on the same cached state, the daemon of "
                          "commit REV (from a temporary git worktree, removed afterwards) and "
@@ -597,7 +597,6 @@ def main() -> int:
         print(f"wrote {png}")
     if not args.no_write:
         update_section("daemon-cost", md)
-        print("wrote section daemon-cost of docs/benchmarks.md")
     return 0
 
 

@@ -73,7 +73,7 @@ twin in each round (so A B, then B A on the reversed rounds); reported: each
 headline figure now, at REV and current ÷ REV, and the targets for both.
 
 ``--quick``: 45 s per scenario. ``--doc`` writes section "host-budget"
-(``--issue32``: "host-budget-fair") of docs/benchmarks.md.
+(``--issue32``: "host-budget-fair") of docs/benchmarks/host-budget.md.
 
     .venv/bin/python benchmarks/bench_host_budget.py [--quick] [--doc] [--rounds K]
         [--compare-rev REV] [--issue32] [--light N] [--via file|nbd] [--light-think USEC]

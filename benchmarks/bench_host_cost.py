@@ -20,7 +20,7 @@ the images' page cache is dropped before each daemon starts, so both warm up
 alike. Reported: each headline figure now, at REV and current ÷ REV.
 
 ``--quick``: 4 images of 4 GiB, 10 s warm-up, 20 s window. ``--doc`` writes
-section "host-cost" of docs/benchmarks.md.
+section "host-cost" of docs/benchmarks/host-cost.md.
 
     .venv/bin/python benchmarks/bench_host_cost.py [--quick] [--doc] [--compare-rev REV]
 """

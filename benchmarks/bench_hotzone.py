@@ -22,7 +22,7 @@ vmdisktouch takes to reach 90 % of the oracle's steady IOPS (5 s rolling
 median), the bytes each holder holds (``VmLck``) over time, the holder's
 pages charged to the workload's group (``unevictable``) and OOM kills, and
 draws ``docs/img/hotzone.png``. Results go to the ``hotzone`` section of
-``docs/benchmarks.md``.
+``docs/benchmarks/hotzone.md``.
 
 Variants (``--variant``; each runs none, oracle and vmdisktouch, and writes its
 own section ``hotzone-VARIANT`` and chart ``docs/img/hotzone-VARIANT.png``):
@@ -372,7 +372,6 @@ def main(argv=None) -> int:
                 update_section(name, "\n".join([title(b) + f", {a.rounds} rounds", "",
                                                 provenance(command.strip()),
                                                 scenario_text(b), "", summary]))
-                say(f"wrote the {name} section of docs/benchmarks.md")
             return 0
         if summary:
             summary += f"\nThe table and chart below are of round {a.rounds}.\n\n"
@@ -385,7 +384,7 @@ def main(argv=None) -> int:
         say("\n" + md)
         if not a.no_doc:
             update_section(section_name(a), md)
-            say(f"wrote the {section_name(a)} section of docs/benchmarks.md and {a.chart}")
+            say(f"wrote {a.chart}")
         return 0 if not any(r.error for rs in rounds for r in rs.values()) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -28,7 +28,7 @@ start and its least (holds kept), and a scrape by a fresh client every 0.5 s
 
 ``--compare-rev REV`` runs the same against REV's daemon (a ``git worktree``,
 ``tools.worktree``), side by side. ``--doc`` writes section ``metrics-conns``
-of docs/benchmarks.md (date, machine, command).
+of docs/benchmarks/metrics-conns.md (date, machine, command).
 
     .venv/bin/python benchmarks/bench_metrics_conns.py [--conns 2000] [--window 10]
         [--compare-rev REV] [--doc]
@@ -440,7 +440,6 @@ def main(argv=None) -> int:
             json.dump(results, f, indent=1)
     if args.doc:
         update_section("metrics-conns", markdown(results, args))
-        print("wrote section metrics-conns of docs/benchmarks.md")
     return 0
 
 

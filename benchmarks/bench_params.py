@@ -14,7 +14,7 @@ time to 90 % of the oracle, and the bytes held.
     .venv/bin/python benchmarks/bench_params.py [--duration 60] [--points NAME,...]
 
 Results: a table on stdout, the chart ``docs/img/params.png`` and section
-"params" of docs/benchmarks.md (not with ``--no-doc``).
+"params" of docs/benchmarks/params.md (not with ``--no-doc``).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main() -> int:
     if not a.no_doc:
         draw(rows, CHART)
         update_section("params", md)
-        hz.say(f"wrote section params of docs/benchmarks.md and {CHART}")
+        hz.say(f"wrote {CHART}")
     return 0 if not any(r["error"] for r in rows) else 1
 
 

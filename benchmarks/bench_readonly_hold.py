@@ -25,7 +25,7 @@ below 90 %, and what the daemon released and loaded. Target: the trace
 source never below 90 % of the zone.
 
 ``--quick``: a 1 GiB image, a 128 MiB zone at 256 MiB, ``--max-hold 160M``,
-90 s. ``--doc`` writes section "readonly-hold" of docs/benchmarks.md.
+90 s. ``--doc`` writes section "readonly-hold" of docs/benchmarks/readonly-hold.md.
 
     .venv/bin/python benchmarks/bench_readonly_hold.py [--quick] [--duration 300] [--doc]
 """

@@ -34,7 +34,7 @@ listed as thrashing and the yellow pixels of the block map at that moment
 map), and A, the part that refaults most, is the part held.
 
 ``--quick``: a 1 GiB image, a 256 MiB hot set, 60 s. ``--doc`` writes
-section "refault" of docs/benchmarks.md.
+section "refault" of docs/benchmarks/refault.md.
 
     .venv/bin/python benchmarks/bench_refault.py [--quick] [--rounds 2] [--doc]
 """

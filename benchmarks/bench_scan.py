@@ -9,7 +9,7 @@ The case of FIELD-NOTES' "Scan anchors": a 1 TiB sparse file with
 runs the three tools in a rotating order (so none always runs first), each as
 a fresh process; wall time is measured around the process and peak RSS is its
 ``ru_maxrss`` from ``wait4``. Medians over ``--reps`` repetitions are reported
-with the ratios, and written to docs/benchmarks.md (section "scan").
+with the ratios, and written to docs/benchmarks/scan.md (section "scan").
 
 The extents are read (with POSIX_FADV_RANDOM: no readahead) and then held
 with mmap + mlock for the whole run. The kernel here pages out page cache it
@@ -223,7 +223,7 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp", help="where the sparse image goes")
     ap.add_argument("--full", type=parse_size, metavar="SIZE",
                     help="also a fully cached non-sparse image of SIZE (off by default)")
-    ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks/scan.md")
     args = ap.parse_args()
     for tool in ("vmtouch", "fincore", TIME):
         if not shutil.which(tool):

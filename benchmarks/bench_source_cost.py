@@ -39,7 +39,7 @@ every point, and what changes is the held bytes alone. Section
 
 ``--quick``: a 1 GiB image, 256M held (curve: 64M, 256M), 10 s warm-up,
 20 s windows, one round: a smoke run. ``--doc`` writes section
-"source-cost" (or "source-cost-curve") of docs/benchmarks.md.
+"source-cost" (or "source-cost-curve") of docs/benchmarks/source-cost.md.
 
     .venv/bin/python benchmarks/bench_source_cost.py [--quick] [--curve] [--doc]
 """

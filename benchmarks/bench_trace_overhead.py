@@ -40,7 +40,7 @@ for the hot-zone workloads. Other tracefs instances with events enabled
 number is printed.
 
 ``--quick``: a 512 MiB image, one round of 8 s. ``--doc`` writes section
-"trace-overhead" of docs/benchmarks.md.
+"trace-overhead" of docs/benchmarks/trace-overhead.md.
 
     .venv/bin/python benchmarks/bench_trace_overhead.py [--quick] [--rounds 4] [--doc]
 """
@@ -218,7 +218,7 @@ def main() -> int:
                     help="memory limit of the cgroup variant (1/5 of the image)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--quick", action="store_true", help="512M, one round of 8 s")
-    ap.add_argument("--doc", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--doc", action="store_true", help="write the reading into docs/benchmarks/trace-overhead.md")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     q = args.quick

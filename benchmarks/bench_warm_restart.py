@@ -24,7 +24,7 @@ the zone is still cached at the new start and a cold daemon finds it there.
 ``tools.worktree``), mode ``rev``, and its time to 90 % side by side.
 
 ``--quick``: 60 s. ``--doc`` writes section "warm-restart"
-of docs/benchmarks.md.
+of docs/benchmarks/warm-restart.md.
 
     .venv/bin/python benchmarks/bench_warm_restart.py [--quick] [--reboot] [--doc]
         [--disks N] [--compare-rev REV]

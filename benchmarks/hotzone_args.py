@@ -1,7 +1,7 @@
 """bench_hotzone's command line: the options, their defaults and what follows from them.
 
 ``parse_args(argv, description)`` returns the options and the scenario list;
-``section_name(a)`` is the section of ``docs/benchmarks.md`` a run writes
+``section_name(a)`` is the section of ``docs/benchmarks/hotzone.md`` a run writes
 (``hotzone``, ``hotzone-VARIANT``, with ``-nbd`` for ``--via nbd``), and the
 default chart is ``docs/img/<section>.png``.
 """
@@ -66,7 +66,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="with --rounds: ABBA reverses the list on every other round "
                         "(default), ABAB keeps it")
     p.add_argument("--quick", action="store_true", help="2G image, 45 s per scenario; not written to the docs")
-    p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    p.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks/hotzone.md")
     p.add_argument("--keep-log", metavar="FILE",
                    help="copy the daemon's log (one line per cycle) of the last vmdisktouch "
                         "scenario here, and its status JSON of each cycle to FILE.status.jsonl")

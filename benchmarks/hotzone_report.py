@@ -2,7 +2,7 @@
 
 ``Result`` is one scenario's run (fio's IOPS per second, the holder's
 samples, the group's counters); ``report`` turns the results of one round
-into the section of ``docs/benchmarks.md`` (the table, the issue #5 targets,
+into the section of ``docs/benchmarks/hotzone.md`` (the table, the issue #5 targets,
 the IOPS per 10 s), ``compare_lines`` the ``--compare-rev`` ratios.
 ``guest_text`` says how the guest's I/O reached the image (``--via``).
 """

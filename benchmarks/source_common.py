@@ -15,7 +15,7 @@ bench_readonly_hold): images, caching, the rate-limited guest, the daemon's cost
 * ``round_orders``: A B, B A, ... so that a drift of the shared machine falls
   on every scenario alike;
 * ``write_section``: the date, the machine and the exact command, then the
-  body, as section NAME of docs/benchmarks.md;
+  body, as the latest reading NAME of its page under docs/benchmarks/;
 * ``add_compare_rev`` and ``side_by_side``: ``--compare-rev REV`` (the
   daemon of an older commit, from ``tools.worktree``) and the table of each
   headline figure, current, REV's and current ÷ REV.
@@ -101,7 +101,7 @@ def add_run_options(ap, quick: str, keep: str = "keep the daemon logs (printed p
     ap.add_argument("--image", help=image)
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--quick", action="store_true", help=quick)
-    ap.add_argument("--doc", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--doc", action="store_true", help="write the reading into its page under docs/benchmarks/")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--keep", action="store_true", help=keep)
 
@@ -344,10 +344,10 @@ def command_line() -> str:
 
 
 def write_section(name: str, title: str, body: str) -> None:
-    """Section ``name`` of docs/benchmarks.md: title, date, machine, command, then ``body``."""
+    """Reading ``name`` of its page under docs/benchmarks/ (``report.update_section``):
+    title, date, machine, command, then ``body``."""
     md = f"## {title}\n\n{provenance(command_line())}\n{body.rstrip()}\n"
     update_section(name, md)
-    print(f"wrote section {name} of docs/benchmarks.md", flush=True)
 
 
 def publish(body: str, results, args, section: str, title: str) -> None:
