@@ -63,7 +63,7 @@ def grid_pixels(png: Image.Image, layout_width: int, layout_height: int, scale: 
 
 
 @functools.lru_cache(maxsize=None)
-def _font(size: int = 12):
+def load_font(size: int = 12):
     """Loaded once: the figure is drawn every cycle."""
     try:
         return ImageFont.load_default(size=size)
@@ -83,7 +83,7 @@ def compose(grid: Image.Image, layout: render.Layout, block_size: int, header: l
     """The figure around ``grid`` (``render``'s image at ``layout``): ``header`` lines on
     top, the offset axis on the left, ``legend`` (label, colour) or, for the heat map,
     ``colorbar`` = (vmax, threshold) below."""
-    font = _font()
+    font = load_font()
     gw, gh = grid.size
     head_h = grid_origin(len(header))[1]
     width = max(MIN_WIDTH, AXIS + gw + PAD)

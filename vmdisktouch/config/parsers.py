@@ -29,7 +29,7 @@ MAX_PATH_BYTES = 4096
 # the setting's value or raises ValueError saying what is wrong.
 
 
-def _num(x: float) -> str:
+def number_text(x: float) -> str:
     """A bound as the user would write it: 100, 0.1, 1000000."""
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else repr(float(x))
 
@@ -47,7 +47,7 @@ def _finite(v: Any) -> float:
         try:
             x = float(v)
         except ValueError:
-            raise ValueError(f"not a number: {_show(v)}") from None
+            raise ValueError(f"not a number: {shown(v)}") from None
     else:
         raise ValueError(f"not a {type(v).__name__}")
     if math.isinf(x) and not (isinstance(v, str) and "inf" in v.lower()):
@@ -57,13 +57,13 @@ def _finite(v: Any) -> float:
     return x + 0.0                         # -0.0 -> 0.0
 
 
-def _float(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
+def float_between(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
     def parse(v):
         x = _finite(v)
         if x < lo or (lo_open and x == lo):
-            raise ValueError(f"must be {'>' if lo_open else '>='} {_num(lo)}")
+            raise ValueError(f"must be {'>' if lo_open else '>='} {number_text(lo)}")
         if x > hi:
-            raise ValueError(f"must be <= {_num(hi)}")
+            raise ValueError(f"must be <= {number_text(hi)}")
         return x
     return parse
 
@@ -86,10 +86,10 @@ def _whole(v: Any) -> int | float:
             if len(digits) > 20:           # int() refuses more than 4300 digits
                 return -math.inf if sign == "-" else math.inf
             return int(sign + digits)
-    raise ValueError(f"expected a whole number, not {_show(v)}")
+    raise ValueError(f"expected a whole number, not {shown(v)}")
 
 
-def _int(lo: int, hi: int) -> Callable[[Any], int]:
+def int_between(lo: int, hi: int) -> Callable[[Any], int]:
     def parse(v):
         n = _whole(v)
         if n < lo:
@@ -100,26 +100,26 @@ def _int(lo: int, hi: int) -> Callable[[Any], int]:
     return parse
 
 
-def _duration(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
+def duration_between(lo: float, hi: float, lo_open: bool = False) -> Callable[[Any], float]:
     def parse(v):
         x = parse_duration(v)
         if x < lo or (lo_open and x == lo):
             raise ValueError("must be greater than 0" if (lo, lo_open) == (0, True)
-                             else f"must be at least {_num(lo)} s")
+                             else f"must be at least {number_text(lo)} s")
         if x > hi:
-            raise ValueError(f"must be at most {_num(hi)} s")
+            raise ValueError(f"must be at most {number_text(hi)} s")
         return x
     return parse
 
 
-def _positive_size(v):
+def positive_size(v):
     n = parse_size(v)
     if n <= 0:
         raise ValueError("must be greater than 0")
     return n
 
 
-def _block_size(v):
+def block_size_value(v):
     n = parse_size(v)
     if n < PAGE_SIZE or n % PAGE_SIZE:
         raise ValueError(f"must be a multiple of the page size ({PAGE_SIZE} bytes)")
@@ -128,14 +128,14 @@ def _block_size(v):
     return n
 
 
-def _load_rate(v):
+def load_rate_value(v):
     n = parse_size(v)
     if 0 < n < MIN_LOAD_RATE:
         raise ValueError(f"must be 0 (unpaced) or at least {format_size(MIN_LOAD_RATE)}/s")
     return n
 
 
-def _path(v):
+def path_value(v):
     if not isinstance(v, str) or not v:
         raise ValueError("expected a file path")
     if "\0" in v:
@@ -151,7 +151,7 @@ def _path(v):
     return v
 
 
-def _choice(*choices):
+def one_of(*choices):
     def parse(v):
         if isinstance(v, str) and v.lower() in choices:
             return v.lower()
@@ -185,11 +185,11 @@ class _ShortRepr(reprlib.Repr):
         return super().repr_int(x, level)
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
     return _ShortRepr().repr(value)
 
 
-def _loopback_listen(v):
+def loopback_listen(v):
     """``HOST:PORT`` on a loopback address: ``127.0.0.1:9105``, ``[::1]:9105``,
     ``localhost:9105``. Returns the text as given (checked)."""
     if not isinstance(v, str):
@@ -241,6 +241,6 @@ def is_loopback(host: str) -> bool:
 
 
 def split_listen(text: str) -> tuple[str, int]:
-    """``_loopback_listen``'s text -> (host, port)."""
+    """``loopback_listen``'s text -> (host, port)."""
     host, _, port = text.rpartition(":")
     return host.strip("[]"), int(port)

@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.config.parsers import (MAX_BLOCK_SIZE, MAX_PATH_BYTES, MIN_LOAD_RATE,
-                                          PAGE_SIZE, _block_size, _choice, _duration,
-                                          _float, _int, _load_rate, _loopback_listen, _num,
-                                          _path, _positive_size, _show)
+                                          PAGE_SIZE, block_size_value, one_of, duration_between,
+                                          float_between, int_between, load_rate_value, loopback_listen, number_text,
+                                          path_value, positive_size, shown)
 from vmdisktouch.sizes import MAX_SIZE, format_size, parse_size
 
 MiB = 1 << 20
@@ -81,7 +81,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("max_hold", _positive_size, None, "size", "bytes",
+    Setting("max_hold", positive_size, None, "size", "bytes",
             "Byte budget: the most the daemon holds (mlocks) of this image, at every instant. "
             f"Greater than 0, at most {_EIB}; less than one block is refused at start, and "
             "more than the host's memory is a warning.",
@@ -90,81 +90,81 @@ SETTINGS: tuple[Setting, ...] = (
             "Free-memory floor: load only while MemAvailable minus the load stays above it; "
             "below it, release the lowest-priority regions. Must be below the host's memory "
             "(MemTotal), checked at start.", group="budget"),
-    Setting("interval", _duration(MIN_INTERVAL, MAX_SECONDS), 5.0, "duration", "seconds",
+    Setting("interval", duration_between(MIN_INTERVAL, MAX_SECONDS), 5.0, "duration", "seconds",
             "Cycle duration: how often residency is sampled and the plan applied. "
-            f"From {_num(MIN_INTERVAL)} s (a shorter cycle would keep a core busy) to "
-            f"{_num(MAX_SECONDS)} s."),
-    Setting("block_size", _block_size, MiB, "size", "bytes",
+            f"From {number_text(MIN_INTERVAL)} s (a shorter cycle would keep a core busy) to "
+            f"{number_text(MAX_SECONDS)} s."),
+    Setting("block_size", block_size_value, MiB, "size", "bytes",
             "Block size: the unit of heat, hold and checksum. A multiple of the page size "
             f"(4K on x86-64), at most {format_size(MAX_BLOCK_SIZE)} (the checksum pass "
             "buffers one block)."),
-    Setting("amp_resident", _float(0, MAX_AMP), 1.0, "number", "heat per resident block",
+    Setting("amp_resident", float_between(0, MAX_AMP), 1.0, "number", "heat per resident block",
             "Amplitude A_r of the Gaussian filter applied to the residency map. "
-            f"From 0 to {_num(MAX_AMP)}; amp_resident + amp_rewritten must be above threshold "
+            f"From 0 to {number_text(MAX_AMP)}; amp_resident + amp_rewritten must be above threshold "
             "(checked at start).", group="heat"),
-    Setting("sigma_resident", _float(0, MAX_SIGMA), 2.0, "number", "blocks",
+    Setting("sigma_resident", float_between(0, MAX_SIGMA), 2.0, "number", "blocks",
             "Width sigma_r of the Gaussian filter applied to the residency map. "
-            f"From 0 to {_num(MAX_SIGMA)} (the filter has 8 x sigma + 1 taps: its cost grows "
+            f"From 0 to {number_text(MAX_SIGMA)} (the filter has 8 x sigma + 1 taps: its cost grows "
             "with sigma).", group="heat"),
-    Setting("amp_rewritten", _float(0, MAX_AMP), 1.0, "number", "heat per rewritten block",
+    Setting("amp_rewritten", float_between(0, MAX_AMP), 1.0, "number", "heat per rewritten block",
             "Amplitude A_w of the Gaussian filter applied to the rewritten-blocks map. "
-            f"From 0 to {_num(MAX_AMP)}; see amp_resident.", group="heat"),
-    Setting("sigma_rewritten", _float(0, MAX_SIGMA), 2.0, "number", "blocks",
+            f"From 0 to {number_text(MAX_AMP)}; see amp_resident.", group="heat"),
+    Setting("sigma_rewritten", float_between(0, MAX_SIGMA), 2.0, "number", "blocks",
             "Width sigma_w of the Gaussian filter applied to the rewritten-blocks map. "
-            f"From 0 to {_num(MAX_SIGMA)}.", group="heat"),
-    Setting("decay", _float(MIN_DECAY, MAX_DECAY), 0.1, "number", "1/s",
+            f"From 0 to {number_text(MAX_SIGMA)}.", group="heat"),
+    Setting("decay", float_between(MIN_DECAY, MAX_DECAY), 0.1, "number", "1/s",
             "Decay coefficient: heat relaxes toward the current input with time constant "
-            f"1/decay seconds. From {_num(MIN_DECAY)} (slower, a block the guest reads "
+            f"1/decay seconds. From {number_text(MIN_DECAY)} (slower, a block the guest reads "
             "without pause takes minutes to be held and an unused hold hours to be let go) "
-            f"to {_num(MAX_DECAY)}.", group="heat"),
-    Setting("threshold", _float(MIN_THRESHOLD, MAX_THRESHOLD), 0.05, "number", "heat",
+            f"to {number_text(MAX_DECAY)}.", group="heat"),
+    Setting("threshold", float_between(MIN_THRESHOLD, MAX_THRESHOLD), 0.05, "number", "heat",
             "Threshold: blocks with heat at or above it form the candidate regions. "
-            f"From {_num(MIN_THRESHOLD)} (lower, the faint edge of the smoothing of a lone "
-            f"cached block counts as use) to {_num(MAX_THRESHOLD)}, and below amp_resident + "
+            f"From {number_text(MIN_THRESHOLD)} (lower, the faint edge of the smoothing of a lone "
+            f"cached block counts as use) to {number_text(MAX_THRESHOLD)}, and below amp_resident + "
             "amp_rewritten (the most heat a block can reach), checked at start.",
             group="heat"),
-    Setting("rewritten_seconds", _duration(0, MAX_SECONDS, lo_open=True), 60.0, "duration",
+    Setting("rewritten_seconds", duration_between(0, MAX_SECONDS, lo_open=True), 60.0, "duration",
             "seconds", "How long a rewritten block stays red on the block map. "
-            f"Greater than 0, at most {_num(MAX_SECONDS)} s.", group="output"),
-    Setting("load_rate", _load_rate, 256 * MiB, "size", "bytes/s",
+            f"Greater than 0, at most {number_text(MAX_SECONDS)} s.", group="output"),
+    Setting("load_rate", load_rate_value, 256 * MiB, "size", "bytes/s",
             "Pace of loading new regions (0 = unpaced), so a load burst does not starve "
             f"the guest's own I/O. 0, or from {format_size(MIN_LOAD_RATE)} (slower would "
             f"take hours per chunk) to {_EIB}.", group="budget"),
-    Setting("foreign_share", _float(0, 1), 0.1, "fraction", "of the group's limit",
+    Setting("foreign_share", float_between(0, 1), 0.1, "fraction", "of the group's limit",
             "Most the daemon keeps locked while charged to a memory-limited cgroup other "
             "than its own (a VM's), as a share of that group's limit; never past the "
             "group's free headroom. Held pages over it are recharged to the daemon's group "
             "by reloading them (see docs/architecture.md). From 0 to 1; 1 = no cap.",
             group="budget"),
-    Setting("spill", _float(0, MAX_SPILL), 1.0, "number", "x max_hold",
+    Setting("spill", float_between(0, MAX_SPILL), 1.0, "number", "x max_hold",
             "trace source only: past the budget, the next-hottest regions, up to spill x "
             "max_hold, are read into the page cache without being locked, while MemFree "
             "(memory nobody uses) minus the read stays above min_free and the daemon's own "
             "memory cgroup has room; the kernel reclaims them before anything locked. "
-            f"0 turns it off. From 0 to {_num(MAX_SPILL)}.", group="budget"),
-    Setting("access_source", _choice("auto", "trace", "mincore"), "auto", "choice", "",
+            f"0 turns it off. From 0 to {number_text(MAX_SPILL)}.", group="budget"),
+    Setting("access_source", one_of("auto", "trace", "mincore"), "auto", "choice", "",
             "How the guest's reads and writes are seen: trace (kernel tracepoints through "
             "tracefs: every read and write, exactly), mincore (the paper's polling of "
             "residency and checksums of held blocks), or auto (trace where tracefs is "
             "usable, else mincore; said in one log line at start).", group="access"),
-    Setting("checksum_share", _float(MIN_CHECKSUM_SHARE, 1), 1 / 16, "fraction",
+    Setting("checksum_share", float_between(MIN_CHECKSUM_SHARE, 1), 1 / 16, "fraction",
             "of the held bytes per cycle",
             "mincore source only: the share of the held bytes checksummed per cycle, "
             "rotating, so every held block is checked within 1/share cycles and the cost "
             f"is bounded. From 1/{round(1 / MIN_CHECKSUM_SHARE)} (rarer, rewrites are seen "
             "long after they happened) to 1 (every held block every cycle).",
             group="access"),
-    Setting("status", _path, None, "path", "",
+    Setting("status", path_value, None, "path", "",
             "Write a JSON status file here every cycle (replaced atomically).", group="output"),
-    Setting("heat_png", _path, None, "path", "",
+    Setting("heat_png", path_value, None, "path", "",
             "Write the heat map PNG here every cycle (replaced atomically).", group="output"),
-    Setting("map_png", _path, None, "path", "",
+    Setting("map_png", path_value, None, "path", "",
             "Write the block map PNG here every cycle (replaced atomically).", group="output"),
-    Setting("host_png", _path, None, "path", "",
+    Setting("host_png", path_value, None, "path", "",
             "Several images or --libvirt: write the host overview PNG here every cycle "
             "(replaced atomically): the budget split between the disks, and one band per "
             "disk with what it holds and has cached.", group="output"),
-    Setting("metrics_file", _path, None, "path", "",
+    Setting("metrics_file", path_value, None, "path", "",
             "Write Prometheus metrics here every cycle (text format, replaced atomically; "
             "removed at a clean stop), for node_exporter's textfile collector: a *.prom "
             "file in its directory, on Debian /var/lib/prometheus/node-exporter, which the "
@@ -172,39 +172,39 @@ SETTINGS: tuple[Setting, ...] = (
             "for a per-disk unit, in its own INSTANCE.toml, vmdisktouch@INSTANCE.prom. The "
             "directory must exist (else the start is refused). Needs the prometheus_client "
             "package.", group="output"),
-    Setting("metrics_listen", _loopback_listen, None, "address", "",
+    Setting("metrics_listen", loopback_listen, None, "address", "",
             "Serve Prometheus metrics over HTTP on this loopback address, HOST:PORT "
             "(127.0.0.1:9105, [::1]:9105 or localhost:9105; other addresses are refused: "
             "the endpoint has no authentication). Unset: no endpoint. Not under the units, "
             "whose private network would hide it: there, vmdisktouch-metrics.socket passes "
             "the host service a socket on 127.0.0.1:9479. Needs the prometheus_client "
             "package.", group="output"),
-    Setting("state_dir", _path, None, "path", "",
+    Setting("state_dir", path_value, None, "path", "",
             "Save each image's heat and held regions in this directory (one file per "
             "image, replaced atomically) every state_save_interval and at stop, and "
             "restore them at start, so a restarted daemon starts warm (the units: "
             "/var/lib/vmdisktouch). Unset: no warm restart.", group="output"),
-    Setting("state_save_interval", _duration(1, MAX_SECONDS), 300.0, "duration", "seconds",
+    Setting("state_save_interval", duration_between(1, MAX_SECONDS), 300.0, "duration", "seconds",
             "How often the warm-restart state is saved (with state_dir). "
-            f"From 1 s to {_num(MAX_SECONDS)} s.", group="output"),
-    Setting("carry_heat", _choice("auto", "on", "off"), "auto", "switch", "",
+            f"From 1 s to {number_text(MAX_SECONDS)} s.", group="output"),
+    Setting("carry_heat", one_of("auto", "on", "off"), "auto", "switch", "",
             "Keep a summary of each disk's hot regions in its libvirt domain's live "
             "metadata, and start a disk whose domain arrives with one (a migration, a "
             "restore, a managedsave) from it: on, off, or auto (on with --libvirt). "
             "Per domain: carry_heat in [domain.NAME].", group="output"),
-    Setting("carry_interval", _duration(1, MAX_SECONDS), 30.0, "duration", "seconds",
+    Setting("carry_interval", duration_between(1, MAX_SECONDS), 30.0, "duration", "seconds",
             "Shortest time between two writes of a domain's heat summary (written when its "
-            f"regions move by an eighth). From 1 s to {_num(MAX_SECONDS)} s.", group="output"),
-    Setting("blocks_per_pixel", _int(1, MAX_BLOCKS_PER_PIXEL), None, "integer", "blocks",
+            f"regions move by an eighth). From 1 s to {number_text(MAX_SECONDS)} s.", group="output"),
+    Setting("blocks_per_pixel", int_between(1, MAX_BLOCKS_PER_PIXEL), None, "integer", "blocks",
             "Blocks per pixel in the PNGs (default: fit the image in about 1 M pixels). "
             f"From 1 to {MAX_BLOCKS_PER_PIXEL} (2^40).", group="output"),
-    Setting("width", _int(1, MAX_WIDTH), None, "integer", "pixels",
+    Setting("width", int_between(1, MAX_WIDTH), None, "integer", "pixels",
             f"Width of the PNGs (default: from the aspect ratio). From 1 to {MAX_WIDTH}.",
             group="output"),
-    Setting("aspect", _float(MIN_ASPECT, MAX_ASPECT), 1.0, "number", "width/height",
-            f"Aspect ratio of the PNGs. From {_num(MIN_ASPECT)} to {_num(MAX_ASPECT)}.",
+    Setting("aspect", float_between(MIN_ASPECT, MAX_ASPECT), 1.0, "number", "width/height",
+            f"Aspect ratio of the PNGs. From {number_text(MIN_ASPECT)} to {number_text(MAX_ASPECT)}.",
             group="output"),
-    Setting("scale", _int(1, MAX_SCALE), None, "integer", "",
+    Setting("scale", int_between(1, MAX_SCALE), None, "integer", "",
             "Draw each PNG pixel as a scale x scale square (default: the smallest whole "
             f"factor that makes the map at least 512 pixels wide). From 1 to {MAX_SCALE}.",
             group="output"),
@@ -243,7 +243,7 @@ def parse_value(setting: Setting, value: Any, where: str) -> Any:
         return setting.parse(value)
     except (ValueError, TypeError, ArithmeticError) as exc:
         article = "an" if setting.kind[0] in "aeiou" else "a"
-        raise ConfigError(f"{where}: bad value {_show(value)} for {setting.key} "
+        raise ConfigError(f"{where}: bad value {shown(value)} for {setting.key} "
                           f"(expected {article} {setting.kind}: {exc})") from None
 
 

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Pure core (numpy and heapq). ``regions`` finds each disk's candidate regions
-and the heat that ranks them (``regions._Ranked``); ``allocate`` spends one
+and the heat that ranks them (``regions.Ranked``); ``allocate`` spends one
 budget over them and says what each disk got and why it got no more.
 
 Benefit per byte. A region is ranked by its *density*: its summed ranking
@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.core import cuts
-from vmdisktouch.core.regions import DiskMap, Rules, _coalesced, _Ranked
+from vmdisktouch.core.regions import DiskMap, Rules, coalesced, Ranked
 from vmdisktouch.core.runs import Run
 
 TRIM_CONTRAST = 2.0    # see "Trim" above and the policy's rules table
@@ -103,7 +103,7 @@ class _Fill:
     """One allocation's queue and what each disk was given so far."""
 
     def __init__(self, maps: list[DiskMap], budget: int, rules: Rules):
-        self.ranked = [_Ranked(m, m.rules or rules) for m in maps]
+        self.ranked = [Ranked(m, m.rules or rules) for m in maps]
         self.room = [budget if m.cap_blocks is None else max(0, min(budget, int(m.cap_blocks)))
                      for m in maps]
         self.capped = [m.cap_blocks is not None for m in maps]
@@ -251,7 +251,7 @@ class _Fill:
         return True
 
     def result(self) -> Allocation:
-        runs = [r.stay_or(_coalesced(o)) for r, o in zip(self.ranked, self.out)]
+        runs = [r.stay_or(coalesced(o)) for r, o in zip(self.ranked, self.out)]
         given = [sum(b - a for a, b in o) for o in runs]
         wanted = [int((r.edges[1::2] - r.edges[0::2]).sum()) for r in self.ranked]
         limit: list[str | None] = []

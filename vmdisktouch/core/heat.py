@@ -284,7 +284,7 @@ def step(state: HeatState, resident_fraction, held_mask, rewritten_mask, dt: flo
         np.copyto(evidence, 0.0, where=held)
 
     k = decay_factor(params.decay, float(dt))
-    heat_r = _fold(state.heat_resident, evidence, params.sigma_resident,
+    heat_r = fold(state.heat_resident, evidence, params.sigma_resident,
                    params.amp_resident, k)
 
     if rewritten_mask is None:
@@ -293,14 +293,14 @@ def step(state: HeatState, resident_fraction, held_mask, rewritten_mask, dt: flo
         rewritten = _per_block(rewritten_mask, n, "rewritten_mask")
         if not rewritten.any():
             rewritten = None
-    heat_w = _fold(state.heat_rewritten, rewritten, params.sigma_rewritten,
+    heat_w = fold(state.heat_rewritten, rewritten, params.sigma_rewritten,
                    params.amp_rewritten, k)
     return HeatState(heat_r, heat_w)
 
 
 # -- helpers ---------------------------------------------------------------
 
-def _fold(old: np.ndarray, evidence, sigma: float, amp: float, k: float) -> np.ndarray:
+def fold(old: np.ndarray, evidence, sigma: float, amp: float, k: float) -> np.ndarray:
     """``k * old + (1 - k) * smooth(evidence)``, float32, subnormals flushed."""
     if evidence is None or amp == 0 or k == 1.0:
         out = old * DTYPE(k)                       # no input: pure decay

@@ -72,7 +72,7 @@ class Intensity:
         k = heat.decay_factor(1 / RATE_SECONDS, dt)
         source = recent if recent is not None else counts
         if not source.blocks.size or dt <= 0:
-            self.rate = heat._fold(self.rate, None, sigma, 1.0, k)
+            self.rate = heat.fold(self.rate, None, sigma, 1.0, k)
             return
         # recent: k * rate + smooth(weights) / RATE_SECONDS (the fold's amplitude undoes
         # its 1 - k); counts: k * rate + (1 - k) * smooth(counts / dt).
@@ -80,7 +80,7 @@ class Intensity:
         per_second[source.blocks] = np.asarray(source.values, dtype=np.float32) / np.float32(
             RATE_SECONDS if recent is not None else dt)
         amp = 1.0 / (1.0 - k) if recent is not None else 1.0
-        self.rate = heat._fold(self.rate, per_second, sigma, amp, k)
+        self.rate = heat.fold(self.rate, per_second, sigma, amp, k)
 
     def multiplier(self) -> np.ndarray | None:
         """The ranking's factor per block, ``1 + log2(1 + rate)``; None while nothing is

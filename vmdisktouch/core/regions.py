@@ -184,7 +184,7 @@ class DiskMap:
     rules: Rules | None = None         # this disk's (its access source's); None: the call's
 
 
-class _Ranked:
+class Ranked:
     """One disk's candidate regions and the heat that ranks them."""
 
     def __init__(self, m: DiskMap, rules: Rules):
@@ -317,7 +317,7 @@ def _segment_sums(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.add.reduceat(values, idx, dtype=np.float64)[0::2]
 
 
-def _coalesced(runs: list[Run]) -> list[Run]:
+def coalesced(runs: list[Run]) -> list[Run]:
     """``runs`` with each run that touches an earlier one merged into it (the pieces of a
     split region may be taken next to each other), in the order of their first piece."""
     if len(runs) < 2:
