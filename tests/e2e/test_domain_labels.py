@@ -9,7 +9,7 @@ to be served.
   ``DOMAIN/TARGET PATH: ``; the metrics file's series carry ``domain=`` and
   ``target=`` (escaped, read back intact by prometheus_client's parser) beside
   ``disk=``, and agree with the status; each disk's block map PNG (a
-  ``{disk}`` path) is written. Its header text (``emit.disk_title``) is not
+  ``{disk}`` path) is written. Its header text (``report.DiskReport.title``) is not
   read back from the picture: the status it is drawn from is checked instead.
 * ``run IMG --uri``: one path given, whose owning domain libvirt knows, gets
   its domain and target in its status, its log lines and its metrics too.

@@ -65,15 +65,15 @@ def test_the_hottest_regions_of_all_disks_share_one_budget(tmp_path, host):
     ha, hb = held_of(h, a), held_of(h, b)
     assert ha + hb == 20 * MiB and ha >= 10 * MiB and hb >= 6 * MiB
     assert held_of(h, c) == 0
-    st = h.status_obj([w.status_obj(w.last_report) for w in h.watchers], 1.0, 0)
-    assert st["host"]["budget_bytes"] == 20 * MiB and st["host"]["held_bytes"] == 20 * MiB
-    assert [d["held_bytes"] for d in st["host"]["disks"]] == [ha, hb, 0]
+    st = h.report(1.0, 0)
+    assert st.budget_bytes == 20 * MiB and st.held_bytes == 20 * MiB
+    assert [d.held_bytes for d in st.lines] == [ha, hb, 0]
     # each disk's share is what it was given (nothing of the budget is left free)
-    assert [d["share_bytes"] for d in st["host"]["disks"]] == [ha, hb, 0]
-    assert [d["budget_bytes"] for d in st["disks"]] == [ha, hb, 0]
-    assert [d["wanted_bytes"] for d in st["disks"]] == [16 * MiB, 8 * MiB, 0]
-    assert [d["limited_by"] for d in st["disks"]] == ["budget", "budget", "no_evidence"]
-    assert [d["path"] for d in st["disks"]] == [a, b, c]
+    assert [d.share_bytes for d in st.lines] == [ha, hb, 0]
+    assert [d.budget_bytes for d in st.disks] == [ha, hb, 0]
+    assert [d.wanted_bytes for d in st.disks] == [16 * MiB, 8 * MiB, 0]
+    assert [d.limited_by for d in st.disks] == ["budget", "budget", "no_evidence"]
+    assert [d.path for d in st.disks] == [a, b, c]
 
 
 def test_a_failing_disk_is_dropped_and_the_others_go_on(tmp_path, host):
@@ -110,8 +110,7 @@ def test_a_cap_and_a_weight_from_the_overrides(tmp_path, host):
         h.set_override(b, weight=2.0)
         tick(h)     # (the polling source's lease then passes the budget around: core/heat)
         assert held_of(h, b) == 8 * MiB and held_of(h, a) == 8 * MiB
-        st = h.status_obj([], 1.0, 0)
-        assert [d["weight"] for d in st["host"]["disks"]] == [1.0, 2.0]
+        assert [d.weight for d in h.report(1.0, 0).lines] == [1.0, 2.0]
 
 
 class Ticking(Stepped):
@@ -133,7 +132,7 @@ def test_a_disks_cycle_time_is_its_own_not_the_other_disks(tmp_path):
                  cfg.max_hold, cfg.block_size)
         try:
             reports = [h.tick() for _ in range(3)]
-            assert h.status_obj([], 1.0, 0)["host"]["cycle_seconds"] > 0
+            assert h.report(1.0, 0).cycle_seconds > 0
             return [r[0].cycle_seconds for r in reports]
         finally:
             h.close()

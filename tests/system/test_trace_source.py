@@ -11,7 +11,6 @@ tracefs cannot be used the tests fail with the reason, never skip.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import threading
@@ -126,7 +125,7 @@ def test_every_page_written_is_reported_and_an_idle_image_reports_none(watcher):
     r = tick(w)
     assert w.source.last_access.write_pages.tolist() == written
     assert r.rewritten_blocks == len({p * PAGE // MiB for p in written})
-    status = json.load(open(w.config.status))
+    status = w.last_disk.to_json()
     assert status["access_source"] == "trace" and status["events_lost"] == 0
     assert status["trace"]["written_pages"] == 300
 
@@ -140,7 +139,7 @@ def test_refaults_show_in_the_status_and_on_the_map(watcher):
     evict(w.test_path)                              # the cache loses them...
     guest_reads(w.test_path, pages)                 # ...and the guest needs them back
     tick(w)
-    status = json.load(open(w.config.status))
+    status = w.last_disk.to_json()
     assert status["trace"]["refaulted_pages"] >= len(pages) // 2, status["trace"]
     thrash = status["thrashing_ranges"]
     assert thrash and all(40 * MiB <= s and s + n <= 48 * MiB for s, n in thrash), thrash
@@ -247,10 +246,10 @@ def test_reads_leaving_the_held_zone_ask_for_a_cycle_early(watcher):
     time.sleep(1.0)
     assert w.pump()             # 2,560 reads, all outside the held blocks
     tick(w)
-    st = json.loads(open(w.config.status).read())
+    st = w.last_disk.to_json()
     assert st["trace"]["woken_early"] is True and st["trace"]["early_cycles"] == 1
     tick(w)
-    st = json.loads(open(w.config.status).read())
+    st = w.last_disk.to_json()
     assert st["trace"]["woken_early"] is False and st["trace"]["early_cycles"] == 1
 
 
@@ -263,7 +262,7 @@ def test_loaded_bytes_say_how_much_came_from_disk(watcher):
     evict(w.test_path)                              # ...evicted since
     guest_reads(w.test_path, warm)                  # all of 8-16 MiB cached now
     r = tick(w)
-    st = json.load(open(w.config.status))
+    st = w.last_disk.to_json()
     assert r.loaded_bytes >= 16 * MiB, r.loaded_bytes
     from_disk = st["loaded_from_disk_bytes"]
     relocked = r.loaded_bytes - from_disk

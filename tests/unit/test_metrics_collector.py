@@ -1,12 +1,38 @@
-"""The metrics collector over status objects: gauges of the last cycle, summed counters,
-nested status fields (``spill.read_bytes``), info labels that never change; the textfile
-removed at close, and only a file vmdisktouch writes."""
+"""The metrics collector over the cycle's report (``report.HostReport``): gauges of the
+last cycle, summed counters, fields of a section (``spill.read_bytes``), info labels that
+never change; the textfile removed at close, and only a file vmdisktouch writes."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from vmdisktouch.adapters.metrics import Collector
+from vmdisktouch.report import DiskLine, DiskReport, HostReport
+
+
+def disk(path: str = "/img", **over) -> DiskReport:
+    """A disk's report with plain figures; ``over``: the fields a test sets."""
+    base = dict(path=path, domain=None, target=None, pid=1, version="0", interval_seconds=5.0,
+                cycle=1, cycle_seconds=0.01, size_bytes=1 << 30, block_size=1 << 20,
+                budget_bytes=64, host_budget_bytes=256, wanted_bytes=None, held_bytes=8,
+                resident_bytes=8, regions=[], rewritten_blocks=0, rewritten_ranges=[],
+                mem_available_bytes=1 << 30, min_free_bytes=0, loaded_bytes=0,
+                loaded_from_disk_bytes=0, released_bytes=0, skipped_bytes=0,
+                not_held_reason=None, limited_by=None, domain_active=None, warmed_from=None,
+                holding=True, lock_cap_bytes=None, charges={}, access_source="trace",
+                events_lost=0, output_errors={}, time=0.0)
+    return DiskReport(**{**base, **over})
+
+
+def host(disks: list[DiskReport], lines: int | None = None, **over) -> HostReport:
+    """The host's report of ``disks``, with ``lines`` disks served (default: as many)."""
+    base = dict(pid=1, version="0", interval_seconds=5.0, time=0.0, budget_bytes=256,
+                held_bytes=80, mem_available_bytes=1000, min_free_bytes=300,
+                above_floor_bytes=700, cycle=1, cycle_seconds=0.01)
+    served = [DiskLine(f"/line{k}", None, None, 0, None, None, None, None, 0.0, None, 1.0)
+              for k in range(len(disks) if lines is None else lines)]
+    return HostReport(**{**base, **over}, disks=list(disks), lines=served)
 
 
 def values(collector: Collector) -> dict:
@@ -14,16 +40,16 @@ def values(collector: Collector) -> dict:
             for family in collector.collect() for s in family.samples}
 
 
-def status(spill_read: int, spill_target: int, loaded: int = 0) -> dict:
-    return {"path": "/img", "held_bytes": 8, "loaded_bytes": loaded, "regions": [[0, 8]],
-            "events_lost": 3, "access_source": "trace",
-            "spill": {"target_bytes": spill_target, "read_bytes": spill_read, "stopped": None}}
+def status(spill_read: int, spill_target: int, loaded: int = 0) -> DiskReport:
+    return disk(held_bytes=8, loaded_bytes=loaded, regions=[[0, 8]], events_lost=3,
+                spill={"target_bytes": spill_target, "read_bytes": spill_read,
+                       "stopped": None})
 
 
 def test_spill_fields_are_a_gauge_and_a_summed_counter():
     c = Collector()
-    c.update([status(100, 400, loaded=5)])
-    c.update([status(30, 300, loaded=7)])
+    c.update(host([status(100, 400, loaded=5)]))
+    c.update(host([status(30, 300, loaded=7)]))
     v = values(c)
     assert v[("vmdisktouch_spill_bytes", "/img")] == 300          # the last cycle's
     assert v[("vmdisktouch_spill_read_bytes_total", "/img")] == 130
@@ -34,9 +60,7 @@ def test_spill_fields_are_a_gauge_and_a_summed_counter():
 
 def test_a_status_without_spill_counts_zero():
     c = Collector()
-    st = status(0, 0)
-    del st["spill"]
-    c.update([st])
+    c.update(host([replace(status(0, 0), spill={})]))
     v = values(c)
     assert v[("vmdisktouch_spill_bytes", "/img")] == 0
     assert v[("vmdisktouch_spill_read_bytes_total", "/img")] == 0
@@ -46,12 +70,10 @@ def test_a_status_without_spill_counts_zero():
 
 def disk_status(path: str, domain: str | None = None, target: str | None = None, *,
                 share: int = 64, wanted: int | None = 100, held: int = 40,
-                limited_by: str | None = "budget") -> dict:
-    """A disk's status as the daemon writes it (``emit.Emitter.status_obj``), trimmed."""
-    return {"path": path, "domain": domain, "target": target, "budget_bytes": share,
-            "host_budget_bytes": 256, "wanted_bytes": wanted, "held_bytes": held,
-            "limited_by": limited_by, "regions": [], "access_source": "trace",
-            "holding": True}
+                limited_by: str | None = "budget") -> DiskReport:
+    """A disk's report with these figures."""
+    return disk(path, domain=domain, target=target, budget_bytes=share, wanted_bytes=wanted,
+                held_bytes=held, limited_by=limited_by)
 
 
 def by_labels(collector: Collector) -> dict:
@@ -63,7 +85,7 @@ def by_labels(collector: Collector) -> dict:
 
 def test_every_disk_series_carries_domain_and_target_empty_when_libvirt_does_not_know():
     c = Collector()
-    c.update([disk_status("/a", "web", "vda"), disk_status("/b")])
+    c.update(host([disk_status("/a", "web", "vda"), disk_status("/b")]))
     families = list(c.collect())
     per_disk = [s for f in families for s in f.samples if "disk" in s.labels]
     assert per_disk and all({"disk", "domain", "target"} <= set(s.labels) for s in per_disk)
@@ -77,8 +99,8 @@ def test_every_disk_series_carries_domain_and_target_empty_when_libvirt_does_not
 
 def test_the_budget_gauge_is_the_disk_s_share_and_wanted_is_all_it_would_hold():
     c = Collector()
-    c.update([disk_status("/a", "web", "vda", share=64, wanted=100),
-              disk_status("/b", share=192, wanted=None)])
+    c.update(host([disk_status("/a", "web", "vda", share=64, wanted=100),
+              disk_status("/b", share=192, wanted=None)]))
     v = by_labels(c)
     assert v[("vmdisktouch_budget_bytes", "/a", "web", "vda", None)] == 64
     assert v[("vmdisktouch_budget_bytes", "/b", "", "", None)] == 192
@@ -89,10 +111,10 @@ def test_the_budget_gauge_is_the_disk_s_share_and_wanted_is_all_it_would_hold():
 
 
 def test_the_reason_is_a_state_set_of_every_code_one_at_1():
-    from vmdisktouch.daemon.reasons import CODES
+    from vmdisktouch.report import CODES
     c = Collector()
-    c.update([disk_status("/a", "web", "vda", limited_by="cap"),
-              disk_status("/b", limited_by=None)])
+    c.update(host([disk_status("/a", "web", "vda", limited_by="cap"),
+              disk_status("/b", limited_by=None)]))
     v = by_labels(c)
     a = {k[4]: x for k, x in v.items() if k[0] == "vmdisktouch_limited" and k[1] == "/a"}
     b = {k[4]: x for k, x in v.items() if k[0] == "vmdisktouch_limited" and k[1] == "/b"}
@@ -103,31 +125,25 @@ def test_the_reason_is_a_state_set_of_every_code_one_at_1():
     assert fam.type == "gauge"
 
 
-def test_the_metrics_know_every_reason_code():
-    from vmdisktouch.adapters.metrics import REASONS
-    from vmdisktouch.daemon.reasons import CODES
-    assert REASONS == CODES
+def test_a_reason_code_unknown_to_the_metrics_still_shows():
     c = Collector()                                   # a code unknown to it still shows
-    c.update([disk_status("/a", limited_by="new_code")])
+    c.update(host([disk_status("/a", limited_by="new_code")]))
     assert by_labels(c)[("vmdisktouch_limited", "/a", "", "", "new_code")] == 1
 
 
 def test_the_host_gauges():
     c = Collector()
     disks = [disk_status("/a", "web", "vda"), disk_status("/b")]
-    host = {"budget_bytes": 256, "held_bytes": 80, "mem_available_bytes": 1000,
-            "min_free_bytes": 300, "above_floor_bytes": 700,
-            "disks": [{"path": "/a"}, {"path": "/b"}, {"path": "/c"}]}   # /c: no status yet
-    c.update(disks, host)
+    c.update(host(disks, lines=3))                          # the third: no report yet
     v = values(c)
     assert v[("vmdisktouch_host_budget_bytes", None)] == 256
     assert v[("vmdisktouch_host_held_bytes", None)] == 80
     assert v[("vmdisktouch_host_above_floor_bytes", None)] == 700
     assert v[("vmdisktouch_host_disks", None)] == 3
-    c.update(disks, dict(host, above_floor_bytes=None))     # MemAvailable not read yet
+    c.update(host(disks, above_floor_bytes=None))           # MemAvailable not read yet
     assert ("vmdisktouch_host_above_floor_bytes", None) not in values(c)
-    c.update(disks)                                         # no host: no host gauge
-    assert not any(name.startswith("vmdisktouch_host_") for name, _ in values(c))
+    c.update(host([disk_status("/a")]))                     # one disk: the host's too
+    assert values(c)[("vmdisktouch_host_disks", None)] == 1
 
 
 def test_odd_label_values_are_escaped_and_read_back_intact():
@@ -136,7 +152,7 @@ def test_odd_label_values_are_escaped_and_read_back_intact():
     domain = 'we"b\\1\nx {a="b"}, é \u2603'
     path = '/var/lib/im"g\\s/a b\n.qcow2'
     c = Collector()
-    c.update([disk_status(path, domain, "vda")])
+    c.update(host([disk_status(path, domain, "vda")]))
     reg = CollectorRegistry(auto_describe=False)
     reg.register(c)
     text = generate_latest(reg).decode()
@@ -153,8 +169,7 @@ def test_every_metric_is_in_docs_metrics_md():
     import pathlib
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     c = Collector()
-    c.update([disk_status("/a", "web", "vda")],
-             {"budget_bytes": 1, "held_bytes": 1, "above_floor_bytes": 1, "disks": []})
+    c.update(host([disk_status("/a", "web", "vda")]))
     names = {s.name for f in c.collect() for s in f.samples}
     assert len(names) > 20
     for name in names:
@@ -178,11 +193,11 @@ def info_and_holding(collector: Collector) -> tuple[list, dict]:
 def test_holding_is_a_gauge_and_the_info_labels_never_change():
     c = Collector()
     on = disk_status("/a", "web", "vda")
-    c.update([on])
+    c.update(host([on]))
     info_on, holding_on = info_and_holding(c)
-    off = dict(on, holding=False, held_bytes=0, limited_by="domain_off", budget_bytes=0,
-               wanted_bytes=0, regions=[], cycle_seconds=0.2, mem_available_bytes=7)
-    c.update([off])
+    off = replace(on, holding=False, held_bytes=0, limited_by="domain_off", budget_bytes=0,
+                  wanted_bytes=0, regions=[], cycle_seconds=0.2, mem_available_bytes=7)
+    c.update(host([off]))
     info_off, holding_off = info_and_holding(c)
     assert (holding_on, holding_off) == ({"/a": 1}, {"/a": 0})
     assert info_on == info_off == [{"disk": "/a", "domain": "web", "target": "vda",
@@ -204,7 +219,7 @@ def metrics_of(path):
 def test_close_removes_the_metrics_file_it_wrote(tmp_path):
     prom = tmp_path / "vmdisktouch.prom"
     m = metrics_of(prom)
-    m.publish([disk_status("/a", held=16 << 20)])
+    m.publish(host([disk_status("/a", held=16 << 20)]))
     assert "vmdisktouch_held_bytes" in prom.read_text()
     m.close()
     assert not prom.exists()          # node_exporter drops the series: nothing held

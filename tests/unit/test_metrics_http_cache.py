@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import types
 
-from tests.unit.test_metrics_collector import disk_status
+from tests.unit.test_metrics_collector import disk_status, host
 from vmdisktouch.adapters.metrics import Metrics
 from vmdisktouch.adapters.outputs import Outputs
 
@@ -23,7 +23,7 @@ def counted() -> tuple[Metrics, list]:
 
 def test_scrapes_between_two_cycles_render_the_page_once():
     m, calls = counted()
-    m.publish([disk_status("/a", held=1 << 20)])
+    m.publish(host([disk_status("/a", held=1 << 20)]))
     bodies = [m.render("GET /metrics HTTP/1.1\r\n")[0] for _ in range(50)]
     packed = [m.render(GZ) for _ in range(50)]
     assert len(calls) == 1
@@ -34,9 +34,9 @@ def test_scrapes_between_two_cycles_render_the_page_once():
 
 def test_a_published_cycle_is_in_the_next_scrape():
     m, calls = counted()
-    m.publish([disk_status("/a", held=1 << 20)])
+    m.publish(host([disk_status("/a", held=1 << 20)]))
     first = m.render(GZ)[0]
-    m.publish([disk_status("/a", held=3 << 20)])
+    m.publish(host([disk_status("/a", held=3 << 20)]))
     body = m.render("GET / HTTP/1.1\r\n")[0]
     assert len(calls) == 2
     assert b"3.145728e+06" in body and b"1.048576e+06" not in body

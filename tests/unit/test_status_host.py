@@ -107,16 +107,30 @@ def test_a_disk_line_shows_its_share_not_the_whole_budget(tmp_path, capsys):
 def test_a_host_file_of_the_old_shape_is_still_shown(tmp_path, capsys):
     """No ``share_bytes`` nor ``above_floor_bytes`` (a daemon before #32): the share is the
     full status's ``budget_bytes``, and the floor is left out."""
-    old = host([disk("/img/a.img", held_bytes=MiB, regions=[[0, MiB]])])
+    old = host([disk("/img/a.img", held_bytes=MiB, regions=[[0, MiB]]),
+                disk("/img/b.img", held_bytes=0, regions=[])])
     for k in ("mem_available_bytes", "min_free_bytes", "above_floor_bytes", "skipped"):
         del old["host"][k]
-    old["host"]["disks"] = [{"path": "/img/a.img", "held_bytes": MiB}]
+    old["host"]["disks"] = [{"path": "/img/a.img", "held_bytes": MiB},
+                            {"path": "/img/b.img", "held_bytes": 0}]
     write(tmp_path, "host.json", old)
     rc, out, _ = status(capsys, tmp_path)
     assert rc == 0 and out.splitlines() == [
-        f"host (pid {os.getpid()}, v0-test): held 1M of 8M budget, 1 disk served, 0 failed, "
+        f"host (pid {os.getpid()}, v0-test): held 1M of 8M budget, 2 disks served, 0 failed, "
         "cycle 42, 0 s ago, LIVE",
-        "  /img/a.img: held 1M/8M in 1 region (no evidence of use yet)"]
+        "  /img/a.img: held 1M/8M in 1 region (no evidence of use yet)",
+        "  /img/b.img: held 0/8M in 0 regions (no evidence of use yet)"]
+
+
+def test_a_host_of_one_disk_is_shown_as_that_disk_s_line(tmp_path, capsys):
+    """One shape for 1..N disks; one disk, nothing skipped or failed, is one line."""
+    one = host([disk("/img/a.img", held_bytes=MiB, regions=[[0, MiB]])])
+    del one["host"]["skipped"]                       # not a host service following libvirt
+    write(tmp_path, "one.json", one)
+    rc, out, _ = status(capsys, tmp_path)
+    assert rc == 0 and len(out.splitlines()) == 1, out
+    assert out.startswith("/img/a.img: held 1M/8M in 1 region (no evidence of use yet), "
+                          f"source trace, cycle 3, pid {os.getpid()}, v0-test, "), out
 
 
 def test_json_keeps_every_key_of_every_file_the_host_s_included(tmp_path, capsys):

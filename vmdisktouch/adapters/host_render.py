@@ -15,7 +15,7 @@ band per disk, so the height grows with the disks):
   - left: the disk's *swatch* (its colour) and its name, ``domain/target``
     under libvirt, else the image path (shortened from the left); below, the
     image's size and, when it holds less than it wants, why
-    (``daemon.reasons``'s code in a word or two, ``REASONS``);
+    (``report.CODES`` in a word or two, ``REASONS``);
   - middle: the *allocation bar*, scaled to the budget (its full width is
     the budget, the same scale for every disk, so the bars compare): solid
     in the disk's colour, what it holds; dim in the disk's colour, what it
@@ -77,7 +77,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from vmdisktouch.adapters import render
-from vmdisktouch.adapters.figure import DIM, LINE, PAD, TEXT, _font
+from vmdisktouch.adapters.figure import DIM, LINE, PAD, TEXT, load_font
 from vmdisktouch.sizes import format_size
 
 WIDTH = 1024
@@ -255,7 +255,7 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
                         above_floor: int | None = None) -> Image.Image:
     """The overview of ``disks`` under ``budget`` bytes at time ``when``, with
     ``above_floor`` bytes of MemAvailable above the free-memory floor."""
-    font = _font()
+    font = load_font()
     width = max(MIN_WIDTH, width)
     legend_h = PAD + LEGEND * LINE + PAD
     img = Image.new("RGB", (width, band_top(len(disks)) + legend_h), BG)

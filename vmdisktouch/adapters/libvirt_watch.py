@@ -260,8 +260,12 @@ class LibvirtWatch:
                                             daemon=True)
             self._thread.start()
 
-    def _on_event(self, *_args) -> None:
+    def _on_event(self, *args) -> None:
         """In libvirt's event thread: wake the loop; the resync finds what changed."""
+        try:
+            log.debug("libvirt event: %s %s", args[1].name(), args[2:-1])
+        except Exception:  # noqa: BLE001 - a log line must not cost the wake-up
+            pass
         if self.wake is not None:
             self.wake.set()
 

@@ -60,6 +60,7 @@ from vmdisktouch.adapters import atomic, listen_fds
 from vmdisktouch.adapters.metrics_http import Endpoint, listen
 from vmdisktouch.adapters.outputs import OUTPUT_KEYS
 from vmdisktouch.errors import ConfigError
+from vmdisktouch.report import CODES, DiskReport, HostReport
 from vmdisktouch.system import files
 
 log = logging.getLogger("vmdisktouch")
@@ -98,16 +99,13 @@ EVENTS_LOST = ("events_lost", "Trace events the kernel lost (each forces a minco
 # every disk's series: its image path (``disk``), and its libvirt domain and target
 # ("" when libvirt does not know the disk)
 LABELS = ["disk", "domain", "target"]
-# ``daemon.reasons.CODES`` (a lower layer may not import it; a unit test keeps them equal)
-REASONS = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "floor",
-           "cgroup", "lock_limit", "not_loaded")
-# (metric, help, host key): gauges of the host
+# (metric, help, ``HostReport`` field): gauges of the host
 HOST_GAUGES = (
     ("host_budget_bytes", "The one budget shared by every disk served.", "budget_bytes"),
     ("host_held_bytes", "Bytes held over every disk served.", "held_bytes"),
     ("host_above_floor_bytes", "MemAvailable above the free-memory floor (min_free): what "
      "holds may still take from the host.", "above_floor_bytes"),
-    ("host_disks", "Disks served (with a status yet or not).", "disks"),
+    ("host_disks", "Disks served (with a status yet or not).", "lines"),
 )
 # FileDescriptorName= of systemd/vmdisktouch-metrics.socket
 PASSED_NAME = "metrics"
@@ -123,15 +121,8 @@ def _import():
     return prometheus_client
 
 
-def _field(status: dict, key: str):
-    """``status[key]``; a dotted key names a field of a nested object (``spill.read_bytes``)."""
-    for part in key.split("."):
-        status = status.get(part) if isinstance(status, dict) else None
-    return status
-
-
-def _labels(status: dict) -> list[str]:
-    return [status["path"], status.get("domain") or "", status.get("target") or ""]
+def _labels(d: DiskReport) -> list[str]:
+    return [d.path, d.domain or "", d.target or ""]
 
 
 class Collector:
@@ -139,20 +130,20 @@ class Collector:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._disks: dict[str, dict] = {}      # path -> last status
-        self._totals: dict[str, dict] = {}     # path -> counter -> total
-        self._host: dict | None = None
+        self._disks: dict[str, DiskReport] = {}   # path -> its last report
+        self._totals: dict[str, dict] = {}        # path -> counter -> total
+        self._host: HostReport | None = None
 
-    def update(self, disks: list[dict], host: dict | None = None) -> None:
+    def update(self, report: HostReport) -> None:
         with self._lock:
-            live = {d["path"]: d for d in disks}
+            live = {d.path: d for d in report.disks}
             self._totals = {p: t for p, t in self._totals.items() if p in live}
             for path, d in live.items():
                 t = self._totals.setdefault(path, {name: 0 for name, _, _ in COUNTERS})
                 for name, _, key in COUNTERS:       # "cycles" (no key) counts one a cycle
-                    t[name] += 1 if key is None else int(_field(d, key) or 0)
-                t["events_lost"] = int(d.get("events_lost") or 0)
-            self._disks, self._host = live, host
+                    t[name] += 1 if key is None else int(d.value(key) or 0)
+                t["events_lost"] = int(d.events_lost or 0)
+            self._disks, self._host = live, report
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -161,7 +152,7 @@ class Collector:
         for name, text, key in GAUGES:
             g = GaugeMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS)
             for d in disks.values():
-                v = len(d.get("regions", [])) if key is None else _field(d, key)
+                v = len(d.regions) if key is None else d.value(key)
                 if v is not None or key != "wanted_bytes":
                     g.add_metric(_labels(d), float(v or 0))
             yield g
@@ -179,16 +170,18 @@ class Collector:
                                  "while it is served (1 per disk).",
                                  labels=LABELS + ["access_source"])
         for d in disks.values():
-            now = d.get("limited_by")
-            for code in REASONS + ((now,) if now and now not in REASONS else ()):
+            now = d.limited_by
+            for code in CODES + ((now,) if now and now not in CODES else ()):
                 limited.add_metric(_labels(d) + [code], float(code == now))
-            holding.add_metric(_labels(d), float(bool(d.get("holding", True))))
-            info.add_metric(_labels(d) + [str(d.get("access_source", ""))], 1)
+            holding.add_metric(_labels(d), float(bool(d.holding)))
+            info.add_metric(_labels(d) + [str(d.access_source)], 1)
         yield from (limited, holding, info)
         if host is not None:
-            figures = {**host, "disks": len(host.get("disks") or ())}
-            yield from (GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(figures[key]))
-                        for name, text, key in HOST_GAUGES if figures.get(key) is not None)
+            for name, text, key in HOST_GAUGES:
+                v = getattr(host, key)
+                v = len(v) if isinstance(v, list) else v
+                if v is not None:
+                    yield GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(v))
 
 
 def start(config, outputs) -> "Metrics | None":
@@ -282,8 +275,8 @@ class Metrics:
             self.server = Endpoint(sock, self.render)
             log.info("metrics on http://%s/metrics", config.metrics_listen)
 
-    def publish(self, disks: list[dict], host: dict | None = None) -> None:
-        self.collector.update(disks, host)
+    def publish(self, report: HostReport) -> None:
+        self.collector.update(report)
         self._cycle += 1                     # after the update: a page of it is rendered anew
         if self.path:
             self.outputs.write("metrics_file", self.path, self.page())

@@ -10,7 +10,9 @@ served, skipped and failed, the cycle, the file's age, ``LIVE`` or
 the path: held / its share of the budget, the regions, what it wants, and
 why it holds less, ``not_held_reason``) and per failed disk. A one-disk
 file is one such disk line, with the daemon's source, cycle, pid, version,
-age and state. An entry is **stale** when its file is older than
+age and state: each file is read into the one report model
+(``report.HostReport``, an old single-disk file as a host of one), and a
+host of one disk, nothing skipped or failed, is shown as that line. An entry is **stale** when its file is older than
 ``STALE_INTERVALS`` (3) of its daemon's intervals (at least
 ``STALE_MIN_SECONDS``) or its pid is gone: the daemon died or hangs.
 ``--json`` prints a JSON array of the documents as read (every key, the
@@ -50,6 +52,7 @@ import time
 
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
 from vmdisktouch.errors import ImageError, file_kind
+from vmdisktouch.report import DiskLine, DiskReport, HostReport
 from vmdisktouch.sizes import format_size
 
 STATUS_DIR = "/run/vmdisktouch"
@@ -158,18 +161,34 @@ def read_files(directory: str, clock=time.time) -> list[dict]:
         except Malformed as exc:
             out.append({"file": path, "error": f"malformed: {exc}", "stale": True})
             continue
-        out.append({"file": path, "doc": doc, **freshness(doc, mtime, clock())})
+        report = model(doc)
+        out.append({"file": path, "doc": doc, "report": report, "one": one_disk(report),
+                    **freshness(report, mtime, clock())})
     return out
 
 
-def freshness(doc: dict, mtime: float, now: float) -> dict:
-    """``age_seconds`` and ``stale`` of one checked status document."""
-    head = doc["host"] if "host" in doc else doc
-    limit = max(STALE_MIN_SECONDS, STALE_INTERVALS * head.get("interval_seconds", 5.0))
-    age = now - head.get("time", mtime)
+def one_disk(r: HostReport) -> bool:
+    """A daemon of one disk, nothing skipped or failed: shown as that disk's line."""
+    return len(r.lines) == 1 and len(r.disks) == 1 and not r.failed and r.skipped is None
+
+
+def model(doc: dict) -> HostReport:
+    """The report of a checked document; an old single-disk file (the whole file one
+    disk's, before the one shape) as a host of that one disk."""
+    if "host" not in doc:
+        line = {**doc, "share_bytes": doc.get("budget_bytes")}
+        doc = {"host": {**doc, "budget_bytes": doc.get("host_budget_bytes"),
+                        "disks": [line]}, "disks": [doc]}
+    return HostReport.from_json(doc)
+
+
+def freshness(r: HostReport, mtime: float, now: float) -> dict:
+    """``age_seconds`` and ``stale`` of one status report."""
+    limit = max(STALE_MIN_SECONDS, STALE_INTERVALS * (r.interval_seconds or 5.0))
+    age = now - (mtime if r.time is None else r.time)
     if -limit <= age < 0:
         age = 0.0                       # the clock's granularity, or a small step back
-    stale = abs(age) > limit or not pid_alive(head.get("pid"))
+    stale = abs(age) > limit or not pid_alive(r.pid)
     return {"age_seconds": round(age, 1), "stale": stale}
 
 
@@ -207,70 +226,79 @@ def _state(item: dict) -> str:
     return f"{when}, {'STALE' if item['stale'] else 'LIVE'}"
 
 
-def disk_name(d: dict) -> str:
+def disk_name(d: DiskLine) -> str:
     """``domain/target (path)`` when libvirt names the disk, else its path; sanitised."""
-    path = sanitise(d["path"])
-    if d.get("domain"):
-        return f"{sanitise(d['domain'])}/{sanitise(d.get('target') or '?')} ({path})"
+    path = sanitise(d.path)
+    if d.domain:
+        return f"{sanitise(d.domain)}/{sanitise(d.target or '?')} ({path})"
     return path
 
 
-def disk_part(d: dict) -> str:
-    """A disk's name, what it holds of its share, and why not more: sanitised."""
-    share = d["share_bytes"] if d.get("share_bytes") is not None else d.get("budget_bytes")
-    out = f"{disk_name(d)}: held {format_size(d.get('held_bytes', 0))}/{_size(share)}"
-    if isinstance(d.get("regions"), list):
-        n = len(d["regions"])
+def disk_part(line: DiskLine, d: DiskReport | None) -> str:
+    """A disk's name, what it holds of its share, and why not more: sanitised. ``d``: its
+    full report, when the file has one; what the line leaves out is taken from it."""
+    def of(mine, theirs: str):
+        return mine if mine is not None or d is None else getattr(d, theirs)
+
+    held = of(line.held_bytes, "held_bytes") or 0
+    out = f"{disk_name(line)}: held {format_size(held)}/{_size(of(line.share_bytes, 'budget_bytes'))}"
+    if d is not None and isinstance(d.regions, list):
+        n = len(d.regions)
         out += f" in {n} region{'' if n == 1 else 's'}"
-    wanted = d.get("wanted_bytes")
-    if wanted is not None and wanted > d.get("held_bytes", 0):
+    wanted = of(line.wanted_bytes, "wanted_bytes")
+    if wanted is not None and wanted > held:
         out += f", wants {format_size(wanted)}"
-    if d.get("not_held_reason"):
-        out += f" ({sanitise(d['not_held_reason'])})"
-    if d.get("events_lost"):
-        out += f", {d['events_lost']} events lost"
+    reason = of(line.not_held_reason, "not_held_reason")
+    if reason:
+        out += f" ({sanitise(reason)})"
+    if d is not None and d.events_lost:
+        out += f", {d.events_lost} events lost"
     return out
 
 
-def host_disks(doc: dict) -> list[dict]:
-    """The host's disks, each its line in ``host.disks`` over its full status in
-    ``disks`` (a disk in only one of them included)."""
-    full = {d["path"]: d for d in doc.get("disks", [])}
-    lines = doc["host"].get("disks", [])
-    out = [{**full.get(d["path"], {}), **d} for d in lines]
-    named = {d["path"] for d in lines}
-    return out + [d for d in doc.get("disks", []) if d["path"] not in named]
+def host_disks(r: HostReport) -> list[tuple[DiskLine, DiskReport | None]]:
+    """The host's disks: each its line, and its full report when the file has one (a disk
+    with a report and no line shown by its report)."""
+    full = {d.path: d for d in r.disks}
+    named = {x.path for x in r.lines}
+    return ([(x, full.get(x.path)) for x in r.lines]
+            + [(line_of(d), d) for d in r.disks if d.path not in named])
+
+
+def line_of(d: DiskReport) -> DiskLine:
+    """A disk's line from its report alone."""
+    return DiskLine(d.path, d.domain, d.target, d.held_bytes, d.budget_bytes, d.wanted_bytes,
+                    d.limited_by, d.not_held_reason, 0.0, None, 1.0)
 
 
 def host_lines(item: dict) -> list[str]:
     """A host status file: its host line, then one indented line per disk and per failure."""
-    doc = item["doc"]
-    h = doc["host"]
-    disks = host_disks(doc)
+    r = item["report"]
+    disks = host_disks(r)
     counts = [f"{len(disks)} disk{'' if len(disks) == 1 else 's'} served"]
-    if "skipped" in h:
-        counts.append(f"{len(h['skipped'])} skipped")
-    counts.append(f"{len(h.get('failed', []))} failed")
-    floor = h.get("above_floor_bytes")
-    head = (f"host (pid {h.get('pid')}, v{sanitise(h.get('version'))}): held "
-            f"{_size(h.get('held_bytes'))} of {_size(h.get('budget_bytes'))} budget, "
+    if r.skipped is not None:
+        counts.append(f"{len(r.skipped)} skipped")
+    counts.append(f"{len(r.failed)} failed")
+    floor = r.above_floor_bytes
+    head = (f"host (pid {r.pid}, v{sanitise(r.version)}): held "
+            f"{_size(r.held_bytes)} of {_size(r.budget_bytes)} budget, "
             + ("" if floor is None else f"{format_size(floor)} above the floor, ")
-            + ", ".join(counts) + f", cycle {h.get('cycle')}, {_state(item)}")
-    return ([head] + [f"  {disk_part(d)}" for d in disks]
+            + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}")
+    return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
-               for f in h.get("failed", [])])
+               for f in r.failed])
 
 
 def lines_of(item: dict) -> list[str]:
     """One status file's lines; every string in them sanitised."""
     if "error" in item:
         return [f"{sanitise(item['file'])}: {sanitise(item['error'])}"]
-    doc = item["doc"]
-    if "host" in doc:
+    r = item["report"]
+    if not item["one"]:
         return host_lines(item)
-    return [f"{disk_part(doc)}, source {sanitise(doc.get('access_source', '?'))}, "
-            f"cycle {doc.get('cycle')}, pid {doc.get('pid')}, "
-            f"v{sanitise(doc.get('version'))}, {_state(item)}"]
+    d = r.disks[0]                       # a daemon of one disk: one line
+    return [f"{disk_part(r.lines[0], d)}, source {sanitise(d.access_source or '?')}, "
+            f"cycle {d.cycle}, pid {d.pid}, v{sanitise(d.version)}, {_state(item)}"]
 
 
 def json_of(item: dict) -> dict:
@@ -290,7 +318,7 @@ def main(args) -> int:
     items = read_files(args.dir)
     if args.path:
         bad = sum("error" in i for i in items)
-        items = [{**i, "doc": d} for i in items if "doc" in i
+        items = [{**i, "doc": d, "report": model(d)} for i in items if "doc" in i
                  for d in [serving(i["doc"], args.path)] if d is not None]
         if not items:
             also = f" ({bad} unreadable or malformed file(s) there)" if bad else ""

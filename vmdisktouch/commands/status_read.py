@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from vmdisktouch.config.settings import MAX_SECONDS
-from vmdisktouch.daemon.reasons import CODES
+from vmdisktouch.report import CODES
 
 MAX_PID = (1 << 31) - 1          # a pid_t; larger ones do not fit os.kill
 MAX_COUNT = 1 << 63              # bytes, blocks, cycles, events

@@ -51,6 +51,7 @@ from vmdisktouch.daemon.act import Acted, Recharger
 from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import format_size
+from vmdisktouch.report import DiskReport
 from vmdisktouch.system.spill import SpillResult
 
 log = logging.getLogger("vmdisktouch")
@@ -78,7 +79,7 @@ class DiskWatcher:
         self.spilled: list = []                  # the runs spilled last cycle (``core.spill``)
         self.cycle = 0
         self.last_report: CycleReport | None = None
-        self.last_status: dict | None = None       # the status JSON of the last cycle
+        self.last_disk: DiskReport | None = None   # the report of the last cycle
         # False while the owning libvirt domain is shut off: hold nothing, keep scanning.
         self.hold_enabled = True
         self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
@@ -161,8 +162,8 @@ class DiskWatcher:
         report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:
             self.recorder.write(obs, plan, acted, self.policy)
-        self.last_status = self.status_obj(report)     # the metrics reuse it
-        self.emitter.emit(report, self.config, self.last_status, obs.resident,
+        self.last_disk = self.disk_report(report)      # the host's report gathers it
+        self.emitter.emit(report, self.config, self.last_disk, obs.resident,
                           acted.held, self.policy,
                           holes=self._holes(obs.allocation) if self.config.map_png else None)
         return report
@@ -253,8 +254,8 @@ class DiskWatcher:
         self.last_report.limited_by, self.last_report.not_held_reason = why or (None, None)
         return self.last_report
 
-    def status_obj(self, r: CycleReport) -> dict:
-        return self.emitter.status_obj(
+    def disk_report(self, r: CycleReport) -> DiskReport:
+        return self.emitter.disk_report(
             r, self.config, path=self.image.path, domain=(self.domain, self.target),
             allotment=self.allotment, domain_active=self.domain_active,
             holding=self.hold_enabled, lock_cap=self.holder.lock_cap,
@@ -286,6 +287,9 @@ class DiskWatcher:
         warm-restart-reboot)."""
         k = np.float32(heat.decay_factor(self.policy.params.heat.decay, max(0.0, away_seconds)))
         self.policy.state = heat.HeatState(saved.heat_resident * k, saved.heat_rewritten * k)
+        # decayed to now: the next cycle's step counts from now, not from the last cycle (a
+        # disk that waited for its domain's arrival would lose that wait's decay twice)
+        self.policy.last_time = self.clock()
         self._restored = True
 
     def warm_state(self) -> tuple[np.ndarray, np.ndarray, list]:

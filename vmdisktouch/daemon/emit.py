@@ -1,4 +1,7 @@
-"""Emit: a cycle's report as the status JSON, the two PNGs and its log line (``cyclelog``).
+"""Emit: a disk's cycle as its report (``report.DiskReport``), its two PNGs and its log line.
+
+The status file is the host's, written once per cycle from the one report
+(``daemon.service``); ``status_bytes`` is its text.
 
 Every file goes through ``adapters.outputs`` (checked paths, atomic
 replacement, a failed write logged and counted, never fatal). PIL is
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.daemon.cyclelog import CycleLog
+from vmdisktouch.report import DiskReport
 
 log = logging.getLogger("vmdisktouch")
 
@@ -38,7 +42,7 @@ class CycleReport:
     size_bytes: int
     relocked_bytes: int = 0                  # of loaded_bytes: already cached, only locked
     not_held_reason: str | None = None       # why less than it wants is held (``reasons``)
-    limited_by: str | None = None            # that reason's code (``reasons.CODES``)
+    limited_by: str | None = None            # that reason's code (``report.CODES``)
     share_bytes: int = 0                     # its share of the budget (``reasons.Allotment``)
     spill_read_bytes: int = 0                # read by the spill in this cycle (unlocked)
     shed_bytes: int = 0                      # of released_bytes: under the floor (``alerts``)
@@ -48,14 +52,6 @@ def process_fields(interval: float) -> dict:
     """What ``vmdisktouch status`` needs to tell a live status file from a stale one."""
     from vmdisktouch import __version__
     return {"pid": os.getpid(), "version": __version__, "interval_seconds": interval}
-
-
-def disk_title(status: dict) -> str:
-    """A disk's name in a picture or a line: ``domain/target  path`` when libvirt knows
-    its domain, else its path."""
-    if status.get("domain"):
-        return f"{status['domain']}/{status['target']}  {status['path']}"
-    return status["path"]
 
 
 def status_bytes(status: dict) -> bytes:
@@ -89,47 +85,33 @@ class Emitter:
         self.outputs = outputs
         self.cycles = CycleLog(label)
 
-    def status_obj(self, r: CycleReport, c, *, path: str, domain, allotment, domain_active,
-                   holding: bool, lock_cap, charges, source: dict,
-                   warmed_from: str | None = None) -> dict:
-        """The status JSON of report ``r`` under settings ``c``; ``domain``: (domain,
-        target) or Nones; ``allotment``: the last selection's (``reasons.Allotment``)."""
-        return {
-            "path": path,
-            "domain": domain[0],
-            "target": domain[1],
-            **process_fields(c.interval),
-            "cycle": r.cycle,
-            "cycle_seconds": round(r.cycle_seconds, 4),
-            "size_bytes": r.size_bytes,
-            "block_size": c.block_size,
-            "budget_bytes": r.share_bytes,            # this disk's share of the budget
-            "host_budget_bytes": c.max_hold if allotment is None else allotment.budget,
-            "wanted_bytes": None if allotment is None else allotment.wanted,
-            "held_bytes": r.held_bytes,
-            "resident_bytes": r.resident_bytes,
-            "regions": r.regions,                     # [offset, length] pairs, in bytes
-            "rewritten_blocks": r.rewritten_blocks,
-            "rewritten_ranges": r.rewritten_ranges,   # [offset, length] pairs, in bytes
-            "mem_available_bytes": r.mem_available_bytes,
-            "min_free_bytes": c.min_free,
-            "loaded_bytes": r.loaded_bytes,
-            "loaded_from_disk_bytes": r.loaded_bytes - r.relocked_bytes,
-            "released_bytes": r.released_bytes,
-            "skipped_bytes": r.skipped_bytes,
-            "not_held_reason": r.not_held_reason,
-            "limited_by": r.limited_by,
-            "domain_active": domain_active,
-            "warmed_from": warmed_from,               # "state", "metadata" or None (cold)
-            "holding": holding,
-            "lock_cap_bytes": lock_cap,
-            "charges": charges,
-            **source,
-            "output_errors": self.outputs.errors,
-            "time": time.time(),
-        }
+    def disk_report(self, r: CycleReport, c, *, path: str, domain, allotment, domain_active,
+                    holding: bool, lock_cap, charges, source: dict,
+                    warmed_from: str | None = None) -> DiskReport:
+        """The report of cycle ``r`` under settings ``c``; ``domain``: (domain, target) or
+        Nones; ``allotment``: the last selection's (``reasons.Allotment``); ``source``: the
+        access source's figures (``access_source``, ``events_lost``, ``trace``, ``spill``,
+        ``thrashing_ranges``)."""
+        return DiskReport(
+            path=path, domain=domain[0], target=domain[1], **process_fields(c.interval),
+            cycle=r.cycle, cycle_seconds=round(r.cycle_seconds, 4), size_bytes=r.size_bytes,
+            block_size=c.block_size,
+            budget_bytes=r.share_bytes,               # this disk's share of the budget
+            host_budget_bytes=c.max_hold if allotment is None else allotment.budget,
+            wanted_bytes=None if allotment is None else allotment.wanted,
+            held_bytes=r.held_bytes, resident_bytes=r.resident_bytes, regions=r.regions,
+            rewritten_blocks=r.rewritten_blocks, rewritten_ranges=r.rewritten_ranges,
+            mem_available_bytes=r.mem_available_bytes, min_free_bytes=c.min_free,
+            loaded_bytes=r.loaded_bytes,
+            loaded_from_disk_bytes=r.loaded_bytes - r.relocked_bytes,
+            released_bytes=r.released_bytes, skipped_bytes=r.skipped_bytes,
+            not_held_reason=r.not_held_reason, limited_by=r.limited_by,
+            domain_active=domain_active,
+            warmed_from=warmed_from,                  # "state", "metadata" or None (cold)
+            holding=holding, lock_cap_bytes=lock_cap, charges=charges,
+            output_errors=self.outputs.errors, time=time.time(), **source)
 
-    def _pictures(self, r: CycleReport, c, status: dict, resident: np.ndarray,
+    def _pictures(self, r: CycleReport, c, report: DiskReport, resident: np.ndarray,
                   held: np.ndarray, policy, holes: np.ndarray | None) -> None:
         from vmdisktouch.adapters import figure, render  # PIL only when PNGs are asked for
         n = held.size
@@ -139,7 +121,7 @@ class Emitter:
 
         def header(what: str) -> list[str]:
             return figure.header_lines(
-                disk_title(status), status["time"], held=r.held_bytes, budget=r.share_bytes,
+                report.title, report.time, held=r.held_bytes, budget=r.share_bytes,
                 resident=r.resident_bytes, size=r.size_bytes, cycle=r.cycle,
                 blocks_per_pixel=layout.blocks_per_pixel, block_size=c.block_size, what=what)
 
@@ -164,12 +146,10 @@ class Emitter:
                                  colorbar=(vmax, c.threshold))
             self.outputs.write("heat_png", c.heat_png, render.png_bytes(fig.image))
 
-    def emit(self, r: CycleReport, c, status: dict, resident: np.ndarray, held: np.ndarray,
-             policy, holes: np.ndarray | None = None) -> None:
-        """Write what settings ``c`` ask for; log the cycle's line. ``holes``: per block,
+    def emit(self, r: CycleReport, c, report: DiskReport, resident: np.ndarray,
+             held: np.ndarray, policy, holes: np.ndarray | None = None) -> None:
+        """Write the PNGs settings ``c`` ask for; log the cycle's line. ``holes``: per block,
         for the block map (None: not known)."""
-        if c.status:
-            self.outputs.write("status", c.status, status_bytes(status))
         if c.heat_png or c.map_png:
-            self._pictures(r, c, status, resident, held, policy, holes)
+            self._pictures(r, c, report, resident, held, policy, holes)
         self.cycles.log(r, c, r.not_held_reason, time.monotonic())

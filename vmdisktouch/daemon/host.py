@@ -47,6 +47,7 @@ from vmdisktouch.core.policy import select
 from vmdisktouch.daemon.alerts import HostAlerts
 from vmdisktouch.daemon.reasons import Allotment, disk_name
 from vmdisktouch.errors import ImageGoneError, VmdtError
+from vmdisktouch.report import DiskLine, HostReport
 from vmdisktouch.sizes import format_size
 from vmdisktouch.system.ledger import Ledger
 
@@ -238,47 +239,38 @@ class Host:
             except (VmdtError, OSError) as err:
                 log.warning("%s: releasing it failed: %s", w.image.path, err)
 
-    def status_obj(self, disks: list[dict], interval: float, min_free: int) -> dict:
-        """The host's status: the budget, the sum held, each disk's share and why it holds
-        less than it wants, the failures (docs/status.md)."""
+    def report(self, interval: float, min_free: int,
+               skipped: list[dict] | None = None) -> HostReport:
+        """The cycle's one report: the budget, the sum held, each disk's report, share and
+        why it holds less than it wants, the failures; ``skipped``: the disks libvirt has
+        that are not served, and why (docs/status.md)."""
         from vmdisktouch.daemon.emit import process_fields
-        per = {d["path"]: d for d in disks}
         avail, above = self.memory(min_free)
-        return {
-            "host": {
-                **process_fields(interval),
-                "time": time.time(),
-                "budget_bytes": self.budget,
-                "held_bytes": self.held_bytes(),
-                "mem_available_bytes": avail,
-                "min_free_bytes": min_free,
-                "above_floor_bytes": above,
-                "cycle": self.cycle,
-                "cycle_seconds": round(self.cycle_seconds, 4),
-                "disks": [self._disk_line(w, per.get(w.image.path)) for w in self.watchers],
-                "failed": [{"path": p, "error": why} for p, why in self.failed.items()],
-            },
-            "disks": [per[w.image.path] for w in self.watchers if w.image.path in per],
-        }
+        return HostReport(
+            **process_fields(interval), time=time.time(), budget_bytes=self.budget,
+            held_bytes=self.held_bytes(), mem_available_bytes=avail, min_free_bytes=min_free,
+            above_floor_bytes=above, cycle=self.cycle,
+            cycle_seconds=round(self.cycle_seconds, 4),
+            disks=[w.last_disk for w in self.watchers if w.last_disk is not None],
+            lines=[self._disk_line(w) for w in self.watchers],
+            failed=[{"path": p, "error": why} for p, why in self.failed.items()],
+            skipped=skipped)
 
     def memory(self, min_free: int) -> tuple[int | None, int | None]:
         """(MemAvailable, the part above the floor ``min_free``) as the last cycle saw it;
         Nones before any disk reported."""
-        avail = next((w.last_status["mem_available_bytes"] for w in self.watchers
-                      if w.last_status), None)
+        avail = next((w.last_disk.mem_available_bytes for w in self.watchers
+                      if w.last_disk is not None), None)
         return avail, None if avail is None else max(0, avail - min_free)
 
-    def _disk_line(self, w, st: dict | None) -> dict:
-        a = w.allotment
-        return {"path": w.image.path, "domain": w.domain, "target": w.target,
-                "held_bytes": w.holder.held_bytes(),
-                "share_bytes": None if a is None else a.share,
-                "wanted_bytes": None if a is None else a.wanted,
-                "limited_by": None if st is None else st.get("limited_by"),
-                "not_held_reason": None if st is None else st.get("not_held_reason"),
-                "heat": round(float(w.policy.state.total.sum(dtype=float)), 3),
-                "cap_bytes": self.caps.get(w.image.path),
-                "weight": self.weights.get(w.image.path, 1.0)}
+    def _disk_line(self, w) -> DiskLine:
+        a, d = w.allotment, w.last_disk
+        return DiskLine(w.image.path, w.domain, w.target, w.holder.held_bytes(),
+                        None if a is None else a.share, None if a is None else a.wanted,
+                        None if d is None else d.limited_by,
+                        None if d is None else d.not_held_reason,
+                        round(float(w.policy.state.total.sum(dtype=float)), 3),
+                        self.caps.get(w.image.path), self.weights.get(w.image.path, 1.0))
 
     def close(self) -> None:
         while self.watchers:

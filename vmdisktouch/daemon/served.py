@@ -10,9 +10,9 @@ it is built into a ``DiskWatcher`` with its saved heat (``warm_state``).
 
 ``disk_config`` gives a disk its own PNG paths: with several disks the
 ``--map-png``/``--heat-png`` paths must contain ``{disk}``, replaced by the
-image's escaped path (as in a unit instance name). The status file of a
-host of one is its disk's status, written by the disk before its PNGs, as
-docs/status.md has it; of several, the host's, written by the service.
+image's escaped path (as in a unit instance name); one disk's may name a
+plain path. The status file is the host's, one shape for 1..N disks,
+written by the service from the cycle's report (docs/status.md).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ PLACEHOLDER = "{disk}"
 PER_DISK_OUTPUTS = ("map_png", "heat_png")
 
 
-def disk_config(config, path: str, several: bool = True):
-    """The settings of one disk: its own PNG paths; the status file its own only when it is
-    the one disk served (the host's otherwise)."""
-    over = {"status": None} if several else {}
+def disk_config(config, path: str):
+    """The settings of one disk: its own PNG paths, and no status file (the host's, written
+    by the service, is the only one)."""
+    over = {"status": None}
     for key in PER_DISK_OUTPUTS:
         value = config.get(key)
         if value:
@@ -72,11 +72,10 @@ def config_protected(config_path: str | None) -> list[outputs.Protected]:
 class Served:
     """Opens, locks and builds the disks served; closes them (saving their warm state)."""
 
-    def __init__(self, config, config_path, pace, check, *, several: bool):
+    def __init__(self, config, config_path, pace, check):
         self.config = config
         self.pace = pace                  # the holder's sleep between paced loads
         self.check = check                # membership's check of a path (O_DIRECT)
-        self.several = several            # several disks: each its own PNG paths
         self.protected = config_protected(config_path)   # the live list every writer shares
         self.locks: dict[int, image_lock.ImageLock] = {}     # id(watcher) ->
         self.keepers: dict[int, object] = {}
@@ -109,7 +108,7 @@ class Served:
             if self.config.state_dir:          # closed to other users (issue 31)
                 from vmdisktouch.adapters import warm_state
                 warm_state.check_directory(self.config.state_dir)
-            w = build(img, disk_config(self.config, img.path, self.several), sleep=self.pace,
+            w = build(img, disk_config(self.config, img.path), sleep=self.pace,
                       out=outputs.Outputs(self.protected))
         except BaseException:
             if lock is not None:

@@ -18,9 +18,8 @@ out in one line; when none can, the daemon does not start.
 The loop: ``while not stopping: cycle; wait``. A cycle resyncs the
 membership (a disk that appears is opened, one that goes is released; a
 domain shut off releases its disks' holds until it starts again) and runs
-``Host.tick``; then the status file (one disk: that disk's status, as
-docs/status.md has it; several: the ``host`` object and one entry per disk),
-the metrics, the host PNG, the warm state and the heat each domain carries
+``Host.tick``; then the one report of the cycle (``report.HostReport``):
+the status file, in one shape for 1..N disks (docs/status.md), the metrics, the host PNG, the warm state and the heat each domain carries
 in its metadata (``daemon.carry``). Signal handlers only store a
 flag and wake the loop through a pipe (``signals``), so a cycle is never cut
 in half: SIGTERM/SIGINT stop (every hold released on the way out), SIGHUP
@@ -28,7 +27,11 @@ reloads between cycles keeping the holds (``reload``: the same checks as at
 start, a bad file or output path rejected and the old settings kept). A
 libvirt event wakes the loop at once; between cycles trace events are
 drained once a second, and a drain whose reads left what is held starts the
-next cycle now (``core.shift``).
+next cycle now (``core.shift``). While a disk's domain is arriving the next
+cycle comes after ``ARRIVAL_POLL`` seconds, not the interval: QEMU's resume
+can come a few milliseconds after the incoming started, before that
+cycle's listing could see it and after its event woke the loop, and the
+guest waits for what the carried heat would hold.
 
 Under systemd (``Type=notify``): ``READY=1`` after the first cycle, a
 ``STATUS=`` line every cycle, ``WATCHDOG=1`` at least every half watchdog
@@ -57,6 +60,7 @@ from vmdisktouch.system import meminfo
 log = logging.getLogger("vmdisktouch")
 
 PUMP_SECONDS = 1.0     # between cycles, trace events are drained this often
+ARRIVAL_POLL = 0.5     # the next cycle, while a disk's domain is arriving (see above)
 
 
 class Watchdog:
@@ -130,8 +134,7 @@ class Service:
         self.single = isinstance(self.members, GivenPaths) and len(args.paths) == 1
         served_mod.check_placeholders(config, not self.single)
         self.dog = Watchdog()
-        self.served = served_mod.Served(config, config_path, self.pace, self.members.check,
-                                        several=not self.single)
+        self.served = served_mod.Served(config, config_path, self.pace, self.members.check)
         self.follower = arrival.Follower(self._warm, self.single)
         self.host = Host([], config.max_hold, config.block_size, close=self._close_disk,
                          may_be_empty=self.members.retry, spill_factor=config.spill)
@@ -141,6 +144,7 @@ class Service:
         self.refused: dict[str, str] = {}     # path -> why it cannot be served (said once)
         self._first_error: VmdtError | None = None
         self.metrics = None
+        self.last_report = None               # the last cycle's ``report.HostReport``
         self.budget_log = BudgetLog()
         watch = getattr(self.members, "watch", None)
         self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
@@ -274,16 +278,14 @@ class Service:
         self.sync()
         reports = self.host.tick()
         c = self.config
-        if c.status or self.metrics is not None:
-            disks = [w.last_status for w in self.host.watchers if w.last_status is not None]
-            st = self.host.status_obj(disks, c.interval, c.min_free)
-            if self.members.retry:
-                st["host"]["skipped"] = [{"domain": d, "target": t, "reason": why}
-                                         for (d, t), why in sorted(self.skipped.items())]
-            if c.status and not self.single:   # one disk: its own status (``served``)
-                self.out.write("status", c.status, status_bytes(st))
-            if self.metrics is not None:
-                self.metrics.publish(st["disks"], None if self.single else st["host"])
+        skipped = ([{"domain": d, "target": t, "reason": why}
+                    for (d, t), why in sorted(self.skipped.items())]
+                   if self.members.retry else None)
+        self.last_report = self.host.report(c.interval, c.min_free, skipped)
+        if c.status:
+            self.out.write("status", c.status, status_bytes(self.last_report.to_json()))
+        if self.metrics is not None:
+            self.metrics.publish(self.last_report)
         above_floor = self.host.memory(c.min_free)[1]
         self.budget_log.note(self.host.watchers, self.host.budget, above_floor)
         if c.host_png:
@@ -295,26 +297,27 @@ class Service:
         return reports
 
     def status_line(self) -> str:
-        h = self.host
-        if self.single and h.watchers and h.watchers[0].last_report is not None:
-            r = h.watchers[0].last_report
-            return (f"held {format_size(r.held_bytes)}/{format_size(h.budget)}, "
-                    f"rewritten {r.rewritten_blocks} blocks, cycle {r.cycle}")
-        return (f"held {format_size(h.held_bytes())}/{format_size(h.budget)} "
-                f"over {len(h.watchers)} disks, cycle {h.cycle}")
+        """systemd's STATUS= line, from the last report: one disk's rewrites, or the count."""
+        r = self.last_report
+        if r is None:
+            return f"held 0/{format_size(self.host.budget)}, cycle 0"
+        held = f"held {format_size(r.held_bytes)}/{format_size(r.budget_bytes)}"
+        if len(r.lines) == 1 and r.disks:
+            return f"{held}, rewritten {r.disks[0].rewritten_blocks} blocks, cycle {r.cycle}"
+        return f"{held} over {len(r.lines)} disks, cycle {r.cycle}"
 
     def _overview(self) -> bytes:
         from vmdisktouch.adapters import host_render, render
         bands = []
         for w in self.host.watchers:
             resident, held = w.last_maps()
-            a, st = w.allotment, w.last_status or {}
+            a, d = w.allotment, w.last_disk
             bands.append(host_render.DiskBand(
                 w.image.path, w.holder.held_bytes(), resident, held,
                 domain=w.domain, target=w.target, size_bytes=w.image.size,
                 share_bytes=None if a is None else a.share,
                 wanted_bytes=None if a is None else a.wanted,
-                limited_by=st.get("limited_by")))
+                limited_by=None if d is None else d.limited_by))
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1]))
@@ -340,7 +343,7 @@ class Service:
         log.info("%s", settings.in_force(new, path or ""))
         self.served.set_config(new, path)
         released = sum(self.host.each(lambda w: w.reconfigure(
-            served_mod.disk_config(new, w.image.path, not self.single))))
+            served_mod.disk_config(new, w.image.path))))
         self.overrides = ovr
         if self.carrier is not None:
             self.carrier.interval = new.carry_interval
@@ -372,7 +375,9 @@ def _loop(svc: Service) -> int:
             (sdnotify.status if ready else sdnotify.ready)(svc.status_line())
             ready = True
         svc.dog.ping()
-        _wait_for_next_cycle(svc, started + svc.config.interval)
+        arriving = svc.follower.waiting or svc.follower.arriving
+        _wait_for_next_cycle(svc, started + (min(svc.config.interval, ARRIVAL_POLL) if arriving
+                                             else svc.config.interval))
     log.info("received %s; releasing holds and exiting", sig.stop_name())
     return 0
 

@@ -1,0 +1,175 @@
+"""The report of a cycle: one typed model for 1..N disks, built once, read by every output.
+
+The daemon builds one ``HostReport`` per cycle (``daemon.service``): the
+host's figures and one ``DiskReport`` per disk served. Everything the
+operator sees reads that one object: the status file (``HostReport.to_json``,
+one shape whatever the number of disks), the metrics, the systemd status
+line, the host PNG; ``vmdisktouch status`` reads the file back into it
+(``HostReport.from_json``). What differs for one disk is presentation
+only. The reason codes (``CODES``) live here, so the daemon that gives them
+and the metrics that export them share one list.
+
+Compatibility. Before this model, a daemon serving one disk wrote that
+disk's status as the whole file. For one release the file of a single disk
+also carries that disk's keys at its top level (``LEGACY_TOP``), so readers
+of the old keys go on working (docs/status.md says what changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+# Why a disk holds less than it wants (``limited_by``): docs/status.md has the table.
+CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "floor",
+         "cgroup", "lock_limit", "not_loaded")
+
+# One disk's keys kept at the top level of a single disk's status file, for one release.
+LEGACY_TOP = True
+
+
+@dataclass
+class DiskReport:
+    """One disk's last cycle, as the status file gives it (docs/status.md, "A disk")."""
+    path: str
+    domain: str | None
+    target: str | None
+    pid: int
+    version: str
+    interval_seconds: float
+    cycle: int
+    cycle_seconds: float
+    size_bytes: int
+    block_size: int
+    budget_bytes: int                 # its share of the budget
+    host_budget_bytes: int
+    wanted_bytes: int | None
+    held_bytes: int
+    resident_bytes: int
+    regions: list                     # [offset, length] pairs, bytes
+    rewritten_blocks: int
+    rewritten_ranges: list
+    mem_available_bytes: int
+    min_free_bytes: int
+    loaded_bytes: int
+    loaded_from_disk_bytes: int
+    released_bytes: int
+    skipped_bytes: int
+    not_held_reason: str | None
+    limited_by: str | None            # one of ``CODES``, or None
+    domain_active: bool | None
+    warmed_from: str | None
+    holding: bool
+    lock_cap_bytes: int | None
+    charges: dict
+    access_source: str
+    events_lost: int
+    output_errors: dict
+    time: float
+    trace: dict | None = None         # the trace source's figures (None: mincore)
+    spill: dict = field(default_factory=dict)
+    thrashing_ranges: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        """Its name in a picture or a line: ``domain/target  path``, or its path."""
+        return f"{self.domain}/{self.target}  {self.path}" if self.domain else self.path
+
+    def value(self, key: str):
+        """A figure by its status key; a dotted key names a field of a section
+        (``spill.read_bytes``); None when it has none."""
+        head, _, rest = key.partition(".")
+        v = getattr(self, head, None)
+        for part in rest.split(".") if rest else ():
+            v = v.get(part) if isinstance(v, dict) else None
+        return v
+
+    def to_json(self) -> dict:
+        """The disk's object of the status file."""
+        d = dataclasses.asdict(self)
+        if d["trace"] is None:
+            del d["trace"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DiskReport":
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class DiskLine:
+    """A disk's line in the host's figures: every disk served, reported yet or not."""
+    path: str
+    domain: str | None
+    target: str | None
+    held_bytes: int
+    share_bytes: int | None           # its share of the budget (None: no selection yet)
+    wanted_bytes: int | None
+    limited_by: str | None
+    not_held_reason: str | None
+    heat: float                       # the sum of its heat map
+    cap_bytes: int | None             # its cap from the config file
+    weight: float                     # its weight from the config file
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DiskLine":
+        return cls(**_known(cls, d))
+
+
+def _known(cls, d: dict) -> dict:
+    """The fields of ``cls`` read from ``d``: a key a newer daemon writes is left out, and
+    a field an older one (or a partial file) lacks is None, or its default."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in d:
+            out[f.name] = d[f.name]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            out[f.name] = None
+    return out
+
+
+@dataclass
+class HostReport:
+    """The host's last cycle: its figures and its disks (docs/status.md, "The host")."""
+    pid: int
+    version: str
+    interval_seconds: float
+    time: float
+    budget_bytes: int
+    held_bytes: int
+    mem_available_bytes: int | None
+    min_free_bytes: int
+    above_floor_bytes: int | None
+    cycle: int
+    cycle_seconds: float
+    disks: list[DiskReport] = field(default_factory=list)
+    lines: list[DiskLine] = field(default_factory=list)  # every disk served, reported or not
+    failed: list[dict] = field(default_factory=list)     # {path, error}
+    skipped: list[dict] | None = None                    # {domain, target, reason}: libvirt
+
+    def to_json(self) -> dict:
+        """The status file: ``host`` and ``disks``, for one disk as for many (one disk also
+        at the top level for one release, ``LEGACY_TOP``)."""
+        head = {k: getattr(self, k) for k in (
+            "pid", "version", "interval_seconds", "time", "budget_bytes", "held_bytes",
+            "mem_available_bytes", "min_free_bytes", "above_floor_bytes", "cycle",
+            "cycle_seconds")}
+        head.update(disks=[dataclasses.asdict(x) for x in self.lines], failed=self.failed)
+        if self.skipped is not None:
+            head["skipped"] = self.skipped
+        disks = [d.to_json() for d in self.disks]
+        out = {"host": head, "disks": disks}
+        if LEGACY_TOP and len(disks) == 1 and len(self.lines) == 1:
+            out = {**disks[0], **out}
+        return out
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "HostReport":
+        """A status file read back (``host`` and ``disks``; KeyError/TypeError when it is not
+        one: ``commands.status_read`` checks it first)."""
+        h = doc["host"]
+        head = {k: v for k, v in _known(cls, h).items()
+                if k not in ("disks", "lines", "failed", "skipped")}
+        return cls(**head, disks=[DiskReport.from_json(d) for d in doc.get("disks", [])],
+                   lines=[DiskLine.from_json(x) for x in h.get("disks", [])],
+                   failed=list(h.get("failed", [])), skipped=h.get("skipped"))
