@@ -134,7 +134,7 @@ from tools.common import GiB, MiB, free_port  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tools.images import evict, resident_bytes  # noqa: E402
 from tools.worktree import enter_rev_worktree  # noqa: E402
-from vmdisktouch.adapters import domain_heat  # noqa: E402
+from vmdisktouch.adapters.libvirt import domain_heat  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 HELD_LEVEL = 0.9           # "holds the zone": 90 % of it

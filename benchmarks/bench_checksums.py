@@ -1,6 +1,6 @@
 """Checksum cost per cycle: ``BlockChecksums.update`` with share=1 against rotating shares.
 
-The polling mode's write detection (``system/checksums``) hashes the held
+The polling mode's write detection (``system/observe/checksums``) hashes the held
 blocks every cycle. This benchmark holds ``--size`` bytes (default 1 GiB) of
 a file of random data, pinned in the page cache (mmap + mlock in this
 process, ``benchmarks.cached_state``), and runs ``--cycles`` cycles. Between
@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 from benchmarks.cached_state import cached  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 from vmdisktouch.system import files  # noqa: E402
-from vmdisktouch.system.checksums import BlockChecksums  # noqa: E402
+from vmdisktouch.system.observe.checksums import BlockChecksums  # noqa: E402
 from vmdisktouch.system.image import open_image  # noqa: E402
 
 MiB = 1 << 20

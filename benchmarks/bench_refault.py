@@ -61,7 +61,7 @@ from tools.cgroup import MemoryCgroup  # noqa: E402
 from tools.common import GiB, MiB  # noqa: E402
 from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tools.images import evict  # noqa: E402
-from vmdisktouch.adapters import figure, render  # noqa: E402
+from vmdisktouch.adapters.pictures import figure, render  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 SKEW = "zoned:75/50:25/50"     # fio: 75 % of reads on the first half of the hot set

@@ -1,4 +1,4 @@
-"""Parse rate of ``vmdisktouch.system.ringbuf``: events/s and µs per event.
+"""Parse rate of ``vmdisktouch.system.trace.ringbuf``: events/s and µs per event.
 
 Captures real ``trace_pipe_raw`` pages: a private tracefs instance records
 ``filemap:mm_filemap_get_pages`` of a scratch file while this process makes
@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
-from vmdisktouch.system import ringbuf, tracefs
-from vmdisktouch.system.trace_reader import TraceReader
+from vmdisktouch.system.trace import ringbuf, tracefs
+from vmdisktouch.system.trace.trace_reader import TraceReader
 
 EVENT = "filemap/mm_filemap_get_pages"
 

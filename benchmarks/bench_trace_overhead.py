@@ -6,7 +6,7 @@ on the host then runs the ``mm_filemap_get_pages`` tracepoint and its
 filter, and each read or write of the image stores an event in the ring
 buffer. This benchmark measures that cost alone, with no daemon: the
 instance is made exactly as the daemon makes it, by
-``vmdisktouch.system.trace_reader.TraceReader(fd, name="vmdisktouch@<escaped
+``vmdisktouch.system.trace.trace_reader.TraceReader(fd, name="vmdisktouch@<escaped
 path>", exclude_tid=<this thread>)`` (same events, filters, 1 MiB per-CPU
 buffer in overwrite mode, the confirming read of page 0), and is never
 drained: nobody reads it, so the measurement holds no reader's CPU (a full
@@ -63,7 +63,7 @@ from tools.common import GiB, MiB, require_tool  # noqa: E402
 from tools.fio import FioJob, FioRun  # noqa: E402
 from tools.images import evict  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
-from vmdisktouch.system import trace_reader, tracefs  # noqa: E402
+from vmdisktouch.system.trace import trace_reader, tracefs  # noqa: E402
 from vmdisktouch.unitname import escape_path  # noqa: E402
 
 WORKLOADS = ("hotzone", "hotzone-cgroup", "worst")

@@ -46,7 +46,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tools.procfs import vmlck  # noqa: E402
-from vmdisktouch.system import holder, meminfo  # noqa: E402
+from vmdisktouch.system.hold import holder  # noqa: E402
+from vmdisktouch.system import meminfo
 from vmdisktouch.system.image import open_image  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 

@@ -6,7 +6,7 @@ import contextlib
 import logging
 from typing import Iterator
 
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 
 
 @contextlib.contextmanager

@@ -13,8 +13,9 @@ import os
 import pytest
 
 from tests.pagecache import data_image
-from vmdisktouch.system import libc, tracefs
-from vmdisktouch.system.trace_reader import TraceUnavailable
+from vmdisktouch.system import libc
+from vmdisktouch.system.trace import tracefs
+from vmdisktouch.system.trace.trace_reader import TraceUnavailable
 
 PAGE = libc.PAGE_SIZE          # the unit of the events' page indices
 _names = itertools.count()

@@ -47,7 +47,7 @@ def env_without_systemd() -> dict[str, str]:
 def remove_trace_instance(image) -> None:
     """Remove the trace instance a daemon of ``image`` made, if one is left."""
     from vmdisktouch.daemon.sources import instance_name
-    from vmdisktouch.system import tracefs
+    from vmdisktouch.system.trace import tracefs
     try:
         root = tracefs.find_root()
     except tracefs.TraceUnavailable:

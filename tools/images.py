@@ -68,7 +68,7 @@ def evict(path) -> None:
 def resident_bytes(path: str, offset: int = 0, length: int | None = None) -> int:
     """Resident bytes of a file range, at 1 MiB granularity (``offset`` and
     ``length`` are rounded out to whole MiB). Uses ``residency.scan``."""
-    from vmdisktouch.system import residency
+    from vmdisktouch.system.observe import residency
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size

@@ -51,7 +51,7 @@ from tests.pagecache import data_image, evict
 from tests.private_libvirt import PrivateLibvirtd
 from tools.common import ROOT, free_port
 from tools.daemon_proc import DaemonProc
-from vmdisktouch.adapters import domain_heat as dh
+from vmdisktouch.adapters.libvirt import domain_heat as dh
 
 MiB = 1 << 20
 BUDGET = 24 * MiB

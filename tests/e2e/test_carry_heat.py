@@ -20,7 +20,7 @@ from tests.libvirt_env import (URI, VmLck, disk_xml, domains,  # noqa: F401
                                libvirt_daemons, qemu_io, virsh)
 from tests.pagecache import data_image, evict
 from tools.daemon_proc import DaemonProc
-from vmdisktouch.adapters import domain_heat as dh
+from vmdisktouch.adapters.libvirt import domain_heat as dh
 
 MiB = 1 << 20
 BUDGET = 24 * MiB

@@ -49,8 +49,8 @@ from tests.pagecache import PAGE, evict, fincore_pages, read_range, require_tool
 from tests.qemu_vm import QemuVM
 from tools.daemon_proc import DaemonProc, env_without_systemd
 from tools.procfs import vmlck
-from vmdisktouch.adapters import figure, render
-from vmdisktouch.system import residency
+from vmdisktouch.adapters.pictures import figure, render
+from vmdisktouch.system.observe import residency
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]

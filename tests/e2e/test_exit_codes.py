@@ -200,7 +200,7 @@ def _compare_views(path):
     # what the kernel does for such a caller: every page "resident" (so never shown)
     probe = textwrap.dedent(f"""
         import os
-        from vmdisktouch.system import residency
+        from vmdisktouch.system.observe import residency
         fd = os.open({path!r}, os.O_RDONLY)
         res = residency.scan(fd, os.fstat(fd).st_size, use_cachestat=False)
         print(res.resident_pages, res.total_pages, res.partial_view)

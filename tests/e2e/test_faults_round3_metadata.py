@@ -23,7 +23,7 @@ from tests.faultkit import assert_clean, fault, rows_of, vmdt
 from tests.libvirt_env import URI, disk_xml, domains, libvirt_daemons, virsh  # noqa: F401
 from tests.pagecache import data_image, evict
 from tools.daemon_proc import DaemonProc
-from vmdisktouch.adapters import domain_heat as dh
+from vmdisktouch.adapters.libvirt import domain_heat as dh
 
 MiB = 1 << 20
 BUDGET = 256 * MiB     # other tests' domains on this libvirtd are served too

@@ -33,7 +33,9 @@ from tools.common import ROOT
 from tools.daemon_proc import DaemonProc
 from tools.procfs import vmlck
 from vmdisktouch.daemon.host import host_of
-from vmdisktouch.system import checksums, holder, libc
+from vmdisktouch.system.observe import checksums
+from vmdisktouch.system.hold import holder
+from vmdisktouch.system import libc
 from vmdisktouch import errors
 from vmdisktouch.config import settings
 from vmdisktouch.daemon.build import build
@@ -96,9 +98,9 @@ def reload_rejected(tmp_path, image, change, *args, status="status.json") -> str
 # -- 3. signals: never a deadlock, never a lost stop ------------------------------------
 
 PHASES = {   # phase -> (module attribute to wrap, on which call)
-    "scan": ("vmdisktouch.system.residency_tracker:ResidencyTracker.scan", 3),
-    "checksums": ("vmdisktouch.system.checksums:BlockChecksums.update", 3),   # mincore only
-    "trace-drain": ("vmdisktouch.system.trace_reader:TraceReader.drain", 3),
+    "scan": ("vmdisktouch.system.observe.residency_tracker:ResidencyTracker.scan", 3),
+    "checksums": ("vmdisktouch.system.observe.checksums:BlockChecksums.update", 3),   # mincore only
+    "trace-drain": ("vmdisktouch.system.trace.trace_reader:TraceReader.drain", 3),
     "heat": ("vmdisktouch.core.heat:step", 3),
     "select": ("vmdisktouch.core.budget:allocate", 3),
     "load": ("vmdisktouch.system.files:read_ahead", 1),

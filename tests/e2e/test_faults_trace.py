@@ -33,7 +33,7 @@ from tools.common import ROOT
 from tools.daemon_proc import DaemonProc
 from vmdisktouch.daemon import sources
 from vmdisktouch.daemon.sources import instance_name
-from vmdisktouch.system import tracefs
+from vmdisktouch.system.trace import tracefs
 
 HOT = (8 * MiB, 6 * MiB)          # held first
 NEW = (20 * MiB, 6 * MiB)         # the guest's next hot zone
@@ -149,7 +149,7 @@ for _size in ("4K", "8K", "32K", "60K"):
 def _(tmp_path, image):
     from vmdisktouch.config import settings
     from vmdisktouch.system.image import open_image
-    from vmdisktouch.system.residency_tracker import ResidencyTracker
+    from vmdisktouch.system.observe.residency_tracker import ResidencyTracker
     cfg = settings.resolve({"max_hold": "16M", "min_free": 0, "access_source": "trace"})
     img = open_image(image)
     real = sources.TraceSource
@@ -348,11 +348,11 @@ def _(tmp_path, image):
 # -- SIGTERM on these paths ---------------------------------------------------------------------
 
 TRACE_PHASES = {   # phase -> (what to wrap, what makes the daemon reach it after cycle 1)
-    "sweep": ("vmdisktouch.system.tracefs:sweep", None),
-    "instance-check": ("vmdisktouch.system.tracefs:Instance.check", None),
-    "instance-restore": ("vmdisktouch.system.tracefs:Instance.restore",
+    "sweep": ("vmdisktouch.system.trace.tracefs:sweep", None),
+    "instance-check": ("vmdisktouch.system.trace.tracefs:Instance.check", None),
+    "instance-restore": ("vmdisktouch.system.trace.tracefs:Instance.restore",
                          lambda inst: put(f"{inst}/events/enable", "0")),
-    "probe": ("vmdisktouch.system.trace_reader:TraceReader.probe", None),
+    "probe": ("vmdisktouch.system.trace.trace_reader:TraceReader.probe", None),
     "instance-remade": ("vmdisktouch.daemon.sources:TraceSource._unseen",
                         lambda inst: put(f"{inst}/set_event_pid", "1")),
 }

@@ -14,7 +14,7 @@ from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa:
                                qemu_io, virsh)
 from tests.pagecache import data_image
 from tools.daemon_proc import DaemonProc
-from vmdisktouch.adapters.host_render import (LEGEND, LINE, PAD, DiskBand, band_top,
+from vmdisktouch.adapters.pictures.host_render import (LEGEND, LINE, PAD, DiskBand, band_top,
                                               disk_colour, swatch_box)
 
 MiB = 1 << 20

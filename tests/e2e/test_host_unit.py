@@ -73,7 +73,7 @@ def test_verify_of_the_socket_unit_would_catch_mistakes(tmp_path):
 
 
 def test_the_socket_unit_passes_a_loopback_socket_named_metrics_to_the_host_service():
-    from vmdisktouch.adapters.metrics import PASSED_NAME
+    from vmdisktouch.adapters.metrics.metrics import PASSED_NAME
     sock = S["Socket"]
     assert sock["ListenStream"] == ["127.0.0.1:9479"]
     assert sock["FileDescriptorName"] == [PASSED_NAME] == ["metrics"]

@@ -32,7 +32,7 @@ from tests.journal_records import journal_records
 from tests.pagecache import data_image, held
 from tools.common import ROOT
 from tools.daemon_proc import DaemonProc, env_without_systemd
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.config import settings
 from vmdisktouch.daemon.build import build
 from vmdisktouch.daemon.host import host_of

@@ -19,8 +19,8 @@ import pytest
 from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                qemu_io, restart_libvirtd, started_libvirtd, virsh)
 from tests.pagecache import PAGE, data_image, evict, fincore_pages
-from vmdisktouch.adapters import libvirt_disks as ld
-from vmdisktouch.adapters import libvirt_watch as lw
+from vmdisktouch.adapters.libvirt import libvirt_disks as ld
+from vmdisktouch.adapters.libvirt import libvirt_watch as lw
 
 MiB = 1 << 20
 

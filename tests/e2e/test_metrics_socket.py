@@ -267,7 +267,7 @@ def test_metrics_listen_and_a_passed_socket_are_refused_together(tmp_path):
 
 TAKE = """
 import fcntl, json, os
-from vmdisktouch.adapters import listen_fds
+from vmdisktouch.adapters.systemd import listen_fds
 passed = listen_fds.take()
 print(json.dumps({"passed": passed,
                   "env": sorted(k for k in os.environ if k.startswith("LISTEN_")),

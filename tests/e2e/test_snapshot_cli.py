@@ -29,7 +29,7 @@ from PIL import Image
 
 from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
 from vmdisktouch.commands import snapshot
-from vmdisktouch.adapters import figure, render
+from vmdisktouch.adapters.pictures import figure, render
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"

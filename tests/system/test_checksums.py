@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vmdisktouch.system import files
-from vmdisktouch.system.checksums import BlockChecksums
+from vmdisktouch.system.observe.checksums import BlockChecksums
 from vmdisktouch.system.image import open_image
 
 MiB = 1 << 20
@@ -258,7 +258,7 @@ def test_a_lease_renewed_on_an_unwritten_file_is_not_read_again(image, monkeypat
 def test_hashing_caches_nothing_beyond_the_blocks_hashed(image):
     """Readahead of the checksum reads would look like the guest's use next cycle."""
     from tests.pagecache import evict
-    from vmdisktouch.system import residency
+    from vmdisktouch.system.observe import residency
     path, rfd, wfd = image
     size = os.path.getsize(path)
     evict(path)

@@ -21,10 +21,10 @@ from tests.pagecache import PAGE, evict, make_image, read_range
 from vmdisktouch.core.runs import (clip_runs, diff_runs, intersect, merge_runs, priority_pieces,
                                    subtract)
 from vmdisktouch.errors import ClosedError
-from vmdisktouch.system import holder as holder_mod
+from vmdisktouch.system.hold import holder as holder_mod
 from tools.procfs import vmlck
 from vmdisktouch.system import libc
-from vmdisktouch.system.holder import ApplyResult, Holder
+from vmdisktouch.system.hold.holder import ApplyResult, Holder
 from vmdisktouch.system.image import open_image
 
 MiB = 1 << 20
@@ -474,7 +474,7 @@ def test_a_growing_region_is_merged_into_few_mappings(img, holders):
 def test_a_large_mapping_keeps_its_lock_while_its_window_drifts(img, holders, monkeypatch):
     """Only mappings up to MERGE_MAX_BYTES are merged: a drifting window over a large hold
     moves the locks of the small pieces at its ends, never the large one's."""
-    from vmdisktouch.system import mappings as mappings_mod
+    from vmdisktouch.system.hold import mappings as mappings_mod
     path, fd = img
     monkeypatch.setattr(mappings_mod, "MERGE_MAX_BYTES", 8 * MiB)
     h = holders(fd, 64 * MiB)
@@ -502,7 +502,7 @@ def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):
     os.chmod(path, 0o644)
     child = textwrap.dedent(f"""
         import os, resource
-        from vmdisktouch.system.holder import Holder
+        from vmdisktouch.system.hold.holder import Holder
         from vmdisktouch.system.image import open_image
         from tools.procfs import vmlck
         image = open_image({path!r})

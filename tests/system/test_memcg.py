@@ -1,4 +1,4 @@
-"""vmdisktouch.system.memcg against real cgroup v1 memory groups, the real page cache, and recorded trees.
+"""vmdisktouch.system.cgroup.memcg against real cgroup v1 memory groups, the real page cache, and recorded trees.
 
 The real tests make groups under /sys/fs/cgroup/memory/vdt-memcg-test-<pid>-<n>,
 run a child process inside one to fault a file's pages in (charging them to
@@ -28,7 +28,7 @@ import pytest
 from tools.cgroup import remove_group
 from tests.pagecache import data_image, evict, make_image, read_range, require_tool
 from vmdisktouch.system import libc
-from vmdisktouch.system.memcg import Group, MemcgReader
+from vmdisktouch.system.cgroup.memcg import Group, MemcgReader
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "memcg"
@@ -335,7 +335,7 @@ def test_pages_not_present_read_as_zero(reader, tmp_path):
 
 def test_unavailable_without_cap_sys_admin():
     setpriv = require_tool("setpriv")
-    code = ("import json\nfrom vmdisktouch.system.memcg import MemcgReader\n"
+    code = ("import json\nfrom vmdisktouch.system.cgroup.memcg import MemcgReader\n"
             "eff = [l for l in open('/proc/self/status') if l.startswith('CapEff:')][0]\n"
             "r = MemcgReader()\nown = r.own()\n"
             "print(json.dumps({'version': r.version, 'available': r.available, "

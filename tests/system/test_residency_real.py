@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
-from vmdisktouch.system import libc, residency
+from vmdisktouch.system import libc
+from vmdisktouch.system.observe import residency
 from vmdisktouch.system.image import size_of_fd
 
 MiB = 1 << 20

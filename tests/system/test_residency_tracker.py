@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from tests.pagecache import evict, fincore_pages, held, make_image, read_range
-from vmdisktouch.system import residency
+from vmdisktouch.system.observe import residency
 from vmdisktouch.system.image import open_image
-from vmdisktouch.system.residency_tracker import ResidencyTracker
+from vmdisktouch.system.observe.residency_tracker import ResidencyTracker
 
 MiB = 1 << 20
 GiB = 1 << 30

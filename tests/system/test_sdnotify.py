@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from vmdisktouch.adapters import sdnotify
+from vmdisktouch.adapters.systemd import sdnotify
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from tests.pagecache import PAGE, evict, make_image, read_range
 from tests.system.test_holder import locked, resident_pages
 from vmdisktouch.system.image import open_image
-from vmdisktouch.system.spill import Spiller
+from vmdisktouch.system.hold.spill import Spiller
 
 MiB = 1 << 20
 BS = MiB

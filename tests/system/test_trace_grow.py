@@ -12,9 +12,10 @@ import time
 import pytest
 
 from tests.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
-from vmdisktouch.system import files, ringbuf
-from vmdisktouch.system.tracefs import read_text
-from vmdisktouch.system.trace_reader import DELETE, RESERVE_KB, TraceReader
+from vmdisktouch.system import files
+from vmdisktouch.system.trace import ringbuf
+from vmdisktouch.system.trace.tracefs import read_text
+from vmdisktouch.system.trace.trace_reader import DELETE, RESERVE_KB, TraceReader
 
 
 @pytest.fixture

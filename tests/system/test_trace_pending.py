@@ -19,8 +19,8 @@ import pytest
 from tests.pagecache import read_range
 from tests.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.errors import ClosedError
-from vmdisktouch.system import tracefs
-from vmdisktouch.system.trace_reader import READ, TraceReader
+from vmdisktouch.system.trace import tracefs
+from vmdisktouch.system.trace.trace_reader import READ, TraceReader
 
 
 @pytest.fixture

@@ -28,9 +28,9 @@ import pytest
 
 from tests.pagecache import evict, require_tool
 from tests.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
-from vmdisktouch.system import tracefs
-from vmdisktouch.system.tracefs import read_text
-from vmdisktouch.system.trace_reader import (ADD, DELETE, READ, WRITE, TraceReader,
+from vmdisktouch.system.trace import tracefs
+from vmdisktouch.system.trace.tracefs import read_text
+from vmdisktouch.system.trace.trace_reader import (ADD, DELETE, READ, WRITE, TraceReader,
                                              TraceUnavailable, kernel_dev)
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -233,7 +233,7 @@ def test_lost_events_are_counted_once_and_grow_the_buffer(scratch, reader):
 
 CHILD = textwrap.dedent("""
     import os, sys, time
-    from vmdisktouch.system.trace_reader import TraceReader
+    from vmdisktouch.system.trace.trace_reader import TraceReader
     fd = os.open(sys.argv[1], os.O_RDONLY)
     r = TraceReader(fd, name=sys.argv[2])
     print("ready", flush=True)
@@ -321,7 +321,7 @@ def test_find_root_reads_the_mount_table(tmp_path, tracefs_root):
 
 NOBODY_CHILD = textwrap.dedent("""
     import os, sys
-    from vmdisktouch.system.trace_reader import TraceReader, TraceUnavailable
+    from vmdisktouch.system.trace.trace_reader import TraceReader, TraceUnavailable
     try:
         TraceReader(os.open(sys.argv[1], os.O_RDONLY), name=sys.argv[2])
     except TraceUnavailable as exc:

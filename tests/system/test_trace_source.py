@@ -25,12 +25,12 @@ from tests.pagecache import evict
 from tests.tracing import instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.daemon.host import host_of
 from vmdisktouch.config import settings
-from vmdisktouch.adapters import figure, render
+from vmdisktouch.adapters.pictures import figure, render
 from vmdisktouch.daemon.build import build
 from vmdisktouch.daemon.sources import TraceSource
 from vmdisktouch.system.image import open_image
-from vmdisktouch.system.residency_tracker import ResidencyTracker
-from vmdisktouch.system.trace_reader import TraceReader
+from vmdisktouch.system.observe.residency_tracker import ResidencyTracker
+from vmdisktouch.system.trace.trace_reader import TraceReader
 
 PAGE, MiB = 4096, 1 << 20
 
@@ -274,7 +274,7 @@ def test_a_blind_instance_that_cannot_be_made_anew_falls_back_to_a_mincore_pass_
         scratch, tmp_path, tracefs_root, caplog):                       # noqa: F811
     """#31: events that stop with every switch as set (``set_event_pid``), and no new
     instance: tracing is given up in one warning, the residency stands in for the reads."""
-    from vmdisktouch.system.trace_reader import TraceUnavailable
+    from vmdisktouch.system.trace.trace_reader import TraceUnavailable
     path = scratch(64 * MiB // PAGE)
     cfg = settings.resolve({"max_hold": "16M", "interval": 5.0, "min_free": 0,
                             "access_source": "trace"})

@@ -22,8 +22,8 @@ import pytest
 
 from tests.pagecache import evict, make_image, require_tool
 from tests.tracing import PAGE, instance_name, tracefs_root  # noqa: F401
-from vmdisktouch.system import trace_reader
-from vmdisktouch.system.trace_reader import WRITE, TraceReader
+from vmdisktouch.system.trace import trace_reader
+from vmdisktouch.system.trace.trace_reader import WRITE, TraceReader
 
 MiB = 1 << 20
 

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from vmdisktouch.adapters.domain_state import activated, arriving
+from vmdisktouch.adapters.libvirt.domain_state import activated, arriving
 from vmdisktouch.daemon.arrival import Follower
 from vmdisktouch.daemon.membership import Member
 

@@ -79,7 +79,7 @@ class FakeReader:
         self.samples = np.asarray(samples, dtype=np.uint64)
 
     def own(self):
-        from vmdisktouch.system.memcg import Group
+        from vmdisktouch.system.cgroup.memcg import Group
         return Group(ino=OWN, path="/daemon", limit=None, usage=0, unevictable=0)
 
     def page_groups(self, addr, length, step):
@@ -87,7 +87,7 @@ class FakeReader:
 
 
 def test_a_block_counts_only_its_foreign_pages():
-    from vmdisktouch.system.charge_tracker import STEP_PAGES, ChargeTracker
+    from vmdisktouch.system.cgroup.charge_tracker import STEP_PAGES, ChargeTracker
 
     per_block = MiB // (4096 * STEP_PAGES)                     # 16 samples a block
     block0 = [7] * 6 + [OWN] * 10                              # 6 of 16 pages the guest's
@@ -102,7 +102,7 @@ def test_a_block_counts_only_its_foreign_pages():
 def test_held_blocks_are_resampled_in_turn_not_all_at_once():
     """New blocks are sampled at once; the held ones again a rotating share per
     cycle, in proportion to the time passed, so each within RESAMPLE_SECONDS."""
-    from vmdisktouch.system.charge_tracker import RESAMPLE_SECONDS, ChargeTracker
+    from vmdisktouch.system.cgroup.charge_tracker import RESAMPLE_SECONDS, ChargeTracker
 
     class Holder:
         def __init__(self):
@@ -135,8 +135,8 @@ def test_held_blocks_are_resampled_in_turn_not_all_at_once():
 
 
 def test_the_resample_is_bounded_per_cycle_however_much_is_held(monkeypatch):
-    from vmdisktouch.system import charge_tracker
-    from vmdisktouch.system.charge_tracker import ChargeTracker
+    from vmdisktouch.system.cgroup import charge_tracker
+    from vmdisktouch.system.cgroup.charge_tracker import ChargeTracker
 
     monkeypatch.setattr(charge_tracker, "RESAMPLE_MAX_BYTES", 4 * MiB)
 
@@ -269,7 +269,7 @@ class Guest:
         return int(self.held.sum()) * MiB
 
     def apply(self, targets):
-        from vmdisktouch.system.holder import ApplyResult
+        from vmdisktouch.system.hold.holder import ApplyResult
         want = np.zeros(self.held.size, bool)
         for a, b in targets:
             want[a:b] = True
@@ -300,14 +300,14 @@ class Guest:
 
     # the memcg reader
     def own(self):
-        from vmdisktouch.system.memcg import Group
+        from vmdisktouch.system.cgroup.memcg import Group
         return Group(ino=OWN, path="/daemon", limit=None, usage=0, unevictable=0)
 
     def pinned(self):
         return int((self.held & (self.owner == 7)).sum()) * MiB
 
     def group(self, ino):
-        from vmdisktouch.system.memcg import Group
+        from vmdisktouch.system.cgroup.memcg import Group
         if ino != 7:
             return None
         return Group(ino=7, path="/vm", limit=self.limit, usage=0, unevictable=self.pinned(),
@@ -325,7 +325,7 @@ def act_once(guest, n, tracker=None):
     from types import SimpleNamespace
     from vmdisktouch.core.policy import Plan
     from vmdisktouch.daemon.act import Recharger
-    from vmdisktouch.system.charge_tracker import ChargeTracker
+    from vmdisktouch.system.cgroup.charge_tracker import ChargeTracker
 
     tracker = tracker or ChargeTracker(guest, MiB, n)
     config = SimpleNamespace(load_rate=256 * MiB, interval=5.0, foreign_share=0.1)
@@ -353,7 +353,7 @@ def test_a_cycle_ends_with_the_group_within_its_cap_and_the_status_says_so():
 def test_a_recharge_nothing_could_reload_is_shown_as_it_ends():
     """Held blocks over the cap are dropped but the floor lets nothing be locked
     again: the status shows what is still held, not the figures before the drop."""
-    from vmdisktouch.system.charge_tracker import ChargeTracker
+    from vmdisktouch.system.cgroup.charge_tracker import ChargeTracker
 
     n = 10
     guest = Guest(n, limit=40 * MiB, loads=False)

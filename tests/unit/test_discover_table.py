@@ -1,7 +1,7 @@
 """discover's table with the units' states (systemd answers only where it runs as init)."""
 
-from vmdisktouch.adapters.discover import HOST_UNIT, format_table, is_empty_drive
-from vmdisktouch.adapters.libvirt_disks import Disk
+from vmdisktouch.commands.discover_table import HOST_UNIT, format_table, is_empty_drive
+from vmdisktouch.adapters.libvirt.libvirt_disks import Disk
 
 HOST_HINT = ("recommended: set max_hold in /etc/vmdisktouch/host.toml, then systemctl enable "
              "--now vmdisktouch.service")

@@ -1,4 +1,4 @@
-"""The heat summary a domain carries (``adapters.domain_heat``) and its writer's rules
+"""The heat summary a domain carries (``adapters.libvirt.domain_heat``) and its writer's rules
 (``daemon.carry``): regions, size, parsing, identity, arrival heat, when to write."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from vmdisktouch.adapters import domain_heat as dh
+from vmdisktouch.adapters.libvirt import domain_heat as dh
 from vmdisktouch.daemon import carry
 from vmdisktouch.errors import VmdtError
 

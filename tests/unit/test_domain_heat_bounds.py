@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from vmdisktouch.adapters import domain_heat as dh
+from vmdisktouch.adapters.libvirt import domain_heat as dh
 from vmdisktouch.core.policy import HOLD_FRACTION
 from vmdisktouch.daemon.emit import status_bytes
 

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vmdisktouch.adapters import figure, render
-from vmdisktouch.adapters.render import Layout
+from vmdisktouch.adapters.pictures import figure, render
+from vmdisktouch.adapters.pictures.render import Layout
 
 MiB = 1 << 20
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vmdisktouch.adapters import render
-from vmdisktouch.adapters.host_render import (BAND, BAR, BG, HEAD, LABEL, LINE, MIN_STRIP, PAD,
+from vmdisktouch.adapters.pictures import render
+from vmdisktouch.adapters.pictures.host_render import (BAND, BAR, BG, HEAD, LABEL, LINE, MIN_STRIP, PAD,
                                               PALETTE, ROW, SHARE, UNUSED, WIDTH, DiskBand,
                                               band_top, colours, columns_x, disk_colour,
                                               host_overview_image, strip_width, swatch_box)

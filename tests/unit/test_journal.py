@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 
 
 def dev_ino(fd: int) -> str:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.journal_records import journal_records
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.daemon.alerts import HostAlerts
 
 MiB = 1 << 20

@@ -4,7 +4,7 @@ known disks, said once; an unchanged XML is not parsed again (``libvirt_disks.Me
 
 from __future__ import annotations
 
-from vmdisktouch.adapters import libvirt_disks as ld
+from vmdisktouch.adapters.libvirt import libvirt_disks as ld
 
 libvirt = ld.import_libvirt()
 

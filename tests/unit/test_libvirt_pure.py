@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from vmdisktouch.adapters import libvirt_disks as ld
+from vmdisktouch.adapters.libvirt import libvirt_disks as ld
 from vmdisktouch.unitname import unit_name
 
 XML = """<domain type='kvm' id='3'>

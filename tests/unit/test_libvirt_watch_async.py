@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from vmdisktouch.adapters import libvirt_disks, libvirt_watch
-from vmdisktouch.adapters.libvirt_disks import LibvirtError
+from vmdisktouch.adapters.libvirt import libvirt_disks, libvirt_watch
+from vmdisktouch.adapters.libvirt.libvirt_disks import LibvirtError
 
 HANG = 10.0       # the longest a blocked fake call waits (then it answers, as libvirt would)
 BOUND = 0.35      # the loop's bound, 0.2 s, and a loaded machine's scheduling

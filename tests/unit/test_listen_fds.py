@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from vmdisktouch.adapters import listen_fds
+from vmdisktouch.adapters.systemd import listen_fds
 from vmdisktouch.errors import ConfigError
 
 PID = 4242

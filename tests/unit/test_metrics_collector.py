@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from vmdisktouch.adapters.metrics import Collector
+from vmdisktouch.adapters.metrics.metrics import Collector
 from vmdisktouch.report import DiskLine, DiskReport, HostReport
 
 
@@ -210,7 +210,7 @@ def test_holding_is_a_gauge_and_the_info_labels_never_change():
 def metrics_of(path):
     """``Metrics`` writing the textfile ``path`` (no endpoint), through real ``Outputs``."""
     import types
-    from vmdisktouch.adapters.metrics import Metrics
+    from vmdisktouch.adapters.metrics.metrics import Metrics
     from vmdisktouch.adapters.outputs import Outputs
     config = types.SimpleNamespace(metrics_file=str(path), metrics_listen=None)
     return Metrics(config, Outputs([]))
@@ -247,7 +247,7 @@ def test_close_removes_a_stale_metrics_file_and_nothing_else(tmp_path):
 
 
 def test_close_never_removes_a_protected_file(tmp_path):
-    from vmdisktouch.adapters.metrics import remove_textfile
+    from vmdisktouch.adapters.metrics.metrics import remove_textfile
     from vmdisktouch.adapters.outputs import Protected
     image = tmp_path / "disk.raw"
     image.write_text("# HELP an image whose first bytes look like metrics\n")

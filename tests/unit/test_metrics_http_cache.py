@@ -7,7 +7,7 @@ import gzip
 import types
 
 from tests.unit.test_metrics_collector import disk_status, host
-from vmdisktouch.adapters.metrics import Metrics
+from vmdisktouch.adapters.metrics.metrics import Metrics
 from vmdisktouch.adapters.outputs import Outputs
 
 GZ = "GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\n"

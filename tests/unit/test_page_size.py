@@ -164,7 +164,8 @@ def test_the_trace_source_at_4k_pages_puts_the_same_events_elsewhere():
 def test_the_page_size_is_read_from_the_system_once():
     """Only ``system/libc.py`` asks ``sysconf``; nothing hard-codes a page of 4096."""
     from vmdisktouch.config import parsers
-    from vmdisktouch.system import memcg, trace_reader
+    from vmdisktouch.system.cgroup import memcg
+    from vmdisktouch.system.trace import trace_reader
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
         if path.name != "libc.py":

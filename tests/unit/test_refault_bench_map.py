@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_refault import yellow_pixels
-from vmdisktouch.adapters import figure, render
+from vmdisktouch.adapters.pictures import figure, render
 
 MiB = 1 << 20
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from vmdisktouch.adapters import render
-from vmdisktouch.adapters.render import Layout
+from vmdisktouch.adapters.pictures import render
+from vmdisktouch.adapters.pictures.render import Layout
 
 
 def pixels(img):

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-from vmdisktouch.system import ringbuf
+from vmdisktouch.system.trace import ringbuf
 
 HEADER_PAGE = """\
 \tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tools.common import ROOT
-from vmdisktouch.adapters import sdnotify
+from vmdisktouch.adapters.systemd import sdnotify
 from vmdisktouch.commands import status
 
 

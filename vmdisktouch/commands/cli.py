@@ -21,7 +21,7 @@ import re
 import sys
 
 from vmdisktouch import __version__
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.errors import EX_ERROR, EX_SOFTWARE, EX_USAGE, VmdtError
 
 # subcommand -> (module, one-line help)

@@ -1,5 +1,5 @@
 """``vmdisktouch discover``: every libvirt domain's disks and whether each can be helped
-(the table and its rules: ``adapters.discover``). A domain whose XML cannot be read is
+(the table and its rules: ``commands.discover_table``). A domain whose XML cannot be read is
 listed as such and the others as ever, and the exit status is 1, with one line on
 stderr per such domain: a script must not take the listing for complete."""
 
@@ -9,10 +9,10 @@ import argparse
 import json
 import sys
 
-from vmdisktouch.adapters import libvirt_disks
-from vmdisktouch.adapters.discover import (HOST_UNIT, format_table, is_empty_drive,
+from vmdisktouch.adapters.libvirt import libvirt_disks
+from vmdisktouch.commands.discover_table import (HOST_UNIT, format_table, is_empty_drive,
                                            unit_states, unread)
-from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI
+from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:

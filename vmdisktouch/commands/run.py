@@ -5,7 +5,7 @@ one), ``run --libvirt`` the disks of libvirt's running domains; either way
 under one budget (``max_hold``), with the settings of defaults < config
 file < flags. This module parses the arguments, sets up the log (the
 journal's fields, its stream's priorities or a terminal's timestamps:
-``adapters.journal``) and the signal handlers, first, so a SIGHUP or
+``adapters.systemd.journal``) and the signal handlers, first, so a SIGHUP or
 SIGTERM during start-up is kept, and hands over to the service.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from vmdisktouch.adapters import journal
-from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI
+from vmdisktouch.adapters.systemd import journal
+from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import settings
 from vmdisktouch.errors import UsageError

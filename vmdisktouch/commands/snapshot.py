@@ -47,7 +47,7 @@ import sys
 import time
 
 from vmdisktouch.config import settings
-from vmdisktouch.system import residency
+from vmdisktouch.system.observe import residency
 from vmdisktouch.errors import ConfigError, ImageError, UsageError, VmdtError
 from vmdisktouch.system.image import open_image
 from vmdisktouch.sizes import format_size
@@ -201,7 +201,7 @@ def _scan_one(path: str, block_size: int, want_ranges: bool, want_holes: bool = 
 def _write_png(path: str, res: residency.Residency, holes, record: dict, args) -> str:
     import dataclasses
 
-    from vmdisktouch.adapters import figure, render  # PIL is only needed here
+    from vmdisktouch.adapters.pictures import figure, render  # PIL is only needed here
     from vmdisktouch.adapters.atomic import write_png
 
     layout = render.Layout.fit(res.nblocks, blocks_per_pixel=args.blocks_per_pixel,

@@ -15,7 +15,7 @@ the config file says so by domain name and disk target::
 ``weight``: a number from 0.01 to 100 (default 1), multiplying the disk's
 ranking heat, so a region of it outranks an equally hot region elsewhere.
 ``cap``: a size, the most the disk may hold of the budget. ``exclude``
-and ``carry_heat`` (``adapters.domain_heat``; unset: the daemon's
+and ``carry_heat`` (``adapters.libvirt.domain_heat``; unset: the daemon's
 ``carry_heat``): true or false. A bad value stops the start (exit 78; at a
 reload, the current settings are kept), with the file and the key named. An
 unknown key is treated as one at the top of the file is (``configfile.load``):

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Pure core (numpy only). The trace source (``system.trace_reader``) hands
+Pure core (numpy only). The trace source (``system.trace.trace_reader``) hands
 over, each time it is drained, arrays of events of one image: their kind
 (a read, a write, a page added to the cache, a page deleted from it), their
 time (CLOCK_MONOTONIC ns) and their page range. ``AccessLog.feed`` folds
@@ -25,7 +25,7 @@ starts the next:
   about a fifth, so the operator's threshold keeps its meaning.
 * ``writes``: per block, the share of its ``PARTS`` (16) equal parts that
   a write dirtied: the same unit as the checksums of the polling source
-  (``system.checksums``: parts of ``ceil(block_size / 16)`` bytes), so the
+  (``system.observe.checksums``: parts of ``ceil(block_size / 16)`` bytes), so the
   policy's rewritten-density rule holds for both. Every block is seen, held
   or not. A dirtied page counts for every part it overlaps: in a block of
   16 pages or a multiple, its one part; in a smaller block (any multiple of
@@ -87,7 +87,7 @@ class AccessLog:
     def __init__(self, block_size: int, page_size: int):
         self.page_size = int(page_size)
         self.pages_per_block = pages_per_block(block_size, page_size)
-        self.part_bytes = -(-int(block_size) // PARTS)     # as system.checksums cuts a block
+        self.part_bytes = -(-int(block_size) // PARTS)     # as system.observe.checksums cuts a block
         self._deleted_pages = np.zeros(0, dtype=np.int64)   # sorted, unique
         self._deleted_at = np.zeros(0, dtype=np.int64)      # ns, aligned
         self._reset()

@@ -11,7 +11,7 @@ locked when memory is needed. ``beyond`` names them: a selection over the
 budget plus ``factor`` times the budget (the same queue, the same rules, so
 the same priority order), less what the budget's own selection chose, at
 most ``factor`` times the budget, highest priority first. The system side
-(``system.spill``) reads them, paced, only into free memory.
+(``system.hold.spill``) reads them, paced, only into free memory.
 
 What was spilled last cycle counts as held in that wider selection: it is
 cached already, as a held block is, and ranks with the same incumbency and

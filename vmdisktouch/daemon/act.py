@@ -36,7 +36,7 @@ import numpy as np
 from vmdisktouch.core.policy import CEDE_SECONDS, Plan
 from vmdisktouch.core.runs import Run, runs_to_mask
 from vmdisktouch.sizes import format_size
-from vmdisktouch.system.holder import ApplyResult
+from vmdisktouch.system.hold.holder import ApplyResult
 
 log = logging.getLogger("vmdisktouch")
 

@@ -1,7 +1,7 @@
 """The host's events an operator alerts on: one line when each starts, none while it lasts.
 
 Each is a line at its own priority with a fixed ``MESSAGE_ID`` in the journal
-(``adapters.journal``; docs/logging.md), written by ``Host.tick`` after every
+(``adapters.systemd.journal``; docs/logging.md), written by ``Host.tick`` after every
 cycle, whatever the host serves:
 
 * the budget is full (notice, ``BUDGET_FULL``): the disks hold ``max_hold``, to
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.daemon.reasons import disk_name
 from vmdisktouch.sizes import format_size
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import logging
 
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 
 log = logging.getLogger("vmdisktouch")
 

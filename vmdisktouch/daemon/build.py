@@ -18,13 +18,14 @@ from vmdisktouch.core.policy import RESERVE_FRACTION, Policy, PolicyParams
 from vmdisktouch.daemon.record import Recorder
 from vmdisktouch.daemon.act import Recharger
 from vmdisktouch.daemon.emit import Emitter
-from vmdisktouch.system import meminfo, residency
-from vmdisktouch.system.charge_tracker import ChargeTracker
-from vmdisktouch.system.checksums import BlockChecksums
-from vmdisktouch.system.holder import Holder
+from vmdisktouch.system import meminfo
+from vmdisktouch.system.observe import residency
+from vmdisktouch.system.cgroup.charge_tracker import ChargeTracker
+from vmdisktouch.system.observe.checksums import BlockChecksums
+from vmdisktouch.system.hold.holder import Holder
 from vmdisktouch.system.image import Image
-from vmdisktouch.system.residency_tracker import ResidencyTracker
-from vmdisktouch.system.spill import Spiller
+from vmdisktouch.system.observe.residency_tracker import ResidencyTracker
+from vmdisktouch.system.hold.spill import Spiller
 from vmdisktouch.daemon.disk import DiskWatcher
 
 log = logging.getLogger("vmdisktouch")
@@ -34,7 +35,7 @@ def memcg_reader(reader="auto"):
     """The memory-cgroup reader to use, or None (logged once) where it cannot work."""
     if reader != "auto":
         return reader
-    from vmdisktouch.system import memcg
+    from vmdisktouch.system.cgroup import memcg
     reader = memcg.MemcgReader()
     if not reader.available:
         log.info("not checking whose memory cgroup the held pages are charged to: %s",

@@ -1,4 +1,4 @@
-"""The daemon's side of the heat carried in a domain's metadata (``adapters.domain_heat``).
+"""The daemon's side of the heat carried in a domain's metadata (``adapters.libvirt.domain_heat``).
 
 ``arrive`` starts a disk just opened from its domain's summary when that is
 newer than the local warm state; ``Carrier`` writes each served domain's
@@ -15,8 +15,9 @@ import time
 
 import numpy as np
 
-from vmdisktouch.adapters import domain_heat, journal
-from vmdisktouch.adapters.domain_heat import DiskHeat
+from vmdisktouch.adapters.libvirt import domain_heat
+from vmdisktouch.adapters.systemd import journal
+from vmdisktouch.adapters.libvirt.domain_heat import DiskHeat
 from vmdisktouch.adapters.warm_state import Saved
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.sizes import format_size

@@ -52,7 +52,7 @@ from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import format_size
 from vmdisktouch.report import DiskReport
-from vmdisktouch.system.spill import SpillResult
+from vmdisktouch.system.hold.spill import SpillResult
 
 log = logging.getLogger("vmdisktouch")
 
@@ -74,7 +74,7 @@ class DiskWatcher:
         self.clock = clock
         self.mem_available = mem_available
         self.recorder = recorder
-        self.spiller = spiller                   # None: no spill (``system.spill``)
+        self.spiller = spiller                   # None: no spill (``system.hold.spill``)
         self.last_spill = SpillResult()
         self.spilled: list = []                  # the runs spilled last cycle (``core.spill``)
         self.cycle = 0

@@ -113,7 +113,7 @@ class Emitter:
 
     def _pictures(self, r: CycleReport, c, report: DiskReport, resident: np.ndarray,
                   held: np.ndarray, policy, holes: np.ndarray | None) -> None:
-        from vmdisktouch.adapters import figure, render  # PIL only when PNGs are asked for
+        from vmdisktouch.adapters.pictures import figure, render  # PIL only when PNGs are asked for
         n = held.size
         layout = render.Layout.fit(n, blocks_per_pixel=c.blocks_per_pixel,
                                    width=c.width, aspect=c.aspect)

@@ -41,7 +41,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from vmdisktouch.adapters import journal
+from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.core import regions
 from vmdisktouch.core.policy import select
 from vmdisktouch.daemon.alerts import HostAlerts
@@ -49,7 +49,7 @@ from vmdisktouch.daemon.reasons import Allotment, disk_name
 from vmdisktouch.errors import ImageGoneError, VmdtError
 from vmdisktouch.report import DiskLine, HostReport
 from vmdisktouch.sizes import format_size
-from vmdisktouch.system.ledger import Ledger
+from vmdisktouch.system.hold.ledger import Ledger
 
 log = logging.getLogger("vmdisktouch")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vmdisktouch.adapters import libvirt_watch
+from vmdisktouch.adapters.libvirt import libvirt_watch
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ import logging
 import re
 import time
 
-from vmdisktouch.adapters import journal, outputs, sdnotify
+from vmdisktouch.adapters.systemd import journal, sdnotify
+from vmdisktouch.adapters import outputs
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
 from vmdisktouch.daemon import arrival, carry
@@ -110,12 +111,12 @@ def membership(args, wake):
     ``wake``."""
     watch = None
     if args.uri:
-        from vmdisktouch.adapters.libvirt_watch import LibvirtWatch
+        from vmdisktouch.adapters.libvirt.libvirt_watch import LibvirtWatch
         watch = LibvirtWatch(args.uri, wake=wake)
     if args.libvirt:
         if watch is None:
             raise ConfigError("--libvirt needs a libvirt URI (--uri), not ''")
-        from vmdisktouch.adapters import libvirt_disks
+        from vmdisktouch.adapters.libvirt import libvirt_disks
         try:        # unlike an unreachable libvirtd, a module missing does not come back
             libvirt_disks.import_libvirt()
         except libvirt_disks.LibvirtError as exc:
@@ -179,7 +180,7 @@ class Service:
             meminfo.keep_open()    # read by pread from now on: no client can starve it (#31)
         except VmdtError:
             pass                   # FailSafe says so at the first cycle
-        from vmdisktouch.adapters.metrics import start as start_metrics
+        from vmdisktouch.adapters.metrics.metrics import start as start_metrics
         self.metrics = start_metrics(self.config, self.out)  # or a socket systemd passed
         log.info("%s", settings.in_force(self.config, self.config_path or ""))
         self.started = True
@@ -307,7 +308,7 @@ class Service:
         return f"{held} over {len(r.lines)} disks, cycle {r.cycle}"
 
     def _overview(self) -> bytes:
-        from vmdisktouch.adapters import host_render, render
+        from vmdisktouch.adapters.pictures import host_render, render
         bands = []
         for w in self.host.watchers:
             resident, held = w.last_maps()

@@ -9,7 +9,7 @@ refaulted. ``choose`` picks one at start (``--access-source``) and says
 which in one log line.
 
 * ``TraceSource`` (``trace``): the kernel's tracepoints, read from a private
-  tracefs instance of this image (``system.trace_reader``). Reads of every
+  tracefs instance of this image (``system.trace.trace_reader``). Reads of every
   block, held ones included, are the heat's evidence; writes are the
   rewritten evidence, exactly, with no checksum pass; a page added soon
   after the kernel deleted it is a refault (``core.access``). Residency is
@@ -332,7 +332,7 @@ def choose(image, config, tracker, make_sums, nblocks: int):
     """
     want = config.access_source
     if want != "mincore":
-        from vmdisktouch.system import trace_reader
+        from vmdisktouch.system.trace import trace_reader
         sweep_instances()
         tid, name = threading.get_native_id(), instance_name(image.path)
 
@@ -363,7 +363,7 @@ def choose(image, config, tracker, make_sums, nblocks: int):
 def sweep_instances() -> list[str]:
     """Remove the trace instances of daemons that are gone (``tracefs.sweep``: each one
     logged), whatever image they traced: a killed daemon's costs every I/O on its inode."""
-    from vmdisktouch.system import tracefs
+    from vmdisktouch.system.trace import tracefs
     try:
         root = tracefs.find_root()
     except tracefs.TraceUnavailable:

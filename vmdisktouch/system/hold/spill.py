@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 
 from vmdisktouch.core.runs import Run
 from vmdisktouch.system import files, libc
-from vmdisktouch.system.pacing import Pacer
+from vmdisktouch.system.hold.pacing import Pacer
 
 MiB = 1 << 20
 CHUNK_BYTES = 32 * MiB

@@ -43,7 +43,7 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 
-from vmdisktouch.adapters.domain_state import domain_state
+from vmdisktouch.adapters.libvirt.domain_state import domain_state
 from vmdisktouch.errors import VmdtError
 
 log = logging.getLogger("vmdisktouch")
@@ -230,7 +230,7 @@ def _without_metadata(xml: str, exc: ET.ParseError) -> ET.Element:
 def _carried(root: ET.Element) -> dict | str:
     """The heat the domain carries per target (``domain_heat.parse``), or why the element
     is not ours."""
-    from vmdisktouch.adapters import domain_heat
+    from vmdisktouch.adapters.libvirt import domain_heat
     elem = domain_heat.find(root)
     if elem is None:
         return {}

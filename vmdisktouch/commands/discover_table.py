@@ -25,7 +25,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from vmdisktouch.adapters.libvirt_disks import Disk
+from vmdisktouch.adapters.libvirt.libvirt_disks import Disk
 
 HOST_UNIT = "vmdisktouch.service"
 HOST_CONFIG = "/etc/vmdisktouch/host.toml"

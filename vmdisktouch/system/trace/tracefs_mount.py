@@ -3,7 +3,7 @@
 ``find_root()`` finds the tracefs mount (mounting it where none is),
 ``check_root`` refuses one we cannot use (not tracefs, read-only, no
 permission), ``check_events`` a kernel without one of our tracepoints; each
-refusal is one ``TraceUnavailable`` line. ``system.tracefs`` (the instances)
+refusal is one ``TraceUnavailable`` line. ``system.trace.tracefs`` (the instances)
 re-exports them.
 """
 

@@ -54,8 +54,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
-from vmdisktouch.system.tracefs_buffers import Buffers
-from vmdisktouch.system.tracefs_mount import (DEFAULT_ROOT, TraceUnavailable,
+from vmdisktouch.system.trace.tracefs_buffers import Buffers
+from vmdisktouch.system.trace.tracefs_mount import (DEFAULT_ROOT, TraceUnavailable,
                                               reason, check_events, check_root, find_root,
                                               read_text)
 

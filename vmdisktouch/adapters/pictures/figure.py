@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from vmdisktouch.adapters import render
+from vmdisktouch.adapters.pictures import render
 from vmdisktouch.sizes import format_size
 
 MIN_WIDTH = 512

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 
 from vmdisktouch.system import libc
-from vmdisktouch.system.tracefs_mount import TraceUnavailable, online_cpus, reason
+from vmdisktouch.system.trace.tracefs_mount import TraceUnavailable, online_cpus, reason
 
 log = logging.getLogger("vmdisktouch")
 

@@ -56,8 +56,9 @@ import os
 import socket
 import threading
 
-from vmdisktouch.adapters import atomic, listen_fds
-from vmdisktouch.adapters.metrics_http import Endpoint, listen
+from vmdisktouch.adapters import atomic
+from vmdisktouch.adapters.systemd import listen_fds
+from vmdisktouch.adapters.metrics.metrics_http import Endpoint, listen
 from vmdisktouch.adapters.outputs import OUTPUT_KEYS
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.report import CODES, DiskReport, HostReport

@@ -49,8 +49,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vmdisktouch.adapters import libvirt_disks
-from vmdisktouch.adapters.libvirt_disks import DEFAULT_URI, Disk, LibvirtError
+from vmdisktouch.adapters.libvirt import libvirt_disks
+from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI, Disk, LibvirtError
 from vmdisktouch.errors import EX_CONFIG, VmdtError
 
 log = logging.getLogger("vmdisktouch")
@@ -312,7 +312,7 @@ class LibvirtWatch:
             self.wake.set()        # a view the loop gave up waiting for: act on it now
 
     def _write(self, domain: str, xml: str) -> None:
-        from vmdisktouch.adapters import domain_heat
+        from vmdisktouch.adapters.libvirt import domain_heat
         try:
             libvirt = libvirt_disks.import_libvirt()
             try:

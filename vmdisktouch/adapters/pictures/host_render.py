@@ -76,8 +76,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vmdisktouch.adapters import render
-from vmdisktouch.adapters.figure import DIM, LINE, PAD, TEXT, load_font
+from vmdisktouch.adapters.pictures import render
+from vmdisktouch.adapters.pictures.figure import DIM, LINE, PAD, TEXT, load_font
 from vmdisktouch.sizes import format_size
 
 WIDTH = 1024

@@ -116,9 +116,9 @@ from vmdisktouch.core.runs import (Run, blocks_of, clip_runs, diff_runs, lowest_
 from vmdisktouch.errors import ClosedError, LockLimitError, SyscallError
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.image import Image
-from vmdisktouch.system.ledger import Ledger
-from vmdisktouch.system.mappings import Mappings
-from vmdisktouch.system.pacing import MemGauge, Pacer
+from vmdisktouch.system.hold.ledger import Ledger
+from vmdisktouch.system.hold.mappings import Mappings
+from vmdisktouch.system.hold.pacing import MemGauge, Pacer
 
 log = logging.getLogger("vmdisktouch")
 

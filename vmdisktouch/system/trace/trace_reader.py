@@ -76,10 +76,11 @@ import threading
 import numpy as np
 
 from vmdisktouch.errors import ClosedError, SyscallError, VmdtError, file_kind
-from vmdisktouch.system import bdi, files, libc, ringbuf, tracefs
-from vmdisktouch.system.bdi import kernel_dev
-from vmdisktouch.system.ringbuf import Events, concat_events, no_events
-from vmdisktouch.system.tracefs import TraceUnavailable
+from vmdisktouch.system.trace import bdi, ringbuf, tracefs
+from vmdisktouch.system import files, libc
+from vmdisktouch.system.trace.bdi import kernel_dev
+from vmdisktouch.system.trace.ringbuf import Events, concat_events, no_events
+from vmdisktouch.system.trace.tracefs import TraceUnavailable
 
 log = logging.getLogger("vmdisktouch")
 

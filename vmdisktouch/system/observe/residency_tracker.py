@@ -50,7 +50,8 @@ from __future__ import annotations
 import numpy as np
 
 from vmdisktouch.core.runs import blocks_of
-from vmdisktouch.system import libc, residency
+from vmdisktouch.system import libc
+from vmdisktouch.system.observe import residency
 from vmdisktouch.system.image import Image
 
 RANGE_BYTES = 1 << 30
