@@ -1,4 +1,13 @@
-"""Replaying a recorded daemon run (``VMDISKTOUCH_RECORD``) through a fresh ``Policy``.
+"""Replaying a recorded daemon run (``VMDISKTOUCH_RECORD``) through fresh ``Policy``s.
+
+A record is a host's (``daemon.record``): each cycle every disk's record and
+the shared selection's result. ``replay_host`` feeds each disk's observations
+to its own fresh ``Policy`` and makes the cycle's plans through ONE selection
+over every disk's map (``policy.select``, the recorded budget, each disk's
+recorded cap and weight), as ``Host.tick`` does. The first traces are one
+disk's records alone, one a line: they are read as a host of one whose
+budget is the disk's ``max_hold`` (``host_cycle``). ``replay`` is the host
+of one's replay, disk by disk.
 
 Shared by the golden traces (tests/unit/test_golden.py) and the check that a
 real daemon's record replays to its own plans (tests/e2e/test_record.py).
@@ -15,6 +24,7 @@ import numpy as np
 from vmdisktouch.core.policy import Observation, Plan, Policy, PolicyParams, select
 from vmdisktouch.core.runs import runs_to_mask
 from vmdisktouch.core.sparse import Sparse
+from vmdisktouch.daemon.host import weighed
 
 
 def read_record(path) -> list[dict]:
@@ -77,23 +87,81 @@ def plan_one(policy: Policy, obs: Observation, probe, budget_blocks: int) -> Pla
     return policy.finish(targets)
 
 
+def host_cycle(line: dict) -> dict:
+    """A line of a record as a host's cycle: a host's as it is; a disk's alone (the
+    first traces) as a host of one, its budget the disk's ``max_hold``, its selection
+    not recorded (None)."""
+    if "disks" in line:
+        return line
+    s = line["settings"]
+    return {"budget_blocks": s["max_hold"] // s["block_size"], "disks": [line],
+            "selection": None}
+
+
+def disk_cycles(cycles: list[dict], disk: int = 0) -> list[dict]:
+    """The records of one disk (the ``disk``-th of a host's first cycle) in a record of
+    either kind, cycle by cycle."""
+    hosts = [host_cycle(c) for c in cycles]
+    path = hosts[0]["disks"][disk].get("path")
+    return [d for h in hosts for d in h["disks"] if d.get("path") == path]
+
+
+def _key(d: dict, index: int):
+    return d.get("path", index)
+
+
+class _Disk:
+    """One disk's fresh ``Policy`` as its records find it."""
+
+    def __init__(self, d: dict):
+        self.settings = d["settings"]
+        self.policy = Policy(d["nblocks"], PolicyParams.of(SimpleNamespace(**self.settings)),
+                             sparse_file=d["skip_holes"])
+
+    def follow(self, d: dict) -> Policy:
+        """New settings (a reload) and size, as recorded."""
+        if d["settings"] != self.settings:
+            self.settings = d["settings"]
+            self.policy.params = PolicyParams.of(SimpleNamespace(**self.settings))
+        if d["nblocks"] != self.policy.nblocks:
+            self.policy.resize(d["nblocks"])
+        return self.policy
+
+
+def replay_host(cycles: list[dict], strict: bool = True):
+    """Yield (cycle number, host cycle, [(disk record, plan, policy)], allocation) for every
+    recorded cycle: each disk's plan made through ONE selection over every disk's map, with
+    the recorded budget; the allocation's lists are indexed like the disks with a map. A
+    disk not in a cycle is no longer served: it starts again from a fresh ``Policy``."""
+    disks: dict = {}
+    for i, line in enumerate(cycles):
+        h = host_cycle(line)
+        disks = {_key(d, k): disks.get(_key(d, k)) or _Disk(d)
+                 for k, d in enumerate(h["disks"])}
+        policies, maps = [], []
+        for k, d in enumerate(h["disks"]):
+            policy = disks[_key(d, k)].follow(d)
+            probes = RecordedProbes(d["probes"], strict)
+            m = policy.prepare(observation(d), probes)
+            assert not (strict and probes.left), \
+                f"cycle {i}, disk {_key(d, k)}: recorded probes not made: {probes.left}"
+            policies.append(policy)
+            if m is not None:
+                maps.append((k, weighed(m, d.get("cap_blocks"), d.get("weight", 1.0))))
+        alloc, _ = select([m for _, m in maps], h["budget_blocks"], 0.0, [[] for _ in maps])
+        runs = {k: r for (k, _), r in zip(maps, alloc.runs)}
+        plans = [p.finish(runs.get(k, [])) for k, p in enumerate(policies)]
+        yield i, h, list(zip(h["disks"], plans, policies)), alloc
+        for d, policy in zip(h["disks"], policies):
+            policy.settle(runs_to_mask(d["held_after"], d["nblocks"]),
+                          holes=[tuple(r) for r in d.get("holes_found", [])],
+                          ceded=[tuple(r) for r in d.get("ceded", [])])
+
+
 def replay(cycles: list[dict], strict: bool = True):
-    """Yield (cycle number, record, plan, policy) for every recorded cycle."""
-    first = cycles[0]
-    settings = first["settings"]
-    policy = Policy(first["nblocks"], PolicyParams.of(SimpleNamespace(**settings)),
-                    sparse_file=first["skip_holes"])
-    for i, c in enumerate(cycles):
-        if c["settings"] != settings:
-            settings = c["settings"]
-            policy.params = PolicyParams.of(SimpleNamespace(**settings))
-        if c["nblocks"] != policy.nblocks:
-            policy.resize(c["nblocks"])
-        probes = RecordedProbes(c["probes"], strict)
-        plan = plan_one(policy, observation(c), probes,
-                        settings["max_hold"] // settings["block_size"])
-        assert not (strict and probes.left), f"cycle {i}: recorded probes not made: {probes.left}"
+    """Yield (cycle number, record, plan, policy) for every cycle of a host of one (a
+    first trace, or a host's record of one disk)."""
+    for i, h, disks, _ in replay_host(cycles, strict):
+        assert len(disks) == 1, f"cycle {i}: {len(disks)} disks; replay_host replays a host"
+        (c, plan, policy), = disks
         yield i, c, plan, policy
-        policy.settle(runs_to_mask(c["held_after"], c["nblocks"]),
-                      holes=[tuple(r) for r in c.get("holes_found", [])],
-                      ceded=[tuple(r) for r in c.get("ceded", [])])

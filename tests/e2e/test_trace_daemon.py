@@ -7,8 +7,6 @@ Where tracefs cannot be used these tests fail with the reason (the
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import signal
 import threading
@@ -19,6 +17,7 @@ import pytest
 
 from tests.pagecache import data_image, evict
 from tests.qemu_vm import QemuVM
+from tests.replay import disk_cycles, read_record
 from tests.tracing import tracefs_root  # noqa: F401
 from tools.daemon_proc import DaemonProc
 from tools.procfs import vmlck
@@ -166,7 +165,7 @@ def test_every_part_qemu_writes_is_reported_and_an_idle_image_none(tmp_path, tra
             stop.set()
             assert d.stop() == 0
             d.cleanup()
-    cycles = [json.loads(x) for x in gzip.open(record, "rt")]   # line k: cycle k + 1
+    cycles = disk_cycles(read_record(record))                  # line k: cycle k + 1
     seen: dict[int, float] = {}
     for k, c in enumerate(cycles):
         blocks, values = c["rewritten"]

@@ -15,7 +15,6 @@ from typing import Callable
 from vmdisktouch.daemon import sources
 from vmdisktouch.adapters import outputs as outputs_mod
 from vmdisktouch.core.policy import RESERVE_FRACTION, Policy, PolicyParams
-from vmdisktouch.daemon.record import Recorder
 from vmdisktouch.daemon.act import Recharger
 from vmdisktouch.daemon.emit import Emitter
 from vmdisktouch.system import meminfo
@@ -73,7 +72,6 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
         recharger=Recharger(holder, charges, image.path),
         emitter=Emitter(out),
         clock=clock, mem_available=mem_available,
-        recorder=Recorder.from_env(config, image.is_regular),
         # Unreadable MemFree reads as 0: nothing is spilled.
         spiller=Spiller(image, bs, mem_free=meminfo.FailSafe(mem_free),
                         own_room=own_room(charges.reader), load_rate=config.load_rate,

@@ -33,7 +33,8 @@ disk served (``policy.select``).
    (``report``); one log line.
 
 With ``VMDISKTOUCH_RECORD=FILE`` each cycle's observation and plan are
-also written to FILE (``record``): the golden traces of the policy tests.
+also noted in the host's record (``record``, ``recorder``: the host sets it):
+the golden traces of the policy tests.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class DiskWatcher:
 
     def __init__(self, image, config, *, policy: Policy, holder, source,
                  recharger: Recharger, emitter: Emitter, clock: Callable[[], float],
-                 mem_available: Callable[[], int], recorder=None, spiller=None):
+                 mem_available: Callable[[], int], spiller=None):
         self.image = image
         self.config = config
         self.block_size = config.block_size
@@ -73,7 +74,7 @@ class DiskWatcher:
         self.emitter = emitter
         self.clock = clock
         self.mem_available = mem_available
-        self.recorder = recorder
+        self.recorder = None                     # the host's ``record.Recorder``, if any
         self.spiller = spiller                   # None: no spill (``system.hold.spill``)
         self.last_spill = SpillResult()
         self.spilled: list = []                  # the runs spilled last cycle (``core.spill``)
@@ -132,7 +133,8 @@ class DiskWatcher:
         while holding is off). ``act`` with the targets the selection gave it follows."""
         t0 = self.clock()
         obs, resident_bytes = self._observe(t0)
-        probe = self._probe if not self.recorder else self.recorder.probe(self._probe)
+        probe = (self._probe if not self.recorder
+                 else self.recorder.probe(self.image.path, self._probe))
         m = self.policy.prepare(obs, probe)
         self._cycle = (t0, obs, resident_bytes, self.clock())
         return m
@@ -161,7 +163,8 @@ class DiskWatcher:
         self.cycle += 1
         report = self._report(own_start, obs, acted, resident_bytes)
         if self.recorder:
-            self.recorder.write(obs, plan, acted, self.policy)
+            self.recorder.disk(self.image.path, self.config, self.image.is_regular,
+                               obs, plan, acted, self.policy)
         self.last_disk = self.disk_report(report)      # the host's report gathers it
         self.emitter.emit(report, self.config, self.last_disk, obs.resident,
                           acted.held, self.policy,
@@ -298,8 +301,6 @@ class DiskWatcher:
         return st.heat_resident, st.heat_rewritten, list(self.holder.held_runs())
 
     def close(self) -> None:
-        if self.recorder:
-            self.recorder.close()
         self.holder.release_all()
         self.holder.close()
         self.source.close()

@@ -31,6 +31,9 @@ close) runs in its log context (``about``: ``journal.disk_context``), so
 every line logged meanwhile, at any layer, carries its ``DISK``, ``DOMAIN``
 and ``TARGET`` in the journal. After each cycle the host's events an operator
 alerts on (budget full, shedding under the floor) are noted (``alerts``).
+
+With ``VMDISKTOUCH_RECORD=FILE`` the host's one recorder (``record``) writes
+each cycle: every disk's observation and plan, the budget and the selection.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from vmdisktouch.core import regions
 from vmdisktouch.core.policy import select
 from vmdisktouch.daemon.alerts import HostAlerts
 from vmdisktouch.daemon.reasons import Allotment, disk_name
+from vmdisktouch.daemon.record import Recorder
 from vmdisktouch.errors import ImageGoneError, VmdtError
 from vmdisktouch.report import DiskLine, HostReport
 from vmdisktouch.sizes import format_size
@@ -72,14 +76,16 @@ class Host:
 
     def __init__(self, watchers: list, ledger: Ledger | int, block_size: int,
                  caps: dict[str, int] | None = None, close=None, may_be_empty=False,
-                 spill_factor: float = 0.0):
+                 spill_factor: float = 0.0, recorder=None):
         self.watchers = list(watchers)
+        self.recorder = recorder              # ``record.Recorder``: one file for every disk
         self.weights: dict[str, float] = {}     # image path -> ranking weight (overrides)
         self.may_be_empty = may_be_empty          # following libvirt: no VM running is fine
         self.close_disk = close or _close_watcher   # releases, closes (and saves) a disk
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
         for w in self.watchers:
             self.ledger.adopt(w.holder)
+            w.recorder = recorder
         self.spill_factor = float(spill_factor)   # ``spill``: x the budget, unlocked
         self.block_size = int(block_size)
         self.caps = dict(caps or {})         # image path -> most bytes it may hold
@@ -113,7 +119,8 @@ class Host:
             ready.append(w)
             if m is not None:
                 maps.append((w, self._weighed(w.image.path, m)))
-        alloc, spilled = select([m for _, m in maps], self.budget // self.block_size,
+        budget_blocks = self.budget // self.block_size
+        alloc, spilled = select([m for _, m in maps], budget_blocks,
                                 self.spill_factor, [w.spilled for w, _ in maps])
         targets = {id(w): runs for (w, _), runs in zip(maps, alloc.runs)}
         spills = {id(w): runs for (w, _), runs in zip(maps, spilled)}
@@ -132,6 +139,8 @@ class Host:
                     self._failed(w, exc)
                 else:
                     self.failures.pop(id(w), None)
+        if self.recorder is not None:
+            self._record(ready, maps, alloc, budget_blocks)
         self.alerts.note(self.watchers, acted, self.budget, self.block_size)
         if not self.watchers and not self.may_be_empty:
             self._no_disk_left()
@@ -141,15 +150,19 @@ class Host:
 
     def _weighed(self, path: str, m: regions.DiskMap) -> regions.DiskMap:
         """This disk's map with its cap and weight (``overrides``), if it has them."""
-        cap, weight = self.caps.get(path), self.weights.get(path, 1.0)
-        if cap is None and weight == 1.0:
-            return m
-        boost = m.boost
-        if weight != 1.0:
-            boost = (np.full(m.total_heat.size, weight, dtype=np.float32) if boost is None
-                     else boost * np.float32(weight))
-        return replace(m, boost=boost,
-                       cap_blocks=None if cap is None else cap // self.block_size)
+        return weighed(m, self._cap_blocks(path), self.weights.get(path, 1.0))
+
+    def _cap_blocks(self, path: str) -> int | None:
+        cap = self.caps.get(path)
+        return None if cap is None else cap // self.block_size
+
+    def _record(self, ready: list, maps: list, alloc, budget_blocks: int) -> None:
+        """The cycle's line of the record: every disk's part, the budget, the selection."""
+        selected = {w.image.path: (alloc.runs[d], alloc.share[d], alloc.wanted[d],
+                                   alloc.limit[d]) for d, (w, _) in enumerate(maps)}
+        self.recorder.write(self.cycle, budget_blocks,
+                            [(w.image.path, self._cap_blocks(w.image.path),
+                              self.weights.get(w.image.path, 1.0)) for w in ready], selected)
 
     def _allot(self, ready: list, maps: list, alloc) -> None:
         """Tell each disk its share of the budget and what limited it (``Allotment``)."""
@@ -172,6 +185,7 @@ class Host:
     def add(self, w) -> None:
         """Serve one more disk from the next cycle on; its holder draws from the host's budget."""
         self.ledger.adopt(w.holder)
+        w.recorder = self.recorder
         self.watchers.append(w)
         self.failed.pop(w.image.path, None)
 
@@ -273,8 +287,25 @@ class Host:
                         self.caps.get(w.image.path), self.weights.get(w.image.path, 1.0))
 
     def close(self) -> None:
-        while self.watchers:
-            self._close(self.watchers.pop())
+        try:
+            while self.watchers:
+                self._close(self.watchers.pop())
+        finally:
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
+
+
+def weighed(m: regions.DiskMap, cap_blocks: int | None, weight: float) -> regions.DiskMap:
+    """Map ``m`` with a cap (blocks; None: none) and a ranking weight (1: none), as the
+    host's selection takes it (also the replay of a recorded host, tests/replay.py)."""
+    if cap_blocks is None and weight == 1.0:
+        return m
+    boost = m.boost
+    if weight != 1.0:
+        boost = (np.full(m.total_heat.size, weight, dtype=np.float32) if boost is None
+                 else boost * np.float32(weight))
+    return replace(m, boost=boost, cap_blocks=cap_blocks)
 
 
 def about(w):
@@ -294,4 +325,5 @@ def _close_watcher(w) -> None:
 
 def host_of(w) -> Host:
     """A host of one disk: ``w``'s cycle driver, with its own settings (tests, profiles)."""
-    return Host([w], w.config.max_hold, w.block_size, spill_factor=w.config.spill)
+    return Host([w], w.config.max_hold, w.block_size, spill_factor=w.config.spill,
+                recorder=Recorder.from_env())

@@ -54,6 +54,7 @@ from vmdisktouch.daemon.budgetlog import BudgetLog
 from vmdisktouch.daemon.emit import status_bytes
 from vmdisktouch.daemon.host import Host
 from vmdisktouch.daemon.membership import GivenPaths, Member, RunningDomains
+from vmdisktouch.daemon.record import Recorder
 from vmdisktouch.errors import ConfigError, ImageError, VmdtError
 from vmdisktouch.sizes import format_size
 from vmdisktouch.system import meminfo
@@ -138,7 +139,8 @@ class Service:
         self.served = served_mod.Served(config, config_path, self.pace, self.members.check)
         self.follower = arrival.Follower(self._warm, self.single)
         self.host = Host([], config.max_hold, config.block_size, close=self._close_disk,
-                         may_be_empty=self.members.retry, spill_factor=config.spill)
+                         may_be_empty=self.members.retry, spill_factor=config.spill,
+                         recorder=Recorder.from_env())
         self.out = outputs.Outputs(self.served.protected)
         self.overrides = configfile.load_overrides(config_path)
         self.skipped: dict = {}
