@@ -28,6 +28,13 @@ Issue 32 changed the selection's rules (``core.budget``: benefit per byte):
 the observations stay as recorded, and every cycle's plan was re-derived from
 them by ``python -m tools.golden_replan`` (each cycle's ``replanned`` says
 why); 21 of the 184 cycles changed, in their order or at a zone's edges.
+
+``host-three`` is a host of three disks (``python -m tools.golden_host``: the
+daemon on three 64M data images under 24M, hot zones of 8M, 16M and 8M, the
+last read in the first half only), one line per host cycle: every disk's
+record, the budget and the shared selection. Its replay runs a fresh
+``Policy`` per disk and one selection over the three maps
+(``tests.replay.replay_host``), and asserts every disk's plan and share.
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ import pathlib
 import numpy as np
 import pytest
 
-from tests.replay import read_record, replay
+from tests.replay import read_record, replay, replay_host
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "policy"
 SCENARIOS = ("base", "move", "write50", "bigset")
 TRACE_SCENARIOS = tuple(f"trace-{name}" for name in SCENARIOS)
+HOST_SCENARIOS = ("host-three",)
 MiB = 1 << 20
 
 
@@ -177,4 +185,51 @@ def test_a_changed_trace_rule_changes_the_plans(monkeypatch, name, change):
     cycles = load(f"trace-{name}")
     differ = [i for i, c, plan, _ in replay(cycles, strict=False)
               if [list(r) for r in plan.targets] != c["targets"]]
+    assert differ
+
+
+# -- a host of three disks ------------------------------------------------------
+
+def test_the_host_makes_the_recorded_plans_and_shares_every_cycle():
+    cycles = load("host-three")
+    assert len(cycles) >= 12
+    for i, h, disks, alloc in replay_host(cycles):
+        assert len(disks) == 3
+        for c, plan, policy in disks:
+            where = f"cycle {i}, {c['path']}"
+            assert [list(r) for r in plan.targets] == c["targets"], where
+            assert float(plan.heat.sum(dtype=np.float64)) == pytest.approx(
+                c["heat_sum"], rel=1e-6, abs=1e-9), where
+            assert [list(r) for r in policy.red.runs()] == c["red"], where
+        chosen = [s for s in h["selection"] if s is not None]
+        assert [s["runs"] for s in chosen] == [[list(r) for r in rs] for rs in alloc.runs]
+        assert [(s["share"], s["wanted"], s["limit"]) for s in chosen] == \
+            list(zip(alloc.share, alloc.wanted, alloc.limit)), f"cycle {i}"
+
+
+def test_the_host_trace_shares_a_full_budget():
+    """The three zones want more than the budget: it is full, every disk holds some of it,
+    and the disk read only in the first half is let go for the others."""
+    cycles = load("host-three")
+    budget = cycles[0]["budget_blocks"]
+    held = [{d["path"]: sum(b - a for a, b in d["held_after"]) for d in h["disks"]}
+            for h in cycles]
+    assert any(sum(x.values()) == budget for x in held)
+    assert all(sum(x.values()) <= budget for x in held)
+    assert any(s and s["limit"] == "budget" for h in cycles for s in h["selection"])
+    a, b, c = cycles[0]["disks"]
+    assert all(any(x[d["path"]] for x in held) for d in (a, b, c))
+    assert held[-1][c["path"]] == 0 and held[-1][a["path"]] and held[-1][b["path"]]
+
+
+def test_the_host_plans_are_the_shared_selections():
+    """Each disk replayed alone under the whole budget plans otherwise: the one selection
+    over the three maps is what the trace pins."""
+    cycles = load("host-three")
+    differ = []
+    for k in range(3):
+        alone = [dict(h, disks=[h["disks"][k]], selection=[h["selection"][k]])
+                 for h in cycles]
+        differ += [(i, k) for i, _, [(c, plan, _)], _ in replay_host(alone)
+                   if [list(r) for r in plan.targets] != c["targets"]]
     assert differ
