@@ -27,7 +27,7 @@ start and its least (holds kept), and a scrape by a fresh client every 0.5 s
 ``--conns`` sockets, every window its length, the daemon stopped at the end.
 
 ``--compare-rev REV`` runs the same against REV's daemon (a ``git worktree``,
-``tools.worktree``), side by side. ``--doc`` writes section ``metrics-conns``
+``tests.support.worktree``), side by side. ``--doc`` writes section ``metrics-conns``
 of docs/benchmarks/metrics-conns.md (date, machine, command).
 
     .venv/bin/python benchmarks/bench_metrics_conns.py [--conns 2000] [--window 10]
@@ -57,9 +57,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.report import provenance, update_section  # noqa: E402
-from tests.pagecache import data_image, read_range  # noqa: E402
-from tools.common import MiB, free_port  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.pagecache import data_image, read_range  # noqa: E402
+from tests.support.common import MiB, free_port  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 
 HOT = (8 * MiB, 6 * MiB)
 NOFILE = 1024                    # the daemon's RLIMIT_NOFILE (soft and hard)
@@ -429,7 +429,7 @@ def main(argv=None) -> int:
         ap.error("--conns 1..10000, --window 1..120 s")
     results = run("current", ROOT, args)
     if args.compare_rev:
-        from tools.worktree import enter_rev_worktree
+        from tests.support.worktree import enter_rev_worktree
         with contextlib.ExitStack() as stack:
             tree = enter_rev_worktree(stack, args.compare_rev)
             label = f"@{args.compare_rev}" if tree.sha.startswith(args.compare_rev) \

@@ -45,7 +45,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools.procfs import vmlck  # noqa: E402
+from tests.support.procfs import vmlck  # noqa: E402
 from vmdisktouch.system.hold import holder  # noqa: E402
 from vmdisktouch.system import meminfo
 from vmdisktouch.system.image import open_image  # noqa: E402

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from tests.pagecache import make_image, require_tool
+from tests.support.pagecache import make_image, require_tool
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from tests.replay import read_record, replay
+from tests.support.replay import read_record, replay
 from tests.unit.test_golden import GOLDEN, SCENARIOS, TRACE_SCENARIOS
 
 

@@ -11,7 +11,7 @@ accept loop spun at 100 % of a core.
 
 The rows run the harness of ``benchmarks/bench_metrics_conns.py`` (the same
 daemon, clients and figures) and assert on its figures. See
-``tests/faultkit.py``.
+``tests/support/faultkit.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.bench_metrics_conns import free_port, serve, window
-from tests.faultkit import Untouched, assert_clean, fault, rows_of
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.faultkit import Untouched, assert_clean, fault, rows_of
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
 
 CONNS = 2000
 WINDOW = 8.0

@@ -13,7 +13,7 @@ the metrics endpoint under churn, and ``localhost`` that is not loopback.
 * ``--metrics-listen localhost:P`` where ``/etc/hosts`` (bind-mounted in a private mount
   namespace, never the host's file) maps ``localhost`` to 192.0.2.2: refused, exit 78.
 
-See ``tests/faultkit.py``.
+See ``tests/support/faultkit.py``.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import pytest
 
 from tests.e2e.test_faults_trace import (EVENTS, FAST, NEW, as_set_up, get, held_zone, put,
                                          serving, stopped_cleanly, warnings_about, where)
-from tests.faultkit import EX_CONFIG, Untouched, assert_refused, fault, more_cycles, rows_of, vmdt
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.pagecache import require_tool
-from tests.tracing import tracefs_root  # noqa: F401 - the test's fixture
+from tests.support.faultkit import EX_CONFIG, Untouched, assert_refused, fault, more_cycles, rows_of, vmdt
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.pagecache import require_tool
+from tests.support.tracing import tracefs_root  # noqa: F401 - the test's fixture
 from vmdisktouch.daemon.sources import instance_name
 
 CASE = "40 round 3"

@@ -2,7 +2,7 @@
 
 A real daemon serves a real image while the test reads a hot zone and
 rewrites part of it; the record it writes is replayed cycle by cycle with
-``tests.replay.replay``, and every recorded plan must come out of
+``tests.support.replay.replay``, and every recorded plan must come out of
 the policy again: the recorder writes what the cycle really observed and
 decided, so the golden traces can be re-recorded with it.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 
-from tools.daemon_proc import DaemonProc, env_without_systemd
-from tests.pagecache import data_image, read_range
-from tests.replay import read_record, replay
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
+from tests.support.pagecache import data_image, read_range
+from tests.support.replay import read_record, replay
 
 MiB = 1 << 20
 

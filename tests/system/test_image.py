@@ -21,7 +21,7 @@ import textwrap
 
 import pytest
 
-from tests.pagecache import PAGE, make_image, require_tool
+from tests.support.pagecache import PAGE, make_image, require_tool
 from vmdisktouch.errors import ImageError
 from vmdisktouch.system.image import open_image, size_of_fd
 

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.pagecache import evict, fincore_pages, held, make_image, read_range
+from tests.support.pagecache import evict, fincore_pages, held, make_image, read_range
 from vmdisktouch.system.observe import residency
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.observe.residency_tracker import ResidencyTracker

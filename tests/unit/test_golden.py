@@ -39,7 +39,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from tests.replay import read_record, replay
+from tests.support.replay import read_record, replay
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "policy"
 SCENARIOS = ("base", "move", "write50", "bigset")

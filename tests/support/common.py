@@ -13,7 +13,7 @@ from vmdisktouch.errors import VmdtError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PAGE = os.sysconf("SC_PAGE_SIZE")
-ROOT = pathlib.Path(__file__).resolve().parent.parent   # the checkout tools/ belongs to
+ROOT = pathlib.Path(__file__).resolve().parents[2]   # the checkout tests/support/ belongs to
 
 class WorkloadError(VmdtError):
     """The workload harness cannot run (no cgroup v1 memory controller, no fio...)."""

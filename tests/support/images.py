@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from tools.common import MiB, PAGE, WorkloadError
+from tests.support.common import MiB, PAGE, WorkloadError
 
 
 def make_image(path: str, size: int, chunk: int = 16 * MiB, progress=None) -> str:

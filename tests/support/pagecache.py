@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 
-from tools.images import evict  # noqa: F401 - the tests' evict too
+from tests.support.images import evict  # noqa: F401 - the tests' evict too
 from vmdisktouch.system import libc
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
