@@ -124,10 +124,11 @@ CPU_BOUND = 25.0       # % of a core: accepts capped at 1,000/s (~5 %) and a pag
 
 
 def churned(tmp_path, image) -> dict:
-    """A daemon under ``bench_metrics_conns.serve`` (a 2 s watchdog, ulimit -n 1024) while
+    """A daemon under ``metrics_flood.serve`` (a 2 s watchdog, ulimit -n 1024) while
     four processes connect and close and two scrape back to back for ``CHURN_SECONDS``, a
     fresh client scraping every 0.5 s meanwhile: its figures."""
-    from benchmarks.bench_metrics_conns import Scraper, cpu_ticks, free_port, serve
+    from tests.support.common import free_port
+    from tests.support.metrics_flood import Scraper, cpu_ticks, serve
     clk = os.sysconf("SC_CLK_TCK")
     port = free_port()
     with serve(tmp_path, image, port) as (d, notify):
@@ -177,7 +178,7 @@ def _(tmp_path, image):
 
 def _localhost_maps_to(addr: str):
     def check(tmp_path, image):
-        from benchmarks.bench_metrics_conns import free_port
+        from tests.support.common import free_port
         hosts = tmp_path / "hosts"
         hosts.write_text(f"{addr} localhost\n")
         mount = [require_tool("unshare"), "--mount", "--propagation", "private", "sh", "-c",
