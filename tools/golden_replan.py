@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from tests.support.replay import read_record, replay
-from tests.unit.test_golden import GOLDEN, SCENARIOS, TRACE_SCENARIOS
+from tests.support.golden import GOLDEN, SCENARIOS, TRACE_SCENARIOS
 
 
 def replan(name: str, why: str) -> int:

@@ -34,16 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import pathlib
 
 import numpy as np
 import pytest
 
+from tests.support.golden import GOLDEN, SCENARIOS, TRACE_SCENARIOS
 from tests.support.replay import read_record, replay
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "policy"
-SCENARIOS = ("base", "move", "write50", "bigset")
-TRACE_SCENARIOS = tuple(f"trace-{name}" for name in SCENARIOS)
 MiB = 1 << 20
 
 
