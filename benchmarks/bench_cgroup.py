@@ -122,7 +122,7 @@ def main() -> int:
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-cgroup-", dir="/var/tmp") as tmp:
-        image = make_image(os.path.join(tmp, "disk.img"), 1 << 30)
+        image = make_image(os.path.join(tmp, "disk.img"), 1 << 30, sparse=False)
         results = [run_scenario(name, image, args, tmp)
                    for name in ("none", "nocap", "vmdisktouch")]
     text = table(results, args)

@@ -743,12 +743,12 @@ def main() -> int:
             size = 8 * GiB if k == 0 else GiB
             hot = args.busy_hot if k == 0 else args.light_hot
             path = os.path.join(work, f"{vm}.raw")
-            make_image(path, size)
+            make_image(path, size, sparse=False)
             vms.append({"name": vm, "path": path, "size": size, "zone": (size // 8, hot),
                         "iops": None if k == 0 else args.light_iops,
                         "think": None if k == 0 else args.light_think})
         nb_path = os.path.join(work, "neighbour.raw")
-        make_image(nb_path, GiB)
+        make_image(nb_path, GiB, sparse=False)
         for rnd, order in enumerate(round_orders(names, args.rounds), 1):
             if args.rounds > 1:
                 print(f"round {rnd}: {', '.join(order)}", flush=True)

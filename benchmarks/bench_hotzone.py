@@ -342,8 +342,8 @@ def main(argv=None) -> int:
             f"{a.duration:.0f} s per scenario; variant {a.variant}: phases "
             + " then ".join(", ".join(f"{o / MiB:.0f}+{n / MiB:.0f} MiB" for o, n in z)
                             for z in b.phases))
-        make_image(b.image, b.size)
-        make_image(b.nb_file, b.nb_size)
+        make_image(b.image, b.size, sparse=False)
+        make_image(b.nb_file, b.nb_size, sparse=False)
         orders = round_orders(names, a.rounds, a.order)
         rounds: list[dict[str, Result]] = []
         for k, order in enumerate(orders):

@@ -111,8 +111,8 @@ def main() -> int:
     b = hz.Bench(sa)
     steady_from = a.duration / 2
     try:
-        make_image(b.image, b.size)
-        make_image(b.nb_file, b.nb_size)
+        make_image(b.image, b.size, sparse=False)
+        make_image(b.nb_file, b.nb_size, sparse=False)
         base = {}
         for name in ("none", "oracle"):
             hz.say(f"\n== {hz.LABELS[name]}")

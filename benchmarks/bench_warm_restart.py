@@ -161,7 +161,7 @@ def main() -> int:
                 img = os.path.join(args.dir, f"vmdt-warm-{os.getpid()}-{i}.raw")
                 made.append(img)
                 print(f"writing a {fmt(args.image_size)} non-sparse image {img} ...", flush=True)
-                imgs.append(make_image(img, args.image_size))
+                imgs.append(make_image(img, args.image_size, sparse=False))
             modes = [m.strip() for m in args.modes.split(",") if m.strip()]
             for mode in modes + (["rev"] if tree is not None else []):
                 results.append(one_mode(mode, imgs, args, tmp,

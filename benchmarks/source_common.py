@@ -87,7 +87,7 @@ def ensure_image(image: str | None, size: int, directory: str) -> tuple[str, boo
     print(f"writing a {fmt(size)} non-sparse image {path} ...", flush=True)
     t0 = time.monotonic()
     try:
-        make_image(path, size)
+        make_image(path, size, sparse=False)
     except BaseException:
         remove_quietly(path)
         raise

@@ -180,8 +180,8 @@ class Demo:
             f"at {self.hot_off / MiB:.0f} MiB (90 % of accesses), budget {self.budget / MiB:.0f} MiB, "
             f"cgroup limit {self.limit / MiB:.0f} MiB")
         say(f"writing {self.image} ...")
-        make_image(self.image, self.size)
-        make_image(self.neighbour_file, self.neighbour_size)
+        make_image(self.image, self.size, sparse=False)
+        make_image(self.neighbour_file, self.neighbour_size, sparse=False)
         say(f"  done in {time.monotonic() - t_start:.1f} s")
 
         p1, p2 = self.args.phase1, self.args.phase2

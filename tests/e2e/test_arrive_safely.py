@@ -47,7 +47,8 @@ import pytest
 from tests.support.arrival_env import (STILL_IN_USE, CheckedQemu, QemuLog, SlowFeed,
                                checked_domain_xml, vsh)
 from tests.support.libvirt_env import PREFIX, disk_xml, libvirt_daemons  # noqa: F401
-from tests.support.pagecache import data_image, evict
+from tests.support.images import evict
+from tests.support.pagecache import data_image
 from tests.support.private_libvirt import PrivateLibvirtd
 from tests.support.common import ROOT, free_port
 from tests.support.daemon_proc import DaemonProc

@@ -18,7 +18,8 @@ import pytest
 
 from tests.support.libvirt_env import (URI, VmLck, disk_xml, domains,  # noqa: F401
                                libvirt_daemons, qemu_io, virsh)
-from tests.support.pagecache import data_image, evict
+from tests.support.images import evict
+from tests.support.pagecache import data_image
 from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt import domain_heat as dh
 

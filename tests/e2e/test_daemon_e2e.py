@@ -45,7 +45,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.support.pagecache import PAGE, evict, fincore_pages, read_range, require_tool
+from tests.support.common import require_tool
+from tests.support.images import evict
+from tests.support.pagecache import PAGE, fincore_pages, read_range
 from tests.support.qemu_vm import QemuVM
 from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from tests.support.procfs import vmlck

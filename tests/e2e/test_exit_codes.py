@@ -16,7 +16,8 @@ import textwrap
 
 import pytest
 
-from tests.support.pagecache import data_image, held, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, held
 from tests.support.common import ROOT
 from tests.support.daemon_proc import DaemonProc
 from vmdisktouch import errors

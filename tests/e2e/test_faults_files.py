@@ -28,7 +28,8 @@ import pytest
 from tests.e2e.test_faults_run import FAST, LAUNCHER, more_cycles, serving, stopped_cleanly
 from tests.support.faultkit import EX_CONFIG, MiB, assert_clean, assert_refused, fault, rows_of, vmdt
 from tests.support.faultkit import Untouched, image  # noqa: F401 - the rows' fixture
-from tests.support.pagecache import data_image, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image
 from tests.support.common import ROOT
 from tests.support.daemon_proc import DaemonProc
 from tests.support.procfs import memory_fields

@@ -21,7 +21,8 @@ import pytest
 
 from tests.support.faultkit import assert_clean, fault, rows_of, vmdt
 from tests.support.libvirt_env import URI, disk_xml, domains, libvirt_daemons, virsh  # noqa: F401
-from tests.support.pagecache import data_image, evict
+from tests.support.images import evict
+from tests.support.pagecache import data_image
 from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt import domain_heat as dh
 

@@ -30,7 +30,7 @@ from tests.e2e.test_faults_trace import (EVENTS, FAST, NEW, as_set_up, get, held
                                          serving, stopped_cleanly, warnings_about, where)
 from tests.support.faultkit import EX_CONFIG, Untouched, assert_refused, fault, more_cycles, rows_of, vmdt
 from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.support.pagecache import require_tool
+from tests.support.common import require_tool
 from tests.support.tracing import tracefs_root  # noqa: F401 - the test's fixture
 from vmdisktouch.daemon.sources import instance_name
 

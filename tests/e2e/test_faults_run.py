@@ -28,7 +28,8 @@ from PIL import Image
 from tests.support.faultkit import (EX_TEMPFAIL, LAUNCHER, MiB, Untouched, assert_clean, fault,
                             more_cycles, rows_of)
 from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.support.pagecache import data_image, read_range, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
 from tests.support.common import ROOT
 from tests.support.daemon_proc import DaemonProc
 from tests.support.procfs import vmlck

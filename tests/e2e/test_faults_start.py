@@ -17,7 +17,8 @@ import pytest
 from tests.support.faultkit import (EX_CONFIG, EX_NOINPUT, MiB, Untouched, assert_refused, fault,
                             rows_of, vmdt)
 from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.support.pagecache import data_image, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image
 
 RUN = ("run", "--uri", "", "--min-free", "0", "--interval", "0.2")
 START = "the daemon refuses to start; the image is untouched; nothing is held"

@@ -26,7 +26,8 @@ import pytest
 
 from tests.support.faultkit import LAUNCHER, MiB, Untouched, assert_clean, fault, more_cycles, rows_of
 from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.support.pagecache import data_image, read_range, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
 from tests.support.sandbox_exec import parse_unit
 from tests.support.tracing import tracefs_root  # noqa: F401 - the test's fixture
 from tests.support.common import ROOT

@@ -37,7 +37,8 @@ import pytest
 from tests.e2e.test_metrics import agreeing_scrape, assert_the_status_values, free_port
 from tests.e2e.test_sandbox import (HOT, LAUNCHER, UNIT, assert_seccomp, daemons,  # noqa: F401
                                     devices_cgroup, image, require_seccomp)
-from tests.support.pagecache import data_image, read_range, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
 from tests.support.sandbox_exec import capability_mask, parse_unit
 from tests.support import daemon_proc
 from tests.support.daemon_proc import ROOT, DaemonProc, env_without_systemd

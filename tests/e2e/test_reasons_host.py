@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.support.pagecache import GUEST_MAPPER, data_image, read_range, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import GUEST_MAPPER, data_image, read_range
 from tests.support.daemon_proc import DaemonProc
 
 MiB = 1 << 20

@@ -39,7 +39,8 @@ import pytest
 from tests.support import sandbox_exec as sx
 from tests.support.libvirt_env import URI as LIBVIRT_URI
 from tests.support.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
-from tests.support.pagecache import data_image, read_range, require_tool
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
 from tests.support.cgroup import remove_group
 from tests.support.daemon_proc import DaemonProc
 from tests.support.procfs import status_fields as proc_status

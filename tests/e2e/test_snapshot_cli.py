@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.support.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
+from tests.support.images import evict, make_image
+from tests.support.pagecache import PAGE, fincore_pages, held, page_ranges, vmtouch_pages
 from vmdisktouch.commands import snapshot
 from vmdisktouch.adapters.pictures import figure, render
 

@@ -17,7 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.support.pagecache import data_image, evict
+from tests.support.images import evict
+from tests.support.pagecache import data_image
 from tests.support.qemu_vm import QemuVM
 from tests.support.tracing import tracefs_root  # noqa: F401
 from tests.support.daemon_proc import DaemonProc

@@ -7,8 +7,8 @@ Each module usable alone. The harness (the demo's, the benchmarks'):
 * ``cgroup``: ``MemoryCgroup``, a cgroup v1 memory group with a limit (start
   processes in it, read usage / failcnt / OOM kills / unevictable bytes, tear
   it down), and ``check_budget_vs_limit`` (the charge hazard, explained there);
-* ``images``: ``make_image`` (non-sparse, data really on disk), ``evict``,
-  ``resident_bytes``;
+* ``images``: ``make_image`` (a hole, a hole with data ranges, or data really on
+  disk throughout: ``sparse=False``), ``evict``, ``resident_bytes``;
 * ``fio``: ``FioJob`` (the guest-like job -> fio argv), ``FioRun`` (runs it,
   live per-interval IOPS), ``parse_iops_log``, ``start_neighbour`` (the noisy
   neighbour);

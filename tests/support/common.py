@@ -20,9 +20,11 @@ class WorkloadError(VmdtError):
 
 
 def require_tool(name: str) -> str:
+    """Path of an external tool; raises ``WorkloadError`` when it is missing (in a
+    test: an error, never a skip)."""
     path = shutil.which(name)
     if not path:
-        raise WorkloadError(f"{name} is not installed (Debian package: {name}; `make deps` installs it)")
+        raise WorkloadError(f"{name} is not installed: `make deps` (which `make test` runs) installs it")
     return path
 
 

@@ -24,7 +24,8 @@ from typing import Callable
 
 import pytest
 
-from tests.support.pagecache import data_image, evict
+from tests.support.images import evict
+from tests.support.pagecache import data_image
 from tests.support.common import ROOT
 
 MiB = 1 << 20

@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.request
 
-from tests.support.common import ROOT, MiB, free_port  # noqa: F401 - free_port: the harness's port
+from tests.support.common import ROOT, MiB
 from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from tests.support.pagecache import read_range
 

@@ -17,7 +17,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.support.pagecache import PAGE, evict, make_image, read_range
+from tests.support.images import evict, make_image
+from tests.support.pagecache import PAGE, read_range
 from vmdisktouch.core.runs import (clip_runs, diff_runs, intersect, merge_runs, priority_pieces,
                                    subtract)
 from vmdisktouch.errors import ClosedError

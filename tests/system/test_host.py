@@ -152,7 +152,7 @@ def test_the_sum_held_never_exceeds_the_budget_whatever_the_policy_asks(tmp_path
 
     from tests.support.procfs import vmlck
     from vmdisktouch.daemon import host as host_mod
-    from tests.support.pagecache import evict
+    from tests.support.images import evict
 
     real = host_mod.select
 

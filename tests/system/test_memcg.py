@@ -26,7 +26,9 @@ import numpy as np
 import pytest
 
 from tests.support.cgroup import remove_group
-from tests.support.pagecache import data_image, evict, make_image, read_range, require_tool
+from tests.support.common import require_tool
+from tests.support.images import evict, make_image
+from tests.support.pagecache import data_image, read_range
 from vmdisktouch.system import libc
 from vmdisktouch.system.cgroup.memcg import Group, MemcgReader
 

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image as PILImage
 
 from tests.support.clocks import Stepped
-from tests.support.pagecache import evict
+from tests.support.images import evict
 from tests.support.tracing import instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.daemon.host import host_of
 from vmdisktouch.config import settings

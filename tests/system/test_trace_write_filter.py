@@ -20,7 +20,8 @@ import types
 
 import pytest
 
-from tests.support.pagecache import evict, make_image, require_tool
+from tests.support.common import require_tool
+from tests.support.images import evict, make_image
 from tests.support.tracing import PAGE, instance_name, tracefs_root  # noqa: F401
 from vmdisktouch.system.trace import trace_reader
 from vmdisktouch.system.trace.trace_reader import WRITE, TraceReader
