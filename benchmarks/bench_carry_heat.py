@@ -10,7 +10,7 @@ random data (its first page zeroed, so SeaBIOS finds nothing to boot). The
 "guest" is a thread reading 64 KiB at random 64 KiB-aligned offsets of a
 ``--zone`` (256M) hot zone at ``--zone-offset`` (1G) through QEMU's block
 layer, as a virtio-blk guest does (the ``qemu-io`` HMP command of
-``tests.libvirt_env.qemu_io``, sent with libvirt-python on a connection of
+``tests.support.libvirt_env.qemu_io``, sent with libvirt-python on a connection of
 its own), as fast as the monitor answers (``--read-rate`` caps it). QEMU
 prints each read's own time (``qemu-io``'s ``ops/sec``) into the domain's
 log: that is the guest's read latency, without the monitor's round trip.
@@ -53,7 +53,7 @@ zone before the domain ran.
 
 ``--compare-rev REV``: a third mode, ``rev``: the carry mode with REV's
 daemon as B (``python -m vmdisktouch run`` in a git worktree of REV,
-``tools.worktree.enter_rev_worktree``; daemon A is the current code in every
+``tests.support.worktree.enter_rev_worktree``; daemon A is the current code in every
 mode), in the same run on the same scenario. ``--current-rev REV``: the
 current code's daemons (A in every mode, B in carry and cold) from a git
 worktree of REV too, instead of this checkout (whose files others may be
@@ -69,7 +69,7 @@ destroys and undefines every domain this run defined (their QEMUs outlive
 it, the image locked), and runs again (within ``--retries``).
 
 The migration's destination is a second libvirtd on this machine
-(``tests.private_libvirt.PrivateLibvirtd``): ``unshare -m -u``, its own hostname (libvirt refuses to
+(``tests.support.private_libvirt.PrivateLibvirtd``): ``unshare -m -u``, its own hostname (libvirt refuses to
 migrate to the host it runs on: it compares hostnames and host UUIDs), a
 ``host_uuid`` and socket directory of its own (``libvirtd -f``), tmpfs over
 /run/libvirt, /var/lib/libvirt, /var/cache/libvirt, /var/log/libvirt and
@@ -125,15 +125,15 @@ from benchmarks.bench_daemon_cost import CLK_TCK, cpu_ticks  # noqa: E402
 from benchmarks.source_common import (  # noqa: E402
     add_compare_rev, exit_on_sigterm, fmt, machine, overlap, publish, remove_quietly,
     round_orders)
-from tests import libvirt_env  # noqa: E402
-from tests.libvirt_env import (URI, DomainFactory, disk_xml, ensure_daemons,  # noqa: E402
+from tests.support import libvirt_env  # noqa: E402
+from tests.support.libvirt_env import (URI, DomainFactory, disk_xml, ensure_daemons,  # noqa: E402
                                stop_daemons)
-from tests.pagecache import data_image  # noqa: E402
-from tests.private_libvirt import QEMU_LOG, PrivateLibvirtd  # noqa: E402
-from tools.common import GiB, MiB, free_port  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tools.images import evict, resident_bytes  # noqa: E402
-from tools.worktree import enter_rev_worktree  # noqa: E402
+from tests.support.pagecache import data_image  # noqa: E402
+from tests.support.private_libvirt import QEMU_LOG, PrivateLibvirtd  # noqa: E402
+from tests.support.common import GiB, MiB, free_port  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.images import evict, resident_bytes  # noqa: E402
+from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.adapters.libvirt import domain_heat  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 

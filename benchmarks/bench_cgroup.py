@@ -38,11 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.report import provenance, update_section  # noqa: E402
-from tools.cgroup import MemoryCgroup  # noqa: E402
-from tools.common import MiB  # noqa: E402
-from tools.daemon_proc import DaemonProc  # noqa: E402
-from tools.holders import zone_reader_argv  # noqa: E402
-from tools.images import evict, make_image  # noqa: E402
+from tests.support.cgroup import MemoryCgroup  # noqa: E402
+from tests.support.common import MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc  # noqa: E402
+from tests.support.holders import zone_reader_argv  # noqa: E402
+from tests.support.images import evict, make_image  # noqa: E402
 
 ALLOCATOR = ("import mmap, sys, time\n"
              "n = int(sys.argv[1])\n"
@@ -122,7 +122,7 @@ def main() -> int:
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-cgroup-", dir="/var/tmp") as tmp:
-        image = make_image(os.path.join(tmp, "disk.img"), 1 << 30)
+        image = make_image(os.path.join(tmp, "disk.img"), 1 << 30, sparse=False)
         results = [run_scenario(name, image, args, tmp)
                    for name in ("none", "nocap", "vmdisktouch")]
     text = table(results, args)

@@ -75,9 +75,9 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.cached_state import cached as cache_and_pin  # noqa: E402
 from benchmarks.report import provenance, update_section  # noqa: E402
-from tools.daemon_proc import DaemonProc  # noqa: E402
-from tools.procfs import memory_fields  # noqa: E402
-from tools.worktree import enter_rev_worktree  # noqa: E402
+from tests.support.daemon_proc import DaemonProc  # noqa: E402
+from tests.support.procfs import memory_fields  # noqa: E402
+from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.system import libc  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 

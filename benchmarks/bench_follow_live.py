@@ -43,11 +43,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import exit_on_sigterm, fmt, machine, publish  # noqa: E402
-from tests.libvirt_env import (URI, DomainFactory, disk_xml, ensure_daemons,  # noqa: E402
+from tests.support.libvirt_env import (URI, DomainFactory, disk_xml, ensure_daemons,  # noqa: E402
                                qemu_io, stop_daemons, virsh)
-from tests.pagecache import data_image  # noqa: E402
-from tools.common import MiB  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.pagecache import data_image  # noqa: E402
+from tests.support.common import MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 READ = "read 0 64M"

@@ -1,7 +1,7 @@
 """One budget for the host against a budget per disk: one busy VM and N light ones.
 
 Scenario (issue 16, the defaults): four non-sparse images, each with the
-hot-zone guest of bench_hotzone (``tools.fio.FioJob``: 4 KiB random I/O,
+hot-zone guest of bench_hotzone (``tests.support.fio.FioJob``: 4 KiB random I/O,
 80 % reads, O_DSYNC writes, iodepth 1, 90 % of the accesses in its hot zone):
 one *busy* VM (an 8 GiB image, a hot zone of ``--busy-hot`` (800 MiB), as
 fast as it can) and ``--light`` (3) *light* ones (1 GiB images, hot zones of
@@ -33,7 +33,7 @@ disk does, and its rate still follows its latency), ``--light-iops 0`` (no
 cap). Any of these options given explicitly overrides the preset.
 
 ``--via nbd``: each VM's fio goes through its own ``qemu-nbd
---cache=writethrough --aio=threads -f raw`` (``tools.nbd.QemuNbd``, as
+--cache=writethrough --aio=threads -f raw`` (``tests.support.nbd.QemuNbd``, as
 ``bench_hotzone.py --via nbd``), started in the memory group for each
 scenario and stopped by PID after it: QEMU's block layer does the buffered
 reads and the writes (each followed by ``fdatasync``), fio's ``nbd`` engine
@@ -101,14 +101,14 @@ sys.path.insert(0, ROOT)
 from benchmarks.source_common import (  # noqa: E402
     add_compare_rev, exit_on_sigterm, fmt, machine, median, publish, ratio_text, round_orders,
     side_by_side, spread_text)
-from tools.cgroup import MemoryCgroup  # noqa: E402
-from tools.common import ROOT as CHECKOUT, GiB, MiB, stop_process  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tools.fio import FioJob, FioRun, mean_latency_us, start_neighbour  # noqa: E402
-from tools.holders import VmtouchLock  # noqa: E402
-from tools.images import evict, make_image  # noqa: E402
-from tools.nbd import QemuNbd  # noqa: E402
-from tools.worktree import enter_rev_worktree  # noqa: E402
+from tests.support.cgroup import MemoryCgroup  # noqa: E402
+from tests.support.common import ROOT as CHECKOUT, GiB, MiB, stop_process  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.fio import FioJob, FioRun, mean_latency_us, start_neighbour  # noqa: E402
+from tests.support.holders import VmtouchLock  # noqa: E402
+from tests.support.images import evict, make_image  # noqa: E402
+from tests.support.nbd import QemuNbd  # noqa: E402
+from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 SCENARIOS = ("none", "oracle", "global", "split")
@@ -743,12 +743,12 @@ def main() -> int:
             size = 8 * GiB if k == 0 else GiB
             hot = args.busy_hot if k == 0 else args.light_hot
             path = os.path.join(work, f"{vm}.raw")
-            make_image(path, size)
+            make_image(path, size, sparse=False)
             vms.append({"name": vm, "path": path, "size": size, "zone": (size // 8, hot),
                         "iops": None if k == 0 else args.light_iops,
                         "think": None if k == 0 else args.light_think})
         nb_path = os.path.join(work, "neighbour.raw")
-        make_image(nb_path, GiB)
+        make_image(nb_path, GiB, sparse=False)
         for rnd, order in enumerate(round_orders(names, args.rounds), 1):
             if args.rounds > 1:
                 print(f"round {rnd}: {', '.join(order)}", flush=True)

@@ -42,11 +42,11 @@ sys.path.insert(0, ROOT)
 from benchmarks.source_common import (  # noqa: E402
     CLK_TCK, add_compare_rev, cpu_ticks, exit_on_sigterm, fmt, machine, median, publish,
     side_by_side)
-from tools.common import ROOT as CHECKOUT, GiB, MiB  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tools.images import evict  # noqa: E402
-from tools.procfs import memory_fields  # noqa: E402
-from tools.worktree import enter_rev_worktree  # noqa: E402
+from tests.support.common import ROOT as CHECKOUT, GiB, MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.images import evict  # noqa: E402
+from tests.support.procfs import memory_fields  # noqa: E402
+from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 TARGET_CPU = 2.0

@@ -40,7 +40,7 @@ to no daemon in the same seconds.
 
 ``--via nbd`` sends the same job through QEMU's block layer instead of
 fio's psync engine on the file: ``qemu-nbd --cache=writethrough
---aio=threads -f raw`` (``tools.nbd``), started in the workload's group for
+--aio=threads -f raw`` (``tests.support.nbd``), started in the workload's group for
 each scenario and stopped by PID after it, does the buffered reads and the
 writes (each followed by ``fdatasync``), and fio's ``nbd`` engine talks to
 its unix socket (``--nbd-fsync``: fio's ``fsync=N``); the holders still hold
@@ -85,14 +85,14 @@ from benchmarks.hotzone_rounds import round_orders, rounds_summary, start_lines 
 from benchmarks.report import update_section  # noqa: E402
 from benchmarks.source_common import overlap  # noqa: E402
 
-from tools.cgroup import MemoryCgroup, check_budget_vs_limit  # noqa: E402
-from tools.common import GiB, MiB, stop_process  # noqa: E402
-from tools.daemon_proc import DaemonProc  # noqa: E402
-from tools.fio import FioJob, FioRun, parse_iops_log, start_neighbour  # noqa: E402
-from tools.holders import VmtouchLock  # noqa: E402
-from tools.images import evict, make_image, resident_bytes  # noqa: E402
-from tools.nbd import QemuNbd  # noqa: E402
-from tools.worktree import enter_rev_worktree  # noqa: E402
+from tests.support.cgroup import MemoryCgroup, check_budget_vs_limit  # noqa: E402
+from tests.support.common import GiB, MiB, stop_process  # noqa: E402
+from tests.support.daemon_proc import DaemonProc  # noqa: E402
+from tests.support.fio import FioJob, FioRun, parse_iops_log, start_neighbour  # noqa: E402
+from tests.support.holders import VmtouchLock  # noqa: E402
+from tests.support.images import evict, make_image, resident_bytes  # noqa: E402
+from tests.support.nbd import QemuNbd  # noqa: E402
+from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 
@@ -342,8 +342,8 @@ def main(argv=None) -> int:
             f"{a.duration:.0f} s per scenario; variant {a.variant}: phases "
             + " then ".join(", ".join(f"{o / MiB:.0f}+{n / MiB:.0f} MiB" for o, n in z)
                             for z in b.phases))
-        make_image(b.image, b.size)
-        make_image(b.nb_file, b.nb_size)
+        make_image(b.image, b.size, sparse=False)
+        make_image(b.nb_file, b.nb_size, sparse=False)
         orders = round_orders(names, a.rounds, a.order)
         rounds: list[dict[str, Result]] = []
         for k, order in enumerate(orders):

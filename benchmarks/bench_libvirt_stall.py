@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ("tests/private_libvirt.py", "tests/e2e/test_libvirt_stall.py")
+FILES = ("tests/support/private_libvirt.py", "tests/e2e/test_libvirt_stall.py")
 STALL = re.compile(r"libvirtd stopped ([\d.]+) s: longest status gap ([\d.]+) s, longest "
                    r"watchdog gap ([\d.]+) s, least VmLck (\d+); released ([\d.]+) s")
 JOB = re.compile(r"monitor job: longest status gap ([\d.]+) s, watchdog gap ([\d.]+) s, "

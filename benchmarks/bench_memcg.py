@@ -21,7 +21,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tests.pagecache import evict, make_image, read_range  # noqa: E402
+from tests.support.images import evict, make_image  # noqa: E402
+from tests.support.pagecache import read_range  # noqa: E402
 from vmdisktouch.system import libc  # noqa: E402
 from vmdisktouch.system.cgroup import memcg
 

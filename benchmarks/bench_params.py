@@ -30,9 +30,9 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import bench_hotzone as hz  # noqa: E402
 from benchmarks.report import chart_font, provenance, update_section  # noqa: E402
-from tools.common import MiB  # noqa: E402
-from tools.images import make_image  # noqa: E402
-from tools.stats import first_time_at_or_above  # noqa: E402
+from tests.support.common import MiB  # noqa: E402
+from tests.support.images import make_image  # noqa: E402
+from tests.support.stats import first_time_at_or_above  # noqa: E402
 
 CHART = os.path.join(ROOT, "docs", "img", "params.png")
 
@@ -111,8 +111,8 @@ def main() -> int:
     b = hz.Bench(sa)
     steady_from = a.duration / 2
     try:
-        make_image(b.image, b.size)
-        make_image(b.nb_file, b.nb_size)
+        make_image(b.image, b.size, sparse=False)
+        make_image(b.nb_file, b.nb_size, sparse=False)
         base = {}
         for name in ("none", "oracle"):
             hz.say(f"\n== {hz.LABELS[name]}")

@@ -44,9 +44,9 @@ sys.path.insert(0, ROOT)
 from benchmarks.source_common import (  # noqa: E402
     add_run_options, cycle_figures, DaemonDied, exit_on_sigterm, fmt, machine, median,
     overlap, publish, RateGuest, scratch_image, watch)
-from tools.common import GiB, MiB  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tools.images import evict  # noqa: E402
+from tests.support.common import GiB, MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.images import evict  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 LEVEL = 0.9

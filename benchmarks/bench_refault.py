@@ -57,10 +57,10 @@ sys.path.insert(0, ROOT)
 from benchmarks.source_common import (  # noqa: E402
     add_run_options, cycle_figures, DaemonDied, exit_on_sigterm, fmt, machine, median,
     overlap, publish, RateGuest, round_orders, scratch_image, spread_text, watch)
-from tools.cgroup import MemoryCgroup  # noqa: E402
-from tools.common import GiB, MiB  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tools.images import evict  # noqa: E402
+from tests.support.cgroup import MemoryCgroup  # noqa: E402
+from tests.support.common import GiB, MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.images import evict  # noqa: E402
 from vmdisktouch.adapters.pictures import figure, render  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 

@@ -60,8 +60,8 @@ from benchmarks.source_common import (  # noqa: E402
     DaemonDied, RateGuest, add_run_options, cache_range, cycle_figures, disk_free,
     exit_on_sigterm, fmt, machine, mem_available, median, publish, rates_text, round_orders,
     scratch_image, sleep_alive, spread_text, wait_first_status, watch)
-from tools.common import GiB, MiB  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.common import GiB, MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 SCENARIOS = {

@@ -19,7 +19,7 @@ interleaved (off on, on off, ...) for ``--rounds`` rounds (4) of
 ``--seconds`` (30) each, on a ``--size`` (1 GiB) non-sparse image on
 ``--dir`` (/var/tmp):
 
-* ``hotzone``: the hot-zone guest (``tools.fio.FioJob``): fio 4 KiB random
+* ``hotzone``: the hot-zone guest (``tests.support.fio.FioJob``): fio 4 KiB random
   I/O, 80 % reads, ``O_DSYNC`` writes, iodepth 1, ``psync``,
   ``--invalidate=0``, 90 % of the accesses in a zone of 10 % of the image;
   the image cached (read) before each run;
@@ -58,10 +58,10 @@ sys.path.insert(0, ROOT)
 from benchmarks.source_common import (  # noqa: E402
     cache_range, ensure_image, exit_on_sigterm, fmt, machine, median, remove_quietly,
     spread_text, publish)
-from tools.cgroup import MemoryCgroup  # noqa: E402
-from tools.common import GiB, MiB, require_tool  # noqa: E402
-from tools.fio import FioJob, FioRun  # noqa: E402
-from tools.images import evict  # noqa: E402
+from tests.support.cgroup import MemoryCgroup  # noqa: E402
+from tests.support.common import GiB, MiB, require_tool  # noqa: E402
+from tests.support.fio import FioJob, FioRun  # noqa: E402
+from tests.support.images import evict  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 from vmdisktouch.system.trace import trace_reader, tracefs  # noqa: E402
 from vmdisktouch.unitname import escape_path  # noqa: E402

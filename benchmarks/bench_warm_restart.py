@@ -1,6 +1,6 @@
 """Restarting the daemon in the middle of the hot-zone run: warm (saved heat) against cold.
 
-Scenario: ``--disks`` (3) images served by one daemon, each with the hot-zone guest of bench_hotzone (``tools.fio.FioJob``: fio 4
+Scenario: ``--disks`` (3) images served by one daemon, each with the hot-zone guest of bench_hotzone (``tests.support.fio.FioJob``: fio 4
 KiB random I/O, 80 % reads, O_DSYNC writes, iodepth 1, 90 % of the accesses
 in a hot zone at 1 GiB of a ``--image-size`` (2 GiB) non-sparse image; the
 zones together ``--hot``, 160 MiB), all in one cgroup v1 memory group
@@ -21,7 +21,7 @@ down, as after a host reboot (section "warm-restart-reboot"): without it,
 the zone is still cached at the new start and a cold daemon finds it there.
 
 ``--compare-rev REV``: the warm mode also with REV's daemon (a git worktree,
-``tools.worktree``), mode ``rev``, and its time to 90 % side by side.
+``tests.support.worktree``), mode ``rev``, and its time to 90 % side by side.
 
 ``--quick``: 60 s. ``--doc`` writes section "warm-restart"
 of docs/benchmarks/warm-restart.md.
@@ -46,12 +46,12 @@ sys.path.insert(0, ROOT)
 from benchmarks.source_common import (  # noqa: E402
     add_compare_rev, exit_on_sigterm, fmt, machine, overlap, publish,
     ratio_text, remove_quietly)
-from tools.cgroup import MemoryCgroup  # noqa: E402
-from tools.common import GiB, MiB  # noqa: E402
-from tools.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tools.fio import FioJob, FioRun  # noqa: E402
-from tools.images import evict, make_image  # noqa: E402
-from tools.worktree import enter_rev_worktree  # noqa: E402
+from tests.support.cgroup import MemoryCgroup  # noqa: E402
+from tests.support.common import GiB, MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.fio import FioJob, FioRun  # noqa: E402
+from tests.support.images import evict, make_image  # noqa: E402
+from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 HELD_LEVEL = 0.9
@@ -161,7 +161,7 @@ def main() -> int:
                 img = os.path.join(args.dir, f"vmdt-warm-{os.getpid()}-{i}.raw")
                 made.append(img)
                 print(f"writing a {fmt(args.image_size)} non-sparse image {img} ...", flush=True)
-                imgs.append(make_image(img, args.image_size))
+                imgs.append(make_image(img, args.image_size, sparse=False))
             modes = [m.strip() for m in args.modes.split(",") if m.strip()]
             for mode in modes + (["rev"] if tree is not None else []):
                 results.append(one_mode(mode, imgs, args, tmp,

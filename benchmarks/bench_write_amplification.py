@@ -45,7 +45,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools.procfs import vmlck  # noqa: E402
+from tests.support.images import evict  # noqa: E402
+from tests.support.procfs import vmlck  # noqa: E402
 from vmdisktouch.system.hold import holder  # noqa: E402
 from vmdisktouch.system import meminfo
 from vmdisktouch.system.image import open_image  # noqa: E402
@@ -81,15 +82,6 @@ def sectors_written(disk: str | None) -> int:
         return 0
     with open(f"/sys/block/{disk}/stat") as f:
         return int(f.read().split()[6])
-
-
-def evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def cache_guest(path: str, region: int) -> None:

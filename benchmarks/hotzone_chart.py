@@ -6,7 +6,7 @@ import os
 
 from benchmarks.hotzone_report import COLOURS, LABELS, Result, rolling_median
 from benchmarks.report import chart_font
-from tools.common import MiB
+from tests.support.common import MiB
 
 
 def draw_chart(results: dict[str, Result], path: str, duration: float, budget: int,

@@ -13,8 +13,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from benchmarks.report import provenance
-from tools.common import GiB, MiB
-from tools.stats import first_time_at_or_above
+from tests.support.common import GiB, MiB
+from tests.support.stats import first_time_at_or_above
 
 SCENARIOS = ("none", "whole", "oracle", "vmdisktouch", "tuned", "rev")
 DAEMONS = ("vmdisktouch", "tuned", "rev")      # the scenarios that run the daemon

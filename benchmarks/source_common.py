@@ -1,7 +1,7 @@
 """Shared by the access-source benchmarks (bench_source_cost, bench_trace_overhead,
 bench_readonly_hold): images, caching, the rate-limited guest, the daemon's cost over a window.
 
-* ``ensure_image``: a non-sparse image (``tools.images.make_image``) in a
+* ``ensure_image``: a non-sparse image (``tests.support.images.make_image``) in a
   directory, or an existing one reused (``--image``); disk space checked
   first;
 * ``cache_range``: buffered reads of a byte range, so it is in the page cache;
@@ -17,7 +17,7 @@ bench_readonly_hold): images, caching, the rate-limited guest, the daemon's cost
 * ``write_section``: the date, the machine and the exact command, then the
   body, as the latest reading NAME of its page under docs/benchmarks/;
 * ``add_compare_rev`` and ``side_by_side``: ``--compare-rev REV`` (the
-  daemon of an older commit, from ``tools.worktree``) and the table of each
+  daemon of an older commit, from ``tests.support.worktree``) and the table of each
   headline figure, current, REV's and current ÷ REV.
 """
 
@@ -42,8 +42,8 @@ if ROOT not in sys.path:
 from benchmarks.bench_daemon_cost import CLK_TCK, cpu_ns, cpu_ticks  # noqa: E402
 from benchmarks.report import machine, provenance, update_section  # noqa: E402,F401 - machine re-exported
 from vmdisktouch.system.meminfo import mem_available  # noqa: E402,F401 - re-exported
-from tools.common import GiB, MiB, WorkloadError, require_tool, stop_process  # noqa: E402
-from tools.images import make_image  # noqa: E402
+from tests.support.common import GiB, MiB, WorkloadError, require_tool, stop_process  # noqa: E402
+from tests.support.images import make_image  # noqa: E402
 from vmdisktouch.sizes import format_size  # noqa: E402
 
 
@@ -87,7 +87,7 @@ def ensure_image(image: str | None, size: int, directory: str) -> tuple[str, boo
     print(f"writing a {fmt(size)} non-sparse image {path} ...", flush=True)
     t0 = time.monotonic()
     try:
-        make_image(path, size)
+        make_image(path, size, sparse=False)
     except BaseException:
         remove_quietly(path)
         raise

@@ -15,7 +15,7 @@ APT_PACKAGES=(
   libxml2-utils  # xmllint, which virt-xml-validate runs (tests/e2e/test_unit.py)
   man-db  # man: systemd-analyze verify resolves Documentation=man:vmdisktouch(1)
   # libvirt: the daemons (the tests start libvirtd and virtlogd themselves, see
-  # tests/libvirt_env.py; no default network, so no dnsmasq), and what
+  # tests/support/libvirt_env.py; no default network, so no dnsmasq), and what
   # `pip install libvirt-python` needs to build (it ships no wheels).
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc
   bindfs fuse3  # two page caches over one image, one per "host" (tests/e2e/test_arrive_safely.py)

@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-from tests.pagecache import make_image, require_tool
+from tests.support.common import require_tool
+from tests.support.images import make_image
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ on the way out, also on Ctrl-C or an error; the PNGs and the status JSON are
 kept. The budget is kept below the group's limit with a margin: pages the
 workload faulted in stay charged to its group when the daemon mlocks them,
 and held pages filling the group would OOM-kill the workload (see
-``tools.cgroup``); the demo reports that charge and checks for OOM kills.
+``tests.support.cgroup``); the demo reports that charge and checks for OOM kills.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import signal
 import sys
 import time
 
-from tools.cgroup import MemoryCgroup, check_budget_vs_limit
-from tools.common import GiB, MiB, require_tool, stop_process
-from tools.daemon_proc import DaemonProc
-from tools.fio import FioJob, FioRun, Interval, start_neighbour
-from tools.images import evict, make_image, resident_bytes
-from tools.stats import steady_median
+from tests.support.cgroup import MemoryCgroup, check_budget_vs_limit
+from tests.support.common import GiB, MiB, require_tool, stop_process
+from tests.support.daemon_proc import DaemonProc
+from tests.support.fio import FioJob, FioRun, Interval, start_neighbour
+from tests.support.images import evict, make_image, resident_bytes
+from tests.support.stats import steady_median
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.sizes import parse_size
 
@@ -180,8 +180,8 @@ class Demo:
             f"at {self.hot_off / MiB:.0f} MiB (90 % of accesses), budget {self.budget / MiB:.0f} MiB, "
             f"cgroup limit {self.limit / MiB:.0f} MiB")
         say(f"writing {self.image} ...")
-        make_image(self.image, self.size)
-        make_image(self.neighbour_file, self.neighbour_size)
+        make_image(self.image, self.size, sparse=False)
+        make_image(self.neighbour_file, self.neighbour_size, sparse=False)
         say(f"  done in {time.monotonic() - t_start:.1f} s")
 
         p1, p2 = self.args.phase1, self.args.phase2

@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from tests.replay import read_record, replay_host
-from tests.unit.test_golden import GOLDEN, HOST_SCENARIOS, SCENARIOS, TRACE_SCENARIOS
+from tests.support.replay import read_record, replay_host
+from tests.support.golden import GOLDEN, HOST_SCENARIOS, SCENARIOS, TRACE_SCENARIOS
 
 
 def replan(name: str, why: str) -> int:

@@ -29,34 +29,10 @@ import tempfile
 import threading
 import time
 
+from tests.support.common import MiB
+from tests.support.images import evict, make_image
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MiB = 1 << 20
-
-
-def make_image(path: str) -> None:
-    with open(path, "wb") as f:
-        f.truncate(1 << 30)
-        for start, length in ((100, 300), (700, 200)):
-            f.seek(start * MiB)
-            for _ in range(length):
-                f.write(os.urandom(MiB))
-        os.fsync(f.fileno())
-    evict(path)
-
-
-def data_file(path: str, size: int) -> None:
-    """``size`` bytes of random data, out of the page cache."""
-    with open(path, "wb") as f:
-        for at in range(0, size, MiB):
-            f.write(os.urandom(min(MiB, size - at)))
-        os.fsync(f.fileno())
-    evict(path)
-
-
-def evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
 
 
 def light_reader(path: str, seconds: float) -> None:
@@ -115,7 +91,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="vmdt-", dir=args.dir)
     img = os.path.join(tmp, "vm1.raw")
-    make_image(img)
+    make_image(img, 1 << 30, data=[(100 * MiB, 300 * MiB), (700 * MiB, 200 * MiB)])
     out = {k: os.path.join(tmp, f"{k}.png") for k in ("map", "heat", "host")}
     proc = daemon([img, "--max-hold", "128M", "--map-png", out["map"],
                    "--heat-png", out["heat"]])
@@ -127,8 +103,8 @@ def main(argv=None) -> int:
         return 1
     evict(img)
     db, seed = os.path.join(tmp, "db.raw"), os.path.join(tmp, "seed.img")
-    data_file(db, 256 * MiB)
-    data_file(seed, 196 << 10)
+    make_image(db, 256 * MiB, sparse=False)
+    make_image(seed, 196 << 10, sparse=False)
     proc = daemon([img, db, seed, "--max-hold", "192M", "--host-png", out["host"]])
     light = threading.Thread(target=light_reader, args=(db, args.seconds))
     light.start()

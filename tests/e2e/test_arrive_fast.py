@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from tests.pagecache import data_image
-from tools.images import evict, resident_bytes
-from tools.daemon_proc import DaemonProc
+from tests.support.pagecache import data_image
+from tests.support.images import evict, resident_bytes
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters import warm_state
 from vmdisktouch.system.image import open_image
 

@@ -10,7 +10,7 @@ delete events than the default 1 MiB per-CPU buffer keeps. Then the image is dro
 outside as QEMU does; the status must show no event lost, and its ``trace.lost_at`` none.
 
 The same through a real ``virsh restore`` (a libvirtd of the test's own,
-``tests.private_libvirt.PrivateLibvirtd``): a host service with the trace source serves the
+``tests.support.private_libvirt.PrivateLibvirtd``): a host service with the trace source serves the
 domain's 1 GiB image with the same saved heat and budget (256 MiB held, 256 MiB spilled);
 ``virsh save`` (the disk is closed, its 512 MiB left cached); ``virsh restore`` from a FIFO
 fed over 4 s, so the host service opens the arriving disk and runs cycles on it before
@@ -30,13 +30,13 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.arrival_env import SlowFeed, vsh
-from tests.libvirt_env import PREFIX, disk_xml, domain_xml, libvirt_daemons  # noqa: F401
-from tests.pagecache import data_image
-from tests.private_libvirt import PrivateLibvirtd
-from tools.common import ROOT
-from tools.daemon_proc import DaemonProc
-from tools.images import evict, resident_bytes
+from tests.support.arrival_env import SlowFeed, vsh
+from tests.support.libvirt_env import PREFIX, disk_xml, domain_xml, libvirt_daemons  # noqa: F401
+from tests.support.pagecache import data_image
+from tests.support.private_libvirt import PrivateLibvirtd
+from tests.support.common import ROOT
+from tests.support.daemon_proc import DaemonProc
+from tests.support.images import evict, resident_bytes
 from vmdisktouch.adapters import warm_state
 from vmdisktouch.system.image import open_image
 

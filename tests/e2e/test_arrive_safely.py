@@ -5,12 +5,12 @@ When a domain arrives (a restore, an incoming migration) QEMU activates its disk
 drops each image's page cache (``raw_co_invalidate_cache``: ``posix_fadvise(DONTNEED)``
 over the whole image), so a destination on shared storage never reads stale pages. Pages
 a daemon has mlocked survive that drop. QEMU checks the drop itself here: the domain's
-emulator is a wrapper (``tests.arrival_env.CheckedQemu``) that gives the image's file
+emulator is a wrapper (``tests.support.arrival_env.CheckedQemu``) that gives the image's file
 blockdev ``x-check-cache-dropped``; a page left makes QEMU log "page cache still in use!"
 and, under libvirt 9.0 (QEMU 7.2), refuse ``cont``: the restore, migration or resume
 fails. (A migration's disks are activated at ``cont``: libvirt sets late-block-activate.)
 
-Every domain lives in a libvirtd of its own (``tests.private_libvirt.PrivateLibvirtd``: own mount
+Every domain lives in a libvirtd of its own (``tests.support.private_libvirt.PrivateLibvirtd``: own mount
 and UTS namespaces), so no other session's host service on qemu:///system serves it.
 
 * restore: daemon A learns a hot zone from guest-like reads and writes the summary into
@@ -44,13 +44,14 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.arrival_env import (STILL_IN_USE, CheckedQemu, QemuLog, SlowFeed,
+from tests.support.arrival_env import (STILL_IN_USE, CheckedQemu, QemuLog, SlowFeed,
                                checked_domain_xml, vsh)
-from tests.libvirt_env import PREFIX, disk_xml, libvirt_daemons  # noqa: F401
-from tests.pagecache import data_image, evict
-from tests.private_libvirt import PrivateLibvirtd
-from tools.common import ROOT, free_port
-from tools.daemon_proc import DaemonProc
+from tests.support.libvirt_env import PREFIX, disk_xml, libvirt_daemons  # noqa: F401
+from tests.support.images import evict
+from tests.support.pagecache import data_image
+from tests.support.private_libvirt import PrivateLibvirtd
+from tests.support.common import ROOT, free_port
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt import domain_heat as dh
 
 MiB = 1 << 20

@@ -16,10 +16,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.libvirt_env import (URI, VmLck, disk_xml, domains,  # noqa: F401
+from tests.support.libvirt_env import (URI, VmLck, disk_xml, domains,  # noqa: F401
                                libvirt_daemons, qemu_io, virsh)
-from tests.pagecache import data_image, evict
-from tools.daemon_proc import DaemonProc
+from tests.support.images import evict
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt import domain_heat as dh
 
 MiB = 1 << 20

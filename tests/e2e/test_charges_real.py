@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from tests.pagecache import data_image
-from tools.cgroup import MemoryCgroup
-from tools.daemon_proc import DaemonProc
-from tools.holders import zone_reader_argv
+from tests.support.pagecache import data_image
+from tests.support.cgroup import MemoryCgroup
+from tests.support.daemon_proc import DaemonProc
+from tests.support.holders import zone_reader_argv
 
 MiB = 1 << 20
 ZONE = (16 * MiB, 64 * MiB)

@@ -12,7 +12,7 @@ and util-linux ``fincore``).
   with ``POSIX_FADV_DONTNEED``. The kernel here pages out idle unlocked page
   cache on its own (DAMON, see FIELD-NOTES), so the hot zone is re-read
   continuously until the daemon holds it.
-* Guest writes go through a real QEMU's block layer (``tests.qemu_vm``:
+* Guest writes go through a real QEMU's block layer (``tests.support.qemu_vm``:
   ``qemu-io`` over QMP on a ``cache=writethrough`` virtio-blk disk).
 * Heat parameters. ``STABLE`` (decay 0.02/s, threshold 0.02) makes a hot
   zone held after 2-3 half-second cycles and keeps a read-only hold for
@@ -45,10 +45,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.pagecache import PAGE, evict, fincore_pages, read_range, require_tool
-from tests.qemu_vm import QemuVM
-from tools.daemon_proc import DaemonProc, env_without_systemd
-from tools.procfs import vmlck
+from tests.support.common import require_tool
+from tests.support.images import evict
+from tests.support.pagecache import PAGE, fincore_pages, read_range
+from tests.support.qemu_vm import QemuVM
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
+from tests.support.procfs import vmlck
 from vmdisktouch.adapters.pictures import figure, render
 from vmdisktouch.system.observe import residency
 

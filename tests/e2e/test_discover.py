@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from tests.libvirt_env import (URI, DomainFactory, disk_xml, libvirt_daemons,  # noqa: F401
+from tests.support.libvirt_env import (URI, DomainFactory, disk_xml, libvirt_daemons,  # noqa: F401
                                virsh)
 from vmdisktouch.unitname import unit_name
 

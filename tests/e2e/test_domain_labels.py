@@ -26,10 +26,10 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.libvirt_env import (PREFIX, URI, disk_xml, domain_xml, domains,  # noqa: F401
+from tests.support.libvirt_env import (PREFIX, URI, disk_xml, domain_xml, domains,  # noqa: F401
                                libvirt_daemons, qemu_io, virsh)
-from tests.pagecache import data_image
-from tools.daemon_proc import DaemonProc
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.unitname import escape_path
 
 MiB = 1 << 20

@@ -16,9 +16,10 @@ import textwrap
 
 import pytest
 
-from tests.pagecache import data_image, held, require_tool
-from tools.common import ROOT
-from tools.daemon_proc import DaemonProc
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, held
+from tests.support.common import ROOT
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch import errors
 
 MiB = 1 << 20

@@ -6,7 +6,7 @@ another user, or a file left behind, can put a FIFO, a symlink, a hard
 link, a huge or a malicious file, or swap a directory after start. Each row
 runs a real ``vmdisktouch run`` on real files and checks that the daemon
 neither hangs nor follows, truncates or reads what it must not, says so in
-one line, and still ends on SIGTERM within 5 s. See ``tests/faultkit.py``.
+one line, and still ends on SIGTERM within 5 s. See ``tests/support/faultkit.py``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import numpy as np
 import pytest
 
 from tests.e2e.test_faults_run import FAST, LAUNCHER, more_cycles, serving, stopped_cleanly
-from tests.faultkit import EX_CONFIG, MiB, assert_clean, assert_refused, fault, rows_of, vmdt
-from tests.faultkit import Untouched, image  # noqa: F401 - the rows' fixture
-from tests.pagecache import data_image, require_tool
-from tools.common import ROOT
-from tools.daemon_proc import DaemonProc
-from tools.procfs import memory_fields
+from tests.support.faultkit import EX_CONFIG, MiB, assert_clean, assert_refused, fault, rows_of, vmdt
+from tests.support.faultkit import Untouched, image  # noqa: F401 - the rows' fixture
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image
+from tests.support.common import ROOT
+from tests.support.daemon_proc import DaemonProc
+from tests.support.procfs import memory_fields
 from vmdisktouch.adapters import warm_state
 from vmdisktouch.system import image_lock
 from vmdisktouch.system.image import open_image

@@ -9,18 +9,19 @@ of the daemon, /proc/meminfo could not be read (MemAvailable taken as 0:
 every hold shed), the status and the watchdog stopped for 136 s and the
 accept loop spun at 100 % of a core.
 
-The rows run the harness of ``benchmarks/bench_metrics_conns.py`` (the same
+The rows run the harness of ``benchmarks/bench_metrics_conns.py`` (``tests/support/metrics_flood.py``: the same
 daemon, clients and figures) and assert on its figures. See
-``tests/faultkit.py``.
+``tests/support/faultkit.py``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_metrics_conns import free_port, serve, window
-from tests.faultkit import Untouched, assert_clean, fault, rows_of
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.common import free_port
+from tests.support.metrics_flood import serve, window
+from tests.support.faultkit import Untouched, assert_clean, fault, rows_of
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
 
 CONNS = 2000
 WINDOW = 8.0
@@ -34,7 +35,7 @@ OBSERVED = ("2,000 connections established; the daemon never holds more than 40 
 
 
 def kept(r: dict, conns: int) -> None:
-    """The figures of one window (``bench_metrics_conns.window``) that the row promises."""
+    """The figures of one window (``metrics_flood.window``) that the row promises."""
     say = f"{r['scenario']}: {r}"
     assert r["alive"], say
     assert r["held_min"] >= r["held_start"] > 0, say                # no hold shed

@@ -5,7 +5,7 @@ live daemon as "written in the future, STALE"); a descriptor limit smaller
 than the images need (disks left out with a wrong hint, then exit 78 for the
 daemon's own status file); ``WATCHDOG_USEC=1`` (an idle daemon spun at half a
 core); ``config --check`` saying "ok" for an output path ``run`` refuses.
-See ``tests/faultkit.py`` and ``docs/faults.md``.
+See ``tests/support/faultkit.py`` and ``docs/faults.md``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 
 import pytest
 
-from tests.faultkit import (EX_CONFIG, MiB, Untouched, assert_clean, assert_refused, fault,
+from tests.support.faultkit import (EX_CONFIG, MiB, Untouched, assert_clean, assert_refused, fault,
                             rows_of, vmdt)
-from tests.pagecache import data_image
-from tools.common import ROOT
+from tests.support.pagecache import data_image
+from tests.support.common import ROOT
 
 CASE = "40 round 3"
 

@@ -6,7 +6,7 @@ domain's live metadata what libvirt accepts but no daemon writes, and checks
 that it costs that domain's summary at most: carried heat out of range is
 refused or bounded, metadata that does not parse or cannot be read never
 hides the other domains, and ``discover`` lists them all. See
-``tests/faultkit.py`` and ``docs/faults.md``.
+``tests/support/faultkit.py`` and ``docs/faults.md``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.faultkit import assert_clean, fault, rows_of, vmdt
-from tests.libvirt_env import URI, disk_xml, domains, libvirt_daemons, virsh  # noqa: F401
-from tests.pagecache import data_image, evict
-from tools.daemon_proc import DaemonProc
+from tests.support.faultkit import assert_clean, fault, rows_of, vmdt
+from tests.support.libvirt_env import URI, disk_xml, domains, libvirt_daemons, virsh  # noqa: F401
+from tests.support.images import evict
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt import domain_heat as dh
 
 MiB = 1 << 20

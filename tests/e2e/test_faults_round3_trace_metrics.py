@@ -13,7 +13,7 @@ the metrics endpoint under churn, and ``localhost`` that is not loopback.
 * ``--metrics-listen localhost:P`` where ``/etc/hosts`` (bind-mounted in a private mount
   namespace, never the host's file) maps ``localhost`` to 192.0.2.2: refused, exit 78.
 
-See ``tests/faultkit.py``.
+See ``tests/support/faultkit.py``.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import pytest
 
 from tests.e2e.test_faults_trace import (EVENTS, FAST, NEW, as_set_up, get, held_zone, put,
                                          serving, stopped_cleanly, warnings_about, where)
-from tests.faultkit import EX_CONFIG, Untouched, assert_refused, fault, more_cycles, rows_of, vmdt
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.pagecache import require_tool
-from tests.tracing import tracefs_root  # noqa: F401 - the test's fixture
+from tests.support.faultkit import EX_CONFIG, Untouched, assert_refused, fault, more_cycles, rows_of, vmdt
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.common import require_tool
+from tests.support.tracing import tracefs_root  # noqa: F401 - the test's fixture
 from vmdisktouch.daemon.sources import instance_name
 
 CASE = "40 round 3"
@@ -124,10 +124,11 @@ CPU_BOUND = 25.0       # % of a core: accepts capped at 1,000/s (~5 %) and a pag
 
 
 def churned(tmp_path, image) -> dict:
-    """A daemon under ``bench_metrics_conns.serve`` (a 2 s watchdog, ulimit -n 1024) while
+    """A daemon under ``metrics_flood.serve`` (a 2 s watchdog, ulimit -n 1024) while
     four processes connect and close and two scrape back to back for ``CHURN_SECONDS``, a
     fresh client scraping every 0.5 s meanwhile: its figures."""
-    from benchmarks.bench_metrics_conns import Scraper, cpu_ticks, free_port, serve
+    from tests.support.common import free_port
+    from tests.support.metrics_flood import Scraper, cpu_ticks, serve
     clk = os.sysconf("SC_CLK_TCK")
     port = free_port()
     with serve(tmp_path, image, port) as (d, notify):
@@ -177,7 +178,7 @@ def _(tmp_path, image):
 
 def _localhost_maps_to(addr: str):
     def check(tmp_path, image):
-        from benchmarks.bench_metrics_conns import free_port
+        from tests.support.common import free_port
         hosts = tmp_path / "hosts"
         hosts.write_text(f"{addr} localhost\n")
         mount = [require_tool("unshare"), "--mount", "--propagation", "private", "sh", "-c",

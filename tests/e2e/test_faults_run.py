@@ -5,7 +5,7 @@ reads it, as a guest would), a fault is injected, and the row checks that
 the daemon keeps cycling, releases what it cannot keep, stays within its
 budget, never writes the image and says what happened once. A few rows
 inject at an internal seam (``in-process``): a failing ``mlock``, an
-unreadable MemAvailable, a clock jump. See ``tests/faultkit.py``.
+unreadable MemAvailable, a clock jump. See ``tests/support/faultkit.py``.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.faultkit import (EX_TEMPFAIL, LAUNCHER, MiB, Untouched, assert_clean, fault,
+from tests.support.faultkit import (EX_TEMPFAIL, LAUNCHER, MiB, Untouched, assert_clean, fault,
                             more_cycles, rows_of)
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.pagecache import data_image, read_range, require_tool
-from tools.common import ROOT
-from tools.daemon_proc import DaemonProc
-from tools.procfs import vmlck
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
+from tests.support.common import ROOT
+from tests.support.daemon_proc import DaemonProc
+from tests.support.procfs import vmlck
 from vmdisktouch.daemon.host import host_of
 from vmdisktouch.system.observe import checksums
 from vmdisktouch.system.hold import holder
@@ -655,7 +656,7 @@ def test_run_fault(row, tmp_path, image):
 
 
 def test_docs_faults_is_current():
-    from tests import faultkit
+    from tests.support import faultkit
     text = (ROOT / "docs" / "faults.md").read_text()
-    assert text == faultkit.markdown(), "regenerate: python -m tests.faultkit > docs/faults.md"
+    assert text == faultkit.markdown(), "regenerate: python -m tests.support.faultkit > docs/faults.md"
     assert len(faultkit.TABLE) >= 40

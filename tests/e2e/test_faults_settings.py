@@ -12,7 +12,7 @@ guest's: they are ceded. The status of that cycle showed the figures from
 before the cede (the group over its cap, "back under by the next sample");
 now every status shows the group within its cap. The group's unevictable
 stays within the bound of ``core/charges.py``'s docstring. See
-``tests/faultkit.py`` and ``docs/faults.md``.
+``tests/support/faultkit.py`` and ``docs/faults.md``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 
 import pytest
 
-from tests.faultkit import EX_CONFIG, MiB, Untouched, assert_refused, fault, rows_of, vmdt
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.pagecache import GUEST_MAPPER
-from tools.common import WorkloadError
+from tests.support.faultkit import EX_CONFIG, MiB, Untouched, assert_refused, fault, rows_of, vmdt
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.pagecache import GUEST_MAPPER
+from tests.support.common import WorkloadError
 
 RUN = ("--uri", "", "--min-free", "0", "--interval", "0.2")
 START = "the daemon refuses to start; the image is untouched; nothing is held"
@@ -107,8 +107,8 @@ LIMIT, MAX_HOLD = 128 * MiB, 32 * MiB
        "20M against 12.8M); unevictable <= cap at some point of the last cycle, <= cap + "
        "max_hold at every sample; no OOM kill", W9)
 def _(tmp_path, image):
-    from tools.cgroup import MemoryCgroup
-    from tools.daemon_proc import DaemonProc
+    from tests.support.cgroup import MemoryCgroup
+    from tests.support.daemon_proc import DaemonProc
     cap = int(0.1 * LIMIT)
     try:
         cg = MemoryCgroup("faults-w9", LIMIT).create()

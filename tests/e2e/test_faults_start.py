@@ -2,7 +2,7 @@
 
 Each row runs the real ``vmdisktouch run`` (or ``snapshot``) on a real data
 image and checks the exit code, the one-line reason and that the image is
-untouched. See ``tests/faultkit.py`` and ``docs/faults.md``.
+untouched. See ``tests/support/faultkit.py`` and ``docs/faults.md``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import subprocess
 
 import pytest
 
-from tests.faultkit import (EX_CONFIG, EX_NOINPUT, MiB, Untouched, assert_refused, fault,
+from tests.support.faultkit import (EX_CONFIG, EX_NOINPUT, MiB, Untouched, assert_refused, fault,
                             rows_of, vmdt)
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.pagecache import data_image, require_tool
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image
 
 RUN = ("run", "--uri", "", "--min-free", "0", "--interval", "0.2")
 START = "the daemon refuses to start; the image is untouched; nothing is held"

@@ -5,7 +5,7 @@ Each row fills a temporary status directory with one valid, live status file
 status --dir DIR`` (and ``--json``) and checks that the bad file is one
 sanitised line (or entry) of its own, that every valid entry is still shown,
 and that the command exits 0, without a traceback, within the timeout. See
-``tests/faultkit.py`` and ``docs/faults.md``.
+``tests/support/faultkit.py`` and ``docs/faults.md``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from tests.faultkit import MiB, Untouched, assert_clean, fault, rows_of, vmdt
-from tests.pagecache import data_image
+from tests.support.faultkit import MiB, Untouched, assert_clean, fault, rows_of, vmdt
+from tests.support.pagecache import data_image
 
 SHOWN = ("`vmdisktouch status` exits 0 and shows every valid entry; the bad file is one "
          "line of its own, never exit 70")

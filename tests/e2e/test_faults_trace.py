@@ -9,7 +9,7 @@ filter, ``set_event_pid``, all of them as ``trace-cmd reset`` does), the
 daemon killed or tracefs unmounted under it. Where an instance must age
 past the sweep's margin (3 s) the test keeps one of its files open
 meanwhile, so no other daemon on this host sweeps it first. See
-``tests/faultkit.py``.
+``tests/support/faultkit.py``.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import time
 
 import pytest
 
-from tests.faultkit import LAUNCHER, MiB, Untouched, assert_clean, fault, more_cycles, rows_of
-from tests.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.pagecache import data_image, read_range, require_tool
-from tests.sandbox_exec import parse_unit
-from tests.tracing import tracefs_root  # noqa: F401 - the test's fixture
-from tools.common import ROOT
-from tools.daemon_proc import DaemonProc
+from tests.support.faultkit import LAUNCHER, MiB, Untouched, assert_clean, fault, more_cycles, rows_of
+from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
+from tests.support.sandbox_exec import parse_unit
+from tests.support.tracing import tracefs_root  # noqa: F401 - the test's fixture
+from tests.support.common import ROOT
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.daemon import sources
 from vmdisktouch.daemon.sources import instance_name
 from vmdisktouch.system.trace import tracefs

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
+from tests.support.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                qemu_io, virsh)
-from tests.pagecache import data_image
-from tools.daemon_proc import DaemonProc
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.pictures.host_render import (LEGEND, LINE, PAD, DiskBand, band_top,
                                               disk_colour, swatch_box)
 

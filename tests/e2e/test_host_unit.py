@@ -9,8 +9,8 @@ import pathlib
 import shlex
 
 from tests.e2e.test_unit import SHIPPED_EXE, U as TEMPLATE, verify
-from tests.sandbox_exec import parse_unit
-from tools.host_unit import TEMPLATE as TEMPLATE_PATH, host_unit
+from tests.support.sandbox_exec import parse_unit
+from tests.support.host_unit import TEMPLATE as TEMPLATE_PATH, host_unit
 from vmdisktouch.commands import cli
 from vmdisktouch.config import file as configfile
 
@@ -24,7 +24,7 @@ S = parse_unit(SOCKET.read_text())
 
 def test_the_shipped_host_unit_is_made_from_the_template():
     assert TEXT == host_unit(TEMPLATE_PATH.read_text()), \
-        "regenerate: python -m tools.host_unit > systemd/vmdisktouch.service"
+        "regenerate: python -m tests.support.host_unit > systemd/vmdisktouch.service"
 
 
 def test_the_sandbox_is_the_template_s():

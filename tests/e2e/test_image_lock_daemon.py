@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.pagecache import data_image
-from tools.daemon_proc import DaemonProc
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc
 
 MiB = 1 << 20
 ARGS = ("--max-hold", "16M", "--uri", "", "--min-free", "0", "--interval", "0.5")

@@ -25,13 +25,13 @@ import time
 
 import pytest
 
-from tests.clocks import Stepped
-from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
+from tests.support.clocks import Stepped
+from tests.support.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                qemu_io)
-from tests.journal_records import journal_records
-from tests.pagecache import data_image, held
-from tools.common import ROOT
-from tools.daemon_proc import DaemonProc, env_without_systemd
+from tests.support.journal_records import journal_records
+from tests.support.pagecache import data_image, held
+from tests.support.common import ROOT
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.config import settings
 from vmdisktouch.daemon.build import build

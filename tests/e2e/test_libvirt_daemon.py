@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from tests.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
-from tests.pagecache import data_image, read_range
-from tools.daemon_proc import DaemonProc
+from tests.support.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
+from tests.support.pagecache import data_image, read_range
+from tests.support.daemon_proc import DaemonProc
 
 MiB = 1 << 20
 HOT = (32 * MiB, 16 * MiB)    # the zone the "guest" keeps reading

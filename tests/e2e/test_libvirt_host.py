@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from tests.libvirt_env import (URI, VmLck, disk_xml, domain_state,  # noqa: F401
+from tests.support.libvirt_env import (URI, VmLck, disk_xml, domain_state,  # noqa: F401
                                domains, libvirt_daemons, qemu_io, virsh)
-from tests.pagecache import data_image
-from tools.daemon_proc import DaemonProc
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt.libvirt_watch import LibvirtWatch, wanted
 
 MiB = 1 << 20

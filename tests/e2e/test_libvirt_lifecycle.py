@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-from tests.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
+from tests.support.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                qemu_io, restart_libvirtd, started_libvirtd, virsh)
-from tests.pagecache import PAGE, data_image, evict, fincore_pages
+from tests.support.images import evict
+from tests.support.pagecache import PAGE, data_image, fincore_pages
 from vmdisktouch.adapters.libvirt import libvirt_disks as ld
 from vmdisktouch.adapters.libvirt import libvirt_watch as lw
 

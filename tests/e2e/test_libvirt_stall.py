@@ -1,7 +1,7 @@
 """libvirt never blocks the daemon's loop: a stopped libvirtd, a QEMU monitor held by a job.
 
 A real ``vmdisktouch run --libvirt`` host service (1 s cycles) serves a
-domain of a private libvirtd (``tests.private_libvirt``: the shared one is
+domain of a private libvirtd (``tests.support.private_libvirt``: the shared one is
 never stopped), started paused with one raw ``cache=writethrough`` disk the
 "guest" reads through QEMU (``qemu-io``). The test plays systemd's part
 (``NOTIFY_SOCKET``, ``WATCHDOG_USEC``, as tests/e2e/test_run_notify.py) and
@@ -29,10 +29,10 @@ import time
 
 import pytest
 
-from tests.libvirt_env import disk_xml
-from tests.pagecache import data_image
-from tests.private_libvirt import PrivateLibvirtd
-from tools.daemon_proc import DaemonProc, env_without_systemd
+from tests.support.libvirt_env import disk_xml
+from tests.support.pagecache import data_image
+from tests.support.private_libvirt import PrivateLibvirtd
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
 
 MiB = 1 << 20
 INTERVAL = 1.0

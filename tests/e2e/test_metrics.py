@@ -12,9 +12,9 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.pagecache import data_image
-from tools.common import free_port
-from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
+from tests.support.pagecache import data_image
+from tests.support.common import free_port
+from tests.support.daemon_proc import ROOT, DaemonProc, env_without_systemd
 
 MiB = 1 << 20
 

@@ -5,7 +5,7 @@ The unit runs the daemon with ``PrivateNetwork=yes`` and
 socket in the host's network namespace and passes it to the daemon; accepting on it
 needs neither a network nor a socket(2) of the daemon's own. Here the test plays
 systemd: it listens on 127.0.0.1 in its own (the host's) namespace, and starts the
-daemon through tests/sandbox_exec.py, which applies the unit's sandbox as read from
+daemon through tests/support/sandbox_exec.py, which applies the unit's sandbox as read from
 the unit file (a new network namespace with its loopback up, the address-family
 filter, the system call filter, MDWE, the capability bounding set, the device group)
 and passes the socket as descriptor 3 named ``metrics``, with LISTEN_PID set to the
@@ -37,11 +37,12 @@ import pytest
 from tests.e2e.test_metrics import agreeing_scrape, assert_the_status_values, free_port
 from tests.e2e.test_sandbox import (HOT, LAUNCHER, UNIT, assert_seccomp, daemons,  # noqa: F401
                                     devices_cgroup, image, require_seccomp)
-from tests.pagecache import data_image, read_range, require_tool
-from tests.sandbox_exec import capability_mask, parse_unit
-from tools import daemon_proc
-from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
-from tools.procfs import status_fields as proc_status
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
+from tests.support.sandbox_exec import capability_mask, parse_unit
+from tests.support import daemon_proc
+from tests.support.daemon_proc import ROOT, DaemonProc, env_without_systemd
+from tests.support.procfs import status_fields as proc_status
 
 MiB = 1 << 20
 SOCKET_UNIT = parse_unit((ROOT / "systemd" / "vmdisktouch-metrics.socket").read_text())

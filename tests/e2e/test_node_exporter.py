@@ -23,8 +23,9 @@ import pytest
 
 from tests.e2e.test_metrics import (agreeing_scrape, assert_the_status_values, free_port,
                                     labelled, read_range, samples)
-from tests.pagecache import data_image, require_tool
-from tools.daemon_proc import DaemonProc, env_without_systemd
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from vmdisktouch.unitname import escape_path
 
 MiB = 1 << 20

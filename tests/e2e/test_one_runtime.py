@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from tests.libvirt_env import URI, disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
-from tests.pagecache import data_image, read_range
-from tools.common import ROOT
-from tools.daemon_proc import DaemonProc
+from tests.support.libvirt_env import URI, disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
+from tests.support.pagecache import data_image, read_range
+from tests.support.common import ROOT
+from tests.support.daemon_proc import DaemonProc
 
 MiB = 1 << 20
 HOT = (16 * MiB, 8 * MiB)

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from tests.pagecache import GUEST_MAPPER, data_image, read_range, require_tool
-from tools.daemon_proc import DaemonProc
+from tests.support.common import require_tool
+from tests.support.pagecache import GUEST_MAPPER, data_image, read_range
+from tests.support.daemon_proc import DaemonProc
 
 MiB = 1 << 20
 FAST = ("--uri", "", "--min-free", "0", "--interval", "0.3", "--decay", "1",
@@ -58,7 +59,7 @@ MAPPER = GUEST_MAPPER
 
 
 def test_the_cgroup_in_host_mode(tmp_path):
-    from tools.cgroup import MemoryCgroup
+    from tests.support.cgroup import MemoryCgroup
     a = data_image(tmp_path / "a.img", 64 * MiB)
     b = data_image(tmp_path / "b.img", 32 * MiB)
     cg = MemoryCgroup("reasons-host", 128 * MiB).create()

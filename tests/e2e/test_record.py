@@ -2,21 +2,21 @@
 
 A real daemon serves a real image while the test reads a hot zone and
 rewrites part of it; the record it writes is replayed cycle by cycle with
-``tests.replay.replay``, and every recorded plan must come out of
+``tests.support.replay.replay``, and every recorded plan must come out of
 the policy again: the recorder writes what the cycle really observed and
 decided, so the golden traces can be re-recorded with it. A host of three
 disks writes one record (``daemon.record``), replayed through a fresh policy
-per disk and one shared selection (``tests.replay.replay_host``).
+per disk and one shared selection (``tests.support.replay.replay_host``).
 """
 
 from __future__ import annotations
 
 import os
 
-from tools.daemon_proc import DaemonProc, env_without_systemd
-from tools.golden_host import record_host
-from tests.pagecache import data_image, read_range
-from tests.replay import disk_cycles, read_record, replay, replay_host
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
+from tests.support.golden_host import record_host
+from tests.support.pagecache import data_image, read_range
+from tests.support.replay import disk_cycles, read_record, replay, replay_host
 
 MiB = 1 << 20
 

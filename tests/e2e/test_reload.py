@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
-from tests.pagecache import data_image, read_range
-from tools.daemon_proc import DaemonProc
+from tests.support.pagecache import data_image, read_range
+from tests.support.daemon_proc import DaemonProc
 
 MiB = 1 << 20
 HOT = (64 * MiB, 32 * MiB)

@@ -11,10 +11,10 @@ import time
 import pytest
 from PIL import Image
 
-from tests.pagecache import data_image
-from tests.tracing import tracefs_root  # noqa: F401
-from tools.daemon_proc import DaemonProc
-from tools.holders import zone_reader_argv
+from tests.support.pagecache import data_image
+from tests.support.tracing import tracefs_root  # noqa: F401
+from tests.support.daemon_proc import DaemonProc
+from tests.support.holders import zone_reader_argv
 from vmdisktouch.unitname import escape_path
 
 MiB = 1 << 20

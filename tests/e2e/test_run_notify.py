@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from tests.pagecache import data_image
+from tests.support.pagecache import data_image
 
 MiB = 1 << 20
 PREFIXED = re.compile(r"^<[0-7]>")

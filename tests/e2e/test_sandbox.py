@@ -1,7 +1,7 @@
 """The unit's sandbox does not break the daemon: a real ``vmdisktouch run`` under the
 kernel mechanisms systemd would apply for systemd/vmdisktouch@.service.
 
-systemd is not PID 1 here, so the unit cannot be started. tests/sandbox_exec.py
+systemd is not PID 1 here, so the unit cannot be started. tests/support/sandbox_exec.py
 applies the same mechanisms, with the settings read from the unit file, and
 execs the daemon (see its docstring and docs/unit.md):
 
@@ -36,16 +36,17 @@ import sys
 
 import pytest
 
-from tests import sandbox_exec as sx
-from tests.libvirt_env import URI as LIBVIRT_URI
-from tests.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
-from tests.pagecache import data_image, read_range, require_tool
-from tools.cgroup import remove_group
-from tools.daemon_proc import DaemonProc
-from tools.procfs import status_fields as proc_status
+from tests.support import sandbox_exec as sx
+from tests.support.libvirt_env import URI as LIBVIRT_URI
+from tests.support.libvirt_env import disk_xml, domains, libvirt_daemons, qemu_io, virsh  # noqa: F401
+from tests.support.common import require_tool
+from tests.support.pagecache import data_image, read_range
+from tests.support.cgroup import remove_group
+from tests.support.daemon_proc import DaemonProc
+from tests.support.procfs import status_fields as proc_status
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LAUNCHER = ROOT / "tests" / "sandbox_exec.py"
+LAUNCHER = ROOT / "tests" / "support" / "sandbox_exec.py"
 MiB = 1 << 20
 HOT = (16 * MiB, 16 * MiB)          # the range the test keeps reading
 UNIT = sx.read_unit()
@@ -144,7 +145,7 @@ def image(tmp_path):
 
 MDWE_PROBE = """
 import json
-from tests import sandbox_exec as s
+from tests.support import sandbox_exec as s
 print(json.dumps({"PR_GET_MDWE": s._libc.prctl(s.PR_GET_MDWE, 0, 0, 0, 0),
                   "mprotect_exec": s.mprotect_exec_errno()}))
 """

@@ -1,7 +1,7 @@
 """`vmdisktouch snapshot` end to end: golden output, JSON vs fincore, PNG, read-only, 1 TiB.
 
 The CLI runs in a subprocess on images in the real page cache. States are
-built with tests/pagecache.read_range (no readahead) and held with mlock
+built with tests/support/pagecache.read_range (no readahead) and held with mlock
 while they are measured (``held``): DAMON here pages out page cache it
 judges idle, sometimes within seconds of the read. Every image's
 first pages are read beforehand: open_image reads the first bytes (the qcow2
@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
+from tests.support.images import evict, make_image
+from tests.support.pagecache import PAGE, fincore_pages, held, page_ranges, vmtouch_pages
 from vmdisktouch.commands import snapshot
 from vmdisktouch.adapters.pictures import figure, render
 

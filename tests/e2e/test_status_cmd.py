@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.pagecache import data_image
-from tools.daemon_proc import ROOT, DaemonProc, env_without_systemd
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import ROOT, DaemonProc, env_without_systemd
 
 MiB = 1 << 20
 UNREAD = r"(?:no evidence of use yet|nothing is above the threshold \(.*\))"  # a disk not read

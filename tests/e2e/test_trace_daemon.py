@@ -15,12 +15,13 @@ import time
 import numpy as np
 import pytest
 
-from tests.pagecache import data_image, evict
-from tests.qemu_vm import QemuVM
-from tests.replay import disk_cycles, read_record
-from tests.tracing import tracefs_root  # noqa: F401
-from tools.daemon_proc import DaemonProc
-from tools.procfs import vmlck
+from tests.support.images import evict
+from tests.support.pagecache import data_image
+from tests.support.qemu_vm import QemuVM
+from tests.support.replay import disk_cycles, read_record
+from tests.support.tracing import tracefs_root  # noqa: F401
+from tests.support.daemon_proc import DaemonProc
+from tests.support.procfs import vmlck
 from vmdisktouch.system import libc
 from vmdisktouch.daemon.sources import instance_name
 

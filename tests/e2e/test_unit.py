@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.sandbox_exec import parse_unit
+from tests.support.sandbox_exec import parse_unit
 from vmdisktouch import errors
 from vmdisktouch.commands import cli
 from vmdisktouch.config import file as configfile

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from tests.pagecache import data_image
-from tools.daemon_proc import DaemonProc
-from tools.holders import zone_reader_argv
-from tools.images import evict
+from tests.support.pagecache import data_image
+from tests.support.daemon_proc import DaemonProc
+from tests.support.holders import zone_reader_argv
+from tests.support.images import evict
 
 MiB = 1 << 20
 ZONE = (32 * MiB, 32 * MiB)

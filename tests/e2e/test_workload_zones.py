@@ -2,8 +2,8 @@
 
 import pytest
 
-from tools.common import WorkloadError
-from tools.fio import FioJob
+from tests.support.common import WorkloadError
+from tests.support.fio import FioJob
 
 MiB = 1 << 20
 

@@ -25,7 +25,7 @@ import time
 import pytest
 
 from tests.package import debroot
-from tests.pagecache import held
+from tests.support.pagecache import held
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(900)]
 

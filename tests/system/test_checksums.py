@@ -257,7 +257,7 @@ def test_a_lease_renewed_on_an_unwritten_file_is_not_read_again(image, monkeypat
 
 def test_hashing_caches_nothing_beyond_the_blocks_hashed(image):
     """Readahead of the checksum reads would look like the guest's use next cycle."""
-    from tests.pagecache import evict
+    from tests.support.images import evict
     from vmdisktouch.system.observe import residency
     path, rfd, wfd = image
     size = os.path.getsize(path)

@@ -17,12 +17,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.pagecache import PAGE, evict, make_image, read_range
+from tests.support.images import evict, make_image
+from tests.support.pagecache import PAGE, read_range
 from vmdisktouch.core.runs import (clip_runs, diff_runs, intersect, merge_runs, priority_pieces,
                                    subtract)
 from vmdisktouch.errors import ClosedError
 from vmdisktouch.system.hold import holder as holder_mod
-from tools.procfs import vmlck
+from tests.support.procfs import vmlck
 from vmdisktouch.system import libc
 from vmdisktouch.system.hold.holder import ApplyResult, Holder
 from vmdisktouch.system.image import open_image
@@ -504,7 +505,7 @@ def test_lock_limit_stops_loading_keeps_what_is_locked_and_is_explained(img):
         import os, resource
         from vmdisktouch.system.hold.holder import Holder
         from vmdisktouch.system.image import open_image
-        from tools.procfs import vmlck
+        from tests.support.procfs import vmlck
         image = open_image({path!r})
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, 4 << 20))
         os.setgroups([]); os.setgid(65534); os.setuid(65534)     # drops CAP_IPC_LOCK

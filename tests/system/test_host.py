@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tests.clocks import Stepped
-from tests.pagecache import data_image, held
+from tests.support.clocks import Stepped
+from tests.support.pagecache import data_image, held
 from vmdisktouch.config import settings
 from vmdisktouch.daemon.build import build
 from vmdisktouch.daemon.host import Host, NoDiskLeft
@@ -150,9 +150,9 @@ def test_the_sum_held_never_exceeds_the_budget_whatever_the_policy_asks(tmp_path
     cuts it at once."""
     from dataclasses import replace
 
-    from tools.procfs import vmlck
+    from tests.support.procfs import vmlck
     from vmdisktouch.daemon import host as host_mod
-    from tests.pagecache import evict
+    from tests.support.images import evict
 
     real = host_mod.select
 

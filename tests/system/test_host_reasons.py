@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from tests.pagecache import data_image, held
+from tests.support.pagecache import data_image, held
 from tests.system.test_host import host  # noqa: F401 - the fixture: a host of real images
 from vmdisktouch.system import meminfo
 

@@ -21,7 +21,9 @@ import textwrap
 
 import pytest
 
-from tests.pagecache import PAGE, make_image, require_tool
+from tests.support.common import require_tool
+from tests.support.images import make_image
+from tests.support.pagecache import PAGE
 from vmdisktouch.errors import ImageError
 from vmdisktouch.system.image import open_image, size_of_fd
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.pagecache import make_image
+from tests.support.images import make_image
 from vmdisktouch.system import image_lock
 from vmdisktouch.system.image import open_image
 

@@ -25,8 +25,10 @@ import time
 import numpy as np
 import pytest
 
-from tools.cgroup import remove_group
-from tests.pagecache import data_image, evict, make_image, read_range, require_tool
+from tests.support.cgroup import remove_group
+from tests.support.common import require_tool
+from tests.support.images import evict, make_image
+from tests.support.pagecache import data_image, read_range
 from vmdisktouch.system import libc
 from vmdisktouch.system.cgroup.memcg import Group, MemcgReader
 
@@ -149,7 +151,7 @@ def read_in_group(group_dir: str, path, size: int) -> None:
     missing when the test locked them, then charged to the locker), and fail if they
     still are not: the tests below assume every page was read by the group."""
     for _ in range(3):
-        run_in_group(group_dir, "from tests.pagecache import read_range\n"
+        run_in_group(group_dir, "from tests.support.pagecache import read_range\n"
                                 f"read_range({str(path)!r}, 0, {size})\n")
         missing = size // PAGE - resident_pages(path, size)
         if missing == 0:

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tests.pagecache import require_tool
+from tests.support.common import require_tool
 from vmdisktouch.system import meminfo
 from vmdisktouch.errors import VmdtError
 

@@ -22,7 +22,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.pagecache import PAGE, evict, fincore_pages, held, make_image, page_ranges, vmtouch_pages
+from tests.support.images import evict, make_image
+from tests.support.pagecache import PAGE, fincore_pages, held, page_ranges, vmtouch_pages
 from vmdisktouch.system import libc
 from vmdisktouch.system.observe import residency
 from vmdisktouch.system.image import size_of_fd

@@ -14,7 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.pagecache import evict, fincore_pages, held, make_image, read_range
+from tests.support.images import evict, make_image
+from tests.support.pagecache import fincore_pages, held, read_range
 from vmdisktouch.system.observe import residency
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.observe.residency_tracker import ResidencyTracker

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.pagecache import PAGE, evict, make_image, read_range
+from tests.support.images import evict, make_image
+from tests.support.pagecache import PAGE, read_range
 from tests.system.test_holder import locked, resident_pages
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.hold.spill import Spiller

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
+from tests.support.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.system import files
 from vmdisktouch.system.trace import ringbuf
 from vmdisktouch.system.trace.tracefs import read_text

@@ -16,8 +16,8 @@ import select
 
 import pytest
 
-from tests.pagecache import read_range
-from tests.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
+from tests.support.pagecache import read_range
+from tests.support.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.errors import ClosedError
 from vmdisktouch.system.trace import tracefs
 from vmdisktouch.system.trace.trace_reader import READ, TraceReader

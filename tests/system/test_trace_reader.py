@@ -26,8 +26,9 @@ import time
 
 import pytest
 
-from tests.pagecache import evict, require_tool
-from tests.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
+from tests.support.common import require_tool
+from tests.support.images import evict
+from tests.support.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.system.trace import tracefs
 from vmdisktouch.system.trace.tracefs import read_text
 from vmdisktouch.system.trace.trace_reader import (ADD, DELETE, READ, WRITE, TraceReader,

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from tests.clocks import Stepped
-from tests.pagecache import evict
-from tests.tracing import instance_name, scratch, tracefs_root  # noqa: F401
+from tests.support.clocks import Stepped
+from tests.support.images import evict
+from tests.support.tracing import instance_name, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.daemon.host import host_of
 from vmdisktouch.config import settings
 from vmdisktouch.adapters.pictures import figure, render

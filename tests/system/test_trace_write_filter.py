@@ -20,8 +20,9 @@ import types
 
 import pytest
 
-from tests.pagecache import evict, make_image, require_tool
-from tests.tracing import PAGE, instance_name, tracefs_root  # noqa: F401
+from tests.support.common import require_tool
+from tests.support.images import evict, make_image
+from tests.support.tracing import PAGE, instance_name, tracefs_root  # noqa: F401
 from vmdisktouch.system.trace import trace_reader
 from vmdisktouch.system.trace.trace_reader import WRITE, TraceReader
 

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.pagecache import make_image
+from tests.support.images import make_image
 from vmdisktouch.adapters import warm_state
 from vmdisktouch.system.image import open_image
 

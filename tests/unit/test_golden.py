@@ -29,29 +29,25 @@ the observations stay as recorded, and every cycle's plan was re-derived from
 them by ``python -m tools.golden_replan`` (each cycle's ``replanned`` says
 why); 21 of the 184 cycles changed, in their order or at a zone's edges.
 
-``host-three`` is a host of three disks (``python -m tools.golden_host``: the
+``host-three`` is a host of three disks (``python -m tests.support.golden_host``: the
 daemon on three 64M data images under 24M, hot zones of 8M, 16M and 8M, the
 last read in the first half only), one line per host cycle: every disk's
 record, the budget and the shared selection. Its replay runs a fresh
 ``Policy`` per disk and one selection over the three maps
-(``tests.replay.replay_host``), and asserts every disk's plan and share.
+(``tests.support.replay.replay_host``), and asserts every disk's plan and share.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import pathlib
 
 import numpy as np
 import pytest
 
-from tests.replay import read_record, replay, replay_host
+from tests.support.golden import GOLDEN, HOST_SCENARIOS, SCENARIOS, TRACE_SCENARIOS
+from tests.support.replay import read_record, replay, replay_host
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "policy"
-SCENARIOS = ("base", "move", "write50", "bigset")
-TRACE_SCENARIOS = tuple(f"trace-{name}" for name in SCENARIOS)
-HOST_SCENARIOS = ("host-three",)
 MiB = 1 << 20
 
 

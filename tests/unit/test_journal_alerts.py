@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.journal_records import journal_records
+from tests.support.journal_records import journal_records
 from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.daemon.alerts import HostAlerts
 

@@ -1,4 +1,4 @@
-"""tools.nbd: a real qemu-nbd on a small temporary file, read and written through it with qemu-io."""
+"""tests.support.nbd: a real qemu-nbd on a small temporary file, read and written through it with qemu-io."""
 
 import os
 import shutil
@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from tools.common import WorkloadError
-from tools.fio import FioJob
-from tools.nbd import QemuNbd
+from tests.support.common import WorkloadError
+from tests.support.fio import FioJob
+from tests.support.nbd import QemuNbd
 
 needs_qemu = pytest.mark.skipif(not (shutil.which("qemu-nbd") and shutil.which("qemu-io")),
                                 reason="qemu-nbd and qemu-io (Debian: qemu-utils) not installed")

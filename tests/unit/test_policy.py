@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.replay import plan_one
+from tests.support.replay import plan_one
 from vmdisktouch.core import heat, policy
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import consecutive_runs, runs_to_mask

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.replay import plan_one
+from tests.support.replay import plan_one
 from vmdisktouch.core import budget as fill, policy
 from vmdisktouch.core.policy import Observation, Policy
 from vmdisktouch.core.runs import runs_to_mask

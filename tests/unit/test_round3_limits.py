@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tools.common import ROOT
+from tests.support.common import ROOT
 from vmdisktouch.adapters.systemd import sdnotify
 from vmdisktouch.commands import status
 

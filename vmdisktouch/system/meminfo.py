@@ -2,7 +2,7 @@
 
 ``mem_available`` is what the holder's floor is checked against, before
 every load chunk and after each cycle. (A process's ``VmLck``, which tests
-and benchmarks check the holder against, is read by ``tools.procfs``.)
+and benchmarks check the holder against, is read by ``tests.support.procfs``.)
 
 ``procfs`` is a parameter so tests can point at a fake tree. Failures raise
 ``MemInfoError`` with a one-line message; ``FailSafe`` turns them into 0

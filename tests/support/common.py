@@ -13,16 +13,18 @@ from vmdisktouch.errors import VmdtError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PAGE = os.sysconf("SC_PAGE_SIZE")
-ROOT = pathlib.Path(__file__).resolve().parent.parent   # the checkout tools/ belongs to
+ROOT = pathlib.Path(__file__).resolve().parents[2]   # the checkout tests/support/ belongs to
 
 class WorkloadError(VmdtError):
     """The workload harness cannot run (no cgroup v1 memory controller, no fio...)."""
 
 
 def require_tool(name: str) -> str:
+    """Path of an external tool; raises ``WorkloadError`` when it is missing (in a
+    test: an error, never a skip)."""
     path = shutil.which(name)
     if not path:
-        raise WorkloadError(f"{name} is not installed (Debian package: {name}; `make deps` installs it)")
+        raise WorkloadError(f"{name} is not installed: `make deps` (which `make test` runs) installs it")
     return path
 
 

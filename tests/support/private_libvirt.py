@@ -32,8 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
-from tests import libvirt_env
-from tools.common import stop_process
+from tests.support import libvirt_env
+from tests.support.common import stop_process
 
 QEMU_LOG = "/var/log/libvirt/qemu/{name}.log"
 

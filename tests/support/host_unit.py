@@ -8,7 +8,7 @@ the description, the mount dependency, the instance environment and the
 command line. tests/e2e/test_unit.py checks that the shipped file is what
 this prints:
 
-    python -m tools.host_unit > systemd/vmdisktouch.service
+    python -m tests.support.host_unit > systemd/vmdisktouch.service
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from __future__ import annotations
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "systemd" / "vmdisktouch@.service"
 
 HEADER = """\
 # vmdisktouch.service: keep the hot parts of every libvirt VM's disks in the
 # page cache, under one host budget.
 #
-# Made from vmdisktouch@.service by `python -m tools.host_unit` (the same
+# Made from vmdisktouch@.service by `python -m tests.support.host_unit` (the same
 # sandbox); edit the template, then regenerate this file.
 #
 # It serves every eligible disk (buffered I/O: not cache=none/directsync,

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from tools.common import MiB, PAGE, WorkloadError
+from tests.support.common import MiB, PAGE, WorkloadError
 
 CGROUP_MEMORY_ROOT = "/sys/fs/cgroup/memory"
 

@@ -4,7 +4,7 @@ systemd is not PID 1 on the test machines, so the unit cannot be started;
 this launcher applies the same kernel mechanisms systemd would, reading the
 settings from the unit file, then execs the command::
 
-    python tests/sandbox_exec.py [--private-network] [--address-families] [--mdwe]
+    python tests/support/sandbox_exec.py [--private-network] [--address-families] [--mdwe]
                                  [--mdwe-seccomp] [--seccomp] [--caps]
                                  [--devices-cgroup NAME] [--listen-fd FD:NAME]
                                  [--report FILE] -- CMD...
@@ -77,7 +77,7 @@ import struct
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNIT = os.path.join(ROOT, "systemd", "vmdisktouch@.service")
 UNIT_PATH = pathlib.Path(UNIT)
 DEVICES_CGROUP = "/sys/fs/cgroup/devices"

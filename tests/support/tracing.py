@@ -1,6 +1,6 @@
 """What the tests of the trace source share: the tracefs root, instance names, scratch files.
 
-Import the fixtures by name (``from tests.tracing import tracefs_root``).
+Import the fixtures by name (``from tests.support.tracing import tracefs_root``).
 Where tracefs cannot be used, ``tracefs_root`` fails the test with the
 reason, it never skips.
 """
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.pagecache import data_image
+from tests.support.pagecache import data_image
 from vmdisktouch.system import libc
 from vmdisktouch.system.trace import tracefs
 from vmdisktouch.system.trace.trace_reader import TraceUnavailable

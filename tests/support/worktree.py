@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from tools.common import ROOT, WorkloadError
+from tests.support.common import ROOT, WorkloadError
 
 
 def git(*args, cwd=ROOT) -> str:

@@ -1,4 +1,4 @@
-"""Test helpers for the real page cache: make images, evict, warm, cross-check.
+"""Test helpers for the real page cache: data images, warm, hold, cross-check.
 
 Eviction uses fsync + POSIX_FADV_DONTNEED (drop_caches is not writable on
 these machines; see FIELD-NOTES). Dirty pages are not dropped until written
@@ -10,32 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 
-from tools.images import evict  # noqa: F401 - the tests' evict too
+from tests.support.common import require_tool
+from tests.support.images import evict, make_image
 from vmdisktouch.system import libc
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def require_tool(name: str) -> str:
-    """Path of an external tool; fails (never skips) when it is missing."""
-    path = shutil.which(name)
-    assert path, f"{name} is not installed: run `make test`, which installs it"
-    return path
-
-
-def make_image(path, size: int, *, sparse: bool = True, fill_mib: int = 0) -> str:
-    """Create an image of ``size`` bytes; non-sparse images get random data."""
-    path = str(path)
-    with open(path, "wb") as f:
-        f.truncate(size)
-        if not sparse:
-            chunk = os.urandom(1 << 20)
-            for off in range(0, size, len(chunk)):
-                f.write(chunk[: min(len(chunk), size - off)])
-    return path
 
 
 def data_image(path, size: int) -> str:

@@ -4,7 +4,7 @@
   ``libvirtd`` answer on qemu:///system. Whatever is already running is used
   and left alone; what it had to start (in the foreground, as its own child
   processes) it stops at the end of the session, by PID. Import the fixture
-  into a test module: ``from tests.libvirt_env import libvirt_daemons``.
+  into a test module: ``from tests.support.libvirt_env import libvirt_daemons``.
 * ``domains`` (fixture): a ``DomainFactory``; every domain it defines is
   destroyed and undefined at the end of the test.
 * ``qemu_io``: guest-like I/O through libvirt's own QEMU, with

@@ -30,8 +30,8 @@ import subprocess
 import tempfile
 import time
 
-from tools.common import WorkloadError, require_tool, stop_process
-from tools.procfs import memory_fields
+from tests.support.common import WorkloadError, require_tool, stop_process
+from tests.support.procfs import memory_fields
 
 GREETING = b"NBDMAGIC"
 

@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import time
 
-from tests.pagecache import require_tool
+from tests.support.common import require_tool
 
 KVM = os.access("/dev/kvm", os.R_OK | os.W_OK)
 DEVICE_ID = "vd0"

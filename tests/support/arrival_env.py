@@ -9,12 +9,12 @@
   use!" in the domain's log when a page did (QEMU 7.2 logs it and goes on).
   It lives in a world-readable directory under /var/tmp: libvirtd probes the
   emulator's capabilities as libvirt-qemu, and pytest's tmp is root-only.
-* ``checked_domain_xml``: ``tests.libvirt_env.domain_xml`` with that emulator.
+* ``checked_domain_xml``: ``tests.support.libvirt_env.domain_xml`` with that emulator.
 * ``SlowFeed``: a FIFO that hands a save image to ``virsh restore FILE`` over
   some seconds, so the restore's incoming phase (QEMU started, disks not yet
   activated) lasts long enough for a daemon's 1 s cycle to see it.
 * ``QemuLog``: a domain's QEMU log read from an offset (what one arrival wrote).
-* ``vsh``: virsh on a libvirt URI (``tests.private_libvirt.PrivateLibvirtd``
+* ``vsh``: virsh on a libvirt URI (``tests.support.private_libvirt.PrivateLibvirtd``
   is each test's libvirtd; two of them run a live migration on one machine).
   The wrapper can also fill a domain's RAM at reset (``fill_ram``: a long
   migration stream) or leave it unchecked.
@@ -30,8 +30,8 @@ import threading
 import time
 from pathlib import Path
 
-from tests.libvirt_env import _tool, domain_xml
-from tests.private_libvirt import QEMU_LOG
+from tests.support.libvirt_env import _tool, domain_xml
+from tests.support.private_libvirt import QEMU_LOG
 
 STILL_IN_USE = "page cache still in use"
 

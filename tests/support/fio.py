@@ -5,7 +5,7 @@ buffered 4 KiB random I/O on the image file: reads, and writes opened with
 ``O_DSYNC``. ``FioJob`` reproduces it (``ioengine=psync``, ``direct=0``,
 ``sync=dsync``, iodepth 1, one job) with most accesses falling in hot zones
 (``random_distribution=zoned_abs``). With ``nbd_uri`` the same job goes
-through QEMU's block layer instead (``tools.nbd``: ``qemu-nbd
+through QEMU's block layer instead (``tests.support.nbd``: ``qemu-nbd
 --cache=writethrough``, fio's ``nbd`` engine); ``FioRun`` runs it and parses fio's
 per-second JSON status into live per-interval IOPS (and cumulative latency per
 direction: ``mean_latency_us`` of a window); ``parse_iops_log`` reads
@@ -23,8 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tools.cgroup import MemoryCgroup
-from tools.common import KiB, WorkloadError, require_tool, stop_process
+from tests.support.cgroup import MemoryCgroup
+from tests.support.common import KiB, WorkloadError, require_tool, stop_process
 
 
 @dataclass

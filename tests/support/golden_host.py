@@ -8,7 +8,7 @@ tests/golden/policy/host-three.jsonl.gz; tests/e2e/test_record.py runs the same)
 
 The budget (24M) is less than the zones (32M): the shared selection chooses.
 
-    .venv/bin/python -m tools.golden_host OUT [CYCLES]
+    .venv/bin/python -m tests.support.golden_host OUT [CYCLES]
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pathlib
 import sys
 import tempfile
 
-from tests.pagecache import data_image, read_range
-from tools.daemon_proc import DaemonProc, env_without_systemd
+from tests.support.pagecache import data_image, read_range
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
 
 MiB = 1 << 20
 

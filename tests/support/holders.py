@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 
-from tools.common import PAGE, WorkloadError, require_tool, stop_process
-from tools.images import resident_bytes
-from tools.procfs import vmlck
+from tests.support.common import PAGE, WorkloadError, require_tool, stop_process
+from tests.support.images import resident_bytes
+from tests.support.procfs import vmlck
 
 ZONE_READER = ("import os, sys, time\n"
                "fd = os.open(sys.argv[1], os.O_RDONLY)\n"

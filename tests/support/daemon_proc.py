@@ -8,7 +8,7 @@
 The process starts in the constructor, in its own session, with ``cwd``
 the checkout this file belongs to (``ROOT``), so ``python -m vmdisktouch``
 imports that checkout's code; ``cwd=`` another tree (a ``git worktree`` of an
-older commit, see ``tools.worktree``) runs that tree's code instead.
+older commit, see ``tests.support.worktree``) runs that tree's code instead.
 ``prefix`` runs it under a wrapper command (``prlimit``, ``setpriv``, a
 sandbox launcher that execs it: ``pid`` is then the daemon's).
 
@@ -32,8 +32,8 @@ import subprocess
 import sys
 import time
 
-from tools.common import MiB, ROOT
-from tools.procfs import vmlck
+from tests.support.common import MiB, ROOT
+from tests.support.procfs import vmlck
 
 SYSTEMD_ENV = ("JOURNAL_STREAM", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 CYCLE_LINE = re.compile(r"^.*cycle \d+: held", re.M)
