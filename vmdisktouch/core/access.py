@@ -58,12 +58,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.core.intensity import RATE_SECONDS
+from vmdisktouch.core.rules import RATE_SECONDS, REFAULT_SECONDS
 from vmdisktouch.core.sparse import Sparse
 
 READ, WRITE, ADD, DELETE = 0, 1, 2, 3
 PARTS = 16
-REFAULT_SECONDS = 60.0
 MAX_DELETIONS = 1 << 22          # 64 MiB of (page, time) pairs at most
 
 

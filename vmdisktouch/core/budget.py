@@ -65,12 +65,8 @@ import numpy as np
 
 from vmdisktouch.core import cuts
 from vmdisktouch.core.regions import DiskMap, Rules, coalesced, Ranked
+from vmdisktouch.core.rules import FAIR_BAND, OWN_TRIM_MIN, TRIM_CONTRAST, WINDOW_MARGIN
 from vmdisktouch.core.runs import Run
-
-TRIM_CONTRAST = 2.0    # see "Trim" above and the policy's rules table
-FAIR_BAND = 1.25       # see "Share" above and the policy's rules table
-OWN_TRIM_MIN = 16      # blocks: a region this long is trimmed against its own core at once
-WINDOW_MARGIN = 1.1    # a window moves off held blocks for this much more heat (``cuts``)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vmdisktouch.core.policy import AT_LIMIT_FRACTION, RESERVE_FRACTION
+from vmdisktouch.core.rules import AT_LIMIT_FRACTION, RESERVE_FRACTION
 from vmdisktouch.core.runs import Run, consecutive_runs
 
 

@@ -42,9 +42,8 @@ from __future__ import annotations
 import numpy as np
 
 from vmdisktouch.core import heat
+from vmdisktouch.core.rules import RATE_SECONDS
 from vmdisktouch.core.sparse import Sparse
-
-RATE_SECONDS = 2.5
 
 
 class Intensity:

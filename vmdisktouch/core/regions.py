@@ -116,8 +116,9 @@ least one non-candidate block, windows lie inside their region) and come
 in priority order: the holder loads them in that order and sheds from the
 end under memory pressure.
 
-The three constants (``Rules``) are the policy's; ``policy`` passes them
-and states their values and reasons in its rules table.
+The constants (``Rules``) are the policy's; ``policy`` passes them from
+``core.rules``, which states their values and meanings (their reasons:
+docs/rationale.md).
 """
 
 from __future__ import annotations
@@ -127,14 +128,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.core import cuts
+from vmdisktouch.core.rules import STAY_WRITE_CONTRAST
 from vmdisktouch.core.runs import Run, mask_edges, run_indices, runs_to_mask
-
-STAY_WRITE_CONTRAST = 2.0    # the stay: see "Stay" above and policy's rules table
 
 
 @dataclass(frozen=True)
 class Rules:
-    """The selection's constants; their values and reasons are ``policy``'s rules table."""
+    """The selection's constants, as ``policy`` passes them (their values, meanings and
+    reasons: ``core.rules``, docs/rationale.md)."""
     hold_fraction: float       # held runs stay candidates while mean heat >= threshold * this
     incumbent_weight: float    # a held block's resident heat counts this many times
     rewritten_density: float   # first class: mean recent rewritten fraction at least this

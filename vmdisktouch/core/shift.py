@@ -47,11 +47,7 @@ from collections import deque
 
 import numpy as np
 
-WAKE_SHARE = 0.5
-WAKE_RATIO = 2.0
-MIN_READS = 512
-MAX_EARLY = 4
-BASELINE_CYCLES = 3
+from vmdisktouch.core.rules import BASELINE_CYCLES, MAX_EARLY, MIN_READS, WAKE_RATIO, WAKE_SHARE
 
 
 class ReadShift:

@@ -36,11 +36,10 @@ from __future__ import annotations
 import numpy as np
 
 from vmdisktouch.core import heat
+from vmdisktouch.core.rules import THRASH_MARGIN as MARGIN
+from vmdisktouch.core.rules import THRASH_SHOWN as SHOWN
+from vmdisktouch.core.rules import THRASH_WEIGHT as WEIGHT
 from vmdisktouch.core.sparse import Sparse
-
-WEIGHT = 1.0          # a block refaulting all of its pages ranks twice as high
-MARGIN = 0.25         # a challenger's share counts 75 % of itself
-SHOWN = 1 / 16
 
 
 class Thrash:
