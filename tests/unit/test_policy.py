@@ -237,13 +237,13 @@ def test_the_policy_decides_with_the_rules_of_core_rules():
     """The policy's constants are those of ``core.rules``, each stated with a unit and a
     meaning (the table of docs/algorithm.md is generated from them)."""
     for name in ("INCUMBENT_WEIGHT", "HOLD_FRACTION", "REWRITTEN_DENSITY", "GUEST_RESIDENT",
-                 "RELEASED_GRACE", "CEDE_SECONDS", "RESERVE_FRACTION", "AT_LIMIT_FRACTION",
-                 "TRACED_INCUMBENT", "SPLIT_CONTRAST", "SPLIT_MIN_RATIO", "SPLIT_MIN_BLOCKS"):
+                 "RELEASED_GRACE", "CEDE_SECONDS", "TRACED_INCUMBENT", "SPLIT_CONTRAST",
+                 "SPLIT_MIN_RATIO", "SPLIT_MIN_BLOCKS"):
         rule = rules.BY_NAME[name]
         assert getattr(policy, name) == rule.value, name
         assert rule.unit and rule.meaning, name
     for name in ("INCUMBENT_WEIGHT", "HOLD_FRACTION", "REWRITTEN_DENSITY", "GUEST_RESIDENT",
-                 "RELEASED_GRACE", "CEDE_SECONDS", "RESERVE_FRACTION", "AT_LIMIT_FRACTION"):
+                 "RELEASED_GRACE", "CEDE_SECONDS"):
         assert isinstance(getattr(policy, name), float), name
 
 

@@ -91,9 +91,8 @@ from vmdisktouch.core.intensity import Intensity
 # the rules it decides with (``core.rules``: each one's meaning, unit and reason), imported
 # from here by the daemon and the tests too
 from vmdisktouch.core.rules import (
-    AT_LIMIT_FRACTION, CEDE_SECONDS, GUEST_RESIDENT, HOLD_FRACTION, INCUMBENT_WEIGHT,
-    RELEASED_GRACE, RESERVE_FRACTION, REWRITTEN_DENSITY, SPLIT_CONTRAST, SPLIT_MIN_BLOCKS,
-    SPLIT_MIN_RATIO, TRACED_INCUMBENT)
+    CEDE_SECONDS, GUEST_RESIDENT, HOLD_FRACTION, INCUMBENT_WEIGHT, RELEASED_GRACE,
+    REWRITTEN_DENSITY, SPLIT_CONTRAST, SPLIT_MIN_BLOCKS, SPLIT_MIN_RATIO, TRACED_INCUMBENT)
 from vmdisktouch.core.runs import Run, runs_to_mask
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.core.thrash import Thrash
