@@ -13,3 +13,10 @@ def test_the_table_has_every_rule_with_its_value():
     table = text[text.index(rules_doc.BEGIN):text.index(rules_doc.END)]
     for r in rules.RULES:
         assert f"[`{r.name}`](rationale.md#{r.key}) | {r.text} | {r.unit} |" in table, r.name
+
+
+def test_every_rule_has_its_section_in_rationale_and_only_the_rules_do():
+    import re
+    text = open(rules_doc.RATIONALE).read()
+    anchors = re.findall(r'<a id="([^"]+)"></a>\n### (\w+):', text)
+    assert [(r.key, r.name) for r in rules.RULES] == anchors
