@@ -34,7 +34,8 @@ starts the next:
   block: 8/16; of a 60 KiB block: 2/16).
 * ``refaults``: per block, the share of its pages that came back into the
   cache less than ``REFAULT_SECONDS`` after the kernel deleted them: the
-  guest needed pages the cache had just lost, which residency never shows.
+  guest needed pages the cache had just lost, which residency never shows
+  (docs/rationale.md#refault-seconds).
   A share, not a 0/1 flag: when a hot set twice the cache thrashes, every
   block of it refaults every cycle, and only how many of its pages did
   tells the hotter part (three reads in four) from the rest.

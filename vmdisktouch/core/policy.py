@@ -60,22 +60,22 @@ Blocks the daemon loaded
 ^^^^^^^^^^^^^^^^^^^^^^^^
 A block loaded while the guest had not cached it (a region's shoulders:
 the smoothing makes a region wider than the guest's cached extent) stays
-cached after its release, and its residency would then heat it as if the
-guest used it: held regions would grow by the smoothing's reach every
-cycle (docs/benchmarks.md, why-policy).
+cached after its release, and its residency would heat it as if the guest
+used it: held regions would grow by the smoothing's reach every cycle; so
+it stays suppressed until the kernel evicts it
+(docs/rationale.md#guest-resident).
 
 Blocks the daemon released
 ^^^^^^^^^^^^^^^^^^^^^^^^^^
 Right after a release a block is still cached *because we held it*. When
 it was let go because hotter regions took its place (displaced: still a
-candidate), that residency would win it the rematch at once: an old hot
-zone cut for a new one comes back whole and delays the new zones
-(docs/benchmarks.md, why-policy). So a displaced block's residency is
-suppressed for ``RELEASED_GRACE`` (four cycles at the defaults): time for
-reclaim to take what the guest left. Blocks released because their lease
-ran out (no longer candidates) are not suppressed: their renewal is the
-point of the lease (see ``heat``). Releases between cycles (a smaller
-budget on reload, the domain stopped) count as displacements.
+candidate), that residency would win it the rematch at once, so a
+displaced block's residency is suppressed for ``RELEASED_GRACE``: time for
+reclaim to take what the guest left (docs/rationale.md#released-grace).
+Blocks released because their lease ran out (no longer candidates) are not
+suppressed: their renewal is the point of the lease (see ``heat``).
+Releases between cycles (a smaller budget on reload, the domain stopped)
+count as displacements.
 """
 
 from __future__ import annotations
