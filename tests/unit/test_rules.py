@@ -37,3 +37,14 @@ def test_no_module_of_the_core_defines_a_rule_of_its_own():
             continue
         for r in rules.RULES:
             assert not re.search(rf"^{r.name}\s*=", path.read_text(), re.M), (path, r.name)
+
+
+def test_no_bare_issue_number_in_the_package():
+    """The reasons are said in words or linked (docs/rationale.md, docs/benchmarks.md): an
+    issue number points to no public tracker."""
+    import pathlib
+    package = pathlib.Path(rules.__file__).parents[1]
+    bare = re.compile(r"issue [0-9]+|#[0-9]{2}\b", re.I)
+    found = [f"{p}:{n}" for p in sorted(package.rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if bare.search(line)]
+    assert not found, found
