@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.support.replay import plan_one
-from vmdisktouch.core import heat, policy
+from vmdisktouch.core import heat, policy, rules
 from vmdisktouch.core.policy import Observation, Policy, PolicyParams
 from vmdisktouch.core.runs import consecutive_runs, runs_to_mask
 from vmdisktouch.core.sparse import Sparse
@@ -233,14 +233,18 @@ def test_rewrites_make_a_region_first_class_and_red():
     assert not plan.quiet[40] and plan.quiet[8]
 
 
-def test_the_rules_table_states_every_constant():
-    src = open(policy.__file__).read()
-    table = src[src.index("# -- the rules"):src.index("INCUMBENT_WEIGHT = ")]
+def test_the_policy_decides_with_the_rules_of_core_rules():
+    """The policy's constants are those of ``core.rules``, each stated with a unit and a
+    meaning (the table of docs/algorithm.md is generated from them)."""
     for name in ("INCUMBENT_WEIGHT", "HOLD_FRACTION", "REWRITTEN_DENSITY", "GUEST_RESIDENT",
-                 "RELEASED_GRACE", "CEDE_SECONDS", "RESERVE_FRACTION", "AT_LIMIT_FRACTION"):
-        assert f"#   {name}" in table, name
-        assert isinstance(getattr(policy, name), float)
-
+                 "RELEASED_GRACE", "CEDE_SECONDS", "TRACED_INCUMBENT", "SPLIT_CONTRAST",
+                 "SPLIT_MIN_RATIO", "SPLIT_MIN_BLOCKS"):
+        rule = rules.BY_NAME[name]
+        assert getattr(policy, name) == rule.value, name
+        assert rule.unit and rule.meaning, name
+    for name in ("INCUMBENT_WEIGHT", "HOLD_FRACTION", "REWRITTEN_DENSITY", "GUEST_RESIDENT",
+                 "RELEASED_GRACE", "CEDE_SECONDS"):
+        assert isinstance(getattr(policy, name), float), name
 
 
 def test_self_loaded_marks_only_what_the_daemon_brought_into_the_cache():

@@ -25,7 +25,7 @@ of another size or block size, or from the future, is ignored with one
 line saying why. Nothing here ever stops the daemon: warm state is an
 optimisation.
 
-What a local user or a stray file can plant there (issue 31). The state
+What a local user or a stray file can plant there. The state
 directory must be closed to other users (``files.open_dir(private=True)``:
 root's or the daemon's user's, as every directory above it, none writable
 by group or others, never reached through a symlink it ends in); one that

@@ -8,7 +8,7 @@ would refuse (``served.check_outputs``, the very check ``run`` makes: its
 directory missing or not writable, the config file itself, a file that is not
 vmdisktouch's; a PNG path's ``{disk}`` stands for ``SAMPLE_IMAGE``'s name),
 in the same one line and exit 78: an "ok" that ``run`` then refuses is a
-broken deploy found too late (issue 40). It prints the warnings ``run``
+broken deploy found too late. It prints the warnings ``run``
 would log, then ``FILE: ok``. The lock limit (``RLIMIT_MEMLOCK``) is the
 running process's, not the unit's (``LimitMEMLOCK=infinity``), so it is only
 reported, never refused here.

@@ -217,8 +217,9 @@ def loopback_listen(v):
 
 def _resolves_to_loopback(host: str, port: int) -> None:
     """``host`` (a name) resolves to loopback addresses only, or ``ValueError``: the name is
-    not trusted, since ``/etc/hosts`` may map ``localhost`` to any address (issue 40: the
-    endpoint, which has no authentication, listened on 192.0.2.2)."""
+    not trusted, since ``/etc/hosts`` may map ``localhost`` to any address (a
+    hosts file that did so made the endpoint, which has no authentication, listen on
+    192.0.2.2)."""
     try:
         found = {a[4][0] for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                      flags=socket.AI_PASSIVE)}

@@ -34,7 +34,8 @@ starts the next:
   block: 8/16; of a 60 KiB block: 2/16).
 * ``refaults``: per block, the share of its pages that came back into the
   cache less than ``REFAULT_SECONDS`` after the kernel deleted them: the
-  guest needed pages the cache had just lost, which residency never shows.
+  guest needed pages the cache had just lost, which residency never shows
+  (docs/rationale.md#refault-seconds).
   A share, not a 0/1 flag: when a hot set twice the cache thrashes, every
   block of it refaults every cycle, and only how many of its pages did
   tells the hotter part (three reads in four) from the rest.
@@ -58,12 +59,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.core.intensity import RATE_SECONDS
+from vmdisktouch.core.rules import RATE_SECONDS, REFAULT_SECONDS
 from vmdisktouch.core.sparse import Sparse
 
 READ, WRITE, ADD, DELETE = 0, 1, 2, 3
 PARTS = 16
-REFAULT_SECONDS = 60.0
 MAX_DELETIONS = 1 << 22          # 64 MiB of (page, time) pairs at most
 
 

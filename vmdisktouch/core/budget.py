@@ -11,10 +11,10 @@ heat over its length. With the trace source the ranking heat is the heat
 times the read intensity (``core.intensity``), the reads a held block would
 serve per second; with the polling source it is the residency evidence.
 So each next block of the budget goes where a block saves the most reads.
-A sum, as before #32, grows with a region's size: a lukewarm region the
-smoothing had spread over a whole image outranked a smaller, hotter one
-on another disk, and one of two identical VMs got twice its hot zone and
-the other nothing (docs/benchmarks.md, why-budget). The first class
+A sum, as the queue had before, grows with a region's size: a lukewarm
+region the smoothing had spread over a whole image outranked a smaller,
+hotter one on another disk, and one of two identical VMs got twice its hot
+zone and the other nothing (docs/benchmarks.md, why-budget). The first class
 (regions rewritten now, ``regions``) still comes first; within each class
 the density ranks.
 
@@ -22,17 +22,15 @@ the density ranks.
    blocks or more is cut into its core and the ends below half the core's
    density (the core: its blocks above its mean), each queued on its own
    density: the lukewarm background a guest's zone spread into does not
-   dilute the zone's rank (a light VM's zone, three times as dense as a
-   busy VM's background, ranked below it on the mean of the two). Then, a
-   whole region popped while another region of its class waits is
-   held only as far as its density pays: the blocks at either end whose
-   ranking heat is below ``1 / TRIM_CONTRAST`` of the waiting region's
-   density (the shoulders the smoothing added, a lukewarm background the
-   region spread into) are cut off and queued as regions of their own,
-   ranked by their own density; the core goes back in the queue. So they
-   are still held when the budget reaches them, after the hotter region.
-   Only the ends: a dip inside a zone stays held with it (a hole in the
-   middle would fragment the hold and churn with the noise).
+   dilute the zone's rank (docs/rationale.md#own-trim-min). Then, a whole
+   region popped while another region of its class waits is held only as
+   far as its density pays: the blocks at either end whose ranking heat is
+   below ``1 / TRIM_CONTRAST`` of the waiting region's density (the
+   shoulders the smoothing added, a lukewarm background the region spread
+   into) are cut off and queued as regions of their own, ranked by their
+   own density; the core goes back in the queue. So they are still held
+   when the budget reaches them, after the hotter region. Only the ends: a
+   dip inside a zone stays held with it (docs/rationale.md#trim-contrast).
 2. Take. A region that fits in what is left (and in its disk's cap) is
    taken whole.
 3. Split (``Rules.split_contrast``). As before (``regions``, ``cuts``).
@@ -41,13 +39,14 @@ the density ranks.
    fit in what is left, they share it in proportion to what each can take:
    each gets the hottest window of its part, and the rest of each goes back
    in the queue for what the parts leave (a part cut by its disk's cap). Two
-   identical VMs at the edge of the budget so get the same share, where the
-   queue alone gave one its whole zone and the other the rest. Once per
-   allocation: that is the edge of the budget.
+   identical VMs at the edge of the budget so get the same share
+   (docs/rationale.md#fair-band). Once per allocation: that is the edge of
+   the budget.
 5. Window. Otherwise its hottest window of what is left goes back in the
    queue; of the windows that keep the most held blocks, unless the hottest
    carries ``WINDOW_MARGIN`` times more (``cuts.steady_window``): a window
-   that changes length with the others' edges does not move.
+   that changes length with the others' edges does not move
+   (docs/rationale.md#window-margin).
 
 What each disk got (``Allocation``): its runs; the blocks it wanted (its
 candidates); its *share*, the blocks it was given plus the part of the
@@ -65,12 +64,8 @@ import numpy as np
 
 from vmdisktouch.core import cuts
 from vmdisktouch.core.regions import DiskMap, Rules, coalesced, Ranked
+from vmdisktouch.core.rules import FAIR_BAND, OWN_TRIM_MIN, TRIM_CONTRAST, WINDOW_MARGIN
 from vmdisktouch.core.runs import Run
-
-TRIM_CONTRAST = 2.0    # see "Trim" above and the policy's rules table
-FAIR_BAND = 1.25       # see "Share" above and the policy's rules table
-OWN_TRIM_MIN = 16      # blocks: a region this long is trimmed against its own core at once
-WINDOW_MARGIN = 1.1    # a window moves off held blocks for this much more heat (``cuts``)
 
 
 @dataclass(frozen=True)

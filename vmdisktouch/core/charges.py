@@ -26,9 +26,10 @@ daemon while charged to ``G``::
 its own memory to ``1 - share`` of its limit without meeting a page it
 cannot reclaim. The second term is the group's free headroom: as the VM's
 own use ``P - H`` grows, the cap shrinks with it, so the daemon gives the
-group back what it needs (``reserve`` keeps 1/16 of the limit free for the
-kernel to reclaim into). A group whose headroom ``L - P`` is under 1/32 of
-its limit is at its limit: its cap is 0. ``share = 1`` disables the cap
+group back what it needs (``reserve`` keeps ``RESERVE_FRACTION`` of the
+limit free for the kernel to reclaim into: docs/rationale.md#reserve-fraction).
+A group whose headroom ``L - P`` is under ``AT_LIMIT_FRACTION`` of its limit
+is at its limit: its cap is 0 (docs/rationale.md#at-limit-fraction). ``share = 1`` disables the cap
 (the behaviour before this module). Unlimited groups and the daemon's own
 group have no cap.
 
@@ -46,7 +47,7 @@ back in charged to its own group (a page has one owner: whoever faults it
 first). What is still over the cap right after the reload is released,
 not dropped, and left out of the selection for ``policy.CEDE_SECONDS``: the
 guest's own cache keeps what it reads that often, where it is charged
-anyway.
+anyway (docs/rationale.md#cede-seconds).
 
 Everything here is pure: the charges of the held blocks and the groups'
 figures come in (``memcg`` reads them; the daemon samples each block once,
@@ -65,7 +66,7 @@ drop and reload. Measured (kernel 6.18, cgroup v1, a 64 MiB zone cached
 by a guest limited to 256 MiB, cap 25.6 MiB): the group's unevictable rose
 to 64 MiB for about 20 ms in the first cycle, then stayed at 25 MiB; a
 probe reading ``memory.stat`` every 0.5 s catches such a window now and
-then (issue 31, weak 9: 29 MiB). The bound, per group ``G``:
+then (it caught 29 MiB once). The bound, per group ``G``:
 
 * Bytes: the cap, plus what one ``apply`` newly locks of the pages ``G``
   has cached. Not ``load_rate x interval``: cached pages are neither read
@@ -96,7 +97,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vmdisktouch.core.policy import AT_LIMIT_FRACTION, RESERVE_FRACTION
+from vmdisktouch.core.rules import AT_LIMIT_FRACTION, RESERVE_FRACTION
 from vmdisktouch.core.runs import Run, consecutive_runs
 
 

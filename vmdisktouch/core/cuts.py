@@ -7,22 +7,19 @@ does not fit. Both work on the ranking heat (``regions``: heat, the held
 blocks' incumbency, the read intensity and the thrash).
 
 Split (``split_pieces``; the trace source's rules only). A region whose
-ranking heat is not flat (peak at least ``contrast`` times its mean) is cut
-where the heat crosses halfway from the mean to the peak: the runs above
-that level are its hot zones, the runs between them its background, and
-each becomes a region of its own in the queue. ``regions`` splits only a
-region at least twice what is left of the budget (``split_min_ratio``): the
-split is there to find two hot zones in a region much larger than the
-budget; in a region that nearly fits, the heat's contrast is the noise of
-its reads and writes, and its pieces, ranked by their sums, swap places with
-each other and with the few blocks the smoothing adds past its ends, which
-are then loaded and released every cycle (docs/benchmarks.md, why-cuts).
-Runs of either kind shorter than ``min_blocks`` are not pieces either: an
-above-level run that short is dropped (a bump of the noise, not a zone),
-then a gap that short between zones is filled (a dip inside one zone); the
-minimum length alone, without the ratio, does not stop the swapping
-(docs/benchmarks.md, why-cuts; ``tests/unit/test_regions_split.py``). When
-nothing is left above the level, the region is flat and is windowed instead.
+ranking heat is not flat (peak at least ``contrast`` times its mean,
+``SPLIT_CONTRAST``) is cut where the heat crosses halfway from the mean to
+the peak: the runs above that level are its hot zones, the runs between
+them its background, and each becomes a region of its own in the queue.
+``regions`` splits only a region at least ``split_min_ratio`` times what is
+left of the budget (``SPLIT_MIN_RATIO``): in a region that nearly fits, the
+contrast is the noise of its reads and writes, and its pieces would be
+loaded and released every cycle (docs/rationale.md#split-min-ratio). Runs of
+either kind shorter than ``min_blocks`` (``SPLIT_MIN_BLOCKS``) are not
+pieces either: an above-level run that short is dropped (a bump of the
+noise, not a zone), then a gap that short between zones is filled (a dip
+inside one zone) (docs/rationale.md#split-min-blocks). When nothing is left
+above the level, the region is flat and is windowed instead.
 
 Window (``hottest_window``). The window of exactly the length left with the
 largest summed ranking heat: a cumulative-sum sliding window, the first on
@@ -34,11 +31,11 @@ cycle on a host: the other disks' regions grow and shrink by a block or two
 at their edges, so the remainder a region is windowed to does too, and the
 hottest window of a new length may sit a few blocks further along. Each such
 shift released blocks at one end and relocked as many, still cached, at the
-other: ``loaded 6M (0 from disk, 6M relocked), released 6M`` nearly every
-cycle on a host of four disks (#32). So of the windows that keep the most held
-blocks the hottest is taken, unless the hottest of all carries more than
-``WINDOW_MARGIN`` (``budget``) times its heat: the window grows or shrinks
-at its edges and moves only when the guest did.
+other, nearly every cycle (docs/rationale.md#window-margin). So of the
+windows that keep the most held blocks the hottest is taken, unless the
+hottest of all carries more than ``WINDOW_MARGIN`` (``budget``) times its
+heat: the window grows or shrinks at its edges and moves only when the
+guest did.
 """
 
 from __future__ import annotations

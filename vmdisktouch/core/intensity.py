@@ -22,7 +22,7 @@ counts. After the hot zones move, the new zones' rate passes the old ones'
 held zones' by the policy's margin (``TRACED_INCUMBENT``, 1.25) about 3 s
 after it, so the first cycle after that holds them. An average of the
 cycle's counts instead would make a cycle that ends soon after the move
-still see mostly the old zones (docs/benchmarks.md, why-intensity). The
+still see mostly the old zones (docs/rationale.md#rate-seconds). The
 hot zones' rate is tens of events per second and block, so the short
 constant adds little noise where it decides;
 the background's noise is compressed by the logarithm below (0.5 reads/s
@@ -42,9 +42,8 @@ from __future__ import annotations
 import numpy as np
 
 from vmdisktouch.core import heat
+from vmdisktouch.core.rules import RATE_SECONDS
 from vmdisktouch.core.sparse import Sparse
-
-RATE_SECONDS = 2.5
 
 
 class Intensity:

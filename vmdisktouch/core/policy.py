@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 Everything that decides what is held lives in this module, the way a state
-machine's rules live in one file: the rules table below, and ``Policy``,
-which applies them. It is pure (numpy only): the daemon observes the image,
+machine's rules live in one file: ``Policy``, which applies the rules
+(their constants are data in ``core.rules``: value, unit, meaning; their
+reasons in docs/rationale.md). It is pure (numpy only): the daemon observes the image,
 asks ``prepare``, ``select`` and ``finish`` for a plan, has the holder carry it out, and tells
 ``settle`` what was held in the end. Nothing here reads a file, a clock or
 a page-cache bit; the same observations give the same plans, which is what
@@ -59,22 +60,22 @@ Blocks the daemon loaded
 ^^^^^^^^^^^^^^^^^^^^^^^^
 A block loaded while the guest had not cached it (a region's shoulders:
 the smoothing makes a region wider than the guest's cached extent) stays
-cached after its release, and its residency would then heat it as if the
-guest used it: held regions would grow by the smoothing's reach every
-cycle (docs/benchmarks.md, why-policy).
+cached after its release, and its residency would heat it as if the guest
+used it: held regions would grow by the smoothing's reach every cycle; so
+it stays suppressed until the kernel evicts it
+(docs/rationale.md#guest-resident).
 
 Blocks the daemon released
 ^^^^^^^^^^^^^^^^^^^^^^^^^^
 Right after a release a block is still cached *because we held it*. When
 it was let go because hotter regions took its place (displaced: still a
-candidate), that residency would win it the rematch at once: an old hot
-zone cut for a new one comes back whole and delays the new zones
-(docs/benchmarks.md, why-policy). So a displaced block's residency is
-suppressed for ``RELEASED_GRACE`` (four cycles at the defaults): time for
-reclaim to take what the guest left. Blocks released because their lease
-ran out (no longer candidates) are not suppressed: their renewal is the
-point of the lease (see ``heat``). Releases between cycles (a smaller
-budget on reload, the domain stopped) count as displacements.
+candidate), that residency would win it the rematch at once, so a
+displaced block's residency is suppressed for ``RELEASED_GRACE``: time for
+reclaim to take what the guest left (docs/rationale.md#released-grace).
+Blocks released because their lease ran out (no longer candidates) are not
+suppressed: their renewal is the point of the lease (see ``heat``).
+Releases between cycles (a smaller budget on reload, the domain stopped)
+count as displacements.
 """
 
 from __future__ import annotations
@@ -87,76 +88,14 @@ import numpy as np
 from vmdisktouch.core import budget, heat, regions, spill
 from vmdisktouch.core.holes import KnownHoles, Probe
 from vmdisktouch.core.intensity import Intensity
+# the rules it decides with (``core.rules``: each one's meaning, unit and reason), imported
+# from here by the daemon and the tests too
+from vmdisktouch.core.rules import (
+    CEDE_SECONDS, GUEST_RESIDENT, HOLD_FRACTION, INCUMBENT_WEIGHT, RELEASED_GRACE,
+    REWRITTEN_DENSITY, SPLIT_CONTRAST, SPLIT_MIN_BLOCKS, SPLIT_MIN_RATIO, TRACED_INCUMBENT)
 from vmdisktouch.core.runs import Run, runs_to_mask
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.core.thrash import Thrash
-
-# -- the rules --------------------------------------------------------------
-# Every constant the policy decides with. Settings (budget, threshold, the
-# heat parameters) are the operator's; these are the policy's own.
-#
-#   rule               value  meaning
-#   INCUMBENT_WEIGHT   16     a held block's resident heat counts 16 times when runs are
-#                             ranked: an equal unheld candidate does not displace a hold
-#   HOLD_FRACTION      0.5    a held run stays a candidate while its mean heat is at least
-#                             threshold x 0.5 (hysteresis: the read-only lease, see heat)
-#   REWRITTEN_DENSITY  1/16   a run is first class when its blocks were rewritten, on
-#                             average, at least 1/16 in this cycle or the last (the polling
-#                             source; the trace source has no first class: ``regions``)
-#   GUEST_RESIDENT     0.5    a block at least half resident before we loaded it was the
-#                             guest's; below, its residency after the load is ours
-#   RELEASED_GRACE     20 s   a displaced block's residency is ours for this long
-#   CEDE_SECONDS       60 s   a block the guest faulted back during its recharge is left
-#                             to the guest's own cache (and memory cgroup) this long
-#   RESERVE_FRACTION   1/16   of a memory-limited group's limit, kept free for its reclaim
-#                             when its cap is computed (``charges``)
-#   AT_LIMIT_FRACTION  1/32   a group with less headroom than this share of its limit is
-#                             at it: all its excess is recharged at once (``charges``)
-#   TRACED_INCUMBENT   1.25   trace source: a held block's heat is the guest's own reads (no
-#                             suppression to make up for), but its read intensity is noisy:
-#                             without a margin the budget's spare part hops between equal
-#                             background windows (docs/benchmarks.md, why-policy)
-#   SPLIT_CONTRAST     2      trace source: a region too large for the budget is cut where its
-#                             ranking heat passes halfway from its mean to its peak, when
-#                             the peak is at least twice the mean (``regions``)
-#   (stay)                    trace source: the held candidates stay when the pick is as many
-#                             blocks and carries no more ranking heat, unless its new blocks
-#                             are written twice as densely as those it drops (``regions``)
-#   SPLIT_MIN_RATIO    2      trace source: only a region at least twice what is left of the
-#                             budget is split; one that nearly fits is windowed (``core.cuts``)
-#   SPLIT_MIN_BLOCKS   8      trace source: a split's zones and the gaps between them are at
-#                             least 8 blocks (4 sigma at the default smoothing); shorter runs
-#                             are the noise of a zone read at random (``core.cuts``)
-#   (intensity)               trace source: core.intensity, its RATE_SECONDS; the regions
-#                             rewritten now are ranked by it too (``regions``)
-#   (thrash)                  trace source: core.thrash, its WEIGHT, MARGIN and SHOWN
-#   (spill)                   trace source: the next-ranked regions, cached unlocked (``spill``)
-#   -- the budget (``core.budget``: regions ranked by heat per block, benefit per byte) --
-#   TRIM_CONTRAST      2      a region's end blocks below 1/2 of the density of the region
-#                             waiting next are queued apart: the smoothing's shoulders and a
-#                             lukewarm spread are held only after hotter regions (a
-#                             smoothed step is half its height at the zone's edge: blocks
-#                             below half are outside; at 1/4, shoulders kept a neighbour's
-#                             zone out, tests/e2e/test_run_host.py)
-#   FAIR_BAND          1.25   regions of other disks within 1.25x of the density of the one
-#                             that does not fit share what is left, by their sizes: equal
-#                             VMs get equal shares; a weight of 1.5 still comes first
-#   WINDOW_MARGIN      1.1    a window cut to what is left keeps the most held blocks unless
-#                             the hottest carries 1.1x more: a length that changes with the
-#                             other disks' edges does not move the window (``cuts``)
-
-INCUMBENT_WEIGHT = 16.0
-HOLD_FRACTION = 0.5
-REWRITTEN_DENSITY = 1 / 16
-GUEST_RESIDENT = 0.5
-RELEASED_GRACE = 20.0
-CEDE_SECONDS = 60.0
-RESERVE_FRACTION = 1 / 16
-AT_LIMIT_FRACTION = 1 / 32
-TRACED_INCUMBENT = 1.25
-SPLIT_CONTRAST = 2.0
-SPLIT_MIN_BLOCKS = 8
-SPLIT_MIN_RATIO = 2.0
 
 SELECT_RULES = regions.Rules(hold_fraction=HOLD_FRACTION, incumbent_weight=INCUMBENT_WEIGHT,
                              rewritten_density=REWRITTEN_DENSITY)

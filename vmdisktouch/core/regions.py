@@ -8,56 +8,42 @@ half-open block interval ``(start, stop)``.
 Candidates. A block is a candidate when its heat is at or above the
 threshold. A run of blocks the daemon already holds stays a candidate, as a
 whole, while its mean heat is at least ``threshold * hold_fraction``
-(hysteresis; 0.5, ``policy.HOLD_FRACTION``): feedback suppression makes a held
-block's heat decay (see ``heat``), and without a lower release level a
-region hovering at the threshold would be released and reloaded on
-alternate cycles. The mean, not each block: the shoulders of a held region
-(cooler blocks the smoothing added around its core) would otherwise fall
-below the level a cycle or two after the load, one by one, and the budget
-they free would be refilled with fragments of other regions every cycle. Half the threshold is ln 2/decay
-(69 s at the defaults) of extra decay before release, and far enough below
-the threshold that a region re-held after a release (at ~threshold) is not
-dropped again on the next cycle. Maximal runs of candidate blocks are the
-*regions* (found with ``np.diff``/``flatnonzero``, with no Python loop
-per block).
+(hysteresis, ``HOLD_FRACTION``): a held block's heat decays under feedback
+suppression (see ``heat``), and a region at the threshold would otherwise
+be released and reloaded on alternate cycles; the mean, so its shoulders do
+not fall off one by one (docs/rationale.md#hold-fraction). Maximal runs of
+candidate blocks are the *regions* (found with ``np.diff``/``flatnonzero``,
+with no Python loop per block).
 
 Ranking. Regions go into one priority queue (``core.budget``), highest first:
 
 1. regions the guest is rewriting *now*: ``recent_rewrites`` is, per
    block, the fraction of it rewritten in this cycle or the one before (the
    daemon's checksums, in sixteenths of a block), and a region is in this
-   class when its mean is at least ``rewritten_density`` (1/16: as many
-   rewritten sixteenths as blocks). They rank among themselves by their
+   class when its mean is at least ``rewritten_density``
+   (``REWRITTEN_DENSITY``). They rank among themselves by their
    ``rewritten_heat`` per block. Data the guest writes through the host cache
-   is data it is working on right now. Recency and density, not the size
-   of the rewritten heat, decide the class: the rewritten sum outlasts the
-   guest's move by minutes, and a zone it left still takes stray writes,
-   below that density (docs/benchmarks.md, why-regions);
-   The polling source only (``Rules.rewritten_first``): its checksums are
-   its only evidence on held blocks, whose residency it suppresses. With the
-   trace source there is no first class (#32): holding a page the guest
-   writes saves no write with ``cache=writethrough``, so writes earn a place
-   only where reads are; the reads are seen everywhere, held blocks
-   included, and rank the regions. With a first class, a busy guest's
-   writes spread over its whole image put that image, one region, ahead of
-   every lighter guest's hot zone, and took their budget (docs/benchmarks.md,
-   why-budget);
+   is data it is working on right now; recency and density, not the size of
+   the rewritten heat, decide, since the rewritten sum outlasts the guest's
+   move by minutes (docs/rationale.md#rewritten-density).
+   The polling source only (``Rules.rewritten_first``): with the trace
+   source there is no first class, since holding a page the guest writes
+   saves no write with ``cache=writethrough`` and the reads, seen on held
+   blocks too, rank the regions (docs/rationale.md#rewritten-density);
 2. all other regions, ranked by their ranking heat per block: the reads a
-   held byte saves (``core.budget``, benefit per byte; until #32 a sum, which
-   let a wide lukewarm region beat a narrow hot one).
+   held byte saves (``core.budget``, benefit per byte).
 
 Incumbency. In both classes the *resident* heat of a held block counts
-``incumbent_weight`` (16) times in the sums that rank regions and place
-windows (not in the cut at the threshold). Feedback suppression makes a
-held block's resident heat decay while an equally used unheld block keeps
-its heat, so without a weight a full budget would swap its holds for equal
-candidates every cycle: a thrash that reloads the whole budget each cycle
-and gains nothing (docs/benchmarks.md, why-regions). With the weight a
-hold keeps its place until hysteresis releases it (its lease, see
-``heat``) or until a challenger carries 16 times its current heat. The rewritten heat is not weighted:
-it is not suppressed on held blocks (it is observed *only* there), so it
-needs no compensation, and weighting it would make a zone the guest wrote
-once outrank fresh use for minutes.
+``incumbent_weight`` times (``INCUMBENT_WEIGHT``, ``TRACED_INCUMBENT``) in the
+sums that rank regions and place windows (not in the cut at the threshold):
+feedback suppression makes a held block's resident heat decay while an
+equally used unheld block keeps its heat, and without the weight a full
+budget would swap its holds for equal candidates every cycle
+(docs/rationale.md#incumbent-weight). A hold so keeps its place until
+hysteresis releases it (its lease, see ``heat``) or until a challenger
+carries that many times its current heat. The rewritten heat is not
+weighted: it is observed *only* on held blocks, so it needs no
+compensation.
 
 Ties go to the region with more total heat, then to the lower block number.
 
@@ -76,35 +62,26 @@ blocks.
 
 Split (``Rules.split_contrast``; the trace source's rules only). A region
 at least twice what is left (``Rules.split_min_ratio``) is first split,
-once, when its ranking heat is not flat, into its hot zones and the background between them
-(``core.cuts``); its pieces go into the queue as regions of their own, and
-a piece that does not fit is windowed as above. With the trace source the
-whole image of a guest that reads everywhere now and then is one region (a
-block read once a cycle is as candidate as one read a thousand times), and
-the read intensity in the ranking heat (``core.intensity``) is what tells
-its hot zones from the rest: without the split the hottest window of the
-budget took one zone and the background around it, never two zones
-(docs/benchmarks.md, why-regions). Residency has no such contrast inside
-a region (a cached block is cached), so the polling source's rules do not
-split. Pieces of
-one region may be taken side by side; touching runs are merged in the
-output, at the place of the first taken.
+once, when its ranking heat is not flat, into its hot zones and the
+background between them (``core.cuts``); its pieces go into the queue as
+regions of their own, and a piece that does not fit is windowed as above.
+The whole image of a guest that reads everywhere now and then is one region,
+and without the split its hottest window took one zone and the background
+around it, never two zones; residency has no such contrast inside a region,
+so the polling source's rules do not split
+(docs/rationale.md#split-contrast). Pieces of one region may be taken side
+by side; touching runs are merged in the output, at the place of the first
+taken.
 
 Stay (``Rules.stay_unless_better``; the trace source's rules only). When
 the held candidate blocks fill as many blocks as the pick and carry at
 least its ranking heat, they are returned instead of the pick (hottest run
 first), unless the guest writes where the pick goes: its unheld blocks'
 mean recent rewrites at the first class's density *and* at least
-``STAY_WRITE_CONTRAST`` (2) times those of the held blocks it gives up. A
-budget under a region read and written evenly all over is otherwise filled
-with a new hottest window each cycle, because the noise moves it, and
-reloads most of itself (docs/benchmarks.md, why-regions). The contrast: a
-guest's scattered background writes sit at about the first class's
-density, so without it any background window the noise lifts over that
-density would win against an equal held one, and the budget's spare part
-would hop; the pick of a zone the guest moved to wins against
-blocks no longer written, and against blocks still written on the ranking
-heat, which carries the read intensity.
+``STAY_WRITE_CONTRAST`` times those of the held blocks it gives up. A budget
+under a region read and written evenly all over would otherwise take a new
+hottest window each cycle, moved by the noise, and reload most of itself
+(docs/rationale.md#stay-write-contrast).
 
 Cost: O(n) numpy passes (candidate mask, run edges, ``np.add.reduceat``
 region sums) plus O(R) Python for R regions to build the queue; the
@@ -116,8 +93,9 @@ least one non-candidate block, windows lie inside their region) and come
 in priority order: the holder loads them in that order and sheds from the
 end under memory pressure.
 
-The three constants (``Rules``) are the policy's; ``policy`` passes them
-and states their values and reasons in its rules table.
+The constants (``Rules``) are the policy's; ``policy`` passes them from
+``core.rules``, which states their values and meanings (their reasons:
+docs/rationale.md).
 """
 
 from __future__ import annotations
@@ -127,14 +105,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.core import cuts
+from vmdisktouch.core.rules import STAY_WRITE_CONTRAST
 from vmdisktouch.core.runs import Run, mask_edges, run_indices, runs_to_mask
-
-STAY_WRITE_CONTRAST = 2.0    # the stay: see "Stay" above and policy's rules table
 
 
 @dataclass(frozen=True)
 class Rules:
-    """The selection's constants; their values and reasons are ``policy``'s rules table."""
+    """The selection's constants, as ``policy`` passes them (their values, meanings and
+    reasons: ``core.rules``, docs/rationale.md)."""
     hold_fraction: float       # held runs stay candidates while mean heat >= threshold * this
     incumbent_weight: float    # a held block's resident heat counts this many times
     rewritten_density: float   # first class: mean recent rewritten fraction at least this

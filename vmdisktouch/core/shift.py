@@ -12,31 +12,28 @@ high but steady. When the guest moves its hot zones, the share outside
 jumps (0.1 to 0.9), and the policy's ranking follows within seconds (the
 read rate of ``core.intensity`` passes the held zones' about 3 s after the
 move); but the next cycle may be up to an interval (5 s) away. So a drain
-whose share outside is at least ``WAKE_SHARE`` (1/2) and at least
-``WAKE_RATIO`` (2) times the *baseline* asks for a cycle now. The baseline
-is the lowest share outside over the last ``BASELINE_CYCLES`` (3) cycles
-that ran on schedule: a scheduled cycle whose window held the move (half
-its reads before, half after: a share of 0.5) must not raise the bar to
-1.0 and keep the next drains from asking, as it did with the last cycle's
-share alone (docs/benchmarks.md, why-intensity).
+whose share outside is at least ``WAKE_SHARE`` and at least ``WAKE_RATIO``
+times the *baseline* asks for a cycle now (docs/rationale.md#wake-share,
+docs/rationale.md#wake-ratio). The baseline is the lowest share outside over
+the last ``BASELINE_CYCLES`` cycles that ran on schedule: a scheduled cycle
+whose window held the move (a share of 0.5) must not raise the bar to 1.0
+and keep the next drains from asking (docs/rationale.md#baseline-cycles).
 
 A cold disk (no scheduled cycle has seen ``MIN_READS`` reads yet: a daemon
 just started, a disk just opened) has no baseline: its first drain of
 ``MIN_READS`` reads, half of them outside what is held, starts a cycle, so
-the first evidence is acted on within a drain, not an interval (issue 33: a
-cold hot zone held in seconds).
+the first evidence is acted on within a drain, not an interval: a cold hot
+zone is held in seconds (docs/rationale.md#min-reads).
 
 Bounds:
 
 * a drain of fewer than ``MIN_READS`` read events never wakes (a guest
   reading little has nothing to gain from a cycle sooner);
-* at most ``MAX_EARLY`` (4) early cycles in a row: a shift the policy does
-  not follow (the new reads are too few to win) costs that many extra
-  cycles per scheduled cycle, until ``BASELINE_CYCLES`` scheduled cycles
-  have seen the new share and it is the baseline. After a move the early
-  cycles load a first part of the new zones, and all of them once the
-  ranking has passed the old zones; more early cycles did not make that
-  sooner (docs/benchmarks.md, why-intensity);
+* at most ``MAX_EARLY`` early cycles in a row: a shift the policy does not
+  follow (the new reads are too few to win) costs that many extra cycles
+  per scheduled cycle, until ``BASELINE_CYCLES`` scheduled cycles have seen
+  the new share and it is the baseline; more early cycles did not follow a
+  move sooner (docs/rationale.md#max-early);
 * the held blocks are those after the last cycle's loads (``settled``), so
   once the daemon holds the new zones their reads count as inside.
 """
@@ -47,11 +44,7 @@ from collections import deque
 
 import numpy as np
 
-WAKE_SHARE = 0.5
-WAKE_RATIO = 2.0
-MIN_READS = 512
-MAX_EARLY = 4
-BASELINE_CYCLES = 3
+from vmdisktouch.core.rules import BASELINE_CYCLES, MAX_EARLY, MIN_READS, WAKE_RATIO, WAKE_SHARE
 
 
 class ReadShift:

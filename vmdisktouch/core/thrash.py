@@ -23,12 +23,15 @@ rest. (An earlier design froze a held block's share at its value when it
 was taken, which was about nothing when it had been taken on reads before
 the cache began to thrash; the colder part, left refaulting, then took the
 hold.) A challenger's share counts ``1 - MARGIN`` of itself, so a hot set
-read alike all over is not swapped back and forth.
+read alike all over is not swapped back and forth
+(docs/rationale.md#thrash-margin).
 
-``multiplier`` is the ranking's factor per block, ``1 + WEIGHT * thrash``;
-``thrashing`` the blocks shown and reported: not held, share at least
-``SHOWN`` (a sixteenth of their pages a cycle, on average: one stray
-refault, readahead's pages read back after their eviction, is not).
+``multiplier`` is the ranking's factor per block, ``1 + WEIGHT * thrash``
+(docs/rationale.md#thrash-weight); ``thrashing`` the blocks shown and
+reported: not held, share at least ``SHOWN`` (one stray refault,
+readahead's pages read back after their eviction, is not:
+docs/rationale.md#thrash-shown). ``WEIGHT``, ``MARGIN`` and ``SHOWN`` are
+``core.rules``' ``THRASH_*``.
 """
 
 from __future__ import annotations
@@ -36,11 +39,10 @@ from __future__ import annotations
 import numpy as np
 
 from vmdisktouch.core import heat
+from vmdisktouch.core.rules import THRASH_MARGIN as MARGIN
+from vmdisktouch.core.rules import THRASH_SHOWN as SHOWN
+from vmdisktouch.core.rules import THRASH_WEIGHT as WEIGHT
 from vmdisktouch.core.sparse import Sparse
-
-WEIGHT = 1.0          # a block refaulting all of its pages ranks twice as high
-MARGIN = 0.25         # a challenger's share counts 75 % of itself
-SHOWN = 1 / 16
 
 
 class Thrash:

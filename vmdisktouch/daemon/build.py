@@ -14,7 +14,8 @@ from typing import Callable
 
 from vmdisktouch.daemon import sources
 from vmdisktouch.adapters import outputs as outputs_mod
-from vmdisktouch.core.policy import RESERVE_FRACTION, Policy, PolicyParams
+from vmdisktouch.core.policy import Policy, PolicyParams
+from vmdisktouch.core.rules import RESERVE_FRACTION
 from vmdisktouch.daemon.act import Recharger
 from vmdisktouch.daemon.emit import Emitter
 from vmdisktouch.system import meminfo

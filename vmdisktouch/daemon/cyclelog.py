@@ -6,8 +6,8 @@ hold, when what it targeted and skipped changed (memory pressure, a lock
 refused), or when the reason it holds less than it wants changed (its code,
 ``reasons``). Any other cycle is logged at DEBUG (``--debug``): a guest
 that writes all the time, a spill that tops up, an edge that moves by a
-block, or a VM that is off no longer write a line every cycle (#32: four
-disks wrote 287 lines in 16 minutes). Every ``SUMMARY_SECONDS`` one INFO
+block, or a VM that is off no longer write a line every cycle (four
+disks of a host wrote 287 lines in 16 minutes). Every ``SUMMARY_SECONDS`` one INFO
 line sums up the cycles since the last one: a steady host writes only these.
 
 The line says how much of what was loaded came from the disk and how much

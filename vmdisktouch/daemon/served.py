@@ -105,7 +105,7 @@ class Served:
             lock = image_lock.acquire(img)
             mine = outputs.Protected.of_fd(img.fd, f"the disk image {img.path}")
             check_outputs(self.config, [img.path], self.protected + [mine])
-            if self.config.state_dir:          # closed to other users (issue 31)
+            if self.config.state_dir:          # closed to other users
                 from vmdisktouch.adapters import warm_state
                 warm_state.check_directory(self.config.state_dir)
             w = build(img, disk_config(self.config, img.path), sleep=self.pace,

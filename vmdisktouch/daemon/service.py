@@ -179,7 +179,7 @@ class Service:
         served_mod.check_outputs(self.config, [w.image.path for w in self.host.watchers],
                                  self.served.protected)
         try:
-            meminfo.keep_open()    # read by pread from now on: no client can starve it (#31)
+            meminfo.keep_open()    # read by pread from now on: no client can starve it
         except VmdtError:
             pass                   # FailSafe says so at the first cycle
         from vmdisktouch.adapters.metrics.metrics import start as start_metrics

@@ -224,7 +224,7 @@ class TraceSource:
                     read_counts=acc.read_counts, read_recent=acc.read_recent,
                     # Not the first cycle's scan: what a dd or a backup left cached is no
                     # evidence of use; under a shared budget it took budget from disks the
-                    # guests read (#32). The trace source waits for reads.
+                    # guests read. The trace source waits for reads.
                     reconcile=acc.lost > 0 or missed)
 
     # -- the instance changed under us -----------------------------------------------
@@ -293,7 +293,7 @@ class TraceSource:
     def brace(self, held: np.ndarray, unlocked_bytes: int) -> None:
         """The buffer sized for the deletes that can come at once: one fadvise DONTNEED
         (QEMU's of an arriving VM's image, a backup's) deletes every cached page not held,
-        in one call on one CPU, faster than any drain (issue 40). ``unlocked_bytes``: what
+        in one call on one CPU, faster than any drain: the events were lost. ``unlocked_bytes``: what
         the daemon cached without holding it (the spill), whose adds are never traced."""
         if self.reader is not None:
             counts = self.residency.counts[:held.size]

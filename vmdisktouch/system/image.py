@@ -207,7 +207,7 @@ def read_magic(fd: int, size: int) -> bytes:
 # file, the PNGs, the metrics file and connections, the probe of each directory, a lazy
 # import) must never fail for a descriptor a later image took. With 130 images at
 # ``ulimit -n 1024`` the 114th image took the last one and the daemon exited 78 because it
-# could not open its status file (issue 40).
+# could not open its status file.
 RESERVED_FDS = 64
 # What one image takes once served: the image, its lock, pagemap, kpagecount, kpagecgroup,
 # the tracefs instance's directory and ``tracing_on``, one ``trace_pipe_raw`` per CPU

@@ -19,7 +19,7 @@ beyond the user's own mlock limit); ``VMDISKTOUCH_LOCK_DIR`` overrides both.
 A file image and a loop device over it are different images here.
 
 What a local user or a stray file can plant is refused in one line (exit
-78), never followed, never truncated, never a hang (issue 31): the lock
+78), never followed, never truncated, never a hang: the lock
 directory must be root's or the daemon's user's, as every directory above
 it, none of them writable by group or others (``files.open_dir(private=True)``:
 a 0777 directory let any user pre-lock an image, and name a fake holder),

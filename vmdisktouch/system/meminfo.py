@@ -12,7 +12,7 @@ cannot check.
 The real ``/proc/meminfo`` is opened once and kept (``keep_open``, which the
 daemon calls before it serves anything; otherwise at the first read): each
 read is a ``pread`` of that descriptor, so MemAvailable stays readable when
-the process has no descriptor left to open a file with (issue 31, case 3: a
+the process has no descriptor left to open a file with (a
 flood of connections to ``--metrics-listen`` took them all, MemAvailable
 read as 0 and every hold was shed). A fake tree (tests) is opened per read.
 """

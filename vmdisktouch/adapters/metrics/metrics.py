@@ -24,7 +24,7 @@ may be named anything libvirt allows.
 changes while the disk is served (its access source, chosen when it is
 opened), so it is one series for the disk's life. A value that changes is a
 gauge of its own: ``vmdisktouch_holding`` is 1 or 0 (as a label of the info
-metric, each change of holding made a new series: issue 34).
+metric, each change of holding made a new series).
 
 * ``metrics_file``: written each cycle through ``outputs`` (checked path,
   atomic replacement, never fatal), for node_exporter's textfile collector;
@@ -34,7 +34,7 @@ metric, each change of holding made a new series: issue 34).
   its age (node_exporter's ``node_textfile_mtime_seconds``) tells.
 * ``metrics_listen``: ``metrics_http.Endpoint``, a small HTTP/1.1 server on a
   loopback address, one thread and one ``selectors`` loop, bounded whatever
-  its clients do (issue 31); ``render`` answers its requests.
+  its clients do (any local user can connect); ``render`` answers its requests.
 * a socket systemd passed as ``metrics`` (systemd/vmdisktouch-metrics.socket,
   ``listen_fds``): the same ``Endpoint`` on it. The socket is made in the
   host's network namespace, so it is reachable under the unit's
@@ -286,7 +286,7 @@ class Metrics:
         """The exposition of the last cycle published (``packed``: gzipped). Rendered once a
         cycle, and gzipped at most once, since the collector changes only when a cycle is
         published: scrapes back to back cost a send each, not a render and a compression
-        (issue 40: 99 % of a core). A cycle published while it renders is rendered again at
+        (scrapes in a loop cost 99 % of a core). A cycle published while it renders is rendered again at
         the next request."""
         cycle, text, gz = self._page
         if cycle != self._cycle:

@@ -12,7 +12,7 @@ connection and waits for each client for ever, so ~1,000 idle loopback
 connections (any local user can open them) took every descriptor of the
 daemon at ``ulimit -n 1024``: /proc/meminfo could not be read (MemAvailable
 taken as 0, every hold shed), the status and the watchdog pings stopped, and
-its accept loop spun on EMFILE (issue 31, case 3). ``Endpoint`` is one
+its accept loop spun on EMFILE. ``Endpoint`` is one
 thread and one ``selectors`` loop, bounded whatever its clients do:
 
 * at most ``MAX_CONNECTIONS`` sockets at once (so at most that many

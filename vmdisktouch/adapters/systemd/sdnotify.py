@@ -143,7 +143,7 @@ def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
 
 
 # A period below a second is clamped to one: the daemon waits in slices of half the
-# period, so WATCHDOG_USEC=1 (a 0.5 us slice) spun at 50-57 % of a core (issue 40);
+# period, so WATCHDOG_USEC=1 (a 0.5 us slice) spun at 50-57 % of a core;
 # systemd's own WatchdogSec= is in seconds, and no daemon answers a microsecond.
 MIN_WATCHDOG_USEC = 1_000_000
 _warned = [False]          # said once per process: the period is read at start and reload

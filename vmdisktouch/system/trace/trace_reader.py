@@ -354,7 +354,7 @@ class TraceReader:
         """Grow the per-CPU buffer, before they come, to hold ``events`` events on one CPU
         (at most ``RESERVE_KB``): a burst the caller foresees (``sources``: one fadvise
         DONTNEED deletes every unheld cached page of the image) comes in one system call
-        on one CPU, faster than any drain; only the buffer's size keeps it (issue 40)."""
+        on one CPU, faster than any drain; only the buffer's size keeps it."""
         want_kb = min(ringbuf.buffer_kb_for(events, self._formats.values()), RESERVE_KB)
         if want_kb > self.buffer_kb:
             self._grow(f"{int(events)} events foreseen", want_kb)

@@ -27,7 +27,7 @@ and no trigger on its events) can be read back (``changed``) and set again
 trigger is removed by its ``!COMMAND`` line (kernel
 Documentation/trace/events.rst, "Event triggers"): a ``traceoff`` trigger
 turns ``tracing_on`` off at its event's next hit, so setting ``tracing_on``
-back alone left the instance blind again at once (issue 40). What still reads
+back alone left the instance blind again at once. What still reads
 otherwise once set back (a trigger on another event disabling ours again) is
 ``TraceUnavailable``: its owner makes the instance anew.
 

@@ -1,0 +1,178 @@
+"""The rules: every constant the core decides with, as data.
+
+Theory of operation
+-------------------
+Pure core (stdlib only). The operator's settings (budget, threshold, the heat
+parameters: ``config.settings``) are the operator's; these are the policy's
+own. Each is one ``Rule``: its name, value, unit, what it decides and the key
+of its section in docs/rationale.md, where the reason and the measurement
+behind it are. The modules that apply a rule import its constant from here
+(and keep the name where tests and other modules import it); the table of
+docs/algorithm.md is generated from ``RULES`` (``tools/rules_doc.py``).
+
+Not rules: the constants of an implementation that decide nothing the guest
+would see (``heat.FLUSH_BELOW``, ``heat.SPARSE_RATIO``, ``heat.TRUNCATE``,
+``access.MAX_DELETIONS``), and units of measure (``access.PARTS``, the
+sixteenths a block's rewrites are counted in): they stay in their modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One constant of the policy."""
+    name: str                  # the constant's name in this module
+    value: Union[int, float]
+    unit: str                  # what the value counts ("" for a plain number)
+    meaning: str               # what it decides, in one or two sentences
+    module: str                # the core module that decides with it (``policy`` passes the
+                               # selection's to ``regions`` and ``cuts`` in ``regions.Rules``)
+    shown: str = ""            # the value as written in the docs (default: ``value``)
+
+    @property
+    def key(self) -> str:
+        """Its section in docs/rationale.md: the name, lower case, dashes for underscores."""
+        return self.name.lower().replace("_", "-")
+
+    @property
+    def text(self) -> str:
+        """The value as the docs write it."""
+        if self.shown:
+            return self.shown
+        if isinstance(self.value, float) and self.value.is_integer():
+            return str(int(self.value))
+        return repr(self.value)
+
+
+RULES = (
+    # -- the selection: candidates and ranking (core.regions, through core.policy) --
+    Rule("HOLD_FRACTION", 0.5, "x threshold",
+         "A held run stays a candidate while its mean heat is at least threshold x this "
+         "(hysteresis: the read-only lease, see core.heat).", "core.policy"),
+    Rule("INCUMBENT_WEIGHT", 16.0, "x resident heat",
+         "A held block's resident heat counts this many times when runs are ranked "
+         "(polling source): an equal unheld candidate does not displace a hold.",
+         "core.policy"),
+    Rule("TRACED_INCUMBENT", 1.25, "x heat",
+         "Trace source: a held block's heat counts this many times when runs are ranked: "
+         "the margin a challenger's noisy read intensity must pass.", "core.policy"),
+    Rule("REWRITTEN_DENSITY", 1 / 16, "of a block, mean",
+         "Polling source: a run is first class when its blocks were rewritten, on average, "
+         "at least this share in this cycle or the last. The trace source has no first "
+         "class.", "core.policy", shown="1/16"),
+    Rule("STAY_WRITE_CONTRAST", 2.0, "x the held blocks' rewrites",
+         "Trace source: the held candidates stay when the pick is as many blocks and carries "
+         "no more ranking heat, unless the pick's new blocks are rewritten this many times "
+         "as densely as those it drops (and at the first class's density).", "core.regions"),
+    # -- the policy's memory (core.policy) --
+    Rule("GUEST_RESIDENT", 0.5, "of a block",
+         "A block at least this share resident before the daemon loaded it was the guest's; "
+         "below, its residency after the load is the daemon's, suppressed until the kernel "
+         "evicts it.", "core.policy"),
+    Rule("RELEASED_GRACE", 20.0, "s",
+         "A block released for hotter regions (displaced) has its residency suppressed this "
+         "long: it is cached because the daemon held it.", "core.policy"),
+    Rule("CEDE_SECONDS", 60.0, "s",
+         "A block the guest faulted back during its recharge is left to the guest's own "
+         "cache (and memory cgroup) this long.", "core.policy"),
+    # -- a memory-limited cgroup's cap (core.charges) --
+    Rule("RESERVE_FRACTION", 1 / 16, "of the group's limit",
+         "Kept free for a memory-limited group's own reclaim when its cap is computed.",
+         "core.charges", shown="1/16"),
+    Rule("AT_LIMIT_FRACTION", 1 / 32, "of the group's limit",
+         "A group with less headroom than this is at its limit: all its excess is "
+         "recharged at once.", "core.charges", shown="1/32"),
+    # -- the budget (core.budget; the split through core.policy) --
+    Rule("OWN_TRIM_MIN", 16, "blocks",
+         "A region at least this long is cut, before the queue, into its core and its ends "
+         "below 1/TRIM_CONTRAST of the core's density, each queued on its own density.",
+         "core.budget"),
+    Rule("TRIM_CONTRAST", 2.0, "x density",
+         "A region's end blocks below 1/this of the density of the region waiting next are "
+         "queued apart: the smoothing's shoulders and a lukewarm spread are held only after "
+         "hotter regions.", "core.budget"),
+    Rule("FAIR_BAND", 1.25, "x density",
+         "Regions of other disks within this factor of the density of the one that does not "
+         "fit share what is left, by their sizes: equal disks get equal shares.",
+         "core.budget"),
+    Rule("WINDOW_MARGIN", 1.1, "x heat",
+         "A window cut to what is left keeps the most held blocks unless the hottest "
+         "window carries this many times more heat.", "core.budget"),
+    Rule("SPLIT_CONTRAST", 2.0, "peak / mean",
+         "Trace source: a region too large for the budget is split where its ranking heat "
+         "passes halfway from its mean to its peak, when the peak is at least this many "
+         "times the mean.", "core.policy"),
+    Rule("SPLIT_MIN_RATIO", 2.0, "x what is left",
+         "Trace source: only a region at least this many times what is left of the budget "
+         "is split; one that nearly fits is windowed.", "core.policy"),
+    Rule("SPLIT_MIN_BLOCKS", 8, "blocks",
+         "Trace source: a split's zones and the gaps between them are at least this long; "
+         "shorter runs are the noise of a zone read at random.", "core.policy"),
+    # -- the read intensity, refaults and thrash (trace source) --
+    Rule("RATE_SECONDS", 2.5, "s",
+         "Trace source: the time constant of each block's read rate, an exponential "
+         "average over the read events' own times.", "core.intensity"),
+    Rule("REFAULT_SECONDS", 60.0, "s",
+         "Trace source: a page added to the cache less than this after the kernel deleted "
+         "it is a refault.", "core.access"),
+    Rule("THRASH_WEIGHT", 1.0, "x thrash",
+         "Trace source: a block's ranking factor is 1 + this x its thrash (the share of its "
+         "pages it refaults or would refault): all of them refaulting ranks it twice as "
+         "high.", "core.thrash"),
+    Rule("THRASH_MARGIN", 0.25, "of a share",
+         "Trace source: an unheld block's refault share counts 1 - this of itself against "
+         "the held blocks' estimates, so a hot set read alike all over is not swapped "
+         "back and forth.", "core.thrash"),
+    Rule("THRASH_SHOWN", 1 / 16, "of a block's pages a cycle",
+         "Trace source: an unheld block is shown and reported as thrashing from this refault "
+         "share on.", "core.thrash", shown="1/16"),
+    # -- the read shift: an early cycle (trace source, core.shift) --
+    Rule("WAKE_SHARE", 0.5, "of a drain's reads",
+         "Trace source: a drain whose reads outside what is held are at least this share "
+         "(and WAKE_RATIO x the baseline) starts a cycle now.", "core.shift"),
+    Rule("WAKE_RATIO", 2.0, "x baseline",
+         "Trace source: the share outside must also be this many times the baseline, the "
+         "lowest share of the last BASELINE_CYCLES scheduled cycles.", "core.shift"),
+    Rule("BASELINE_CYCLES", 3, "cycles",
+         "Trace source: the baseline is the lowest share outside of this many last "
+         "scheduled cycles.", "core.shift"),
+    Rule("MIN_READS", 512, "read events",
+         "Trace source: a drain of fewer reads never starts a cycle, and a disk none of whose "
+         "scheduled cycles saw this many is cold (no baseline).", "core.shift"),
+    Rule("MAX_EARLY", 4, "cycles",
+         "Trace source: at most this many early cycles in a row.", "core.shift"),
+)
+
+BY_NAME = {r.name: r for r in RULES}
+
+HOLD_FRACTION = BY_NAME["HOLD_FRACTION"].value
+INCUMBENT_WEIGHT = BY_NAME["INCUMBENT_WEIGHT"].value
+TRACED_INCUMBENT = BY_NAME["TRACED_INCUMBENT"].value
+REWRITTEN_DENSITY = BY_NAME["REWRITTEN_DENSITY"].value
+STAY_WRITE_CONTRAST = BY_NAME["STAY_WRITE_CONTRAST"].value
+GUEST_RESIDENT = BY_NAME["GUEST_RESIDENT"].value
+RELEASED_GRACE = BY_NAME["RELEASED_GRACE"].value
+CEDE_SECONDS = BY_NAME["CEDE_SECONDS"].value
+RESERVE_FRACTION = BY_NAME["RESERVE_FRACTION"].value
+AT_LIMIT_FRACTION = BY_NAME["AT_LIMIT_FRACTION"].value
+OWN_TRIM_MIN = BY_NAME["OWN_TRIM_MIN"].value
+TRIM_CONTRAST = BY_NAME["TRIM_CONTRAST"].value
+FAIR_BAND = BY_NAME["FAIR_BAND"].value
+WINDOW_MARGIN = BY_NAME["WINDOW_MARGIN"].value
+SPLIT_CONTRAST = BY_NAME["SPLIT_CONTRAST"].value
+SPLIT_MIN_RATIO = BY_NAME["SPLIT_MIN_RATIO"].value
+SPLIT_MIN_BLOCKS = BY_NAME["SPLIT_MIN_BLOCKS"].value
+RATE_SECONDS = BY_NAME["RATE_SECONDS"].value
+REFAULT_SECONDS = BY_NAME["REFAULT_SECONDS"].value
+THRASH_WEIGHT = BY_NAME["THRASH_WEIGHT"].value
+THRASH_MARGIN = BY_NAME["THRASH_MARGIN"].value
+THRASH_SHOWN = BY_NAME["THRASH_SHOWN"].value
+WAKE_SHARE = BY_NAME["WAKE_SHARE"].value
+WAKE_RATIO = BY_NAME["WAKE_RATIO"].value
+BASELINE_CYCLES = BY_NAME["BASELINE_CYCLES"].value
+MIN_READS = BY_NAME["MIN_READS"].value
+MAX_EARLY = BY_NAME["MAX_EARLY"].value
