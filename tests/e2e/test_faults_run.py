@@ -103,7 +103,7 @@ PHASES = {   # phase -> (module attribute to wrap, on which call)
     "checksums": ("vmdisktouch.system.observe.checksums:BlockChecksums.update", 3),   # mincore only
     "trace-drain": ("vmdisktouch.system.trace.trace_reader:TraceReader.drain", 3),
     "heat": ("vmdisktouch.core.heat:step", 3),
-    "select": ("vmdisktouch.core.budget:allocate", 3),
+    "select": ("vmdisktouch.core.regions:allocate", 3),
     "load": ("vmdisktouch.system.files:read_ahead", 1),
     "emit": ("vmdisktouch.adapters.outputs:Outputs.write", 3),
     "reload": ("vmdisktouch.daemon.service:load_settings", 2),

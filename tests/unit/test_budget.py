@@ -1,4 +1,4 @@
-"""core.budget: one budget by benefit per byte: density ranks, shoulders are trimmed, equals
+"""core.regions: one budget by benefit per byte: density ranks, shoulders are trimmed, equals
 share the edge, and each disk is told its share and what limited it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vmdisktouch.core import regions
-from vmdisktouch.core.budget import allocate
+from vmdisktouch.core.regions import allocate
 from vmdisktouch.core.heat import smooth
 from vmdisktouch.core.policy import SELECT_RULES, TRACED_RULES
 
@@ -137,7 +137,7 @@ def test_a_window_whose_length_follows_the_other_disks_edges_does_not_move(monke
     changes. The hottest window of each new length instead slid along A's flat, noisy
     region, relocking as many blocks as it released (#32: ``loaded 6M (0 from disk, 6M
     relocked), released 6M`` nearly every cycle on a host of four disks)."""
-    from vmdisktouch.core import budget as budget_mod
+    from vmdisktouch.core import regions as budget_mod
 
     def churn() -> int:
         rng = np.random.default_rng(4)

@@ -24,7 +24,7 @@ reads, read counts (all and by recency) and refaults, and pin the rules only
 that source uses: the stay, the split, the read intensity, the thrash and
 the traced incumbency. (The spill is not recorded, so not replayed.)
 
-Issue 32 changed the selection's rules (``core.budget``: benefit per byte):
+Issue 32 changed the selection's rules (``core.regions``: benefit per byte):
 the observations stay as recorded, and every cycle's plan was re-derived from
 them by ``python -m tools.golden_replan`` (each cycle's ``replanned`` says
 why); 21 of the 184 cycles changed, in their order or at a zone's edges.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.support.replay import plan_one
-from vmdisktouch.core import budget as fill, policy
+from vmdisktouch.core import policy, regions
 from vmdisktouch.core.policy import Observation, Policy
 from vmdisktouch.core.runs import runs_to_mask
 from vmdisktouch.core.sparse import Sparse
@@ -216,7 +216,6 @@ def test_written_blocks_earn_no_place_of_their_own():
 def test_traced_rules_keep_a_held_window_against_a_slightly_hotter_one_only():
     """The trace source's margin: a held window of a flat region stays where it is while
     the heat beside it is within TRACED_INCUMBENT of its own, and moves when it is not."""
-    from vmdisktouch.core import regions
     assert 1 < policy.TRACED_RULES.incumbent_weight < policy.INCUMBENT_WEIGHT
     heat = np.ones(200, np.float32)
     held = np.zeros(200, bool)
@@ -226,7 +225,7 @@ def test_traced_rules_keep_a_held_window_against_a_slightly_hotter_one_only():
         h = heat.copy()
         h[120:170] = hotter                    # an unheld window, a little or much hotter
         m = regions.DiskMap(h, 0.05, held_mask=held)
-        return fill.select_many([m], 50, policy.TRACED_RULES)[0]
+        return regions.select_many([m], 50, policy.TRACED_RULES)[0]
 
     assert window(1.2) == [(50, 100)]
     assert window(1.5) == [(120, 170)]

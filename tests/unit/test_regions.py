@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from vmdisktouch.core import budget as fill, regions
+from vmdisktouch.core import regions
 from vmdisktouch.core.policy import HOLD_FRACTION, INCUMBENT_WEIGHT, SELECT_RULES
 
 
 def select(heat, rewritten, threshold, budget, held=None, recent=None, candidates=None):
     """One disk's runs of the host's selection, with the policy's rules."""
     one = regions.DiskMap(heat, threshold, rewritten, held, recent, candidates)
-    return fill.select_many([one], budget, SELECT_RULES)[0]
+    return regions.select_many([one], budget, SELECT_RULES)[0]
 
 
 def candidate_mask(heat, threshold, held=None):

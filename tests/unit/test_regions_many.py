@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vmdisktouch.core import budget as fill, regions
+from vmdisktouch.core import regions
 from vmdisktouch.core.policy import SELECT_RULES
 
 T = 1.0
@@ -21,14 +21,14 @@ def test_the_hottest_regions_of_all_disks_fill_one_budget():
     a = disk(100, [(10, 20, 5.0)])                  # 10 blocks, 50 in all
     b = disk(100, [(0, 30, 2.0), (50, 55, 9.0)])    # 60 in all; 45 in all
     c = disk(100, [(70, 90, 1.5)])                  # 30 in all
-    got = fill.select_many([a, b, c], 45, SELECT_RULES)
+    got = regions.select_many([a, b, c], 45, SELECT_RULES)
     assert got == [[(10, 20)], [(50, 55), (0, 30)], []]      # densest first
 
 
 def test_a_region_that_does_not_fit_gives_its_hottest_window():
     a = disk(64, [(0, 20, 3.0)])
     b = disk(64, [(0, 10, 1.0), (10, 12, 8.0)])     # 26 in all: second
-    got = fill.select_many([a, b], 25, SELECT_RULES)
+    got = regions.select_many([a, b], 25, SELECT_RULES)
     assert got[0] == [(0, 20)] and sum(y - x for x, y in got[1]) == 5
     assert (10, 12) in [(max(x, 10), min(y, 12)) for x, y in got[1]]   # the hot 2 blocks
 
@@ -36,7 +36,7 @@ def test_a_region_that_does_not_fit_gives_its_hottest_window():
 def test_a_cap_keeps_a_disk_within_its_share_and_the_rest_goes_elsewhere():
     a = disk(100, [(0, 50, 9.0)], cap_blocks=10)
     b = disk(100, [(0, 50, 1.0)])
-    got = fill.select_many([a, b], 40, SELECT_RULES)
+    got = regions.select_many([a, b], 40, SELECT_RULES)
     assert sum(y - x for x, y in got[0]) == 10
     assert sum(y - x for x, y in got[1]) == 30
 
@@ -44,7 +44,7 @@ def test_a_cap_keeps_a_disk_within_its_share_and_the_rest_goes_elsewhere():
 def test_a_boost_weighs_one_disk_over_another():
     a = disk(50, [(0, 10, 2.0)])
     b = disk(50, [(0, 10, 2.0)], boost=np.full(50, 1.5, dtype=np.float32))
-    assert fill.select_many([a, b], 10, SELECT_RULES) == [[], [(0, 10)]]
+    assert regions.select_many([a, b], 10, SELECT_RULES) == [[], [(0, 10)]]
 
 
 def test_the_budget_and_the_caps_are_never_exceeded():
@@ -55,7 +55,7 @@ def test_the_budget_and_the_caps_are_never_exceeded():
                                 cap_blocks=None if rng.random() < 0.5 else int(rng.integers(0, 80)))
                 for _ in range(k)]
         budget = int(rng.integers(0, 300))
-        got = fill.select_many(maps, budget, SELECT_RULES)
+        got = regions.select_many(maps, budget, SELECT_RULES)
         sizes = [sum(y - x for x, y in runs) for runs in got]
         assert sum(sizes) <= budget
         for m, size, runs in zip(maps, sizes, got):

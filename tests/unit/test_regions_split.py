@@ -4,7 +4,7 @@ intensity that gives it contrast."""
 import numpy as np
 import pytest
 
-from vmdisktouch.core import budget as fill, regions
+from vmdisktouch.core import regions
 from vmdisktouch.core.intensity import RATE_SECONDS, Intensity
 from vmdisktouch.core.policy import SELECT_RULES, TRACED_RULES
 from vmdisktouch.core.sparse import Sparse
@@ -23,7 +23,7 @@ def two_zones(n=4096, zones=((600, 800), (2200, 2400)), bg=1.6, hot=6.4):
 
 def pick(heat, boost, budget, rules, held=None):
     m = regions.DiskMap(heat, THR, held_mask=held, boost=boost)
-    return fill.select_many([m], budget, rules)[0]
+    return regions.select_many([m], budget, rules)[0]
 
 
 def covered(runs, a, b):
@@ -130,7 +130,7 @@ def test_policy_boosts_with_the_intensity_only_for_the_trace_source():
         polled.finish([])
     assert p.boost is None
     assert m.boost[44] > 4 * m.boost[10]
-    assert fill.select_many([m], 8, m.rules)[0] == [(40, 48)]
+    assert regions.select_many([m], 8, m.rules)[0] == [(40, 48)]
 
 
 def test_the_intensity_is_no_multiplier_until_something_is_read_and_fades_after():
@@ -190,7 +190,7 @@ def test_with_the_trace_rules_the_regions_rewritten_now_rank_by_intensity_not_ol
     def first(rules):
         m = regions.DiskMap(heat, THR, rewritten_heat=rewritten, recent_rewrites=recent,
                             boost=boost)
-        return fill.select_many([m], 50, rules)[0]
+        return regions.select_many([m], 50, rules)[0]
 
     assert first(TRACED_RULES) == [(250, 300)]
     assert first(SELECT_RULES) == [(50, 100)]   # polling: the rewritten heat decides
@@ -237,7 +237,7 @@ def test_a_zone_read_at_random_with_a_budget_of_exactly_the_zone_is_not_churned(
             boost = 1 + np.log2(1 + smooth(reads, 2.0, 1.0) / 2.5)
             noisy = heat + smooth(reads > 0, 2.0, 1.0) + smooth(writes, 2.0, 4.0)
             m = regions.DiskMap(noisy.astype(np.float32), THR, held_mask=held, boost=boost)
-            out = fill.select_many([m], zone, rules)[0]
+            out = regions.select_many([m], zone, rules)[0]
             mask = np.zeros(n, bool)
             for s, e in out:
                 mask[s:e] = True

@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 
-from vmdisktouch.core import budget as fill, regions
+from vmdisktouch.core import regions
 from vmdisktouch.core.heat import smooth
 from vmdisktouch.core.policy import TRACED_RULES
 
@@ -44,7 +44,7 @@ def test_a_budget_under_a_region_written_at_random_is_not_reloaded_every_cycle()
         for c in range(12):
             heat, boost = noisy_cycle(rng, n, span)
             m = regions.DiskMap(heat, THR, held_mask=held, boost=boost)
-            out = fill.select_many([m], budget, rules)[0]
+            out = regions.select_many([m], budget, rules)[0]
             new = mask_of(out, n)
             assert new.sum() == budget
             if c:
@@ -68,10 +68,10 @@ def test_a_pick_that_carries_more_heat_replaces_the_hold():
     boost = np.ones(n, np.float32)
     boost[600:700] = 2.0                    # a zone read twice as often elsewhere
     m = regions.DiskMap(heat, THR, held_mask=held, boost=boost)
-    assert fill.select_many([m], 100, TRACED_RULES)[0] == [(600, 700)]
+    assert regions.select_many([m], 100, TRACED_RULES)[0] == [(600, 700)]
     boost[600:700] = 1.2                    # within the incumbency margin: the hold stays
     m = regions.DiskMap(heat, THR, held_mask=held, boost=boost)
-    assert fill.select_many([m], 100, TRACED_RULES)[0] == [(100, 200)]
+    assert regions.select_many([m], 100, TRACED_RULES)[0] == [(100, 200)]
 
 
 def test_the_hold_stays_only_when_it_fills_what_the_pick_fills():
@@ -80,7 +80,7 @@ def test_the_hold_stays_only_when_it_fills_what_the_pick_fills():
     held = np.zeros(n, bool)
     held[100:150] = True                    # half the budget held: the pick fills it
     m = regions.DiskMap(heat, THR, held_mask=held)
-    out = fill.select_many([m], 100, TRACED_RULES)[0]
+    out = regions.select_many([m], 100, TRACED_RULES)[0]
     assert sum(e - s for s, e in out) == 100 and mask_of(out, n)[100:150].all()
 
 
@@ -94,7 +94,7 @@ def test_the_kept_runs_come_hottest_first():
     cand[100:150] = cand[500:550] = True
     cand[700:800] = True
     m = regions.DiskMap(heat, THR, held_mask=held, candidates=cand)
-    assert fill.select_many([m], 100, TRACED_RULES)[0] == [(500, 550), (100, 150)]
+    assert regions.select_many([m], 100, TRACED_RULES)[0] == [(500, 550), (100, 150)]
 
 
 def test_background_writes_at_the_first_class_density_do_not_move_the_hold():
@@ -112,7 +112,7 @@ def test_background_writes_at_the_first_class_density_do_not_move_the_hold():
         recent[100:200], recent[600:700] = kept, fresh
         m = regions.DiskMap(heat, THR, held_mask=held, recent_rewrites=recent,
                             candidates=cand)
-        return fill.select_many([m], 100, TRACED_RULES)[0]
+        return regions.select_many([m], 100, TRACED_RULES)[0]
 
     assert pick(0.07, 0.06) == [(100, 200)]
     # #32: writes earn no place with the trace source (no first class): the reads rank, and

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vmdisktouch.core import budget as fill, regions, spill
+from vmdisktouch.core import regions, spill
 from vmdisktouch.core.policy import SELECT_RULES, TRACED_RULES
 from vmdisktouch.core.runs import runs_to_mask
 
@@ -19,7 +19,7 @@ def heat_of(n: int, zones: list[tuple[int, int, float]]) -> np.ndarray:
 
 
 def chosen_and_spill(maps, budget, factor, rules=TRACED_RULES):
-    chosen = fill.select_many(maps, budget, rules)
+    chosen = regions.select_many(maps, budget, rules)
     return chosen, spill.beyond(maps, budget, factor, rules, chosen)
 
 
@@ -69,7 +69,7 @@ def test_what_was_spilled_last_cycle_stays_against_an_equal_or_slightly_hotter_p
     def spill_of(other_heat, previous):
         h = heat_of(1000, [(100, 150, 5.0), (400, 450, 1.0), (700, 750, other_heat)])
         m = regions.DiskMap(h, T, rules=TRACED_RULES)
-        chosen = fill.select_many([m], 50, TRACED_RULES)
+        chosen = regions.select_many([m], 50, TRACED_RULES)
         return spill.beyond([m], 50, 1.0, TRACED_RULES, chosen, previous)[0]
 
     assert spill_of(1.1, None) == [(700, 750)]        # no memory: the hotter by a hair
@@ -91,7 +91,7 @@ def test_a_spill_over_background_read_at_random_is_not_read_again_every_cycle():
             h = (1.0 + rng.normal(0, 0.15, n)).astype(np.float32)
             h[zone[0]:zone[1]] = 5.0
             m = regions.DiskMap(h, T, held_mask=held, rules=TRACED_RULES)
-            chosen = fill.select_many([m], budget, TRACED_RULES)
+            chosen = regions.select_many([m], budget, TRACED_RULES)
             (sp,) = spill.beyond([m], budget, 1.0, TRACED_RULES, chosen,
                                  [prev] if remember else None)
             if c:

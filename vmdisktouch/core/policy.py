@@ -36,7 +36,7 @@ One cycle:
 6. Select. ``regions`` cuts the map at the threshold, keeps held
    runs while their mean heat is at least ``HOLD_FRACTION`` of it, ranks
    the runs by heat per block (rewritten ones first, held resident heat
-   weighed ``INCUMBENT_WEIGHT`` times) and ``budget.allocate`` fills the
+   weighed ``INCUMBENT_WEIGHT`` times) and ``regions.allocate`` fills the
    budget of every disk at once by benefit per byte: the plan's targets,
    highest priority first. The holder loads them in that order and, under
    memory pressure, sheds from the end. While holding is off (the domain is
@@ -85,7 +85,7 @@ from functools import cached_property
 
 import numpy as np
 
-from vmdisktouch.core import budget, heat, regions, spill
+from vmdisktouch.core import heat, regions, spill
 from vmdisktouch.core.holes import KnownHoles, Probe
 from vmdisktouch.core.intensity import Intensity
 # the rules it decides with (``core.rules``: each one's meaning, unit and reason), imported
@@ -182,7 +182,7 @@ class Policy:
 
     def prepare(self, obs: Observation, probe: Probe) -> regions.DiskMap | None:
         """Steps 1-5: this disk's part of a selection (None: holding is off); a
-        selection over one budget (``budget.allocate``) and ``finish`` follow."""
+        selection over one budget (``regions.allocate``) and ``finish`` follow."""
         n, p, now = self.nblocks, self.params, obs.now
         held = np.asarray(obs.held, dtype=bool)
         recent, rewritten = self._rewrites(obs.rewritten, held, now)
@@ -317,13 +317,13 @@ class Policy:
 
 
 def select(maps: list[regions.DiskMap], budget_blocks: int, spill_factor: float,
-           spilled: list[list[Run]]) -> tuple[budget.Allocation, list[list[Run]]]:
+           spilled: list[list[Run]]) -> tuple[regions.Allocation, list[list[Run]]]:
     """Step 6 for one disk or many, the one selection every mode runs: (the allocation:
     each disk's targets, share and limit; each disk's spill). Every disk's regions go in
-    one priority queue under one budget, by benefit per byte (``budget.allocate``); the
+    one priority queue under one budget, by benefit per byte (``regions.allocate``); the
     regions ranked next are spilled (``spill``); ``spilled``: each disk's spill of the
     last cycle."""
-    alloc = budget.allocate(maps, budget_blocks, SELECT_RULES)
+    alloc = regions.allocate(maps, budget_blocks, SELECT_RULES)
     return alloc, spill.beyond(maps, budget_blocks, spill_factor, SELECT_RULES, alloc.runs,
                                spilled)
 

@@ -86,22 +86,22 @@ RULES = (
     Rule("AT_LIMIT_FRACTION", 1 / 32, "of the group's limit",
          "A group with less headroom than this is at its limit: all its excess is "
          "recharged at once.", "core.charges", shown="1/32"),
-    # -- the budget (core.budget; the split through core.policy) --
+    # -- the budget (core.regions; the split through core.policy) --
     Rule("OWN_TRIM_MIN", 16, "blocks",
          "A region at least this long is cut, before the queue, into its core and its ends "
          "below 1/TRIM_CONTRAST of the core's density, each queued on its own density.",
-         "core.budget"),
+         "core.regions"),
     Rule("TRIM_CONTRAST", 2.0, "x density",
          "A region's end blocks below 1/this of the density of the region waiting next are "
          "queued apart: the smoothing's shoulders and a lukewarm spread are held only after "
-         "hotter regions.", "core.budget"),
+         "hotter regions.", "core.regions"),
     Rule("FAIR_BAND", 1.25, "x density",
          "Regions of other disks within this factor of the density of the one that does not "
          "fit share what is left, by their sizes: equal disks get equal shares.",
-         "core.budget"),
+         "core.regions"),
     Rule("WINDOW_MARGIN", 1.1, "x heat",
          "A window cut to what is left keeps the most held blocks unless the hottest "
-         "window carries this many times more heat.", "core.budget"),
+         "window carries this many times more heat.", "core.regions"),
     Rule("SPLIT_CONTRAST", 2.0, "peak / mean",
          "Trace source: a region too large for the budget is split where its ranking heat "
          "passes halfway from its mean to its peak, when the peak is at least this many "

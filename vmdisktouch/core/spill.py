@@ -35,7 +35,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from vmdisktouch.core import budget, regions
+from vmdisktouch.core import regions
 from vmdisktouch.core.runs import Run, runs_to_mask, subtract
 
 
@@ -56,7 +56,7 @@ def beyond(maps: list[regions.DiskMap], budget_blocks: int, factor: float,
                             else replace(m, cap_blocks=int(m.cap_blocks * (1 + factor))),
                             previous[d] if previous else ())
             for d, m in enumerate(maps)]
-    wider = budget.select_many(wide, budget_blocks + extra, rules)
+    wider = regions.select_many(wide, budget_blocks + extra, rules)
     left = extra
     for d, (m, runs) in enumerate(zip(maps, wider)):
         if not (m.rules or rules).spill:
