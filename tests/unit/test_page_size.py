@@ -163,7 +163,7 @@ def test_the_trace_source_at_4k_pages_puts_the_same_events_elsewhere():
 
 def test_the_page_size_is_read_from_the_system_once():
     """Only ``system/libc.py`` asks ``sysconf``; nothing hard-codes a page of 4096."""
-    from vmdisktouch.config import parsers
+    from vmdisktouch.config import settings
     from vmdisktouch.system.cgroup import memcg
     from vmdisktouch.system.trace import trace_reader
     for path in PACKAGE.rglob("*.py"):
@@ -171,7 +171,7 @@ def test_the_page_size_is_read_from_the_system_once():
         if path.name != "libc.py":
             assert "SC_PAGE_SIZE" not in text, path
         assert "PAGE = 4096" not in text, path
-    assert parsers.PAGE_SIZE == memcg.PAGE_SIZE == libc.PAGE_SIZE
+    assert settings.PAGE_SIZE == memcg.PAGE_SIZE == libc.PAGE_SIZE
     assert not hasattr(trace_reader, "PAGE")
 
 

@@ -219,7 +219,7 @@ def passed_socket() -> socket.socket | None:
     if not ours:
         return None
     sock = listen_fds.stream_listener(ours[0], PASSED_NAME)
-    from vmdisktouch.config.parsers import is_loopback
+    from vmdisktouch.config.settings import is_loopback
     if not is_loopback(sock.getsockname()[0]):
         url = _url(sock)
         sock.close()
@@ -256,7 +256,7 @@ class Metrics:
             self.server = Endpoint(passed, self.render)
             log.info("metrics on %s (a socket passed by systemd)", _url(passed))
         elif config.metrics_listen:
-            from vmdisktouch.config.parsers import split_listen
+            from vmdisktouch.config.settings import split_listen
             host, port = split_listen(config.metrics_listen)
             try:
                 sock = listen(host, port)
@@ -266,7 +266,7 @@ class Metrics:
                         if exc.errno == errno.EAFNOSUPPORT else "")
                 raise ConfigError(f"metrics_listen {config.metrics_listen}: cannot listen: "
                                   f"{exc.strerror or exc}{hint}") from None
-            from vmdisktouch.config.parsers import is_loopback
+            from vmdisktouch.config.settings import is_loopback
             if not is_loopback(sock.getsockname()[0]):     # a name resolved otherwise since
                 url = _url(sock)
                 sock.close()

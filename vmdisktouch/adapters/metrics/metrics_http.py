@@ -2,7 +2,7 @@
 
 ``Endpoint(sock, render)`` serves a listening socket in a daemon thread of
 its own: one ``listen(host, port)`` made for ``metrics_listen`` (a loopback
-address: ``config.parsers._loopback_listen`` refuses others), or the one
+address: ``config.settings.loopback_listen`` refuses others), or the one
 systemd passed (``listen_fds``, vmdisktouch-metrics.socket), through the
 same loop. ``render(head)`` (``metrics.Metrics.render``) gives the body and
 headers of each GET, from the collector's snapshot swapped under a lock.
