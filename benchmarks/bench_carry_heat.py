@@ -121,7 +121,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.bench_daemon_cost import CLK_TCK, cpu_ticks  # noqa: E402
+from tests.support.procfs import CLK_TCK, cpu_ticks  # noqa: E402
 from benchmarks.source_common import (  # noqa: E402
     add_compare_rev, exit_on_sigterm, fmt, machine, overlap, publish, remove_quietly,
     round_orders)

@@ -76,7 +76,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.cached_state import cached as cache_and_pin  # noqa: E402
 from benchmarks.report import provenance, update_section  # noqa: E402
 from tests.support.daemon_proc import DaemonProc  # noqa: E402
-from tests.support.procfs import memory_fields  # noqa: E402
+from tests.support.procfs import CLK_TCK, cpu_ns, cpu_ticks, memory_fields  # noqa: E402
 from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.system import libc  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
@@ -85,7 +85,6 @@ MiB = 1 << 20
 GiB = 1 << 30
 TiB = 1 << 40
 PAGE = libc.PAGE_SIZE
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PNG = os.path.join(ROOT, "docs", "img", "daemon_cost.png")
 
 # Targets of issue #5, section 2.
@@ -126,23 +125,6 @@ def layout(size: int, extents: int, hot_regions: int, hot_size: int,
 
 
 # -- /proc sampling -----------------------------------------------------------
-
-def cpu_ticks(pid: int) -> tuple[int, int]:
-    """(utime, stime) of the whole process (all threads), in clock ticks."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])         # fields 14 and 15 of proc(5)
-
-
-def cpu_ns(pid: int) -> int:
-    """Sum of the run time (ns) of the process's live threads, from schedstat."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-    return total
-
 
 MEM_KEYS = ("VmRSS", "RssAnon", "RssFile", "VmLck", "VmHWM")
 

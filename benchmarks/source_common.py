@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_daemon_cost import CLK_TCK, cpu_ns, cpu_ticks  # noqa: E402
+from tests.support.procfs import CLK_TCK, cpu_ns, cpu_ticks  # noqa: E402
 from benchmarks.report import machine, provenance, update_section  # noqa: E402,F401 - machine re-exported
 from vmdisktouch.system.meminfo import mem_available  # noqa: E402,F401 - re-exported
 from tests.support.common import GiB, MiB, WorkloadError, require_tool, stop_process  # noqa: E402

@@ -86,7 +86,7 @@ class DiskReport:
 
     def to_json(self) -> dict:
         """The disk's object of the status file."""
-        d = dataclasses.asdict(self)
+        d = _shallow(self)
         if d["trace"] is None:
             del d["trace"]
         return d
@@ -114,6 +114,12 @@ class DiskLine:
     @classmethod
     def from_json(cls, d: dict) -> "DiskLine":
         return cls(**_known(cls, d))
+
+
+def _shallow(obj) -> dict:
+    """A report's fields as a dict, its values shared, not copied: it is written to JSON at
+    once, each cycle, and ``dataclasses.asdict`` would deep-copy every region list."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def _known(cls, d: dict) -> dict:
@@ -154,7 +160,7 @@ class HostReport:
             "pid", "version", "interval_seconds", "time", "budget_bytes", "held_bytes",
             "mem_available_bytes", "min_free_bytes", "above_floor_bytes", "cycle",
             "cycle_seconds")}
-        head.update(disks=[dataclasses.asdict(x) for x in self.lines], failed=self.failed)
+        head.update(disks=[_shallow(x) for x in self.lines], failed=self.failed)
         if self.skipped is not None:
             head["skipped"] = self.skipped
         disks = [d.to_json() for d in self.disks]

@@ -33,7 +33,7 @@ import pytest
 from tests.support.arrival_env import SlowFeed, vsh
 from tests.support.libvirt_env import PREFIX, disk_xml, domain_xml, libvirt_daemons  # noqa: F401
 from tests.support.pagecache import data_image
-from tests.support.private_libvirt import PrivateLibvirtd
+from tests.support.private_libvirt import own_libvirtd  # noqa: F401
 from tests.support.common import ROOT
 from tests.support.daemon_proc import DaemonProc
 from tests.support.images import evict, resident_bytes
@@ -92,15 +92,6 @@ def test_the_arrival_s_cache_drop_loses_no_trace_event(tmp_path):
         assert st["trace"]["buffer_kb"] > 1024, st["trace"]
     finally:
         assert d.stop() == 0, d.output()[-3000:]
-
-
-@pytest.fixture
-def own_libvirtd(libvirt_daemons, tmp_path):
-    """A libvirtd in its own mount and UTS namespaces: no other session's host service
-    (they serve qemu:///system) sees its domains."""
-    lv = PrivateLibvirtd(tmp_path, name="own")
-    yield lv
-    lv.close()
 
 
 def disk_status(st, path) -> dict | None:

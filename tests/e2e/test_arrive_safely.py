@@ -49,7 +49,7 @@ from tests.support.arrival_env import (STILL_IN_USE, CheckedQemu, QemuLog, SlowF
 from tests.support.libvirt_env import PREFIX, disk_xml, libvirt_daemons  # noqa: F401
 from tests.support.images import evict
 from tests.support.pagecache import data_image
-from tests.support.private_libvirt import PrivateLibvirtd
+from tests.support.private_libvirt import PrivateLibvirtd, own_libvirtd  # noqa: F401
 from tests.support.common import ROOT, free_port
 from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt import domain_heat as dh
@@ -135,15 +135,6 @@ def wait_locked(b, t0: float, timeout: float = 10.0) -> float:
             f"VmLck {b.vmlck()} after {timeout:g} s\n{b.log_tail(20)}"
         time.sleep(0.05)
     return time.monotonic() - t0
-
-
-@pytest.fixture
-def own_libvirtd(libvirt_daemons, tmp_path):
-    """A libvirtd in its own mount and UTS namespaces: no other session's host service
-    (they serve qemu:///system) sees its domains."""
-    lv = PrivateLibvirtd(tmp_path, name="own")
-    yield lv
-    lv.close()
 
 
 @pytest.mark.timeout(300)
@@ -286,8 +277,6 @@ def qemu_io_at(uri: str, name: str, command: str) -> str:
     return out
 
 
-
-
 FILLED = 96 * MiB                  # guest RAM filled with random bytes: the stream's length
 SPEED_MIB = 16                     # migrate-setspeed: about 6 s of incoming
 
@@ -327,16 +316,7 @@ def test_a_live_migration_under_qemus_own_check(tmp_path, checked_qemu, two_libv
                                   f"{log.new()[-1500:]}\nB:\n{b.log_tail(30)}"
         assert took >= 3, f"the migration took {took:.1f} s: too fast to be seen"
         assert_checked(dom, dst.root())
-        if paused:
-            resume_later(b, dst, dom, log)
-        running = time.monotonic()
-        assert vsh(dst.uri, "domstate", dom).strip() == "running"
-        seconds = wait_locked(b, running)
-        out = log.new()
-        assert STILL_IN_USE not in out, f"QEMU there found pages still cached:\n{out[-2000:]}"
-        assert seconds <= HELD_WITHIN, f"held {seconds:.1f} s after running\n{b.log_tail(20)}"
-        b.wait_status(lambda s: held_share(s, img) >= 0.9, "the zone held, in B's status",
-                      timeout=10)
+        arrived_safely(b, dst, dom, img, log, paused)
     finally:
         b.stop()
 

@@ -24,6 +24,7 @@ import pytest
 from tests.support.faultkit import (EX_CONFIG, MiB, Untouched, assert_clean, assert_refused, fault,
                             rows_of, vmdt)
 from tests.support.pagecache import data_image
+from tests.support.procfs import cpu_seconds
 from tests.support.common import ROOT
 
 CASE = "40 round 3"
@@ -165,13 +166,6 @@ def _(tmp_path, image):
 
 
 # -- 3: WATCHDOG_USEC=1 ------------------------------------------------------------
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 @fault("watchdog-usec-1", "`WATCHDOG_USEC=1` (a one-microsecond watchdog) for an idle daemon",
        "the period is raised to 1 s with one warning: the daemon does not spin, and still "

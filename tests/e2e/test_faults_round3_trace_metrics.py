@@ -128,12 +128,12 @@ def churned(tmp_path, image) -> dict:
     four processes connect and close and two scrape back to back for ``CHURN_SECONDS``, a
     fresh client scraping every 0.5 s meanwhile: its figures."""
     from tests.support.common import free_port
-    from tests.support.metrics_flood import Scraper, cpu_ticks, serve
-    clk = os.sysconf("SC_CLK_TCK")
+    from tests.support.metrics_flood import Scraper, serve
+    from tests.support.procfs import cpu_seconds
     port = free_port()
     with serve(tmp_path, image, port) as (d, notify):
         held0, held_min = d.vmlck(), d.vmlck()
-        t0, ticks0 = time.monotonic(), cpu_ticks(d.pid)
+        t0, cpu0 = time.monotonic(), cpu_seconds(d.pid)
         procs = [subprocess.Popen([sys.executable, "-c", CHURN, str(port), kind,
                                    str(CHURN_SECONDS)])
                  for kind in ("close",) * 4 + ("scrape",) * 2]
@@ -142,12 +142,12 @@ def churned(tmp_path, image) -> dict:
             while time.monotonic() < t0 + CHURN_SECONDS:
                 held_min = min(held_min, d.vmlck())
                 time.sleep(0.25)
-            t1, ticks1 = time.monotonic(), cpu_ticks(d.pid)
+            t1, cpu1 = time.monotonic(), cpu_seconds(d.pid)
             scrapes = scraper.stop()
         finally:
             for p in procs:
                 p.wait(timeout=30)
-        out = {"cpu_pct": 100.0 * (ticks1 - ticks0) / clk / (t1 - t0),
+        out = {"cpu_pct": 100.0 * (cpu1 - cpu0) / (t1 - t0),
                "scrapes": len(scrapes), "served": sum(s is not None for s in scrapes),
                "watchdog_gap_s": notify.max_gap(t0, t1), "held0": held0,
                "held_min": held_min, "alive": d.alive()}

@@ -6,7 +6,7 @@ there) and the fault rows of ``tests/e2e/test_faults_metrics.py`` and
 ``serve``: the daemon of the scenario under ``prlimit --nofile`` and a played
 ``Type=notify`` supervisor, holding the hot zone of an image; ``window``: one
 scenario's window and its figures; ``Flood``, ``Scraper``: the clients;
-``cpu_ticks``, ``descriptors``: the daemon's side.
+``descriptors``: the daemon's side.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import urllib.request
 from tests.support.common import ROOT, MiB
 from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from tests.support.pagecache import read_range
+from tests.support.procfs import cpu_seconds
 
 HOT = (8 * MiB, 6 * MiB)
 NOFILE = 1024                    # the daemon's RLIMIT_NOFILE (soft and hard)
 WATCHDOG_USEC = 2_000_000        # WatchdogSec=2: a ping is due every second
 ARGS = ("--max-hold", "16M", "--min-free", "256M", "--interval", "0.2", "--decay", "1",
         "--uri", "")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 
@@ -209,12 +209,6 @@ class Scraper:
 
 # -- the daemon's side ---------------------------------------------------------------------
 
-def cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])           # utime, stime
-
-
 def descriptors(pid: int) -> tuple[int, int]:
     """(descriptors, sockets) of the process."""
     fds = socks = 0
@@ -243,7 +237,7 @@ def window(d: DaemonProc, notify: Notify, port: int, scenario: str, conns: int,
            seconds: float) -> dict:
     """One scenario's window (see the module docstring), from just before its clients
     connect: its figures."""
-    t0, ticks0 = time.monotonic(), cpu_ticks(d.pid)
+    t0, cpu0 = time.monotonic(), cpu_seconds(d.pid)
     held0 = held_min = d.vmlck()
     fds_max = socks_max = 0
     mark, changes, next_look = status_mark(d.status_path), [t0], t0
@@ -269,7 +263,7 @@ def window(d: DaemonProc, notify: Notify, port: int, scenario: str, conns: int,
                 break
             time.sleep(0.02)
         t1 = time.monotonic()
-        ticks1 = cpu_ticks(d.pid) if d.alive() else ticks0
+        cpu1 = cpu_seconds(d.pid) if d.alive() else cpu0
         changes.append(t1)
         scrapes = scraper.stop()
         established = flood.established if flood else 0
@@ -281,7 +275,7 @@ def window(d: DaemonProc, notify: Notify, port: int, scenario: str, conns: int,
     return {
         "scenario": scenario, "conns": conns if flood else 0, "established": established,
         "cut_by_daemon": cut, "daemon_sockets_max": socks_max, "daemon_fds_max": fds_max,
-        "cpu_pct": 100.0 * (ticks1 - ticks0) / CLK_TCK / (t1 - t0),
+        "cpu_pct": 100.0 * (cpu1 - cpu0) / (t1 - t0),
         "status_gap_max_s": max(b - a for a, b in zip(changes, changes[1:])),
         "watchdog_gap_max_s": notify.max_gap(t0, t1),
         "held_start": held0, "held_min": held_min, "held_end": d.vmlck(),

@@ -32,6 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.support import libvirt_env
 from tests.support.common import stop_process
 
@@ -210,3 +212,12 @@ class PrivateLibvirtd:
                 except ProcessLookupError:
                     pass
         pidfile.unlink()
+
+
+@pytest.fixture
+def own_libvirtd(libvirt_daemons, tmp_path):
+    """A libvirtd in its own mount and UTS namespaces: no other session's host service
+    (they serve qemu:///system) sees its domains. Import it with ``libvirt_daemons``."""
+    lv = PrivateLibvirtd(tmp_path, name="own")
+    yield lv
+    lv.close()

@@ -8,6 +8,11 @@ not an error.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
 
 def status_fields(pid: int | str = "self") -> dict[str, str]:
     """``/proc/PID/status`` as ``{key: value text}``; raises OSError if the process is gone."""
@@ -27,3 +32,25 @@ def vmlck(pid: int | str = "self", missing: int | None = 0) -> int | None:
         return memory_fields(pid, ("VmLck",)).get("VmLck", missing)
     except (FileNotFoundError, ProcessLookupError):
         return missing
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(utime, stime) of the whole process (all threads), in clock ticks (``CLK_TCK``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])         # fields 14 and 15 of proc(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process, in seconds."""
+    return sum(cpu_ticks(pid)) / CLK_TCK
+
+
+def cpu_ns(pid: int) -> int:
+    """Sum of the run time (ns) of the process's live threads, from schedstat."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    return total
