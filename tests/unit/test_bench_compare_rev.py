@@ -1,8 +1,12 @@
 """--compare-rev of bench_host_budget and bench_host_cost: the twins, the side-by-side table."""
 
+import pytest
+
 from benchmarks.bench_host_budget import NAMES, compare_lines, round_orders, with_rev_twins
 from benchmarks.bench_host_cost import compare_lines as cost_lines
 from benchmarks.source_common import ratio_text, side_by_side
+
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
 
 SHA = "876a386307" + "0" * 30
 

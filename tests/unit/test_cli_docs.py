@@ -3,9 +3,13 @@
 import subprocess
 import sys
 
+import pytest
+
 from tools import cli_docs
 from vmdisktouch.commands import cli
 from vmdisktouch.config import settings
+
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
 
 ROOT = cli_docs.ROOT
 

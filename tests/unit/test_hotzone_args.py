@@ -4,6 +4,8 @@ import pytest
 
 from benchmarks.hotzone_args import parse_args, section_name
 
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
+
 
 def test_holder_limit_writes_its_own_section():
     a, names = parse_args(["--variant", "bigset", "--holder-limit", "767M",

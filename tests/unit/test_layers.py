@@ -28,6 +28,8 @@ import pathlib
 
 import pytest
 
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "vmdisktouch"
 CORE_ALLOWED = {"__future__", "bisect", "collections", "dataclasses", "enum", "functools",
                 "heapq", "itertools", "math", "numpy", "typing"}

@@ -10,6 +10,8 @@ from tests.support.common import WorkloadError
 from tests.support.fio import FioJob
 from tests.support.nbd import QemuNbd
 
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
+
 needs_qemu = pytest.mark.skipif(not (shutil.which("qemu-nbd") and shutil.which("qemu-io")),
                                 reason="qemu-nbd and qemu-io (Debian: qemu-utils) not installed")
 

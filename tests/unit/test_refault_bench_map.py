@@ -8,6 +8,8 @@ import pytest
 from benchmarks.bench_refault import yellow_pixels
 from vmdisktouch.adapters.pictures import figure, render
 
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
+
 MiB = 1 << 20
 
 

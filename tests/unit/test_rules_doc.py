@@ -1,7 +1,11 @@
 """The rules table of docs/algorithm.md is generated from ``core.rules`` and is current."""
 
+import pytest
+
 from tools import rules_doc
 from vmdisktouch.core import rules
+
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
 
 
 def test_the_table_is_what_the_generator_writes():

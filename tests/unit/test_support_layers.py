@@ -19,6 +19,8 @@ import pathlib
 
 import pytest
 
+pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OURS = ("tests", "tools", "benchmarks", "vmdisktouch")
 
