@@ -100,8 +100,8 @@ def discover(*args) -> tuple[int, str, str]:
        "the threshold, so a zone nobody reads is released as a lease is; the status stays "
        "JSON and `vmdisktouch status` exits 0; the summary written back is finite",
        "one `ignoring ... corrupt` line for vda, vda never held; vdb held at arrival and "
-       "released within 60 s unread; `status` exits 0; every heat in the metadata written "
-       "back finite and <= 1.0", case=CASE)
+       "released unread within 15 s at a decay of 0.5/s; `status` exits 0; every heat in the "
+       "metadata written back finite and <= 1.0", case=CASE)
 def check_heat_out_of_range(tmp_path, domains):  # noqa: F811
     imgs = {t: data_image(tmp_path / f"{t}.raw", 64 * MiB) for t in ("vda", "vdb")}
     dom = domains.define([disk_xml(t, p) for t, p in imgs.items()], tag="heat1e300")
@@ -109,7 +109,9 @@ def check_heat_out_of_range(tmp_path, domains):  # noqa: F811
           summary_xml(imgs, {"vda": 1e300, "vdb": 1e5}))
     for p in imgs.values():
         evict(p)
-    d = host(tmp_path, "--carry-interval", "1")     # at once: other tests' daemons write too
+    # At once (other tests' daemons write too); a decay of 0.5/s: a lease of ln(20 / 0.5) /
+    # 0.5 = 7.4 s for heat capped at 20 x the threshold, 30 s for the 1e5 uncapped.
+    d = host(tmp_path, "--carry-interval", "1", "--decay", "0.5")
     try:
         st = d.wait_status(lambda s: held(s, imgs["vdb"]) >= ZONE[1], "vdb held on arrival",
                            timeout=60)
@@ -121,7 +123,7 @@ def check_heat_out_of_range(tmp_path, domains):  # noqa: F811
         d.wait_status(lambda s: held(s, imgs["vdb"]) == 0 and held(s, imgs["vda"]) == 0,
                       "vdb's zone released, unread", timeout=60)
         lease = time.monotonic() - t0
-        assert lease <= 60, lease          # ln(20 / 0.5) / 0.1 = 37 s, plus a few cycles
+        assert lease <= 15, lease          # 7.4 s, plus a few cycles
         ignored = [x for x in d.err().splitlines() if "ignoring the heat carried" in x]
         assert len(ignored) == 1 and "corrupt" in ignored[0] and "vda" in ignored[0], d.err()
         written = virsh("metadata", dom, dh.NS)
