@@ -16,7 +16,7 @@ the images dropped first):
 * ``three``: three images, each with its own qemu-nbd and fio at the highest
   rate in one group, served by one host service.
 
-The daemon: ``vmdisktouch run IMG... --max-hold 256M (768M for three)
+The daemon: ``vmdisktouch run IMG... --max-hold 1G (3G for three)
 --interval 5 --uri '' --min-free 0 --access-source trace``. After ``--warmup``
 s (20) a ``--duration`` s (60) window: its CPU (utime + stime of
 /proc/PID/stat, what getrusage counts, over the window's wall time, in % of
@@ -122,7 +122,7 @@ def profile_split(path: str) -> list[tuple[str, float]]:
     for name, funcs in SPLIT:
         out.append((name, sum(v for (file, func), v in cum.items()
                               if any(file.endswith(f) and func == fn for f, fn in funcs))))
-    out.append(("the rest of the main thread (the loop, waits' own time, libvirt, logging)",
+    out.append(("the rest of the main thread (the loop, libvirt, logging, the probe)",
                 total - sum(v for _, v in out)))
     out.append(("the main thread, profiled", total))
     return out
@@ -143,11 +143,28 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, other
 
 
+PROFILED = """
+import cProfile, runpy, sys, time
+out = sys.argv.pop(1)
+sys.argv.pop(1)              # "-m"
+module = sys.argv.pop(1)
+sys.argv[0] = module
+p = cProfile.Profile(time.thread_time)
+try:
+    p.runcall(runpy.run_module, module, run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+finally:
+    p.dump_stats(out)
+"""
+
+
 def profiling_python(tmp: str, out: str) -> str:
-    """An executable that runs ``python -m cProfile -o OUT`` with the arguments it gets."""
+    """An executable that runs ``python -m MODULE ARGS`` under cProfile with the main
+    thread's CPU time as its clock (not the wall: waits and I/O cost nothing), to OUT."""
     path = os.path.join(tmp, f"python-profiled-{os.path.basename(out)}")
     with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexec {sys.executable} -m cProfile -o {out} "$@"\n')
+        f.write(f'#!/bin/sh\nexec {sys.executable} -c \'{PROFILED}\' {out} "$@"\n')
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
     return path
 
@@ -290,7 +307,7 @@ def main() -> int:
     ap.add_argument("--scenarios", default="nbd-1000,nbd-3000,nbd-max,flood,three")
     ap.add_argument("--image-size", type=parse_size, default=None, help="(2G)")
     ap.add_argument("--limit", type=parse_size, default=512 * MiB)
-    ap.add_argument("--max-hold", type=parse_size, default=256 * MiB, help="per disk")
+    ap.add_argument("--max-hold", type=parse_size, default=GiB, help="per disk (1G)")
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=None, help="(20)")
     ap.add_argument("--duration", type=float, default=None, help="(60)")

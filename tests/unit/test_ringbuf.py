@@ -251,3 +251,83 @@ def test_random_pages_parse_exactly_as_the_reference_parser(seed):
     assert r.start.tolist() == starts
     assert (r.missed, r.missed_unknown, r.bad_pages) == (missed, unknown, 0)
     assert len(times) > 500
+
+
+# -- damaged pages: the walk against a one-record-at-a-time walk -------------------------
+
+def walk_one_at_a_time(blob: bytes) -> tuple[list[int], list[int], int, int, int]:
+    """Header word positions of the non-padding records, each page's first, the stored
+    missed counts, pages flagged without a count, and bad pages: as ``_walk`` did with a
+    Python loop."""
+    words = memoryview(blob).cast("I")
+    step = ringbuf._step_table(LAY)
+    pos, first, missed, unknown, bad = [], [], 0, 0, 0
+    for p in range(len(blob) // LAY.page_bytes):
+        base = p * LAY.page_bytes
+        first.append(len(pos))
+        commit = struct.unpack_from("<Q", blob, base + 8)[0]
+        size = commit & ringbuf.COMMIT_MASK
+        if size > LAY.page_bytes - 16 or size % 4:
+            bad += 1
+            continue
+        if commit & ringbuf.RB_MISSED_EVENTS:
+            if commit & ringbuf.RB_MISSED_STORED and size + 8 <= LAY.page_bytes - 16:
+                missed += struct.unpack_from("<Q", blob, base + 16 + size)[0]
+            else:
+                unknown += 1
+        i, end = (base + 16) >> 2, (base + 16 + size) >> 2
+        last_taken = None
+        while i < end:
+            h = words[i]
+            s = step[h & 31]
+            if s:
+                pos.append(i)
+                last_taken = i
+                i += s
+                continue
+            if i + 1 >= end:
+                bad += 1
+                break
+            if h & 31 == 29:
+                if not h >> 5:
+                    break
+                last_taken = None
+            else:
+                pos.append(i)
+                last_taken = i
+            i += 1 + ((words[i + 1] + 3) >> 2)
+        if i > end:
+            bad += 1
+            if last_taken is not None and pos and pos[-1] == last_taken:
+                pos.pop()
+    return pos, first, missed, unknown, bad
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_damaged_pages_walk_as_one_record_at_a_time(seed):
+    """Random pages with random damage (commits too long, odd or short, lengths past the
+    end, flags): every page walked at once finds what a walk of one record at a time finds."""
+    rng = random.Random(1000 + seed)
+    pages = []
+    for _ in range(24):
+        pg = bytearray(random_page(rng, rng.randrange(1 << 50)))
+        roll = rng.random()
+        commit = struct.unpack_from("<Q", pg, 8)[0]
+        if roll < 0.15:      # a commit past the page, or not a multiple of 4
+            commit = (commit & ~ringbuf.COMMIT_MASK) | rng.choice(
+                (LAY.page_bytes, (commit & ringbuf.COMMIT_MASK) + 2))
+        elif roll < 0.35:    # a commit cut short: the last record runs past it
+            size = commit & ringbuf.COMMIT_MASK
+            commit = (commit & ~ringbuf.COMMIT_MASK) | max(0, size - 4 * rng.randrange(1, 12))
+        elif roll < 0.5:     # a header word overwritten with anything
+            at = 16 + 4 * rng.randrange((LAY.page_bytes - 16) // 4)
+            struct.pack_into("<I", pg, at, rng.randrange(1 << 32))
+        struct.pack_into("<Q", pg, 8, commit)
+        pages.append(bytes(pg))
+    blob = b"".join(pages)
+    pos, first, missed, unknown, bad = walk_one_at_a_time(blob)
+    got = ringbuf._walk(blob, LAY, len(pages))
+    assert got[0].tolist() == pos
+    assert got[1].tolist() == first
+    assert got[3:] == (missed, unknown, bad)
+    assert bad > 0 and len(pos) > 300
