@@ -124,19 +124,20 @@ class AccessLog:
     def take(self, nblocks: int, now_ns: int | None = None) -> Access:
         """This cycle's evidence for an image of ``nblocks`` blocks; starts the next cycle."""
         ppb = self.pages_per_block
-        if self._read_blocks:
-            blocks, inv, counts = np.unique(np.concatenate(self._read_blocks),
-                                            return_inverse=True, return_counts=True)
-        else:
-            blocks = inv = counts = np.zeros(0, np.int64)
-        weights = None
+        # Counted over the image's blocks (a pass over the reads and one over the blocks, as
+        # the heat map's), not sorted: a cycle may bring millions of reads of a few blocks.
+        touched = np.concatenate(self._read_blocks or [np.zeros(0, np.int64)])
+        inside = touched < nblocks
+        touched = touched[inside]
+        per_block = np.bincount(touched, minlength=nblocks)
+        blocks = np.flatnonzero(per_block)
+        counts = per_block[blocks]
+        recent = None
         if now_ns is not None:      # each read weighted by its age at the cycle's end
-            age = (now_ns - np.concatenate(self._read_ts or [np.zeros(0, np.int64)])) / 1e9
-            weights = np.bincount(inv, weights=np.exp(-age.clip(0) / RATE_SECONDS),
-                                  minlength=blocks.size)
-        keep = blocks < nblocks
-        blocks, counts = blocks[keep], counts[keep]
-        recent = None if weights is None else Sparse(blocks, weights[keep].astype(np.float32))
+            age = (now_ns - np.concatenate(self._read_ts or [np.zeros(0, np.int64)])[inside])
+            weights = np.bincount(touched, weights=np.exp(-(age / 1e9).clip(0) / RATE_SECONDS),
+                                  minlength=nblocks)
+            recent = Sparse(blocks, weights[blocks].astype(np.float32))
         reads = Sparse(blocks, np.ones(blocks.size, dtype=np.float32))
         read_counts = Sparse(blocks, counts.astype(np.float32))
         pages = _unique(self._write_pages)
