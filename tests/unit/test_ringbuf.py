@@ -331,3 +331,18 @@ def test_damaged_pages_walk_as_one_record_at_a_time(seed):
     assert got[1].tolist() == first
     assert got[3:] == (missed, unknown, bad)
     assert bad > 0 and len(pos) > 300
+
+
+@pytest.mark.parametrize("offset, size, signed", [
+    (0, 2, False), (2, 2, True), (4, 4, False), (8, 8, False), (12, 8, True), (13, 1, True),
+    (6, 4, False), (2, 8, False), (5, 2, False)])
+def test_a_field_reads_as_its_bytes_little_endian_at_any_offset(offset, size, signed):
+    rng = np.random.default_rng(offset * 16 + size)
+    buf = rng.integers(0, 256, 4 * 4096, dtype=np.uint8)
+    start = 4 * rng.integers(0, (buf.size - 64) // 4, 500)       # payloads start on 4 bytes
+    recs = ringbuf.Records(buf, np.zeros(start.size, np.int64), start, 0, 0)
+    got = recs.field(ringbuf.Field(offset, size, signed))
+    want = [int.from_bytes(buf[s + offset:s + offset + size].tobytes(), "little",
+                           signed=signed) for s in start]
+    assert got.dtype == np.dtype(f"<{'i' if signed else 'u'}{size}")
+    assert got.tolist() == want

@@ -152,8 +152,18 @@ class Records:
             raise ValueError(f"field of {f.size} bytes is not an integer")
         if start.size == 0:
             return np.zeros(0, dtype=f"<{kind}{f.size}")
-        idx = (start + f.offset)[:, None] + np.arange(f.size)
-        return np.ascontiguousarray(self.buf[idx]).view(f"<{kind}{f.size}").ravel()
+        # Payloads start on 4-byte boundaries: a field is read in the widest units (4, 2 or
+        # 1 bytes) its offset and size allow, one gather per unit (two for a u64), not one
+        # per byte.
+        unit = next(u for u in (4, 2, 1) if f.offset % u == 0 and f.size % u == 0)
+        words = self.buf.view(f"<u{unit}")
+        at = (start + f.offset) // unit
+        if unit == f.size:
+            return words[at].view(f"<{kind}{f.size}")
+        value = np.zeros(start.size, dtype=np.uint64)
+        for k in range(f.size // unit):
+            value |= words[at + k].astype(np.uint64) << np.uint64(8 * unit * k)
+        return value.astype(f"<u{f.size}").view(f"<{kind}{f.size}")
 
 
 def _step_table(lay: Layout) -> list[int]:
@@ -202,10 +212,11 @@ def _walk(data, lay: Layout, npages: int):
     cur = base + (lay.data >> 2)
     end = cur + (size >> 2)
     live = ~broken & (cur < end)
-    cur, end = cur[live], end[live]
+    cur, end, page = cur[live], end[live], np.flatnonzero(live)
     step = np.array(_step_table(lay), dtype=np.int64)
     mask, padding = (1 << lay.type_bits) - 1, lay.padding
-    taken: list[np.ndarray] = []
+    taken: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (page, rank in it, pos)
+    count = np.zeros(npages, dtype=np.int64)        # records of each page found so far
     while cur.size:
         h = w[cur].astype(np.int64)
         tl = h & mask
@@ -224,11 +235,16 @@ def _walk(data, lay: Layout, npages: int):
             stop[ok[pad & (h[ok] >> lay.type_bits == 0)]] = True   # null padding: empty rest
         over = ~stop & (nxt > end)                      # the record ran past the commit
         bad += int(np.count_nonzero(over))
-        taken.append(cur[take & ~stop & ~over])
+        took = take & ~stop & ~over
+        pg = page[took]                                 # one record per page per step
+        taken.append((pg, count[pg], cur[took]))
+        count[pg] += 1
         go = ~stop & (nxt < end)
-        cur, end = nxt[go], end[go]
-    pos = np.sort(np.concatenate(taken)) if taken else np.zeros(0, dtype=np.int64)
-    first = np.searchsorted(pos, base)
+        cur, end, page = nxt[go], end[go], page[go]
+    first = np.concatenate(([0], np.cumsum(count)[:-1]))
+    pos = np.zeros(int(count.sum()), dtype=np.int64)
+    for pg, rank, at in taken:                          # page by page, each in its order
+        pos[first[pg] + rank] = at
     return pos, first, ts0, missed, unknown, bad
 
 
