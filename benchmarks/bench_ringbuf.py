@@ -21,8 +21,11 @@ import sys
 import tempfile
 import time
 
-from vmdisktouch.system.trace import ringbuf, tracefs
-from vmdisktouch.system.trace.trace_reader import TraceReader
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)          # this checkout's code, not an installed one
+
+from vmdisktouch.system.trace import ringbuf, tracefs  # noqa: E402
+from vmdisktouch.system.trace.trace_reader import TraceReader  # noqa: E402
 
 EVENT = "filemap/mm_filemap_get_pages"
 

@@ -46,6 +46,7 @@ PAGE_TITLES = {
     "carry-heat": "Heat carried in the domain's metadata",
     "libvirt-stall": "libvirt never blocks the loop",
     "side-by-side": "Side by side with the commit before: several benchmarks, one change",
+    "busy-cost": "A busy disk: the daemon's CPU per event rate",
 }
 # sections whose page is not the longest page name they start with
 SECTION_PAGES = {"cold-start": "hotzone", "budget-per-byte": "hotzone",
