@@ -25,12 +25,10 @@ time is the running time plus its time_delta; padding adds nothing
 (``rb_update_read_stamp`` and ``ring_buffer_read_page`` in
 kernel/trace/ring_buffer.c; libtraceevent's kbuffer-parse.c reads the same).
 
-Speed: a page's records form a chain (each header gives the next's place),
-so ``parse_pages`` walks every page at once, one record of each page per
-numpy step (``_walk``): the Python work grows with the records of the longest
-page, not with the records of the drain. The times are a cumulative sum per
-page and the payload fields are gathered with numpy.
-``benchmarks/bench_ringbuf.py`` measures it.
+Speed: ``parse_pages`` walks the record headers in one tight Python loop over
+a ``memoryview.cast("I")`` (only the header word and a table lookup per
+record), then computes the times (a cumulative sum per page) and gathers the
+payload fields with numpy. ``benchmarks/bench_ringbuf.py`` measures it.
 """
 
 from __future__ import annotations
@@ -175,77 +173,62 @@ def _step_table(lay: Layout) -> list[int]:
     return step
 
 
-def _column(pages: np.ndarray, offset, size: int) -> np.ndarray:
-    """The little-endian unsigned integer of ``size`` bytes at byte ``offset`` (one for all,
-    or one per page) of each page (rows of ``pages``), as int64 (uint64 for 8 bytes)."""
-    rows = np.arange(pages.shape[0])
-    cols = np.asarray(offset, dtype=np.int64).reshape(-1, 1) + np.arange(size)
-    raw = np.ascontiguousarray(pages[rows[:, None], cols]) if np.ndim(offset) else \
-        np.ascontiguousarray(pages[:, cols.ravel()])
-    return raw.view(f"<u{size}").ravel()
+def _read_uint(buf, offset: int, size: int) -> int:
+    return int.from_bytes(buf[offset:offset + size], "little")
 
 
-def _walk(data, lay: Layout, npages: int):
-    """Header word positions of the non-padding records (ascending), the index of each
-    page's first, the pages' time stamps, and the stored missed counts.
-
-    The records of a page form a chain (each header gives its length), so a page cannot be
-    cut into records without walking it; every page is walked at once instead, one record
-    of each page per step, in numpy: the steps number the records of the longest page
-    (about 90 of the filemap events in a 4 KiB page), not the records of all pages."""
-    w = np.frombuffer(data, dtype=np.uint32)
-    pages = np.frombuffer(data, dtype=np.uint8).reshape(npages, lay.page_bytes)
-    ts0 = _column(pages, lay.timestamp.offset, lay.timestamp.size).astype(np.uint64)
-    commit = _column(pages, lay.commit.offset, lay.commit.size).astype(np.int64)
-    size = commit & COMMIT_MASK
-    data_bytes = lay.page_bytes - lay.data
-    broken = (size > data_bytes) | (size % 4 != 0)
-    flagged = ~broken & (commit & RB_MISSED_EVENTS != 0)
-    stored = flagged & (commit & RB_MISSED_STORED != 0) & (size + lay.commit.size <= data_bytes)
-    missed = unknown = 0
-    if stored.any():
-        missed = int(_column(pages[stored], lay.data + size[stored], lay.commit.size)
-                     .astype(np.uint64).sum())
-    unknown = int(np.count_nonzero(flagged & ~stored))
-    bad = int(np.count_nonzero(broken))
-    base = np.arange(npages, dtype=np.int64) * (lay.page_bytes >> 2)
-    cur = base + (lay.data >> 2)
-    end = cur + (size >> 2)
-    live = ~broken & (cur < end)
-    cur, end, page = cur[live], end[live], np.flatnonzero(live)
-    step = np.array(_step_table(lay), dtype=np.int64)
+def _walk(words, buf, lay: Layout, npages: int):
+    """Header word positions of the non-padding records, per page; stored missed counts."""
+    pos: list[int] = []
+    append = pos.append
+    step = _step_table(lay)
     mask, padding = (1 << lay.type_bits) - 1, lay.padding
-    taken: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (page, rank in it, pos)
-    count = np.zeros(npages, dtype=np.int64)        # records of each page found so far
-    while cur.size:
-        h = w[cur].astype(np.int64)
-        tl = h & mask
-        nxt = cur + step[tl]
-        take = step[tl] > 0
-        stop = np.zeros(cur.size, dtype=bool)
-        var = np.flatnonzero(~take)                     # type_len 0 and padding
-        if var.size:
-            has_len = cur[var] + 1 < end[var]
-            stop[var[~has_len]] = True                  # a length word past the commit
-            bad += int(np.count_nonzero(~has_len))
-            ok = var[has_len]
-            nxt[ok] = cur[ok] + 1 + ((w[cur[ok] + 1].astype(np.int64) + 3) >> 2)
-            pad = tl[ok] == padding
-            take[ok] = ~pad
-            stop[ok[pad & (h[ok] >> lay.type_bits == 0)]] = True   # null padding: empty rest
-        over = ~stop & (nxt > end)                      # the record ran past the commit
-        bad += int(np.count_nonzero(over))
-        took = take & ~stop & ~over
-        pg = page[took]                                 # one record per page per step
-        taken.append((pg, count[pg], cur[took]))
-        count[pg] += 1
-        go = ~stop & (nxt < end)
-        cur, end, page = nxt[go], end[go], page[go]
-    first = np.concatenate(([0], np.cumsum(count)[:-1]))
-    pos = np.zeros(int(count.sum()), dtype=np.int64)
-    for pg, rank, at in taken:                          # page by page, each in its order
-        pos[first[pg] + rank] = at
+    first, ts0 = [], []
+    missed = unknown = bad = 0
+    data_bytes = lay.page_bytes - lay.data
+    for p in range(npages):
+        base = p * lay.page_bytes
+        first.append(len(pos))
+        ts0.append(_read_uint(buf, base + lay.timestamp.offset, lay.timestamp.size))
+        commit = _read_uint(buf, base + lay.commit.offset, lay.commit.size)
+        size = commit & COMMIT_MASK
+        if size > data_bytes or size % 4:
+            bad += 1
+            continue
+        if commit & RB_MISSED_EVENTS:
+            at = base + lay.data + size
+            if commit & RB_MISSED_STORED and size + lay.commit.size <= data_bytes:
+                missed += _read_uint(buf, at, lay.commit.size)
+            else:
+                unknown += 1
+        i = (base + lay.data) >> 2
+        end = i + (size >> 2)
+        while i < end:
+            h = words[i]
+            s = step[h & mask]
+            if s:
+                append(i)
+                i += s
+                continue
+            if i + 1 >= end:                       # a length word past the commit: corrupt
+                bad += 1
+                break
+            if h & mask == padding:
+                if not h >> lay.type_bits:         # null padding: the rest is empty
+                    break
+            else:
+                append(i)                          # type_len 0: a long record
+            i += 1 + ((words[i + 1] + 3) >> 2)
+        if i > end:                                # the last record ran past the commit
+            bad += 1
+            if len(pos) > first[-1] and pos[-1] + _words(words, pos[-1], step, mask) > end:
+                pos.pop()
     return pos, first, ts0, missed, unknown, bad
+
+
+def _words(words, i: int, step: list[int], mask: int) -> int:
+    """Length in words of the record at word ``i``."""
+    return step[words[i] & mask] or 1 + ((words[i + 1] + 3) >> 2)
 
 
 def fix_abs_ts(abs_ts: int, current: int) -> int:
@@ -266,8 +249,10 @@ def parse_pages(data, lay: Layout) -> Records:
     if npages == 0:
         e = np.zeros(0, dtype=np.int64)
         return Records(buf, e, e.copy(), 0, 0)
-    p, first, ts0, missed, unknown, bad = _walk(data, lay, npages)
+    pos, first, ts0, missed, unknown, bad = _walk(memoryview(data).cast("B").cast("I"),
+                                                  memoryview(data).cast("B"), lay, npages)
     w = np.frombuffer(data, dtype=np.uint32)
+    p = np.array(pos, dtype=np.int64)
     hdr = w[p].astype(np.int64)
     tl = hdr & ((1 << lay.type_bits) - 1)
     delta = hdr >> lay.type_bits
@@ -276,11 +261,11 @@ def parse_pages(data, lay: Layout) -> Records:
     contrib = np.where(extended, (arr << 27) | delta, delta)
     stamps = np.flatnonzero(tl == lay.time_stamp)
     contrib[stamps] = 0
-    counts = np.diff(np.append(first, p.size))
+    counts = np.diff(np.append(np.array(first, dtype=np.int64), p.size))
     page_of = np.repeat(np.arange(npages), counts)
     cs = np.cumsum(contrib)
-    before = np.concatenate(([0], cs))[first]
-    ts = (ts0.astype(np.int64) - before)[page_of] + cs
+    before = np.concatenate(([0], cs))[np.array(first, dtype=np.int64)]
+    ts = (np.array(ts0, dtype=np.uint64).astype(np.int64) - before)[page_of] + cs
     if stamps.size:
         ends = np.cumsum(counts)
         for k in stamps:                           # rare: a forced absolute time stamp
