@@ -54,8 +54,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    RateGuest, add_compare_rev, cache_range, exit_on_sigterm, fmt, machine, median, publish,
-    ratio_text, round_orders)
+    RateGuest, add_cost_options, cache_range, exit_on_sigterm, fill_defaults, fmt, machine,
+    median, publish, ratio_text, round_orders)
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import ROOT as CHECKOUT, GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
@@ -309,23 +309,14 @@ def main() -> int:
     ap.add_argument("--limit", type=parse_size, default=512 * MiB)
     ap.add_argument("--max-hold", type=parse_size, default=GiB, help="per disk (1G)")
     ap.add_argument("--interval", type=float, default=5.0)
-    ap.add_argument("--warmup", type=float, default=None, help="(20)")
-    ap.add_argument("--duration", type=float, default=None, help="(60)")
     ap.add_argument("--rounds", type=int, default=None, help="(2; 1 without --compare-rev)")
-    ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--profile", metavar="DIR")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--doc", action="store_true")
-    ap.add_argument("--json", metavar="FILE")
-    add_compare_rev(ap)
+    add_cost_options(ap, warmup=20, duration=60)
     args = ap.parse_args()
-    q = args.quick
-    for key, full, quick in (("image_size", 2 * GiB, GiB), ("warmup", 20.0, 10.0),
-                             ("duration", 60.0, 20.0)):
-        if getattr(args, key) is None:
-            setattr(args, key, quick if q else full)
+    fill_defaults(args, (("image_size", 2 * GiB, GiB), ("warmup", 20.0, 10.0),
+                         ("duration", 60.0, 20.0)))
     if args.rounds is None:
-        args.rounds = 2 if args.compare_rev and not q else 1
+        args.rounds = 2 if args.compare_rev and not args.quick else 1
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     for n in names:
         scenario(n)

@@ -40,8 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    CLK_TCK, add_compare_rev, cpu_ticks, exit_on_sigterm, fmt, machine, median, publish,
-    side_by_side)
+    CLK_TCK, add_cost_options, cpu_ticks, exit_on_sigterm, fill_defaults, fmt, machine, median,
+    publish, side_by_side)
 from tests.support.common import ROOT as CHECKOUT, GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tests.support.images import evict  # noqa: E402
@@ -163,20 +163,11 @@ def main() -> int:
     ap.add_argument("--reads", type=float, default=50.0, help="per image per second")
     ap.add_argument("--max-hold", default="1G")
     ap.add_argument("--interval", type=float, default=5.0)
-    ap.add_argument("--warmup", type=float, default=None, help="(30)")
-    ap.add_argument("--duration", type=float, default=None, help="(60)")
     ap.add_argument("--daemon-args", default="")
-    ap.add_argument("--dir", default="/var/tmp")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--doc", action="store_true")
-    ap.add_argument("--json", metavar="FILE")
-    add_compare_rev(ap)
+    add_cost_options(ap, warmup=30, duration=60)
     args = ap.parse_args()
-    q = args.quick
-    for key, full, quick in (("images", 32, 4), ("image_size", 64 * GiB, 4 * GiB),
-                             ("warmup", 30.0, 10.0), ("duration", 60.0, 20.0)):
-        if getattr(args, key) is None:
-            setattr(args, key, quick if q else full)
+    fill_defaults(args, (("images", 32, 4), ("image_size", 64 * GiB, 4 * GiB),
+                         ("warmup", 30.0, 10.0), ("duration", 60.0, 20.0)))
     exit_on_sigterm("bench_host_cost")
     print(f"{machine()}; {args.images} sparse images of {fmt(args.image_size)}, "
           f"{args.extents} x {fmt(args.extent)} of data each, {args.reads:g} reads/s each",

@@ -106,6 +106,25 @@ def add_run_options(ap, quick: str, keep: str = "keep the daemon logs (printed p
     ap.add_argument("--keep", action="store_true", help=keep)
 
 
+def add_cost_options(ap, warmup: float, duration: float) -> None:
+    """The options of the cost benchmarks (a warm-up, then a window of the daemon's CPU):
+    --warmup, --duration, --dir, --quick, --doc, --json, --compare-rev."""
+    ap.add_argument("--warmup", type=float, default=None, help=f"({warmup:g})")
+    ap.add_argument("--duration", type=float, default=None, help=f"({duration:g})")
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--doc", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    add_compare_rev(ap)
+
+
+def fill_defaults(args, table) -> None:
+    """Each ``(key, full, quick)`` of ``table`` not given: its ``--quick`` or full value."""
+    for key, full, quick in table:
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
+
+
 @contextlib.contextmanager
 def scratch_image(args, prefix: str):
     """(image, temporary directory): the image of ``args`` (``ensure_image``), removed
