@@ -277,7 +277,8 @@ def run_one(name: str, tag: str, cwd, images: list[str], args, tmp: str,
     return r
 
 
-def report(results: list[dict], names: list[str], rev: str | None, sha: str) -> str:
+def report(results: list[dict], names: list[str], rev: str | None, sha: str,
+           rounds: int = 1) -> str:
     lines = ["| scenario | events/s | CPU, % of a core | target | lost after 1 s | memory "
              "besides held | " + (f"{rev}: CPU | current ÷ {rev} |" if rev else ""),
              "|---|---|---|---|---|---|" + ("---|---|" if rev else "")]
@@ -298,7 +299,8 @@ def report(results: list[dict], names: list[str], rev: str | None, sha: str) -> 
     head = ("CPU is the median of the rounds (each round's in brackets); events/s counts the "
             "trace events of the window's cycles (reads, writes, adds and deletes)")
     if rev:
-        head += f"; side by side with `{rev}` ({sha[:10]}), the same guests, A B B A"
+        head += f"; side by side with `{rev}` ({sha[:10]}), the same guests, " + \
+            ("A B B A" if rounds > 1 else "A B (the current daemon first, one round)")
     return head + ".\n\n" + "\n".join(lines) + "\n"
 
 
@@ -346,8 +348,7 @@ def main() -> int:
                                                             f"{name}-{rnd}.prof"))
                     results.append(run_one(name, tag, cwd, images, args, tmp, prof))
         body = report(results, names, f"@{tree.rev}" if tree else None,
-                      tree.sha if tree else "")
-        body = f"Measured on {machine()}.\n\n" + body
+                      tree.sha if tree else "", args.rounds)
         publish(body, results, args, "busy-cost", "The cost of a busy disk")
     finally:
         for p in images:
