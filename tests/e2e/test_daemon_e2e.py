@@ -736,10 +736,10 @@ def pixels(path) -> np.ndarray:
 
 
 def status_and_map(d, map_png, timeout: float = 20.0) -> tuple[dict, np.ndarray]:
-    """A status and the map of the same cycle. The status is replaced before the PNGs: the
-    map read is of the status's cycle when the map file (its inode: each write replaces
-    it) did not change while it was read, is newer than the status, and the status did
-    not change meanwhile."""
+    """A status and the map of the same cycle. A cycle's PNGs are written as each disk acts,
+    its status (the host's, every disk's) after them: the map read is of the status's
+    cycle when the map file (its inode: each write replaces it) did not change while it
+    was read, is not newer than the status, and the status did not change meanwhile."""
     deadline = time.monotonic() + timeout
     while True:
         before = d.status_path.stat().st_mtime_ns
@@ -748,7 +748,7 @@ def status_and_map(d, map_png, timeout: float = 20.0) -> tuple[dict, np.ndarray]
         rgb = pixels(map_png)
         p1 = Path(map_png).stat()
         same_png = (p0.st_ino, p0.st_mtime_ns) == (p1.st_ino, p1.st_mtime_ns)
-        if (st is not None and same_png and p1.st_mtime_ns >= before
+        if (st is not None and same_png and p1.st_mtime_ns <= before
                 and d.status_path.stat().st_mtime_ns == before):
             return st, rgb
         assert time.monotonic() < deadline, "no status and map of one cycle"
