@@ -104,6 +104,10 @@ class FakeReader:
         self.name, self.target = "fake", "fake"
         self.queue: list = []
         self.probe_seen = None
+        self.counting = False               # reads are events, as where eBPF is refused
+
+    def count_reads(self, pages_per_block, nblocks):
+        return False
 
     def check_instance(self, full=False):
         return {}                           # its switches as set up
@@ -116,7 +120,7 @@ class FakeReader:
         cols = [np.array(c, dtype=np.int64) for c in zip(*events)] or \
             [np.zeros(0, np.int64)] * 4
         return SimpleNamespace(kind=cols[0].astype(np.uint8), ts=cols[1], first=cols[2],
-                               last=cols[3], lost=0)
+                               last=cols[3], lost=0, counted=None)
 
 
 class FakeTracker:
@@ -134,7 +138,7 @@ def test_the_trace_source_maps_page_indices_with_the_readers_page_size(explicit)
     kw = {"page_size": LARGE} if explicit else {}
     src = TraceSource(reader, FakeTracker(n), MiB, n, clock_ns=lambda: 10 * S, **kw)
     assert src.page_size == LARGE
-    assert src.log.pages_per_block == src.residency.pages_per_block == src.shift.ppb == 16
+    assert src.log.pages_per_block == src.residency.pages_per_block == 16
     config = SimpleNamespace()
     held = np.zeros(n, dtype=bool)
     src.observe(n * MiB, held, config)                # the first cycle: reconciled, empty

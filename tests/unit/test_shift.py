@@ -21,9 +21,15 @@ def reads(inside, outside, held_lo=0, rng=np.random.default_rng(1)):
     return np.concatenate([a, b])
 
 
+def per_block(pages, ppb=PPB):
+    """A drain's read events, by the first page of each, as ``AccessLog.feed`` returns
+    them: the blocks read and the events in each."""
+    return np.unique(np.asarray(pages) // ppb, return_counts=True)
+
+
 def fresh():
     """A detector after a first cycle that loaded blocks 0-7 (no reads yet)."""
-    s = ReadShift(PPB)
+    s = ReadShift()
     s.settled(held_blocks(0, 8))
     return s
 
@@ -31,7 +37,7 @@ def fresh():
 def steady(s, inside=900, outside=100):
     """One cycle on schedule with the given mix, ending with blocks 0-7 held (a cold
     detector is not asked: it would wake, ``test_a_cold_disk_wakes...``)."""
-    s.count(reads(inside, outside))
+    s.count(*per_block(reads(inside, outside)))
     if not s.cold:
         assert not s.wanted()
     s.settled(held_blocks(0, 8))
@@ -39,9 +45,9 @@ def steady(s, inside=900, outside=100):
 
 def test_no_baseline_wakes_only_on_reads_outside():
     s = fresh()                           # the first cycle: no reads, no baseline
-    s.count(reads(2000, 0))               # inside what is held: nothing to act on
+    s.count(*per_block(reads(2000, 0)))               # inside what is held: nothing to act on
     assert not s.wanted()
-    s.count(reads(0, 2000))
+    s.count(*per_block(reads(0, 2000)))
     assert s.wanted()
 
 
@@ -50,7 +56,7 @@ def test_reads_moving_out_of_the_held_blocks_wake_once_per_drain_until_the_cycle
     steady(s)
     steady(s)
     assert s.baseline == 0.1
-    s.count(reads(100, 900))              # the guest moved
+    s.count(*per_block(reads(100, 900)))              # the guest moved
     assert s.wanted() and s.woke
     assert s.wanted()                     # asked once: still asked until the cycle runs
     s.settled(held_blocks(0, 8))
@@ -60,9 +66,9 @@ def test_reads_moving_out_of_the_held_blocks_wake_once_per_drain_until_the_cycle
 def test_a_drain_of_few_reads_never_wakes():
     s = fresh()
     steady(s)
-    s.count(reads(0, MIN_READS - 1))
+    s.count(*per_block(reads(0, MIN_READS - 1)))
     assert not s.wanted()
-    s.count(reads(0, MIN_READS))
+    s.count(*per_block(reads(0, MIN_READS)))
     assert s.wanted()
 
 
@@ -71,14 +77,14 @@ def test_a_steady_high_share_does_not_wake():
     s = fresh()
     steady(s, inside=300, outside=700)
     for _ in range(10):
-        s.count(reads(300, 700))
+        s.count(*per_block(reads(300, 700)))
         assert not s.wanted()
     # ... and twice the baseline is needed even above one half
     s = fresh()
     steady(s, inside=700, outside=300)
-    s.count(reads(450, 550))
+    s.count(*per_block(reads(450, 550)))
     assert not s.wanted()
-    s.count(reads(350, 650))
+    s.count(*per_block(reads(350, 650)))
     assert s.wanted()
 
 
@@ -87,7 +93,7 @@ def test_a_shift_not_followed_costs_at_most_max_early_cycles_per_baseline_cycle(
     steady(s)
     woken = 0
     for _ in range(3 * (BASELINE_CYCLES + 1) * MAX_EARLY):
-        s.count(reads(100, 900))
+        s.count(*per_block(reads(100, 900)))
         woken += s.wanted()
         s.settled(held_blocks(0, 8))      # the policy did not follow
     assert woken == BASELINE_CYCLES * MAX_EARLY
@@ -97,21 +103,21 @@ def test_a_shift_not_followed_costs_at_most_max_early_cycles_per_baseline_cycle(
 def test_a_scheduled_cycle_that_straddles_the_move_does_not_raise_the_bar():
     s = fresh()
     steady(s)
-    s.count(reads(900, 100))              # a scheduled cycle with the move halfway (two
-    s.count(reads(0, 900))                # drains, the second not asked about)
+    s.count(*per_block(reads(900, 100)))              # a scheduled cycle with the move halfway (two
+    s.count(*per_block(reads(0, 900)))               # drains, the second not asked about
     s.settled(held_blocks(0, 8))
     assert s.early == 0 and s.baseline == 0.1     # its share, 0.5, did not become the bar
-    s.count(reads(100, 900))
+    s.count(*per_block(reads(100, 900)))
     assert s.wanted()
 
 
 def test_once_the_new_blocks_are_held_their_reads_count_inside():
     s = fresh()
     steady(s)
-    s.count(reads(100, 900))
+    s.count(*per_block(reads(100, 900)))
     assert s.wanted()
     s.settled(held_blocks(32, 64))        # the early cycle followed the move
-    s.count(reads(100, 900))
+    s.count(*per_block(reads(100, 900)))
     assert not s.wanted()
     s.settled(held_blocks(32, 64))
     assert s.early == 0
@@ -120,32 +126,32 @@ def test_once_the_new_blocks_are_held_their_reads_count_inside():
 def test_reads_beyond_the_map_count_outside():
     s = fresh()
     steady(s)
-    s.count(np.full(1000, (N + 10) * PPB))    # the image grew past the last cycle's map
+    s.count(*per_block(np.full(1000, (N + 10) * PPB)))    # the image grew past the last cycle's map
     assert s.wanted()
 
 
 def test_the_first_cycle_holding_nothing_sets_a_baseline_of_all_outside():
-    s = ReadShift(PPB)
-    s.count(reads(900, 100))
+    s = ReadShift()
+    s.count(*per_block(reads(900, 100)))
     s.settled(held_blocks(0, 8))
     assert s.baseline == 1.0              # everything was outside what was held then
-    s.count(reads(0, 1000))
+    s.count(*per_block(reads(0, 1000)))
     assert not s.wanted()
 
 
 def test_a_cold_disk_wakes_on_its_first_drain_of_reads_outside():
     """No scheduled cycle has seen reads: the first drain of MIN_READS reads, half outside
     what is held, asks for a cycle (issue 33: a cold hot zone held in seconds)."""
-    s = ReadShift(256)
+    s = ReadShift()
     s.settled(np.zeros(8, dtype=bool))
     assert s.cold
-    s.count(np.arange(MIN_READS - 1) % 8 * 256)
+    s.count(*per_block(np.arange(MIN_READS - 1) % 8 * 256))
     assert not s.wanted()                         # too few reads
-    s.count(np.arange(MIN_READS) % 8 * 256)
+    s.count(*per_block(np.arange(MIN_READS) % 8 * 256))
     assert s.wanted()
     s.settled(np.ones(8, dtype=bool))             # woken: still no baseline
     assert s.cold
-    s.count(np.arange(MIN_READS) % 8 * 256)       # all inside what is held now
+    s.count(*per_block(np.arange(MIN_READS) % 8 * 256))       # all inside what is held now
     assert not s.wanted()
     s.settled(np.ones(8, dtype=bool))             # a scheduled cycle with reads
     assert not s.cold

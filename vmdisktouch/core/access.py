@@ -95,24 +95,35 @@ class AccessLog:
     def _reset(self) -> None:
         self._read_blocks: list[np.ndarray] = []
         self._read_ts: list[np.ndarray] = []          # aligned with _read_blocks
+        self._read_counts: list[np.ndarray] = []      # read events per entry: aligned too
         self._write_pages: list[np.ndarray] = []
         self._refault_pages: list[np.ndarray] = []
         self._reads = 0
         self._lost = 0
 
-    def feed(self, kind, ts, first, last, lost: int = 0) -> None:
-        """Fold in one drain's events (arrays of equal length, in time order)."""
+    def feed(self, kind, ts, first, last, lost: int = 0, counted=None):
+        """Fold in one drain's events (arrays of equal length, in time order), and the
+        reads counted per block in the kernel since the last drain (``counted``: blocks,
+        counts and the time they were taken, or None). Returns the drain's reads per
+        block (blocks, counts): a read event counts for every block it touches."""
         kind = np.asarray(kind)
         ts = np.asarray(ts, dtype=np.int64)
         first = np.asarray(first, dtype=np.int64)
         last = np.asarray(last, dtype=np.int64)
         self._lost += int(lost)
         r = kind == READ
+        drained = []
         if r.any():
             self._reads += int(r.sum())
             blocks, which = _blocks_touched(first[r], last[r], self.pages_per_block)
-            self._read_blocks.append(blocks)
-            self._read_ts.append(ts[r][which])
+            self._add_reads(blocks, ts[r][which], np.ones(blocks.size, dtype=np.int64))
+            drained.append((blocks, np.ones(blocks.size, dtype=np.int64)))
+        if counted is not None and counted.blocks.size:
+            blocks = np.asarray(counted.blocks, dtype=np.int64)
+            counts = np.asarray(counted.counts, dtype=np.int64)
+            self._reads += int(counts.sum())
+            self._add_reads(blocks, np.full(blocks.size, counted.ts, dtype=np.int64), counts)
+            drained.append((blocks, counts))
         w = kind == WRITE
         if w.any():
             self._write_pages.append(_pages(first[w], last[w]))
@@ -120,23 +131,35 @@ class AccessLog:
         a = kind == ADD
         if d.any() or a.any():
             self._fold_cache_events(kind[a | d], ts[a | d], first[a | d], last[a | d])
+        if not drained:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if len(drained) == 1:
+            return drained[0]
+        return (np.concatenate([b for b, _ in drained]), np.concatenate([c for _, c in drained]))
+
+    def _add_reads(self, blocks: np.ndarray, ts: np.ndarray, counts: np.ndarray) -> None:
+        self._read_blocks.append(blocks)
+        self._read_ts.append(ts)
+        self._read_counts.append(counts)
 
     def take(self, nblocks: int, now_ns: int | None = None) -> Access:
         """This cycle's evidence for an image of ``nblocks`` blocks; starts the next cycle."""
         ppb = self.pages_per_block
         # Counted over the image's blocks (a pass over the reads and one over the blocks, as
         # the heat map's), not sorted: a cycle may bring millions of reads of a few blocks.
-        touched = np.concatenate(self._read_blocks or [np.zeros(0, np.int64)])
+        none = np.zeros(0, np.int64)
+        touched = np.concatenate(self._read_blocks or [none])
         inside = touched < nblocks
         touched = touched[inside]
-        per_block = np.bincount(touched, minlength=nblocks)
+        weight = np.concatenate(self._read_counts or [none])[inside]
+        per_block = np.bincount(touched, weights=weight, minlength=nblocks)
         blocks = np.flatnonzero(per_block)
         counts = per_block[blocks]
         recent = None
         if now_ns is not None:      # each read weighted by its age at the cycle's end
-            age = (now_ns - np.concatenate(self._read_ts or [np.zeros(0, np.int64)])[inside])
-            weights = np.bincount(touched, weights=np.exp(-(age / 1e9).clip(0) / RATE_SECONDS),
-                                  minlength=nblocks)
+            age = (now_ns - np.concatenate(self._read_ts or [none])[inside])
+            decay = np.exp(-(age / 1e9).clip(0) / RATE_SECONDS)
+            weights = np.bincount(touched, weights=weight * decay, minlength=nblocks)
             recent = Sparse(blocks, weights[blocks].astype(np.float32))
         reads = Sparse(blocks, np.ones(blocks.size, dtype=np.float32))
         read_counts = Sparse(blocks, counts.astype(np.float32))

@@ -50,8 +50,7 @@ from vmdisktouch.core.rules import BASELINE_CYCLES, MAX_EARLY, MIN_READS, WAKE_R
 class ReadShift:
     """Counts of read events in and outside the held blocks, per drain and per cycle."""
 
-    def __init__(self, pages_per_block: int):
-        self.ppb = int(pages_per_block)
+    def __init__(self):
         self.held = np.zeros(0, dtype=bool)
         self._recent: deque = deque(maxlen=BASELINE_CYCLES)   # shares, scheduled cycles
         self.early = 0                           # early cycles in a row
@@ -59,17 +58,14 @@ class ReadShift:
         self._drain = (0, 0)                     # (outside, total) of the last drain
         self._cycle = [0, 0]                     # (outside, total) since the last cycle
 
-    def count(self, first_pages: np.ndarray) -> None:
-        """One drain's read events, by their first page."""
-        pages = np.asarray(first_pages, dtype=np.int64)
-        total = int(pages.size)
-        if total:
-            blocks = pages // self.ppb
-            inside = blocks < self.held.size
-            inside[inside] = self.held[blocks[inside]]
-            outside = total - int(np.count_nonzero(inside))
-        else:
-            outside = 0
+    def count(self, blocks: np.ndarray, counts: np.ndarray) -> None:
+        """One drain's read events per block (``AccessLog.feed``)."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
+        total = int(counts.sum())
+        inside = blocks < self.held.size
+        inside[inside] = self.held[blocks[inside]]
+        outside = total - int(counts[inside].sum())
         self._drain = (outside, total)
         self._cycle[0] += outside
         self._cycle[1] += total

@@ -139,7 +139,9 @@ class TraceSource:
         self.lost_at: float | None = None    # Unix time of the last cycle that lost events
         self.last: dict = {}
         self.last_access = None              # the last cycle's Access (exact pages: tests)
-        self.shift = ReadShift(self.log.pages_per_block)
+        self.shift = ReadShift()
+        self.nblocks = nblocks
+        self._count_reads()
         self.early_cycles = 0                # cycles asked for early by a read shift
         self.kinds = np.zeros(4, dtype=np.int64)   # events drained this cycle, by kind
         self._drained_ns: int | None = None   # the last drain, and the one before it
@@ -152,7 +154,10 @@ class TraceSource:
         loop serving tens of them. A burst beyond that shows as lost events: that cycle
         reconciles with mincore and the buffer grows (``TraceReader``). A cold disk
         (``ReadShift.cold``) is drained whenever anything is buffered (``pending``: one
-        poll), so the guest's first reads start a cycle within a second.
+        poll), so the guest's first reads start a cycle within a second; so is a disk
+        whose reads are counted in the kernel (``TraceReader.counting``) when any was
+        counted: its drain is a copy of the counters, and the reads leaving what is held
+        are seen within a second however few events the ring buffer has.
 
         Returns True, between cycles, when the drained reads ask for a cycle now: they
         left the held blocks (``core.shift``)."""
@@ -163,15 +168,17 @@ class TraceSource:
             span = max(self._drained_ns - self._previous_ns, 1)
             expected = self.reader.last_bytes * (now - self._drained_ns) / span
             if expected < self.reader.buffer_kb * 1024 / 8 and not (
-                    self.shift.cold and self.reader.pending()):
+                    (self.shift.cold or self.reader.counting) and self.reader.pending()):
                 return False
         ev = self.reader.drain()
         self._previous_ns = now if self._drained_ns is None else self._drained_ns
         self._drained_ns = now
         self.kinds += np.bincount(ev.kind, minlength=4)[:4]
-        self.log.feed(ev.kind, ev.ts, ev.first, ev.last, ev.lost)
+        blocks, counts = self.log.feed(ev.kind, ev.ts, ev.first, ev.last, ev.lost, ev.counted)
+        if ev.counted is not None:
+            self.kinds[READ] += ev.counted.total
         self.residency.feed(ev.kind, ev.first, ev.last)
-        self.shift.count(ev.first[ev.kind == READ])
+        self.shift.count(blocks, counts)
         return between and self.shift.wanted()
 
     @property
@@ -267,6 +274,7 @@ class TraceSource:
             self.reader = self.make_reader()
         except VmdtError as exc:
             return self._lose(f"{why}, and a new instance cannot be made: {exc}", old.name)
+        self._count_reads()
         self._warn("trace: %s: %s; the instance was made anew, this cycle's evidence of use "
                    "taken from the page cache", old.name, why)
 
@@ -302,12 +310,21 @@ class TraceSource:
 
     def resize(self, nblocks: int) -> None:
         self.residency.resize(nblocks)
+        self.nblocks = nblocks
+        self._count_reads()
+
+    def _count_reads(self) -> None:
+        """Reads counted per block in the kernel where it allows (``TraceReader.count_reads``):
+        the cost of a read no longer the daemon's."""
+        if self.reader is not None:
+            self.reader.count_reads(self.log.pages_per_block, self.nblocks)
 
     def status(self) -> dict:
         r = self.reader
         return {"access_source": self.name, "events_lost": self.events_lost,
                 "trace": {"instance": r and r.name, "target": r and r.target,
                           "buffer_kb": r.buffer_kb if r else 0,
+                          "reads_counted_in_kernel": bool(r and r.counting),
                           "early_cycles": self.early_cycles, "lost_at": self.lost_at,
                           **self.last}}
 

@@ -17,6 +17,7 @@ import ctypes.util
 import mmap as _mmap
 import os
 import platform
+import struct
 
 import numpy as np
 
@@ -187,3 +188,68 @@ def mount(source: str, target: str, fstype: str, flags: int = 0) -> None:
     "tracefs")``); a failure raises ``SyscallError`` ("mount")."""
     if _mount_fn(source.encode(), target.encode(), fstype.encode(), flags, None) != 0:
         _fail("mount", f"{fstype} on {target}")
+
+
+# bpf(2) and perf_event_open(2) numbers, by machine (the generic table: aarch64, riscv64).
+_BPF_NR = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "ppc64le": 361, "s390x": 351}
+_PERF_OPEN_NR = {"x86_64": 298, "aarch64": 241, "riscv64": 241, "ppc64le": 319,
+                 "s390x": 331}
+_BPF_PROG_LOAD = 5
+_ioctl_fn = _bind("ioctl", _int, ctypes.c_ulong, ctypes.c_ulong)
+
+
+def _syscall_nr(table: dict[str, int], call: str) -> int:
+    nr = table.get(platform.machine())
+    if nr is None:
+        raise SyscallError(call, 38, f"no system call number known for {platform.machine()}")
+    return nr
+
+
+def bpf(cmd: int, attr: bytes, what: str) -> int:
+    """bpf(2) with ``attr`` (a ``union bpf_attr``, zero-padded to 128 bytes): the
+    descriptor it returns; a failure raises ``SyscallError`` (``what``)."""
+    buf = ctypes.create_string_buffer(attr, max(len(attr), 128))
+    fd = _syscall_fn(_syscall_nr(_BPF_NR, "bpf"), cmd, buf, len(buf))
+    if fd < 0:
+        _fail("bpf", what)
+    return int(fd)
+
+
+def bpf_prog_load(prog_type: int, code: bytes, name: bytes) -> int:
+    """BPF_PROG_LOAD of the instructions ``code`` (GPL): its descriptor. Refused, it is
+    loaded again with the verifier's log, whose last line the ``SyscallError`` tells."""
+    insns = ctypes.create_string_buffer(code, len(code))
+    lic = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(1 << 20)
+
+    def attr(level: int) -> bytes:
+        return struct.pack("<IIQQIIQII16s", prog_type, len(code) // 8, ctypes.addressof(insns),
+                           ctypes.addressof(lic), level, len(log) if level else 0,
+                           ctypes.addressof(log) if level else 0, 0, 0, name)
+    try:
+        return bpf(_BPF_PROG_LOAD, attr(0), "BPF_PROG_LOAD")
+    except SyscallError as exc:
+        try:
+            os.close(bpf(_BPF_PROG_LOAD, attr(1), "BPF_PROG_LOAD"))
+        except SyscallError:
+            pass
+        lines = log.value.decode(errors="replace").strip().splitlines()
+        detail = "BPF_PROG_LOAD" + (f": the verifier: {lines[-2] if len(lines) > 1 else lines[-1]}"
+                                    if lines else "")
+        raise SyscallError("bpf", exc.errno, detail) from None
+
+
+def perf_event_open(attr: bytes, pid: int, cpu: int, group_fd: int, flags: int) -> int:
+    """perf_event_open(2) with ``attr`` (a ``struct perf_event_attr`` of its own size)."""
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    fd = _syscall_fn(_syscall_nr(_PERF_OPEN_NR, "perf_event_open"), buf, pid, cpu, group_fd,
+                     flags)
+    if fd < 0:
+        _fail("perf_event_open")
+    return int(fd)
+
+
+def ioctl(fd: int, request: int, arg: int, what: str) -> None:
+    """ioctl(2) with an integer argument; a failure raises ``SyscallError`` (``what``)."""
+    if _ioctl_fn(fd, request, arg) != 0:
+        _fail("ioctl", what)

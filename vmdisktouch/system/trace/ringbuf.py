@@ -286,9 +286,24 @@ class Events:
     first: np.ndarray   # int64, first page index (in pages of ``libc.PAGE_SIZE`` bytes)
     last: np.ndarray    # int64, last page index, inclusive
     lost: int           # events the kernel reported lost since the previous drain (>= 0)
+    # Reads counted per block in the kernel since the previous drain (``bpf_reads``), none
+    # of them among the events above; None where reads are events.
+    counted: CountedReads | None = None
 
     def __len__(self) -> int:
         return int(self.kind.size)
+
+
+@dataclass(frozen=True)
+class CountedReads:
+    """Read events counted per block in the kernel (``bpf_reads``), up to ``ts``."""
+    blocks: np.ndarray  # int64, the blocks read, sorted, unique
+    counts: np.ndarray  # int64, the read events that touched each
+    ts: int             # CLOCK_MONOTONIC ns when they were taken
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
 
 
 def no_events(lost: int = 0) -> Events:

@@ -68,18 +68,21 @@ pid in ``set_event_notrace_pid`` hides the guest's reads, not the probe's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
 import stat
 import threading
+import time
+
 import numpy as np
 
 from vmdisktouch.errors import ClosedError, SyscallError, VmdtError, file_kind
-from vmdisktouch.system.trace import bdi, ringbuf, tracefs
+from vmdisktouch.system.trace import bdi, bpf_reads, ringbuf, tracefs
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.trace.bdi import kernel_dev
-from vmdisktouch.system.trace.ringbuf import Events, concat_events, no_events
+from vmdisktouch.system.trace.ringbuf import CountedReads, Events, concat_events, no_events
 from vmdisktouch.system.trace.tracefs import TraceUnavailable
 
 log = logging.getLogger("vmdisktouch")
@@ -110,6 +113,10 @@ class TraceReader:
         self._fds: dict[int, int] = {}
         self._closed = False
         self._fd, self._turn, self._probe_tid = fd, 0, None
+        self._counter: bpf_reads.ReadCounter | None = None   # ``count_reads``
+        self._counted: list[tuple[np.ndarray, np.ndarray]] = []  # a replaced counter's last
+        self._ring_reads_until: int | None = None   # READs of the ring after this: counted
+        self.counting_refused: str | None = None    # why reads cannot be counted in the kernel
         self.probe_seen: bool | None = None    # the last probe came back (None: none made)
         self._path = _fd_path(fd)
         try:
@@ -222,6 +229,58 @@ class TraceReader:
         return (Events(events.kind[keep], events.ts[keep], events.first[keep],
                        events.last[keep], events.lost), int(sdev[hit[0]]) if hit.size else None)
 
+    # -- reads counted in the kernel ---------------------------------------------------
+
+    def count_reads(self, pages_per_block: int, nblocks: int) -> bool:
+        """From now, count the reads per block of ``pages_per_block`` pages in the kernel
+        (``bpf_reads``), ``nblocks`` of them, and record them no more in the ring buffer:
+        a drain's reads are then ``Events.counted``, whatever their rate. Called again
+        when the image's size changes. False, said once, where the kernel or the
+        daemon's privileges refuse it: reads stay events of the ring buffer."""
+        self._check_open()
+        if self.counting_refused is not None:
+            return False
+        fmt = self._formats[GET_PAGES]
+        offsets = {k: fmt.fields[k].offset for k in ("i_ino", "s_dev", "index", "last_index")}
+        start = time.monotonic_ns()
+        try:
+            new = bpf_reads.ReadCounter.create(
+                fmt.id, offsets, ino=self._ino, sdev=self._sdev, exclude_tid=self.exclude_tid,
+                pages_per_block=pages_per_block, nblocks=nblocks)
+        except bpf_reads.BpfUnavailable as exc:
+            self.counting_refused = str(exc)
+            log.info("trace: %s: reads are recorded one by one (they cannot be counted in the "
+                     "kernel: %s)", self.name, exc)
+            return False
+        old, self._counter = self._counter, new
+        if old is not None:
+            self._counted.append(old.take()[:2])
+            old.close()
+        else:
+            self._ring_reads_until = start
+            self._inst.drop(GET_PAGES)
+        return True
+
+    @property
+    def counting(self) -> bool:
+        """Reads are counted in the kernel (``count_reads``)."""
+        return self._counter is not None
+
+    def _take_counted(self, probing: bool) -> CountedReads | None:
+        if self._counter is None:
+            return None
+        blocks, counts, probe_hits, _beyond = self._counter.take()
+        if probing:
+            self._counter.set_probe(None)
+            self.probe_seen = probe_hits > 0
+        if self._counted:
+            parts, self._counted = self._counted + [(blocks, counts)], []
+            allb = np.concatenate([b for b, _ in parts])
+            allc = np.concatenate([c for _, c in parts])
+            blocks, inverse = np.unique(allb, return_inverse=True)
+            counts = np.bincount(inverse, weights=allc).astype(np.int64)
+        return CountedReads(blocks, counts, time.monotonic_ns())
+
     # -- the instance, as set up -------------------------------------------------------
 
     def check_instance(self, full: bool = False) -> dict[str, str]:
@@ -237,9 +296,13 @@ class TraceReader:
 
         def read() -> None:
             try:
+                if self._counter is not None:
+                    self._counter.set_probe(threading.get_native_id())
                 files.pread(self._fd, self.page_size, 0)
                 tid.append(threading.get_native_id())
             except SyscallError as exc:
+                if self._counter is not None:
+                    self._counter.set_probe(None)
                 log.debug("trace: %s: the probe's read failed: %s", self.name, exc)
         t = threading.Thread(target=read, name="vmdisktouch-trace-probe", daemon=True)
         t.start()
@@ -370,19 +433,32 @@ class TraceReader:
         ``ClosedError`` after ``close()``, as ``drain``."""
         self._check_open()
         return bool(any(len(e) or e.lost for e in self._pending) or not self._inst.poll_ready
-                    or self._probe_tid is not None or self._poll.poll(0))
+                    or self._probe_tid is not None or self._poll.poll(0)
+                    or (self._counter is not None and self._counter.pending()))
 
     def drain(self) -> Events:
         """Everything buffered now, all CPUs, sorted by time; never blocks."""
         self._check_open()
-        if self._probe_tid is not None:
+        probing = self._probe_tid is not None
+        if probing and self._counter is None:
             events, sdev = self._collect_apart(self._probe_tid)
             self._probe_tid, self.probe_seen = None, sdev is not None
         else:
             events = self._collect()
+        self._probe_tid = None
         if self._pending:
             parts, self._pending = self._pending + [events], []
             events = concat_events(parts, sum(p.lost for p in parts))
+        if self._ring_reads_until is not None:      # counted from then: not twice
+            late = (events.kind == READ) & (events.ts >= self._ring_reads_until)
+            if late.any():
+                keep = ~late
+                events = Events(events.kind[keep], events.ts[keep], events.first[keep],
+                                events.last[keep], events.lost)
+            self._ring_reads_until = None
+        counted = self._take_counted(probing)
+        if counted is not None:
+            events = dataclasses.replace(events, counted=counted)
         if events.lost:
             self._grow(f"{events.lost} events lost")
         elif self.last_bytes * 2 >= self.buffer_kb * 1024:
@@ -395,6 +471,9 @@ class TraceReader:
         if self._closed:
             return
         self._closed = True
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -84,6 +84,7 @@ class Instance(Buffers):
         self.path = os.path.join(root, "instances", name)
         self.events: list[str] = []
         self.filters: dict[str, str] = {}     # as set: what ``changed`` expects
+        self.dropped: list[str] = []          # events turned off after ``create`` (``drop``)
         self.poll_ready = False               # buffer_percent is 0: poll(2) says "not empty"
         self.cpumask: str | None = None       # tracing_cpumask as made (every CPU)
         self.pid_filters: list[str] = []      # of PID_FILTERS, those this kernel has
@@ -251,6 +252,13 @@ class Instance(Buffers):
         self._write(f"events/{event}/filter", expr or "0")
         self.filters[event] = expr
 
+    def drop(self, event: str) -> None:
+        """Stop recording ``GROUP/EVENT`` (made by ``create``): from now it is expected off."""
+        self._write(f"events/{event}/enable", "0")
+        self.events.remove(event)
+        self.filters.pop(event, None)
+        self.dropped.append(event)
+
     # -- the switches as set up, and set back ------------------------------------------
 
     def switches(self) -> dict[str, tuple[str, str]]:
@@ -268,6 +276,7 @@ class Instance(Buffers):
             out["tracing_cpumask"] = (self.cpumask, self.cpumask)
         out.update({f: ("", "") for f in self.pid_filters})
         out["tracing_on"] = ("1", "1")
+        out.update({f"events/{e}/enable": ("0", "0") for e in self.dropped})
         out.update({f"events/{e}/enable": ("1", "1") for e in self.events})
         return out
 

@@ -1,0 +1,169 @@
+"""Reads counted per block in the kernel (``bpf_reads`` through ``TraceReader.count_reads``),
+against this machine's real kernel, tracefs and page cache.
+
+Cross-checked against the reads the same thread made, and against the ring buffer's
+own READ events of a second reader of the same image (the path reads take where eBPF
+is refused). The refusal is made real: a child process as root without CAP_BPF,
+CAP_PERFMON and CAP_SYS_ADMIN.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from tests.support.common import require_tool
+from tests.support.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
+from vmdisktouch.system.trace import tracefs
+from vmdisktouch.system.trace.trace_reader import GET_PAGES, READ, TraceReader
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PPB = 256                  # 1 MiB blocks of 4 KiB pages
+
+
+@pytest.fixture
+def reader(tracefs_root):     # noqa: F811
+    made: list[TraceReader] = []
+
+    def make(fd: int, **kw) -> TraceReader:
+        r = TraceReader(fd, name=instance_name(), **kw)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+        assert not os.path.exists(os.path.join(tracefs_root, "instances", r.name))
+
+
+def in_thread(fn, *args):
+    """``fn(*args)`` on a thread of its own (a guest's): its thread id."""
+    tid = []
+    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), fn(*args)))
+    t.start()
+    t.join()
+    return tid[0]
+
+
+def reads_of(fd, offsets_and_lengths):
+    for off, n in offsets_and_lengths:
+        os.pread(fd, n, off)
+
+
+def test_each_block_counts_the_read_events_that_touched_it_as_the_ring_buffer_saw_them(
+        scratch, reader):                                   # noqa: F811
+    path = scratch(16 * PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counted = reader(fd)
+        events = reader(fd)                                 # the same reads, one by one
+        assert counted.count_reads(PPB, 16) and counted.counting and not events.counting
+        counted.drain(), events.drain()
+        rng = np.random.default_rng(3)
+        plan = [(int(p) * PAGE, PAGE) for p in rng.integers(0, 16 * PPB, 3000)]
+        plan += [(PPB * PAGE - PAGE, 2 * PAGE)] * 5         # across blocks 0 and 1
+        plan += [(5 * PPB * PAGE, 3 * PPB * PAGE)]          # blocks 5, 6 and 7
+        in_thread(reads_of, fd, plan)
+        c = counted.drain().counted
+        ev = events.drain()
+        assert c is not None and events.drain().counted is None
+        assert not np.any(counted.drain().kind == READ)     # none in its ring buffer
+        r = ev.kind == READ
+        want = np.zeros(16, np.int64)
+        for first, last in zip(ev.first[r] // PPB, ev.last[r] // PPB):
+            want[first:last + 1] += 1
+        got = np.zeros(16, np.int64)
+        got[c.blocks] = c.counts
+        assert got.tolist() == want.tolist() and got.sum() >= 3000 + 10 + 3
+    finally:
+        os.close(fd)
+
+
+def test_the_loading_thread_and_the_probe_are_not_the_guests_reads(scratch, reader):  # noqa: F811
+    path = scratch(4 * PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = reader(fd, exclude_tid=threading.get_native_id())
+        assert r.count_reads(PPB, 4)
+        r.drain()
+        os.pread(fd, PAGE, 2 * PPB * PAGE)                  # the loading thread: not counted
+        r.probe()                                           # a read of page 0, its own
+        in_thread(os.pread, fd, PAGE, 3 * PPB * PAGE)       # the guest
+        c = r.drain().counted
+        assert r.probe_seen is True
+        assert c.blocks.tolist() == [3] and c.counts.tolist() == [1]
+        in_thread(os.pread, fd, PAGE, 0)                    # after the probe: the guest's
+        assert r.drain().counted.blocks.tolist() == [0]
+    finally:
+        os.close(fd)
+
+
+def test_a_grown_image_is_counted_again_without_losing_a_read(scratch, reader):  # noqa: F811
+    path = scratch(8 * PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = reader(fd)
+        assert r.count_reads(PPB, 4)                        # the map of a smaller image
+        r.drain()
+        in_thread(reads_of, fd, [(1 * PPB * PAGE, PAGE), (6 * PPB * PAGE, PAGE)])
+        assert r.count_reads(PPB, 8)                        # grown: counted anew
+        in_thread(reads_of, fd, [(7 * PPB * PAGE, PAGE)])
+        c = r.drain().counted
+        assert dict(zip(c.blocks.tolist(), c.counts.tolist())) == {1: 1, 7: 1}
+    finally:
+        os.close(fd)
+
+
+def test_the_read_event_turned_back_on_from_outside_is_set_back_off(scratch, reader,
+                                                                     tracefs_root):  # noqa: F811
+    path = scratch(PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = reader(fd)
+        assert r.count_reads(PPB, 1)
+        enable = os.path.join(tracefs_root, "instances", r.name, "events", GET_PAGES, "enable")
+        assert tracefs.read_text(enable).strip() == "0"
+        with open(enable, "w") as f:
+            f.write("1")
+        changed = r.check_instance(full=True)
+        assert changed == {f"events/{GET_PAGES}/enable": "1"}
+        assert tracefs.read_text(enable).strip() == "0"
+    finally:
+        os.close(fd)
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, threading
+    from vmdisktouch.system.trace.trace_reader import READ, TraceReader
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    r = TraceReader(fd, name=sys.argv[2])
+    try:
+        print(r.count_reads(256, 1))
+        print(r.counting_refused)
+        r.drain()
+        t = threading.Thread(target=os.pread, args=(fd, 4096, 8192))
+        t.start(); t.join()
+        ev = r.drain()
+        print(ev.counted, ev.first[ev.kind == READ].tolist())
+    finally:
+        r.close()
+""")
+
+
+def test_without_the_bpf_capabilities_reads_stay_events_of_the_ring_buffer(scratch,
+                                                                           tracefs_root):  # noqa: F811,E501
+    path = scratch(PPB)
+    drop = "-bpf,-perfmon,-sys_admin"
+    out = subprocess.run([require_tool("setpriv"), f"--inh-caps={drop}",
+                          f"--bounding-set={drop}", sys.executable, "-c", CHILD, path,
+                          instance_name()], cwd=ROOT_DIR, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "False", "bpf (BPF_MAP_CREATE): Operation not permitted", "None [2]"], out.stdout

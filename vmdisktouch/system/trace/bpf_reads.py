@@ -1,0 +1,285 @@
+"""Reads counted per block in the kernel: a small eBPF program on the read tracepoint.
+
+Theory of operation. A guest that reads its cached disk as fast as it can
+brings a million ``filemap:mm_filemap_get_pages`` events a second; copied
+out of the ring buffer and parsed, each costs the daemon about 0.27 µs, a
+quarter of a core (docs/benchmarks/busy-cost.md). The daemon only ever
+needs, per block, how many read events touched it, so the counting is done
+where the event happens: ``ReadCounter`` loads a program of a few dozen
+instructions (written here as raw eBPF, no compiler, no libbpf), attaches
+it to the same tracepoint through perf_event_open(2), and the program adds
+one to the 8-byte counter of every block the read touches, in an array map
+the daemon maps into its memory (``BPF_F_MMAPABLE``). A drain is then one
+copy of that array and a subtraction, whatever the read rate: nothing can
+be lost, and reads stay exact.
+
+The program matches what the tracefs filter matched: ``i_ino`` and
+``s_dev`` of the image, never the daemon's own loading thread
+(``exclude_tid``). Slot 0 of the map holds a thread id set by ``probe``: a
+read by that thread counts in slot 1 instead (the probe's read proves the
+path without counting as the guest's). Slot 2 counts reads that start
+beyond the blocks the map has (the image grew); blocks start at slot 3. A
+read range longer than ``MAX_SPAN`` blocks counts for its first
+``MAX_SPAN`` (the kernel hands out reads in batches of at most 31 folios).
+
+It needs CAP_BPF and CAP_PERFMON (root has both) and a kernel with
+``CONFIG_BPF_EVENTS``; ``ReadCounter.create`` raises ``BpfUnavailable`` with
+the reason otherwise, and the reader keeps the read events in its ring
+buffer (``trace_reader``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+import numpy as np
+
+from vmdisktouch.errors import SyscallError, VmdtError
+from vmdisktouch.system import libc
+
+MAX_SPAN = 8               # blocks one read range counts for, at most
+MAX_SLOTS = 1 << 22        # 32 MiB of counters: a bigger map is not made
+PROBE_TID, PROBE_HITS, BEYOND, FIRST_BLOCK = 0, 1, 2, 3
+
+_BPF_MAP_CREATE = 0
+_MAP_ARRAY, _F_MMAPABLE, _PROG_TRACEPOINT = 2, 1 << 10, 5
+_PERF_TYPE_TRACEPOINT, _PERF_SAMPLE_RAW, _PERF_FLAG_FD_CLOEXEC = 2, 1 << 10, 8
+_IOC_SET_BPF, _IOC_ENABLE = 0x40042408, 0x2400
+_FUNC_MAP_LOOKUP, _FUNC_PID_TGID = 1, 14
+
+
+class BpfUnavailable(VmdtError):
+    """The kernel or the daemon's privileges do not allow the counting program."""
+
+
+# -- eBPF instructions (linux/bpf.h, Documentation/bpf/standardization) -------------------
+
+def _insn(op: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", op, (src << 4) | dst, off, imm)
+
+
+def _ld_imm64(dst: int, value: int, src: int = 0) -> bytes:
+    value &= (1 << 64) - 1
+    lo, hi = value & 0xFFFFFFFF, value >> 32
+    return (struct.pack("<BBhI", 0x18, (src << 4) | dst, 0, lo)
+            + struct.pack("<BBhI", 0, 0, 0, hi))
+
+
+def _ldx(size: str, dst: int, src: int, off: int) -> bytes:
+    return _insn(0x61 | {"w": 0x00, "dw": 0x18}[size], dst, src, off)
+
+
+def _mov(dst: int, src: int) -> bytes:
+    return _insn(0xbf, dst, src)
+
+
+def _mov_k(dst: int, imm: int) -> bytes:
+    return _insn(0xb7, dst, 0, 0, imm)
+
+
+def _add_k(dst: int, imm: int) -> bytes:
+    return _insn(0x07, dst, 0, 0, imm)
+
+
+def _div_k(dst: int, imm: int) -> bytes:
+    return _insn(0x37, dst, 0, 0, imm)
+
+
+def _stx_dw(dst: int, src: int, off: int) -> bytes:
+    return _insn(0x7b, dst, src, off)
+
+
+def _atomic_add_dw(dst: int, src: int) -> bytes:
+    return _insn(0xdb, dst, src, 0, 0)       # lock *(u64 *)(dst) += src
+
+
+def _jump(op: str, dst: int, off: int, *, src: int | None = None, imm: int = 0) -> bytes:
+    code = {"ja": 0x05, "jeq": 0x15, "jne": 0x55, "jgt": 0x25, "jge": 0x35}[op]
+    if src is not None:
+        return _insn(code | 0x08, dst, src, off)
+    return _insn(code, dst, 0, off, imm)
+
+
+_CALL_LOOKUP = _insn(0x85, 0, 0, 0, _FUNC_MAP_LOOKUP)
+_CALL_PID_TGID = _insn(0x85, 0, 0, 0, _FUNC_PID_TGID)
+_EXIT = _insn(0x95)
+
+
+class _Asm:
+    """Instructions with forward jumps to named labels, resolved at ``code``."""
+
+    def __init__(self):
+        self.insns: list[bytes | tuple] = []
+
+    def emit(self, *items) -> None:
+        for it in items:
+            if isinstance(it, tuple):
+                self.insns.append(it)
+            else:
+                self.insns.extend(it[i:i + 8] for i in range(0, len(it), 8))
+
+    def jump(self, op: str, dst: int, label: str, *, src: int | None = None,
+             imm: int = 0) -> None:
+        self.insns.append((op, dst, label, src, imm))
+
+    def label(self, name: str) -> None:
+        self.insns.append(name)
+
+    def code(self) -> bytes:
+        where, n = {}, 0
+        for it in self.insns:
+            if isinstance(it, str):
+                where[it] = n
+            else:
+                n += 1
+        out, n = [], 0
+        for it in self.insns:
+            if isinstance(it, str):
+                continue
+            if isinstance(it, tuple):
+                op, dst, label, src, imm = it
+                it = _jump(op, dst, where[label] - n - 1, src=src, imm=imm)
+            out.append(it)
+            n += 1
+        return b"".join(out)
+
+
+def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
+            exclude_tid: int | None, pages_per_block: int, nblocks: int) -> bytes:
+    """The counting program (module docstring), for the record layout ``offsets``
+    (``i_ino``, ``s_dev``, ``index``, ``last_index``)."""
+    a = _Asm()
+
+    def lookup() -> bytes:
+        """r0 = &map[r9] (the key stored at r10 - 8); clobbers r1-r5."""
+        return _stx_dw(10, 9, -8) + _ld_imm64(1, map_fd, src=1) + _mov(2, 10) + \
+            _add_k(2, -8) + _CALL_LOOKUP
+
+    def count() -> bytes:
+        """map[r9] += 1, atomically (an array's lookup within bounds never fails)."""
+        return lookup() + _jump("jeq", 0, 2, imm=0) + _mov_k(1, 1) + _atomic_add_dw(0, 1)
+
+    # r6: the record; r7, r8: first and last block; r9: the slot being counted.
+    a.emit(_mov(6, 1), _ldx("dw", 2, 6, offsets["i_ino"]), _ld_imm64(3, ino))
+    a.jump("jne", 2, "out", src=3)
+    if sdev is not None:
+        a.emit(_ldx("w", 2, 6, offsets["s_dev"]), _ld_imm64(3, sdev))
+        a.jump("jne", 2, "out", src=3)
+    # The record's common fields are not the program's to read: the thread id is the low
+    # half of bpf_get_current_pid_tgid().
+    a.emit(_CALL_PID_TGID, _insn(0xbc, 7, 0))        # w7 = w0 (zero-extended)
+    if exclude_tid is not None:
+        a.jump("jeq", 7, "out", imm=int(exclude_tid))
+    # Slot 0: the probe's thread id; its reads count in slot 1.
+    a.emit(_mov_k(9, PROBE_TID))
+    a.emit(lookup())
+    a.jump("jeq", 0, "out", imm=0)
+    a.emit(_ldx("dw", 3, 0, 0))
+    a.jump("jne", 7, "reads", src=3)
+    a.emit(_mov_k(9, PROBE_HITS), count())
+    a.jump("ja", 0, "out")
+    a.label("reads")
+    a.emit(_ldx("dw", 7, 6, offsets["index"]), _ldx("dw", 8, 6, offsets["last_index"]),
+           _div_k(7, pages_per_block), _div_k(8, pages_per_block))
+    a.jump("jge", 7, "beyond", imm=nblocks)
+    for i in range(MAX_SPAN):
+        a.emit(_mov(9, 7), _add_k(9, FIRST_BLOCK), count())
+        a.emit(_add_k(7, 1))
+        a.jump("jgt", 7, "out", src=8)
+        a.jump("jge", 7, "out", imm=nblocks)
+    a.jump("ja", 0, "out")
+    a.label("beyond")
+    a.emit(_mov_k(9, BEYOND), count())
+    a.label("out")
+    a.emit(_mov_k(0, 0), _EXIT)
+    return a.code()
+
+
+# -- system calls (``libc``) ---------------------------------------------------------------
+
+def _perf_attr(tracepoint_id: int) -> bytes:
+    """``struct perf_event_attr`` (PERF_ATTR_SIZE_VER5, 112 bytes): type, size, config,
+    sample_period, sample_type, read_format, flags, wakeup_events; enabled by ioctl."""
+    return struct.pack("<IIQQQQQI", _PERF_TYPE_TRACEPOINT, 112, tracepoint_id, 1,
+                       _PERF_SAMPLE_RAW, 0, 0, 1).ljust(112, b"\0")
+
+
+class ReadCounter:
+    """Per-block read counts of one image, counted in the kernel (module docstring)."""
+
+    def __init__(self, map_fd: int, prog_fd: int, event_fd: int, counters: mmap.mmap,
+                 nblocks: int):
+        self._fds = [event_fd, prog_fd, map_fd]
+        self._mem = counters
+        self.nblocks = nblocks
+        self._slots = np.frombuffer(counters, dtype=np.uint64, count=nblocks + FIRST_BLOCK)
+        self._base = self._slots.copy()
+
+    @classmethod
+    def create(cls, tracepoint_id: int, offsets: dict[str, int], *, ino: int,
+               sdev: int | None, exclude_tid: int | None, pages_per_block: int,
+               nblocks: int) -> ReadCounter:
+        """Load and attach the program; ``BpfUnavailable`` with the reason otherwise."""
+        nslots = int(nblocks) + FIRST_BLOCK
+        if nslots > MAX_SLOTS:
+            raise BpfUnavailable(f"{nblocks} blocks need more than {MAX_SLOTS} counters")
+        fds: list[int] = []
+        try:
+            attr = struct.pack("<IIIII", _MAP_ARRAY, 4, 8, nslots, _F_MMAPABLE)
+            map_fd = libc.bpf(_BPF_MAP_CREATE, attr, "BPF_MAP_CREATE")
+            fds.append(map_fd)
+            size = -(-nslots * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
+            counters = mmap.mmap(map_fd, size, mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            code = program(offsets, map_fd=map_fd, ino=ino, sdev=sdev,
+                           exclude_tid=exclude_tid, pages_per_block=pages_per_block,
+                           nblocks=nblocks)
+            prog_fd = libc.bpf_prog_load(_PROG_TRACEPOINT, code, b"vmdt_reads")
+            fds.append(prog_fd)
+            event_fd = libc.perf_event_open(_perf_attr(tracepoint_id), -1, 0, -1,
+                                            _PERF_FLAG_FD_CLOEXEC)
+            fds.append(event_fd)
+            libc.ioctl(event_fd, _IOC_SET_BPF, prog_fd, "PERF_EVENT_IOC_SET_BPF")
+            libc.ioctl(event_fd, _IOC_ENABLE, 0, "PERF_EVENT_IOC_ENABLE")
+        except (SyscallError, OSError) as exc:
+            for fd in fds:
+                os.close(fd)
+            raise BpfUnavailable(str(exc)) from None
+        return cls(map_fd, prog_fd, event_fd, counters, int(nblocks))
+
+    def set_probe(self, tid: int | None) -> None:
+        """Reads by thread ``tid`` count as the probe's from now (None: nobody's)."""
+        self._slots[PROBE_TID] = np.uint64(0 if tid is None else tid)
+
+    def pending(self) -> bool:
+        """Whether a read was counted since the last ``take``."""
+        return not np.array_equal(self._slots[PROBE_HITS:], self._base[PROBE_HITS:])
+
+    def take(self) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """Since the last take: the blocks read, how many read events each, the probe's
+        reads and the reads beyond the blocks counted."""
+        now = self._slots.copy()
+        delta = (now - self._base).astype(np.int64)
+        self._base = now
+        counts = delta[FIRST_BLOCK:]
+        blocks = np.flatnonzero(counts)
+        return blocks, counts[blocks], int(delta[PROBE_HITS]), int(delta[BEYOND])
+
+    def close(self) -> None:
+        """Detach and free the program and the map; idempotent."""
+        fds, self._fds = self._fds, []
+        if fds:
+            self._slots = np.zeros(0, dtype=np.uint64)
+            self._base = self._slots
+            try:
+                self._mem.close()
+            except BufferError:      # a view still exported: freed with it
+                pass
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
