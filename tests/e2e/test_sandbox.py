@@ -59,7 +59,7 @@ NEEDED = {"mmap", "munmap", "mprotect", "mlock", "mlock2", "munlock", "mincore",
           "unlinkat", "getdents64", "pipe2", "pselect6", "epoll_create1", "futex",
           "rt_sigaction", "rt_sigprocmask", "clone3", "vfork", "execve", "wait4",
           "getrandom", "sysinfo", "prlimit64", "sched_getaffinity", "socket", "connect",
-          "sendmsg", "recvmsg", "exit_group"}
+          "sendmsg", "recvmsg", "exit_group", "bpf", "perf_event_open"}
 
 
 def require_seccomp():
@@ -444,7 +444,9 @@ def test_daemon_under_the_whole_sandbox(tmp_path, devices_cgroup, loop_device, d
         assert int(status["CapBnd"], 16) == caps and int(status["CapEff"], 16) == caps, status
         assert_holds_from(loop_device, d.pid)
 
-    serve_and_stop(d, loop_device, checks)
+    st = serve_and_stop(d, loop_device, checks)
+    # the unit grants the read counter (bpf, perf_event_open, CAP_BPF, CAP_PERFMON)
+    assert st["access_source"] == "trace" and st["trace"]["reads_counted_in_kernel"], st
     rep = d.sandbox_report()
     assert rep["mdwe_prctl"] == {"PR_GET_MDWE": 1, "mprotect_exec": "EACCES"}
     assert rep["mdwe_seccomp"] == {"mprotect_exec": "EPERM"}

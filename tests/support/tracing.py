@@ -15,7 +15,7 @@ import pytest
 from tests.support.pagecache import data_image
 from vmdisktouch.system import libc
 from vmdisktouch.system.trace import tracefs
-from vmdisktouch.system.trace.trace_reader import TraceUnavailable
+from vmdisktouch.system.trace.trace_reader import TraceReader, TraceUnavailable
 
 PAGE = libc.PAGE_SIZE          # the unit of the events' page indices
 _names = itertools.count()
@@ -34,6 +34,22 @@ def tracefs_root() -> str:
     except TraceUnavailable as exc:
         pytest.fail(f"kernel tracing is needed by these tests: {exc}")
     return root
+
+
+@pytest.fixture
+def reader(tracefs_root):
+    """Makes TraceReaders on fds; closes them and checks their instances are gone."""
+    made: list[TraceReader] = []
+
+    def make(fd: int, **kw) -> TraceReader:
+        r = TraceReader(fd, name=kw.pop("name", None) or instance_name(), **kw)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+        assert not os.path.exists(os.path.join(tracefs_root, "instances", r.name))
 
 
 @pytest.fixture

@@ -19,27 +19,12 @@ import numpy as np
 import pytest
 
 from tests.support.common import require_tool
-from tests.support.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
+from tests.support.tracing import PAGE, instance_name, reader, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.system.trace import tracefs
 from vmdisktouch.system.trace.trace_reader import GET_PAGES, READ, TraceReader
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PPB = 256                  # 1 MiB blocks of 4 KiB pages
-
-
-@pytest.fixture
-def reader(tracefs_root):     # noqa: F811
-    made: list[TraceReader] = []
-
-    def make(fd: int, **kw) -> TraceReader:
-        r = TraceReader(fd, name=instance_name(), **kw)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
-        assert not os.path.exists(os.path.join(tracefs_root, "instances", r.name))
 
 
 def in_thread(fn, *args):

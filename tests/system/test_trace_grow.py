@@ -11,26 +11,11 @@ import time
 
 import pytest
 
-from tests.support.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
+from tests.support.tracing import PAGE, instance_name, reader, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.system import files
 from vmdisktouch.system.trace import ringbuf
 from vmdisktouch.system.trace.tracefs import read_text
 from vmdisktouch.system.trace.trace_reader import DELETE, RESERVE_KB, TraceReader
-
-
-@pytest.fixture
-def reader(tracefs_root):
-    made: list[TraceReader] = []
-
-    def make(fd: int, **kw) -> TraceReader:
-        r = TraceReader(fd, name=instance_name(), **kw)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
-        assert not os.path.exists(os.path.join(tracefs_root, "instances", r.name))
 
 
 def buffer_size_kb(root: str, r: TraceReader) -> int:

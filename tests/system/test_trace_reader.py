@@ -28,29 +28,13 @@ import pytest
 
 from tests.support.common import require_tool
 from tests.support.images import evict
-from tests.support.tracing import PAGE, instance_name, scratch, tracefs_root  # noqa: F401
+from tests.support.tracing import PAGE, instance_name, reader, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.system.trace import tracefs
 from vmdisktouch.system.trace.tracefs import read_text
 from vmdisktouch.system.trace.trace_reader import (ADD, DELETE, READ, WRITE, TraceReader,
                                              TraceUnavailable, kernel_dev)
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture
-def reader(tracefs_root):
-    """Makes TraceReaders on fds; closes them and checks their instances are gone."""
-    made: list[TraceReader] = []
-
-    def make(fd: int, **kw) -> TraceReader:
-        r = TraceReader(fd, name=kw.pop("name", None) or instance_name(), **kw)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
-        assert not os.path.exists(os.path.join(tracefs_root, "instances", r.name))
 
 
 def open_random(path: str, flags: int = os.O_RDONLY) -> int:

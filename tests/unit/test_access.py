@@ -5,6 +5,7 @@ import pytest
 
 from vmdisktouch.core import access
 from vmdisktouch.core.access import ADD, DELETE, READ, WRITE, AccessLog
+from vmdisktouch.system.trace.ringbuf import CountedReads
 
 MiB = 1 << 20
 PAGE = 4096                # these tests' page size (test_page_size.py: others)
@@ -28,6 +29,28 @@ def test_reads_mark_every_block_touched_once():
     assert a.read_events == 4
     # the next cycle starts empty
     assert log.take(16).reads.blocks.size == 0
+
+
+def test_reads_counted_in_the_kernel_weigh_as_their_events_at_the_drains_time():
+    """The same reads, as events one by one and as the kernel's per-block counts with the
+    drain's time: the same counts; the recency weight of each drain's reads is its time's."""
+    events, counted = AccessLog(MiB, PAGE), AccessLog(MiB, PAGE)
+    reads = [(READ, 1 * S, 0, 0)] * 3 + [(READ, 1 * S, 3 * PPB - 1, 3 * PPB)] + \
+        [(READ, 1 * S, 9 * PPB, 9 * PPB)] * 5
+    feed(events, reads)
+    drained = counted.feed([], [], [], [], 0, CountedReads(
+        np.array([0, 2, 3, 9]), np.array([3, 1, 1, 5]), 1 * S))
+    assert [x.tolist() for x in drained] == [[0, 2, 3, 9], [3, 1, 1, 5]]
+    counted.feed([], [], [], [], 0, CountedReads(np.array([9, 40]), np.array([2, 7]), 2 * S))
+    feed(events, [(READ, 2 * S, 9 * PPB, 9 * PPB)] * 2 + [(READ, 2 * S, 40 * PPB, 40 * PPB)] * 7)
+    a, b = events.take(16, now_ns=3 * S), counted.take(16, now_ns=3 * S)
+    assert b.read_counts.blocks.tolist() == a.read_counts.blocks.tolist() == [0, 2, 3, 9]
+    assert b.read_counts.values.tolist() == a.read_counts.values.tolist() == [3, 1, 1, 7]
+    assert np.allclose(b.read_recent.values, a.read_recent.values)
+    decay = np.exp(-np.array([2, 1]) / access.RATE_SECONDS)
+    assert b.read_recent.values[-1] == pytest.approx(5 * decay[0] + 2 * decay[1], rel=1e-6)
+    # every read fed, block 40's included; counted per block, a read across two counts twice
+    assert a.read_events == 18 and b.read_events == 19
 
 
 def test_reads_beyond_the_image_are_dropped():

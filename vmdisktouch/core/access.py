@@ -45,6 +45,12 @@ starts the next:
 The exact pages are kept too (``Access.write_pages``, ``Access.read_events``)
 for the status and the tests: every page a write dirtied in the cycle.
 
+Reads may come counted instead (``feed``'s ``counted``: per block, by the
+kernel, since the last drain; ``system.trace.bpf_reads``): they fold into the
+same per-block evidence, each block's count weighted by the drain's time for
+``read_recent``. ``read_events`` then counts a read across a block boundary
+once per block it touched.
+
 Events name pages by index, in the host's pages: ``page_size`` bytes (the
 system layer's ``libc.PAGE_SIZE``, 4 KiB on x86_64, often 64 KiB on arm64 and
 ppc64le), given to ``AccessLog`` and ``EventResidency``, never assumed here;

@@ -52,6 +52,15 @@ sets the instance's ``buffer_percent`` to 0 (where it could not, ``pending()``
 is always True; set otherwise from outside, ``check_instance`` sets it back
 with the other switches).
 
+``count_reads(pages_per_block, nblocks)`` (the trace source calls it at start
+and when the image's size changes) moves the reads out of the ring buffer:
+``bpf_reads`` counts them per block in the kernel, the READ event of the
+instance is turned off, and every ``drain`` returns the counts since the
+last one as ``Events.counted`` (with the drain's time); READs the ring buffer
+recorded after the switch are dropped, so none counts twice. The probe is
+then told by its own thread id, counted apart. Where eBPF is refused
+(``counting_refused`` says why, once, in an INFO line) reads stay events.
+
 Something outside may change the instance under us (``echo 0 >
 events/enable``, ``tracing_on``, a filter, as ``trace-cmd reset`` does):
 ``check_instance()`` reads ``tracing_on`` and one event's ``enable``,

@@ -1,0 +1,74 @@
+"""system.trace.bpf_reads: the counting program's instructions, as the kernel will read
+them (the kernel's verifier loads it in tests/system/test_trace_counted.py)."""
+
+import struct
+
+import pytest
+
+from vmdisktouch.system.trace import bpf_reads
+
+OFFSETS = {"i_ino": 8, "s_dev": 16, "index": 24, "last_index": 32}
+
+
+def decode(code: bytes):
+    """(opcode, dst, src, off, imm) per 8-byte slot."""
+    out = []
+    for i in range(0, len(code), 8):
+        op, regs, off, imm = struct.unpack("<BBhi", code[i:i + 8])
+        out.append((op, regs & 0xF, regs >> 4, off, imm))
+    return out
+
+
+def program(**kw):
+    args = dict(map_fd=7, ino=0x1_0000_0005, sdev=(259 << 20) | 3, exclude_tid=4242,
+                pages_per_block=512, nblocks=1000)
+    args.update(kw)
+    return decode(bpf_reads.program(OFFSETS, **args))
+
+
+def starts(insns):
+    """The slots an instruction starts at (the second half of a 64-bit load is not one)."""
+    out, i = [], 0
+    while i < len(insns):
+        out.append(i)
+        i += 2 if insns[i][0] == 0x18 else 1
+    return out
+
+
+@pytest.mark.parametrize("kw", [{}, {"sdev": None, "exclude_tid": None}])
+def test_every_jump_lands_on_an_instruction_and_the_program_ends_in_exit(kw):
+    insns = program(**kw)
+    ok = set(starts(insns))
+    jumps = [(i, ins) for i in ok for ins in [insns[i]]
+             if ins[0] & 0x07 == 0x05 and ins[0] not in (0x85, 0x95)]
+    assert len(jumps) > 10
+    for i, (_, _, _, off, _) in jumps:
+        assert i + 1 + off in ok, (i, off)
+        assert off >= 0                      # forward only: no loop for the verifier
+    assert insns[-1][0] == 0x95 and insns[-2][:2] == (0xb7, 0)       # r0 = 0; exit
+
+
+def test_the_64_bit_constants_and_the_map_are_loaded_whole():
+    insns = program()
+    loads = [(insns[i], insns[i + 1]) for i in starts(insns) if insns[i][0] == 0x18]
+    values = {(lo[2], (hi[4] & 0xFFFFFFFF) << 32 | (lo[4] & 0xFFFFFFFF)) for lo, hi in loads}
+    assert (0, 0x1_0000_0005) in values                     # the inode, all 64 bits
+    assert (0, (259 << 20) | 3) in values                   # s_dev of an NVMe partition
+    assert (1, 7) in values                                 # BPF_PSEUDO_MAP_FD: the map
+    divs = [ins for ins in insns if ins[0] == 0x37]
+    assert [d[4] for d in divs] == [512, 512]               # first and last page -> block
+
+
+def test_a_range_counts_for_at_most_max_span_blocks():
+    insns = program()
+    adds = [ins for ins in insns if ins[0] == 0xdb]         # lock *(u64 *)(r0) += r1
+    # the probe's slot, the slot beyond the map, and MAX_SPAN blocks of one range
+    assert len(adds) == 2 + bpf_reads.MAX_SPAN
+    assert ((0x15, 7, 0, None, 4242) in
+            {(op, d, s, None, imm) for op, d, s, _, imm in insns})     # the loader left out
+
+
+def test_too_many_blocks_are_refused_before_anything_is_made():
+    with pytest.raises(bpf_reads.BpfUnavailable, match="counters"):
+        bpf_reads.ReadCounter.create(1, OFFSETS, ino=1, sdev=1, exclude_tid=None,
+                                     pages_per_block=1, nblocks=bpf_reads.MAX_SLOTS)
