@@ -109,6 +109,9 @@ class FakeReader:
     def count_reads(self, pages_per_block, nblocks):
         return False
 
+    def take_counted(self):
+        return None
+
     def check_instance(self, full=False):
         return {}                           # its switches as set up
 

@@ -51,6 +51,7 @@ from vmdisktouch.core.access import READ, AccessLog, EventResidency
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.errors import ConfigError, VmdtError
+from vmdisktouch.system.trace.ringbuf import no_events
 from vmdisktouch.unitname import escape_path
 
 log = logging.getLogger("vmdisktouch")
@@ -154,10 +155,10 @@ class TraceSource:
         loop serving tens of them. A burst beyond that shows as lost events: that cycle
         reconciles with mincore and the buffer grows (``TraceReader``). A cold disk
         (``ReadShift.cold``) is drained whenever anything is buffered (``pending``: one
-        poll), so the guest's first reads start a cycle within a second; so is a disk
-        whose reads are counted in the kernel (``TraceReader.counting``) when any was
-        counted: its drain is a copy of the counters, and the reads leaving what is held
-        are seen within a second however few events the ring buffer has.
+        poll), so the guest's first reads start a cycle within a second. Where reads are
+        counted in the kernel (``TraceReader.counting``), a pump that leaves the buffer
+        takes the counted reads all the same (a copy of the counters): the reads leaving
+        what is held are seen within a second however few events the buffer has.
 
         Returns True, between cycles, when the drained reads ask for a cycle now: they
         left the held blocks (``core.shift``)."""
@@ -168,18 +169,26 @@ class TraceSource:
             span = max(self._drained_ns - self._previous_ns, 1)
             expected = self.reader.last_bytes * (now - self._drained_ns) / span
             if expected < self.reader.buffer_kb * 1024 / 8 and not (
-                    (self.shift.cold or self.reader.counting) and self.reader.pending()):
-                return False
+                    self.shift.cold and self.reader.pending()):
+                counted = self.reader.take_counted()
+                if counted is None:
+                    return False
+                return self._fold(no_events(), counted) and self.shift.wanted()
         ev = self.reader.drain()
         self._previous_ns = now if self._drained_ns is None else self._drained_ns
         self._drained_ns = now
+        return self._fold(ev, ev.counted) and between and self.shift.wanted()
+
+    def _fold(self, ev, counted) -> bool:
+        """One drain's events and counted reads into the log, the residency and the read
+        shift; True (for ``and``)."""
         self.kinds += np.bincount(ev.kind, minlength=4)[:4]
-        blocks, counts = self.log.feed(ev.kind, ev.ts, ev.first, ev.last, ev.lost, ev.counted)
-        if ev.counted is not None:
-            self.kinds[READ] += ev.counted.total
+        blocks, counts = self.log.feed(ev.kind, ev.ts, ev.first, ev.last, ev.lost, counted)
+        if counted is not None:
+            self.kinds[READ] += counted.total
         self.residency.feed(ev.kind, ev.first, ev.last)
         self.shift.count(blocks, counts)
-        return between and self.shift.wanted()
+        return True
 
     @property
     def cold(self) -> bool:

@@ -275,13 +275,17 @@ class TraceReader:
         """Reads are counted in the kernel (``count_reads``)."""
         return self._counter is not None
 
-    def _take_counted(self, probing: bool) -> CountedReads | None:
+    def take_counted(self) -> CountedReads | None:
+        """The reads counted in the kernel since the last take (``drain`` takes them too),
+        the ring buffer left alone: a copy of the counters. None where reads are events.
+        A probe made since (``probe``) is settled here, as by ``drain``."""
+        self._check_open()
         if self._counter is None:
             return None
         blocks, counts, probe_hits, _beyond = self._counter.take()
-        if probing:
+        if self._probe_tid is not None:
             self._counter.set_probe(None)
-            self.probe_seen = probe_hits > 0
+            self._probe_tid, self.probe_seen = None, probe_hits > 0
         if self._counted:
             parts, self._counted = self._counted + [(blocks, counts)], []
             allb = np.concatenate([b for b, _ in parts])
@@ -448,13 +452,11 @@ class TraceReader:
     def drain(self) -> Events:
         """Everything buffered now, all CPUs, sorted by time; never blocks."""
         self._check_open()
-        probing = self._probe_tid is not None
-        if probing and self._counter is None:
+        if self._probe_tid is not None and self._counter is None:
             events, sdev = self._collect_apart(self._probe_tid)
             self._probe_tid, self.probe_seen = None, sdev is not None
         else:
             events = self._collect()
-        self._probe_tid = None
         if self._pending:
             parts, self._pending = self._pending + [events], []
             events = concat_events(parts, sum(p.lost for p in parts))
@@ -465,7 +467,7 @@ class TraceReader:
                 events = Events(events.kind[keep], events.ts[keep], events.first[keep],
                                 events.last[keep], events.lost)
             self._ring_reads_until = None
-        counted = self._take_counted(probing)
+        counted = self.take_counted()
         if counted is not None:
             events = dataclasses.replace(events, counted=counted)
         if events.lost:
