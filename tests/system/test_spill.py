@@ -69,6 +69,25 @@ def test_what_is_cached_already_is_not_read_again(image):
     assert spiller(image).warm([(8, 16)], min_free=0).read_bytes == 0
 
 
+def test_a_chunk_with_a_few_holes_reads_only_the_pieces_around_them(image, monkeypatch):
+    from vmdisktouch.system import files
+    read_range(image.path, 0, 16 * MiB)
+    holes = [3 * MiB + 5 * PAGE, 9 * MiB, 15 * MiB + 100 * PAGE]
+    for off in holes:
+        os.posix_fadvise(image.fd, off, PAGE, os.POSIX_FADV_DONTNEED)
+    assert resident_pages(image.fd, 0, 16 * MiB) == 16 * MiB // PAGE - 3
+    reads = []
+    real = files.read_ahead
+    monkeypatch.setattr(files, "read_ahead", lambda fd, off, n: reads.append((off, n)) or
+                        real(fd, off, n))
+    r = Spiller(image, BS, mem_free=lambda: PLENTY, chunk_bytes=16 * MiB).warm(
+        [(0, 16)], min_free=0)
+    assert r.read_bytes == 3 * PAGE
+    piece = files.WILLNEED_BYTES
+    assert sorted(reads) == [(h // piece * piece, piece) for h in holes]   # 3 calls, not 128
+    assert cached(image.fd, 0, 16 * MiB, expect=16 * MiB // PAGE) == 16 * MiB // PAGE
+
+
 def test_free_memory_floor_stops_the_spill(image):
     # MemFree 10M above the floor: the first 4M chunk and the second fit, not the third.
     r = spiller(image, free=10 * MiB + 100).warm([(0, 32)], min_free=100)

@@ -5,8 +5,9 @@ Theory of operation
 ``warm`` gets the runs ``core.spill.beyond`` named, highest priority first,
 and walks them in chunks of ``CHUNK_BYTES`` (whole blocks). A chunk that
 ``cachestat(2)`` finds all cached costs nothing more; the others are read
-with ``POSIX_FADV_WILLNEED`` over exactly their bytes (``files.read_ahead``,
-as the holder reads before it locks), and never locked or mapped: the pages
+with ``POSIX_FADV_WILLNEED`` over exactly their uncached bytes (``files.read_ahead``,
+as the holder reads before it locks; a chunk's cached halves skipped, halving
+down to 128 KiB), and never locked or mapped: the pages
 go on the inactive file LRU, charged to the daemon's memory cgroup, and
 reclaim takes them first. A guest that reads them promotes them like its
 own cache. Holes of a sparse regular file are skipped (reading one would
@@ -95,9 +96,26 @@ class Spiller:
                 if not pace.wait():
                     return SpillResult(target, read, "stopping")
                 pace.start(cold)
-                files.read_ahead(self.image.fd, off, length)
+                self._read_cold(off, length, cold)
                 read += cold
         return SpillResult(target, read)
+
+    def _read_cold(self, off: int, length: int, cold: int) -> None:
+        """``WILLNEED`` over what is not cached of ``[off, off+length)`` (``cold`` bytes of
+        it) only: a half that ``cachestat`` finds all cached is skipped, one all uncached
+        is read whole, the rest is halved again, down to ``files.WILLNEED_BYTES``. A chunk
+        left with a few holes (reclaim, a guest's cache under its group's limit) costs a
+        few calls, not one per 128 KiB of it (issue 42: 225,000 calls in a minute and a
+        half of three busy disks)."""
+        piece = files.WILLNEED_BYTES
+        if cold >= length or length <= piece:
+            files.read_ahead(self.image.fd, off, length)
+            return
+        half = -(-length // 2 // piece) * piece
+        for o, n in ((off, half), (off + half, length - half)):
+            c = self._cachestat.uncached_bytes(o, n) if n > 0 else 0
+            if c:
+                self._read_cold(o, n, c)
 
     def _data(self, runs: list[Run]) -> list[Run]:
         """The runs cut to the blocks that hold data (a sparse regular file's holes out)."""
