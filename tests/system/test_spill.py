@@ -88,6 +88,24 @@ def test_a_chunk_with_a_few_holes_reads_only_the_pieces_around_them(image, monke
     assert cached(image.fd, 0, 16 * MiB, expect=16 * MiB // PAGE) == 16 * MiB // PAGE
 
 
+def test_blocks_known_cached_are_passed_without_a_look(image, monkeypatch):
+    """The trace source's residency says blocks 8-11 are cached (they are): their chunk
+    costs no cachestat; blocks 12-15 (cold) are looked at and read; both are reported
+    cached, in order, for the source to count."""
+    import numpy as np
+    read_range(image.path, 8 * MiB, 4 * MiB)
+    sp = spiller(image)
+    looked = []
+    real = sp._cachestat.uncached_bytes
+    monkeypatch.setattr(sp._cachestat, "uncached_bytes",
+                        lambda off, n: looked.append(off) or real(off, n))
+    known = np.zeros(64, bool)
+    known[8:12] = True
+    r = sp.warm([(8, 16)], min_free=0, known_cached=known)
+    assert looked == [12 * MiB] and r.read_bytes == 4 * MiB
+    assert r.cached == ((8, 12), (12, 16))
+
+
 def test_free_memory_floor_stops_the_spill(image):
     # MemFree 10M above the floor: the first 4M chunk and the second fit, not the third.
     r = spiller(image, free=10 * MiB + 100).warm([(0, 32)], min_free=100)

@@ -156,8 +156,10 @@ class DiskWatcher:
             self.source.taken(np.flatnonzero(acted.held & ~obs.held), self.image.size)
         self.source.settled(acted.held)
         spilling = self.spiller is not None and spill_runs and obs.holding
-        self.last_spill = (self.spiller.warm(spill_runs, self.config.min_free) if spilling
-                           else SpillResult())
+        self.last_spill = (self.spiller.warm(spill_runs, self.config.min_free,
+                                             known_cached=obs.resident >= 1.0)
+                           if spilling else SpillResult())
+        self.source.cached(self.last_spill.cached)
         self.spilled = list(spill_runs) if spilling else []   # the next selection's incumbents
         self.source.brace(acted.held, self.last_spill.target_bytes)
         self.cycle += 1

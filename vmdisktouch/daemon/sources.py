@@ -111,6 +111,9 @@ class PollingSource:
     def brace(self, held: np.ndarray, unlocked_bytes: int) -> None:
         pass
 
+    def cached(self, runs) -> None:
+        pass                     # the next cycle's mincore pass sees what the spill read
+
     def status(self) -> dict:
         return {"access_source": self.name, "events_lost": 0}
 
@@ -306,6 +309,14 @@ class TraceSource:
 
     def taken(self, blocks: np.ndarray, size: int) -> None:
         pass
+
+    def cached(self, runs) -> None:
+        """Block runs the daemon's own thread cached whole (the spill): its additions are
+        not traced, so their residency is set here, as a held block's is; every page the
+        kernel deletes from them later is seen."""
+        ppb = self.residency.pages_per_block
+        for a, b in runs:
+            self.residency.counts[a:b] = ppb
 
     def brace(self, held: np.ndarray, unlocked_bytes: int) -> None:
         """The buffer sized for the deletes that can come at once: one fadvise DONTNEED

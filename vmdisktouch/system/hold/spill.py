@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import numpy as np
+
 from vmdisktouch.core.runs import Run
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.hold.pacing import Pacer
@@ -49,6 +51,7 @@ class SpillResult:
     target_bytes: int = 0       # the spill's runs, in bytes
     read_bytes: int = 0         # read from disk by this call (what cachestat found missing)
     stopped: str | None = None  # why reading stopped short: "memory", "group", "stopping"
+    cached: tuple = ()          # block runs found cached or read whole (data only, in order)
 
 
 class Spiller:
@@ -68,8 +71,13 @@ class Spiller:
         self.chunk_blocks = max(1, int(chunk_bytes) // self.block_size)
         self._cachestat = libc.CacheStatCaller(image.fd)
 
-    def warm(self, runs: Iterable[Run], min_free: int) -> SpillResult:
-        """Read what is not cached of ``runs`` (block runs, priority order), within the guards."""
+    def warm(self, runs: Iterable[Run], min_free: int,
+             known_cached: np.ndarray | None = None) -> SpillResult:
+        """Read what is not cached of ``runs`` (block runs, priority order), within the guards.
+        ``known_cached`` (per block, or None): blocks the caller knows to be wholly cached
+        (the trace source's residency, kept from every page the kernel adds and deletes); a
+        chunk of only such blocks is passed without a look (a ``cachestat`` of 32 MiB walks
+        its 8,192 pages: 0.6 ms, each cycle, for each chunk of every disk's spill)."""
         runs = list(runs)
         if not runs:
             return SpillResult()
@@ -78,35 +86,46 @@ class Spiller:
         pace = Pacer(self.load_rate, self.sleep, self.clock)
         free = room = None
         read = 0
+        done: list[Run] = []
+
+        def result(stopped: str | None = None) -> SpillResult:
+            return SpillResult(target, read, stopped, tuple(done))
         for a, b in self._data(runs):
             for pos in range(a, b, self.chunk_blocks):
+                end = min(b, pos + self.chunk_blocks)
                 off = pos * bs
-                length = min(min(b, pos + self.chunk_blocks) * bs, size) - off
+                length = min(end * bs, size) - off
                 if length <= 0:
                     break
+                if known_cached is not None and end <= known_cached.size and \
+                        known_cached[pos:end].all():
+                    done.append((pos, end))
+                    continue
                 cold = self._cachestat.uncached_bytes(off, length)
                 if not cold:
+                    done.append((pos, end))
                     continue
                 if free is None:
                     free, room = self.mem_free(), self.own_room()
                 if free - read - cold < min_free:
-                    return SpillResult(target, read, "memory")
+                    return result("memory")
                 if room is not None and room - read < cold:
-                    return SpillResult(target, read, "group")
+                    return result("group")
                 if not pace.wait():
-                    return SpillResult(target, read, "stopping")
+                    return result("stopping")
                 pace.start(cold)
                 self._read_cold(off, length, cold)
                 read += cold
-        return SpillResult(target, read)
+                done.append((pos, end))
+        return result()
 
     def _read_cold(self, off: int, length: int, cold: int) -> None:
         """``WILLNEED`` over what is not cached of ``[off, off+length)`` (``cold`` bytes of
         it) only: a half that ``cachestat`` finds all cached is skipped, one all uncached
         is read whole, the rest is halved again, down to ``files.WILLNEED_BYTES``. A chunk
         left with a few holes (reclaim, a guest's cache under its group's limit) costs a
-        few calls, not one per 128 KiB of it (issue 42: 225,000 calls in a minute and a
-        half of three busy disks)."""
+        few calls, not one per 128 KiB of it (docs/benchmarks/busy-cost.md: 225,000 calls
+        in a minute and a half of three busy disks)."""
         piece = files.WILLNEED_BYTES
         if cold >= length or length <= piece:
             files.read_ahead(self.image.fd, off, length)
