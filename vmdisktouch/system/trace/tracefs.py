@@ -266,7 +266,7 @@ class Instance(Buffers):
         the text that sets it), in the order ``restore`` sets them: the triggers first (a
         ``traceoff`` would turn ``tracing_on`` off again), ``tracing_on`` and the enables
         last, as ``create``. A trigger file reads back without its ``#`` lines."""
-        out = {f"events/{e}/trigger": ("", "") for e in self.events}
+        out = {f"events/{e}/trigger": ("", "") for e in self.events + self.dropped}
         out.update({f"events/{e}/filter": (expr or "none", expr or "0")
                     for e, expr in self.filters.items()})
         out["trace_clock"] = (f"[{CLOCK}]", CLOCK)
