@@ -59,11 +59,14 @@ def test_the_64_bit_constants_and_the_map_are_loaded_whole():
     assert [d[4] for d in divs] == [512, 512]               # first and last page -> block
 
 
-def test_a_range_counts_for_at_most_max_span_blocks():
-    insns = program()
+@pytest.mark.parametrize("ppb, span", [(512, 8), (256, 8), (16, 33), (1, 256)])
+def test_a_range_counts_for_at_most_span_blocks(ppb, span):
+    assert bpf_reads.span_blocks(ppb) == span
+    insns = program(pages_per_block=ppb)
     adds = [ins for ins in insns if ins[0] == 0xdb]         # lock *(u64 *)(r0) += r1
-    # the probe's slot, the slot beyond the map, and MAX_SPAN blocks of one range
-    assert len(adds) == 2 + bpf_reads.MAX_SPAN
+    # the probe's slot, the slot beyond the map, and span blocks of one range
+    assert len(adds) == 2 + span
+    insns = program()
     assert ((0x15, 7, 0, None, 4242) in
             {(op, d, s, None, imm) for op, d, s, _, imm in insns})     # the loader left out
 

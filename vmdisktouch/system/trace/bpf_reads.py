@@ -19,8 +19,9 @@ The program matches what the tracefs filter matched: ``i_ino`` and
 read by that thread counts in slot 1 instead (the probe's read proves the
 path without counting as the guest's). Slot 2 counts reads that start
 beyond the blocks the map has (the image grew); blocks start at slot 3. A
-read range longer than ``MAX_SPAN`` blocks counts for its first
-``MAX_SPAN`` (the kernel hands out reads in batches of at most 31 folios).
+read range longer than ``span_blocks`` blocks (8, or as many as 512 pages
+cover, at most 256, for smaller blocks) counts for its first ones (the
+kernel hands out reads in batches of at most 31 folios).
 
 It needs CAP_BPF and CAP_PERFMON (root has both) and a kernel with
 ``CONFIG_BPF_EVENTS``; ``ReadCounter.create`` raises ``BpfUnavailable`` with
@@ -39,7 +40,9 @@ import numpy as np
 from vmdisktouch.errors import SyscallError, VmdtError
 from vmdisktouch.system import libc
 
-MAX_SPAN = 8               # blocks one read range counts for, at most
+MAX_SPAN = 8               # blocks one read range counts for, at most, with blocks of
+SPAN_PAGES = 512           # ... up to this many pages: smaller blocks count more of a range
+MOST_SPAN = 256            # and at most this many blocks (the program's size: 14 each)
 MAX_SLOTS = 1 << 22        # 32 MiB of counters: a bigger map is not made
 PROBE_TID, PROBE_HITS, BEYOND, FIRST_BLOCK = 0, 1, 2, 3
 
@@ -100,6 +103,13 @@ def _jump(op: str, dst: int, off: int, *, src: int | None = None, imm: int = 0) 
     if src is not None:
         return _insn(code | 0x08, dst, src, off)
     return _insn(code, dst, 0, off, imm)
+
+
+def span_blocks(pages_per_block: int) -> int:
+    """The blocks one read range counts for, at most: ``MAX_SPAN``, or for blocks smaller
+    than ``SPAN_PAGES / MAX_SPAN`` pages enough to cover ``SPAN_PAGES`` pages (a 1 MiB read
+    of 4 KiB blocks touches 256), at most ``MOST_SPAN``."""
+    return max(MAX_SPAN, min(MOST_SPAN, -(-SPAN_PAGES // int(pages_per_block)) + 1))
 
 
 _CALL_LOOKUP = _insn(0x85, 0, 0, 0, _FUNC_MAP_LOOKUP)
@@ -184,7 +194,7 @@ def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
     a.emit(_ldx("dw", 7, 6, offsets["index"]), _ldx("dw", 8, 6, offsets["last_index"]),
            _div_k(7, pages_per_block), _div_k(8, pages_per_block))
     a.jump("jge", 7, "beyond", imm=nblocks)
-    for i in range(MAX_SPAN):
+    for i in range(span_blocks(pages_per_block)):
         a.emit(_mov(9, 7), _add_k(9, FIRST_BLOCK), count())
         a.emit(_add_k(7, 1))
         a.jump("jgt", 7, "out", src=8)
