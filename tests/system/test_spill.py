@@ -153,3 +153,51 @@ def test_the_spill_is_paced_and_stops_with_the_daemon(image):
         [(0, 32)], min_free=0)
     assert waits == [1.0, 1.0]                            # 4M chunks at 4M/s
     assert (r.read_bytes, r.stopped) == (8 * MiB, "stopping")
+
+
+def drop(img, offset: int, length: int) -> None:
+    """Reclaim taking a range: its clean pages dropped."""
+    os.posix_fadvise(img.fd, offset, length, os.POSIX_FADV_DONTNEED)
+    assert resident_pages(img.fd, offset, length) == 0
+
+
+def test_a_chunk_reclaim_keeps_taking_is_backed_off(image, monkeypatch):
+    """Read, then evicted (reclaim took it): skipped for 2 calls, read once more; taken
+    again: skipped for 4. A chunk the call does not name is forgotten, and one never
+    read before is read at once."""
+    sp = spiller(image)
+    looked = []
+    real = sp._cachestat.uncached_bytes
+    monkeypatch.setattr(sp._cachestat, "uncached_bytes",
+                        lambda off, n: looked.append(off) or real(off, n))
+
+    def call(runs=((0, 4), (8, 12))):
+        r = sp.warm(list(runs), min_free=0)
+        return r.read_bytes, r.backed_off_bytes, r.cached
+
+    assert call() == (8 * MiB, 0, ((0, 4), (8, 12)))      # call 1: both read
+    cached(image.fd, 0, 12 * MiB, expect=8 * MiB // PAGE)
+    drop(image, 0, 4 * MiB)                          # reclaim takes chunk 0
+    assert call() == (0, 4 * MiB, ((8, 12),))              # 2: backed off, not read
+    looked.clear()
+    assert call() == (0, 4 * MiB, ((8, 12),))              # 3: not even looked at
+    assert 0 not in looked
+    assert call()[:2] == (4 * MiB, 0)                      # 4: read once more
+    cached(image.fd, 0, 4 * MiB, expect=4 * MiB // PAGE)
+    drop(image, 0, 4 * MiB)
+    results = [call()[:2] for _ in range(5)]               # 5: taken again; 6-8 skipped
+    assert results == [(0, 4 * MiB)] * 4 + [(4 * MiB, 0)]  # 9: read
+    # Left out of the runs once, it starts afresh: evicted after a read, it is backed
+    # off again from the first level, and a chunk the spill never read is read at once.
+    cached(image.fd, 0, 4 * MiB, expect=4 * MiB // PAGE)
+    call([(8, 12)])
+    drop(image, 0, 4 * MiB)
+    assert call([(0, 4), (16, 20)])[:2] == (8 * MiB, 0)
+    cached(image.fd, 0, 4 * MiB, expect=4 * MiB // PAGE)
+    drop(image, 0, 4 * MiB)
+    assert [call([(0, 4)])[:2] for _ in range(3)] == [(0, 4 * MiB)] * 2 + [(4 * MiB, 0)]
+
+
+def test_a_chunk_in_two_runs_is_not_backed_off_by_its_own_read(image):
+    r = spiller(image).warm([(0, 1), (2, 3)], min_free=0)
+    assert (r.read_bytes, r.backed_off_bytes) == (2 * MiB, 0)

@@ -272,7 +272,7 @@ class DiskWatcher:
         sp = self.last_spill
         return {**self.source.status(),
                 "spill": {"target_bytes": sp.target_bytes, "read_bytes": sp.read_bytes,
-                          "stopped": sp.stopped},
+                          "backed_off_bytes": sp.backed_off_bytes, "stopped": sp.stopped},
                 "thrashing_ranges": [[s * bs, min(e * bs, size) - s * bs]
                                      for s, e in consecutive_runs(self.policy.thrashing())]}
 

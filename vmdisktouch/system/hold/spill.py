@@ -26,6 +26,18 @@ Guards, before every chunk that must be read:
 * Pace. The same ``load_rate`` as the holder's loads (``pacing.Pacer``); the
   spill runs after the loads, so the two never read at once.
 
+Backing off what reclaim keeps taking. The spill's pages are the first the
+kernel reclaims, and proactive reclaim (DAMON ``pageout``, ``memory.reclaim``)
+takes any the guest leaves idle for a minute, free memory or not. Reading
+them back every time is CPU, I/O and a ``cachestat`` walk spent on pages the
+kernel has judged not worth memory (docs/benchmarks/busy-cost.md: a third of
+three busy disks' time). So a chunk this spiller read that is found short of
+pages again is not read: it is skipped for the next 2, 4, 8 ... up to
+``MAX_BACKOFF`` calls, then read once more. Its level stays while it stays
+in the runs (a chunk taken once a minute backs off to once in five minutes);
+a chunk that leaves them is forgotten. Skipped chunks are not reported
+cached, and ``backed_off_bytes`` says how much was skipped.
+
 The trace source does not see these reads: its filters leave out the
 daemon's loading thread (``trace_reader``), the thread that calls ``warm``.
 """
@@ -44,6 +56,7 @@ from vmdisktouch.system.hold.pacing import Pacer
 
 MiB = 1 << 20
 CHUNK_BYTES = 32 * MiB
+MAX_BACKOFF = 64                # calls a chunk reclaim keeps taking is skipped, at most
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class SpillResult:
     read_bytes: int = 0         # read from disk by this call (what cachestat found missing)
     stopped: str | None = None  # why reading stopped short: "memory", "group", "stopping"
     cached: tuple = ()          # block runs found cached or read whole (data only, in order)
+    backed_off_bytes: int = 0   # of the runs, skipped: reclaim kept taking them (see above)
 
 
 class Spiller:
@@ -70,6 +84,10 @@ class Spiller:
         self.clock = clock
         self.chunk_blocks = max(1, int(chunk_bytes) // self.block_size)
         self._cachestat = libc.CacheStatCaller(image.fd)
+        self._calls = 0
+        self._read: set[int] = set()         # chunks (``_chunks``) read since their backoff
+        self._level: dict[int, int] = {}     # chunk -> times reclaim took it after a read
+        self._resume: dict[int, int] = {}    # chunk -> the call it is looked at again
 
     def warm(self, runs: Iterable[Run], min_free: int,
              known_cached: np.ndarray | None = None) -> SpillResult:
@@ -79,45 +97,75 @@ class Spiller:
         chunk of only such blocks is passed without a look (a ``cachestat`` of 32 MiB walks
         its 8,192 pages: 0.6 ms, each cycle, for each chunk of every disk's spill)."""
         runs = list(runs)
+        self._calls += 1
+        data = self._data(runs)
+        self._forget_all_but(data)
         if not runs:
             return SpillResult()
         bs, size = self.block_size, self.image.size
         target = sum(max(0, min(b * bs, size) - a * bs) for a, b in runs)
         pace = Pacer(self.load_rate, self.sleep, self.clock)
         free = room = None
-        read = 0
+        read = skipped = 0
         done: list[Run] = []
+        fresh: set[int] = set()             # chunks read in this call (a chunk's other pieces)
 
         def result(stopped: str | None = None) -> SpillResult:
-            return SpillResult(target, read, stopped, tuple(done))
-        for a, b in self._data(runs):
-            for pos in range(a, b, self.chunk_blocks):
-                end = min(b, pos + self.chunk_blocks)
-                off = pos * bs
-                length = min(end * bs, size) - off
-                if length <= 0:
-                    break
-                if known_cached is not None and end <= known_cached.size and \
-                        known_cached[pos:end].all():
-                    done.append((pos, end))
-                    continue
-                cold = self._cachestat.uncached_bytes(off, length)
-                if not cold:
-                    done.append((pos, end))
-                    continue
-                if free is None:
-                    free, room = self.mem_free(), self.own_room()
-                if free - read - cold < min_free:
-                    return result("memory")
-                if room is not None and room - read < cold:
-                    return result("group")
-                if not pace.wait():
-                    return result("stopping")
-                pace.start(cold)
-                self._read_cold(off, length, cold)
-                read += cold
+            return SpillResult(target, read, stopped, tuple(done), skipped)
+        for c, pos, end in self._chunks(data):
+            off = pos * bs
+            length = min(end * bs, size) - off
+            if self._resume.get(c, 0) > self._calls:
+                skipped += length
+                continue
+            if known_cached is not None and end <= known_cached.size and \
+                    known_cached[pos:end].all():
                 done.append((pos, end))
+                continue
+            cold = self._cachestat.uncached_bytes(off, length)
+            if not cold:
+                done.append((pos, end))
+                continue
+            if c in self._read and c not in fresh:     # read before, taken since: back off
+                self._read.discard(c)
+                level = self._level[c] = min(self._level.get(c, 0) + 1,
+                                             MAX_BACKOFF.bit_length() - 1)
+                self._resume[c] = self._calls + (1 << level)
+                skipped += length
+                continue
+            if free is None:
+                free, room = self.mem_free(), self.own_room()
+            if free - read - cold < min_free:
+                return result("memory")
+            if room is not None and room - read < cold:
+                return result("group")
+            if not pace.wait():
+                return result("stopping")
+            pace.start(cold)
+            self._read_cold(off, length, cold)
+            self._read.add(c)
+            fresh.add(c)
+            read += cold
+            done.append((pos, end))
         return result()
+
+    def _chunks(self, data: list[Run]) -> Iterable[tuple[int, int, int]]:
+        """(chunk, first block, end block): the runs cut at every ``chunk_blocks``-th block
+        of the image, so a chunk keeps its number (and its backoff) when a run's ends move."""
+        cb, nblocks = self.chunk_blocks, -(-self.image.size // self.block_size)
+        for a, b in data:
+            b = min(b, nblocks)
+            for c in range(a // cb, -(-b // cb)):
+                yield c, max(a, c * cb), min(b, (c + 1) * cb)
+
+    def _forget_all_but(self, data: list[Run]) -> None:
+        """Drop the backoff of chunks no longer in the runs (a chunk that comes back starts
+        afresh)."""
+        keep = {c for c, _, _ in self._chunks(data)}
+        for d in (self._level, self._resume):
+            for pos in [p for p in d if p not in keep]:
+                del d[pos]
+        self._read &= keep
 
     def _read_cold(self, off: int, length: int, cold: int) -> None:
         """``WILLNEED`` over what is not cached of ``[off, off+length)`` (``cold`` bytes of
