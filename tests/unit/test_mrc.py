@@ -1,0 +1,101 @@
+"""core.mrc: reuse distances exact against a real LRU, sampled (SHARDS) against exact."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from vmdisktouch.core.mrc import MAX_PAGES, MissRatioCurve, page_hash
+
+SIZES = [2 ** k for k in range(0, 20)]          # bin edges: the exact curve is exact there
+
+
+def lru_hits(pages, size: int) -> float:
+    """The share of reads an LRU cache of ``size`` pages serves, simulated."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for p in pages:
+        if p in cache:
+            hits += 1
+            cache.move_to_end(p)
+        else:
+            cache[p] = None
+            if len(cache) > size:
+                cache.popitem(last=False)
+    return hits / len(pages)
+
+
+def exact(pages) -> MissRatioCurve:
+    m = MissRatioCurve(max_pages=None, rate=1.0)
+    m.feed(pages)
+    return m
+
+
+def zone_reads(rng, n: int, zone: int, image: int, share: float) -> np.ndarray:
+    """``share`` of the reads in the first ``zone`` pages, the rest over ``image``."""
+    hot = rng.random(n) < share
+    return np.where(hot, rng.integers(0, zone, n), rng.integers(0, image, n))
+
+
+def test_exact_distances_give_what_a_real_lru_serves():
+    rng = np.random.default_rng(1)
+    pages = np.concatenate([rng.zipf(1.3, 6000) % 3000, rng.integers(0, 500, 4000),
+                            np.tile(np.arange(300), 5)])
+    m = exact(pages)
+    for size in [1, 2, 4, 16, 64, 256, 512, 1024, 4096]:
+        assert m.hit_ratio(size) == pytest.approx(lru_hits(pages.tolist(), size), abs=1e-9)
+
+
+def test_the_exact_computation_renumbers_its_times_without_a_change():
+    rng = np.random.default_rng(2)
+    pages = rng.integers(0, 100, 5000)
+    small = MissRatioCurve(max_pages=None, rate=1.0)
+    small._tree = type(small._tree)(256)          # full every 256 reads: renumbered often
+    small.feed(pages)
+    assert np.allclose(small.curve(SIZES), exact(pages).curve(SIZES))
+
+
+@pytest.mark.parametrize("workload", ["zone", "zipf", "loop", "uniform"])
+def test_the_sampled_curve_is_within_two_points_of_the_exact_one(workload):
+    rng = np.random.default_rng(3)
+    n = 300_000
+    pages = {
+        "zone": lambda: zone_reads(rng, n, 40_000, 500_000, 0.7),
+        "zipf": lambda: (rng.zipf(1.2, n) * 7919) % 1_000_000,
+        "loop": lambda: np.tile(np.arange(30_000), n // 30_000) + 10**6,
+        "uniform": lambda: rng.integers(0, 200_000, n),
+    }[workload]()
+    sampled = MissRatioCurve()
+    sampled.feed(pages)
+    assert sampled.sampled_pages <= MAX_PAGES and sampled.rate < 1
+    sizes = [2 ** k for k in range(8, 21)]
+    err = np.abs(sampled.curve(sizes) - exact(pages).curve(sizes))
+    assert err.mean() <= 0.02, err
+
+
+def test_the_sample_stays_at_its_size_whatever_the_image():
+    m = MissRatioCurve(max_pages=1000)
+    m.feed(np.arange(5_000_000))
+    assert 900 <= m.sampled_pages <= 1000
+    assert m.rate == pytest.approx(1000 / 5_000_000, rel=0.2)
+    assert m.hit_ratio(1 << 30) < 0.01                     # never a read twice
+
+
+def test_a_changed_working_set_shows_after_a_few_half_lives():
+    rng = np.random.default_rng(4)
+    m = MissRatioCurve(half_life=60)
+    m.feed(np.tile(np.arange(2000), 100))                  # 2,000 pages, read over and over
+    assert m.hit_ratio(4096) > 0.95
+    for _ in range(6):                                    # then uniform over 1 M pages
+        m.decay(60)
+        m.feed(rng.integers(10**7, 10**7 + 10**6, 100_000))
+    assert m.hit_ratio(4096) < 0.1
+
+
+def test_the_hash_samples_an_aligned_zone_evenly():
+    h = page_hash(np.arange(1 << 20))
+    for lo in range(0, 1 << 20, 1 << 16):                 # each 256 MiB of 4 KiB pages
+        share = float((h[lo:lo + (1 << 16)] < (1 << 24) // 64).mean())
+        assert share == pytest.approx(1 / 64, rel=0.1)
