@@ -69,6 +69,8 @@ class DiskReport:
     trace: dict | None = None         # the trace source's figures (None: mincore)
     spill: dict = field(default_factory=dict)
     thrashing_ranges: list = field(default_factory=list)
+    curve: list | None = None         # [[bytes, hit_ratio], ...] (``core.mrc``; None: mincore)
+    mrc: dict = field(default_factory=dict)   # what the curve stands on, or why there is none
 
     @property
     def title(self) -> str:

@@ -247,3 +247,37 @@ def test_a_cold_disk_holds_its_hot_zone_seconds_after_the_first_reads(tmp_path, 
     finally:
         stop.set()
         d.stop()
+
+
+def test_the_curve_says_what_an_lru_cache_of_each_size_would_serve(tmp_path, tracefs_root):  # noqa: F811
+    """A guest reading a 16 MiB zone over and over, page by page in order: an LRU cache of
+    the zone or more serves all but the first pass; one of half the zone serves nothing (a
+    loop evicts each page just before it comes back). The curve, from the kernel's sample
+    of the reads, says so; a mincore daemon has none and says why."""
+    image = data_image(tmp_path / "disk.img", 64 * MiB)
+    d = DaemonProc(tmp_path, image, "--uri", "", max_hold="4M", interval=0.3)
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
+        for _ in range(12):
+            for off in range(8 * MiB, 24 * MiB, PAGE):
+                os.pread(fd, PAGE, off)
+        st = d.wait_status(lambda s: s["mrc"]["reads"] >= 0.9 * 12 * 4096,
+                           "the reads in its curve")
+        curve = dict(st["curve"])
+        assert st["trace"]["reads_counted_in_kernel"] and st["mrc"]["samples_lost"] == 0
+        assert len(curve) == 12 and max(curve) == 64 * MiB
+        assert curve[32 * MiB] == pytest.approx(11 / 12, abs=0.03)
+        assert curve[64 * MiB] == pytest.approx(11 / 12, abs=0.03)
+        assert curve[8 * MiB] <= 0.03 and curve[MiB] <= 0.03
+    finally:
+        os.close(fd)
+        assert d.stop() == 0
+    (tmp_path / "mincore").mkdir()
+    d = DaemonProc(tmp_path / "mincore", image, "--uri", "", "--access-source", "mincore",
+                   max_hold="4M", interval=0.3)
+    try:
+        st = d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
+        assert st["curve"] is None and "mincore" in st["mrc"]["none"]
+    finally:
+        assert d.stop() == 0

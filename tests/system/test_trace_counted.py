@@ -20,7 +20,8 @@ import pytest
 
 from tests.support.common import require_tool
 from tests.support.tracing import PAGE, instance_name, reader, scratch, tracefs_root  # noqa: F401
-from vmdisktouch.system.trace import tracefs
+from vmdisktouch.core.mrc import FULL, page_hash, pages_read
+from vmdisktouch.system.trace import bpf_reads, tracefs
 from vmdisktouch.system.trace.trace_reader import GET_PAGES, READ, TraceReader
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,6 +67,37 @@ def test_each_block_counts_the_read_events_that_touched_it_as_the_ring_buffer_sa
         got = np.zeros(16, np.int64)
         got[c.blocks] = c.counts
         assert got.tolist() == want.tolist() and got.sum() >= 3000 + 10 + 3
+    finally:
+        os.close(fd)
+
+
+def test_the_pages_read_are_sampled_in_order_as_the_ring_buffer_saw_them(scratch, reader):  # noqa: F811
+    """The kernel's sample for the miss-ratio curve: every page under the threshold, in
+    the order read, as the ring buffer's READ events of a second reader expand; every page
+    read counted; a ring overrun counted lost, its newest pages kept."""
+    path = scratch(16 * PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counted, events = reader(fd), reader(fd)
+        assert counted.count_reads(PPB, 16)
+        rng = np.random.default_rng(5)
+        for threshold, n in ((FULL, 2000), (FULL // 16, 3000), (FULL, bpf_reads.RING + 1808)):
+            counted.sample_below(threshold)
+            counted.drain(), events.drain()
+            plan = [(int(p) * PAGE, PAGE) for p in rng.integers(0, 16 * PPB, n)]
+            plan += [(7 * PPB * PAGE + 3 * PAGE, 40 * PAGE)] * (threshold < FULL)
+            in_thread(reads_of, fd, plan)
+            c, ev = counted.drain().counted, events.drain()
+            r = ev.kind == READ
+            want = pages_read(ev.first[r], ev.last[r])
+            if n > bpf_reads.RING:         # more than the events' buffer holds: the plan's
+                want = np.array([off // PAGE for off, _ in plan])
+            want = want[page_hash(want) < threshold]
+            lost = max(0, want.size - bpf_reads.RING)
+            assert c.samples_lost == lost and c.sampled.tolist() == want[lost:].tolist()
+            assert c.pages == (n if n > bpf_reads.RING else
+                               int((ev.last[r] - ev.first[r] + 1).sum())) >= n
+            assert 0 < c.sampled.size < c.pages or threshold == FULL
     finally:
         os.close(fd)
 

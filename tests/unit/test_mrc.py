@@ -99,3 +99,31 @@ def test_the_hash_samples_an_aligned_zone_evenly():
     for lo in range(0, 1 << 20, 1 << 16):                 # each 256 MiB of 4 KiB pages
         share = float((h[lo:lo + (1 << 16)] < (1 << 24) // 64).mean())
         assert share == pytest.approx(1 / 64, rel=0.1)
+
+
+def test_a_batch_above_the_ceiling_lowers_the_rate_at_once():
+    m = MissRatioCurve(max_pages=None, max_per_second=400)
+    m.feed(np.arange(100_000), seconds=1.0)
+    assert m.sampled_pages == 400 and m.rate == pytest.approx(400 / 100_000, rel=0.1)
+    m.feed(np.arange(100_000), seconds=1.0)           # the same pages: all hits now
+    assert m.sampled_pages == 400 and m.hit_ratio(200_000) == pytest.approx(0.5, abs=0.02)
+
+
+def test_the_pages_behind_lost_samples_leave_the_total():
+    """The kernel's ring lost some samples: the reads they stood for are not counted as
+    reads the sample missed (SHARDS-adj would call them hits)."""
+    pages = np.tile(np.arange(4096), 3)
+    whole = MissRatioCurve(rate=0.25)
+    whole.feed(pages)
+    h = page_hash(pages) < whole.threshold
+    part = MissRatioCurve(rate=0.25)
+    kept = np.flatnonzero(h)
+    part.feed(pages[kept[:-300]], total=pages.size, lost=300)
+    assert part.hit_ratio(8) < 0.05 and whole.hit_ratio(8) < 0.05
+    assert part.hit_ratio(8192) == pytest.approx(whole.hit_ratio(8192), abs=0.05)
+
+
+def test_read_ranges_expand_to_their_pages_in_order_at_most_a_span_each():
+    from vmdisktouch.core.mrc import pages_read
+    assert pages_read([5, 100, 7], [7, 100, 6]).tolist() == [5, 6, 7, 100]
+    assert pages_read([0], [999], span=4).tolist() == [0, 1, 2, 3]

@@ -109,6 +109,9 @@ class FakeReader:
     def count_reads(self, pages_per_block, nblocks):
         return False
 
+    def sample_below(self, threshold):
+        self.sample_threshold = threshold
+
     def take_counted(self):
         return None
 

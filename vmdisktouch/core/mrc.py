@@ -23,6 +23,14 @@ marks the time of its last read, and a read's distance is the number of
 marks after its page's previous one. Times are renumbered when the tree is
 full.
 
+Its cost is one Python step per sampled read (about 10 us), so the rate
+also has a ceiling in sampled reads a second (``max_per_second``): a batch
+that brings more than its seconds allow lowers the threshold to the hash
+that keeps that many, at once. A guest reading a million pages a second is
+sampled more thinly, not more expensively. The rate never rises again (as
+in SHARDS): the sample stays consistent. Where the kernel samples (``bpf_reads``), it
+samples under the same threshold, and ``feed`` is told the pages read.
+
 The guest changes its mind: the histogram of distances is a decayed sum
 (``decay``: weights halve every ``half_life`` seconds), so a changed working
 set shows within a few half-lives. It is kept in bins of an eighth of an
@@ -40,10 +48,14 @@ import numpy as np
 
 HASH_BITS = 24
 FULL = 1 << HASH_BITS              # T of a sample of every page
-_MUL = np.uint64(0x9E3779B97F4A7C15)   # Fibonacci hashing: page * phi, top bits
+HASH_MUL = 0x9E3779B97F4A7C15      # Fibonacci hashing: page * phi, top bits (bpf_reads too)
+_MUL = np.uint64(HASH_MUL)
 BINS_PER_OCTAVE = 8
 NBINS = 48 * BINS_PER_OCTAVE + 1   # distances up to 2^48 pages; the last bin: never reused
 MAX_PAGES = 8192                   # the sample's size: 8 K pages, about 1.5 MiB in all
+READ_SPAN = 256                    # pages of one read range that are sampled, at most
+CURVE_POINTS = 12                  # the status's curve: the image, a half, ... 1/2048 of it
+MAX_PER_SECOND = 400               # sampled reads a second, at most: 0.4 % of a core
 
 
 def page_hash(pages: np.ndarray) -> np.ndarray:
@@ -52,6 +64,17 @@ def page_hash(pages: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         return ((np.asarray(pages, dtype=np.uint64) * _MUL) >> np.uint64(64 - HASH_BITS)
                 ).astype(np.int64)
+
+
+def pages_read(first: np.ndarray, last: np.ndarray, span: int = READ_SPAN) -> np.ndarray:
+    """The pages of read ranges ``[first, last]`` (inclusive), in order, the first
+    ``span`` of each (as the kernel's sampler takes them)."""
+    first = np.asarray(first, dtype=np.int64)
+    n = np.clip(np.asarray(last, dtype=np.int64) - first + 1, 0, span)
+    if n.size == 0 or not n.any():
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(first - (np.cumsum(n) - n), n)
+    return starts + np.arange(int(n.sum()), dtype=np.int64)
 
 
 def _bin(distance: float) -> int:
@@ -93,8 +116,10 @@ class MissRatioCurve:
     """The reuse-distance histogram of one disk's reads, sampled (module docstring)."""
 
     def __init__(self, *, max_pages: int | None = MAX_PAGES, rate: float = 1.0,
-                 half_life: float = 600.0):
+                 half_life: float = 600.0, max_per_second: float | None = None):
         self.max_pages = max_pages
+        self.max_per_second = max_per_second
+        self.lost = 0                        # sampled reads the kernel's ring lost
         self.threshold = max(1, min(FULL, int(round(rate * FULL))))
         self.half_life = float(half_life)
         self.hist = np.zeros(NBINS)          # weight (reads) per distance bin
@@ -113,14 +138,32 @@ class MissRatioCurve:
     def sampled_pages(self) -> int:
         return len(self._last)
 
-    def feed(self, pages: np.ndarray) -> None:
-        """Reads of these page numbers, in the order they came."""
+    @classmethod
+    def for_image(cls, npages: int, **kw) -> MissRatioCurve:
+        """A disk's curve: sampled from the start at the rate that keeps a read of the
+        whole image within ``MAX_PAGES`` (and ``MAX_PER_SECOND``)."""
+        return cls(rate=min(1.0, MAX_PAGES / max(1, int(npages))),
+                   max_per_second=MAX_PER_SECOND, **kw)
+
+    def feed(self, pages: np.ndarray, total: int | None = None, lost: int = 0,
+             seconds: float | None = None) -> None:
+        """Reads of these page numbers, in the order they came. ``total``: the pages read in
+        all, where ``pages`` is the kernel's sample of them (else every page read);
+        ``lost``: sampled reads that did not arrive (the pages they stood for leave the
+        total); ``seconds``: the time the batch covers (``max_per_second``)."""
         pages = np.asarray(pages, dtype=np.int64)
+        total = pages.size if total is None else int(total)
+        self.reads += max(0.0, total - lost * FULL / self.threshold)
+        self.lost += int(lost)
         if pages.size == 0:
             return
-        self.reads += pages.size
         hashes = page_hash(pages)
         keep = hashes < self.threshold
+        if self.max_per_second and seconds is not None:
+            allowed = max(64, int(self.max_per_second * seconds))
+            if int(keep.sum()) > allowed:
+                self._lower(int(np.partition(hashes[keep], allowed)[allowed]))
+                keep = hashes < self.threshold
         for page, h in zip(pages[keep].tolist(), hashes[keep].tolist()):
             if h < self.threshold:           # the threshold may have dropped in this batch
                 self._read(page, h)
@@ -150,12 +193,14 @@ class MissRatioCurve:
         """The page of the largest hash leaves; the threshold drops to its hash (pages of
         that hash or above are no longer sampled)."""
         while len(self._last) > self.max_pages:
-            neg, page = heapq.heappop(self._heap)
-            self.threshold = -neg
+            self._lower(-self._heap[0][0])
+
+    def _lower(self, threshold: int) -> None:
+        """Sample under ``threshold`` from now: the pages at or above it leave."""
+        self.threshold = max(1, min(self.threshold, int(threshold)))
+        while self._heap and -self._heap[0][0] >= self.threshold:
+            _, page = heapq.heappop(self._heap)
             self._tree.add(self._last.pop(page), -1)
-            while self._heap and -self._heap[0][0] >= self.threshold:
-                _, other = heapq.heappop(self._heap)
-                self._tree.add(self._last.pop(other), -1)
 
     def _renumber(self) -> None:
         """Give the sampled pages the times 0..n-1 in the order of their last reads."""
@@ -188,3 +233,13 @@ class MissRatioCurve:
     def curve(self, sizes_pages) -> np.ndarray:
         """``hit_ratio`` at each size."""
         return np.array([self.hit_ratio(s) for s in sizes_pages])
+
+    def status(self, image_bytes: int, page_size: int) -> dict:
+        """The status's ``curve`` (``[[bytes, hit_ratio], ...]`` at ``CURVE_POINTS`` sizes up
+        to the image's) and ``mrc`` (what the curve stands on)."""
+        sizes = sorted({max(page_size, (image_bytes >> k) // page_size * page_size)
+                        for k in range(CURVE_POINTS)})
+        ratios = self.curve([s / page_size for s in sizes])
+        return {"curve": [[int(s), round(float(r), 4)] for s, r in zip(sizes, ratios)],
+                "mrc": {"reads": round(self.reads), "sample_rate": self.rate,
+                        "sampled_pages": self.sampled_pages, "samples_lost": self.lost}}

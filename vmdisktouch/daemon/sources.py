@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vmdisktouch.core.access import READ, AccessLog, EventResidency
+from vmdisktouch.core.mrc import MissRatioCurve, pages_read
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.errors import ConfigError, VmdtError
@@ -115,7 +116,9 @@ class PollingSource:
         pass                     # the next cycle's mincore pass sees what the spill read
 
     def status(self) -> dict:
-        return {"access_source": self.name, "events_lost": 0}
+        return {"access_source": self.name, "events_lost": 0, "curve": None,
+                "mrc": {"none": "the mincore source sees no reads one by one, so no reuse "
+                                "distances: the trace source gives a curve"}}
 
     def close(self) -> None:
         self.sums.close()
@@ -145,6 +148,8 @@ class TraceSource:
         self.last_access = None              # the last cycle's Access (exact pages: tests)
         self.shift = ReadShift()
         self.nblocks = nblocks
+        self.mrc = MissRatioCurve.for_image(nblocks * block_size // self.page_size)
+        self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the curve's last decay, last feed
         self._count_reads()
         self.early_cycles = 0                # cycles asked for early by a read shift
         self.kinds = np.zeros(4, dtype=np.int64)   # events drained this cycle, by kind
@@ -191,6 +196,15 @@ class TraceSource:
             self.kinds[READ] += counted.total
         self.residency.feed(ev.kind, ev.first, ev.last)
         self.shift.count(blocks, counts)
+        now = self.clock_ns()
+        seconds, self._mrc_fed_ns = (now - self._mrc_fed_ns) / 1e9, now
+        if counted is not None:
+            self.mrc.feed(counted.sampled, counted.pages, counted.samples_lost, seconds)
+        else:
+            reads = ev.kind == READ
+            self.mrc.feed(pages_read(ev.first[reads], ev.last[reads]), seconds=seconds)
+        if self.reader is not None:
+            self.reader.sample_below(self.mrc.threshold)
         return True
 
     @property
@@ -213,7 +227,10 @@ class TraceSource:
             self.reader.probe()
         self.pump()
         missed = self._check()
-        acc = self.last_access = self.log.take(held.size, now_ns=self.clock_ns())
+        now = self.clock_ns()
+        self.mrc.decay((now - self._mrc_ns) / 1e9)
+        self._mrc_ns = now
+        acc = self.last_access = self.log.take(held.size, now_ns=now)
         self.events_lost += acc.lost
         self.lost_at = time.time() if acc.lost else self.lost_at
         if probing and not missed and acc.lost == 0 and self.reader.probe_seen is False:
@@ -337,6 +354,7 @@ class TraceSource:
         """Reads counted per block in the kernel where it allows (``TraceReader.count_reads``):
         the cost of a read no longer the daemon's."""
         if self.reader is not None:
+            self.reader.sample_below(self.mrc.threshold)
             self.reader.count_reads(self.log.pages_per_block, self.nblocks)
 
     def status(self) -> dict:
@@ -346,7 +364,8 @@ class TraceSource:
                           "buffer_kb": r.buffer_kb if r else 0,
                           "reads_counted_in_kernel": bool(r and r.counting),
                           "early_cycles": self.early_cycles, "lost_at": self.lost_at,
-                          **self.last}}
+                          **self.last},
+                **self.mrc.status(self.nblocks * self.block_size, self.page_size)}
 
     def close(self) -> None:
         if self.reader is not None:

@@ -23,6 +23,15 @@ read range longer than ``span_blocks`` blocks (8, or as many as 512 pages
 cover, at most 256, for smaller blocks) counts for its first ones (the
 kernel hands out reads in batches of at most 31 folios).
 
+The same program samples the pages read for the disk's miss-ratio curve
+(``core.mrc``): a page whose hash (the curve's ``page_hash``) is under the
+threshold the daemon writes into a second map goes into a ring of
+``RING`` page numbers there (its slot taken with an atomic fetch-add, the
+number stored plus one so that an empty slot reads 0); the map also counts
+every page read, the curve's denominator. The ring is taken with the
+counters; what overran it is counted lost. The first ``SAMPLE_SPAN`` pages of
+a read range are sampled (the kernel's batches are at most 31 folios).
+
 It needs CAP_BPF and CAP_PERFMON (root has both) and a kernel with
 ``CONFIG_BPF_EVENTS``; ``ReadCounter.create`` raises ``BpfUnavailable`` with
 the reason otherwise, and the reader keeps the read events in its ring
@@ -37,6 +46,7 @@ import struct
 
 import numpy as np
 
+from vmdisktouch.core.mrc import HASH_BITS, HASH_MUL, READ_SPAN
 from vmdisktouch.errors import SyscallError, VmdtError
 from vmdisktouch.system import libc
 
@@ -45,6 +55,10 @@ SPAN_PAGES = 512           # ... up to this many pages: smaller blocks count mor
 MOST_SPAN = 256            # and at most this many blocks (the program's size: 14 each)
 MAX_SLOTS = 1 << 22        # 32 MiB of counters: a bigger map is not made
 PROBE_TID, PROBE_HITS, BEYOND, FIRST_BLOCK = 0, 1, 2, 3
+SAMPLE_SPAN = READ_SPAN    # pages of one read range that are sampled, at most
+RING = 1 << 16             # sampled pages the ring holds between two takes (512 KiB)
+S_PAGES, S_THRESHOLD, S_HEAD, S_RING = 0, 1, 2, 4   # the sample map's 8-byte slots
+_MAP_VALUE = 2             # BPF_PSEUDO_MAP_VALUE: ld_imm64 of a map value's address
 
 _BPF_MAP_CREATE = 0
 _MAP_ARRAY, _F_MMAPABLE, _PROG_TRACEPOINT = 2, 1 << 10, 5
@@ -94,8 +108,17 @@ def _stx_dw(dst: int, src: int, off: int) -> bytes:
     return _insn(0x7b, dst, src, off)
 
 
-def _atomic_add_dw(dst: int, src: int) -> bytes:
-    return _insn(0xdb, dst, src, 0, 0)       # lock *(u64 *)(dst) += src
+def _atomic_add_dw(dst: int, src: int, off: int = 0, *, fetch: bool = False) -> bytes:
+    """lock *(u64 *)(dst + off) += src; ``fetch``: src = the value before."""
+    return _insn(0xdb, dst, src, off, 1 if fetch else 0)
+
+
+def _alu(op: str, dst: int, *, src: int | None = None, imm: int = 0) -> bytes:
+    """64-bit ALU: dst op= src (a register) or imm."""
+    code = {"add": 0x00, "sub": 0x10, "mul": 0x20, "and": 0x50, "lsh": 0x60, "rsh": 0x70}[op]
+    if src is not None:
+        return _insn(0x07 | code | 0x08, dst, src)
+    return _insn(0x07 | code, dst, 0, 0, imm)
 
 
 def _jump(op: str, dst: int, off: int, *, src: int | None = None, imm: int = 0) -> bytes:
@@ -157,9 +180,11 @@ class _Asm:
 
 
 def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
-            exclude_tid: int | None, pages_per_block: int, nblocks: int) -> bytes:
+            exclude_tid: int | None, pages_per_block: int, nblocks: int,
+            sample_fd: int | None = None) -> bytes:
     """The counting program (module docstring), for the record layout ``offsets``
-    (``i_ino``, ``s_dev``, ``index``, ``last_index``)."""
+    (``i_ino``, ``s_dev``, ``index``, ``last_index``); with ``sample_fd`` (the sample
+    map) it samples the pages read too."""
     a = _Asm()
 
     def lookup() -> bytes:
@@ -194,17 +219,42 @@ def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
     a.emit(_ldx("dw", 7, 6, offsets["index"]), _ldx("dw", 8, 6, offsets["last_index"]),
            _div_k(7, pages_per_block), _div_k(8, pages_per_block))
     a.jump("jge", 7, "beyond", imm=nblocks)
+    done = "out" if sample_fd is None else "sample"
     for i in range(span_blocks(pages_per_block)):
         a.emit(_mov(9, 7), _add_k(9, FIRST_BLOCK), count())
         a.emit(_add_k(7, 1))
-        a.jump("jgt", 7, "out", src=8)
-        a.jump("jge", 7, "out", imm=nblocks)
-    a.jump("ja", 0, "out")
+        a.jump("jgt", 7, done, src=8)
+        a.jump("jge", 7, done, imm=nblocks)
+    a.jump("ja", 0, done)
     a.label("beyond")
     a.emit(_mov_k(9, BEYOND), count())
+    if sample_fd is not None:
+        a.jump("ja", 0, "out")
+        _sample(a, offsets, sample_fd)
     a.label("out")
     a.emit(_mov_k(0, 0), _EXIT)
     return a.code()
+
+
+def _sample(a: _Asm, offsets: dict[str, int], sample_fd: int) -> None:
+    """The pages of the read range into the sample ring (module docstring). r1: the sample
+    map's value; r7, r8: the page and the last page; r9: the threshold."""
+    a.label("sample")
+    a.emit(_ldx("dw", 7, 6, offsets["index"]), _ldx("dw", 8, 6, offsets["last_index"]),
+           _ld_imm64(1, sample_fd, src=_MAP_VALUE),
+           _mov(2, 8), _alu("sub", 2, src=7), _add_k(2, 1), _atomic_add_dw(1, 2, 8 * S_PAGES),
+           _ldx("dw", 9, 1, 8 * S_THRESHOLD))
+    for i in range(SAMPLE_SPAN):
+        a.jump("jgt", 7, "out", src=8)
+        a.emit(_mov(2, 7), _ld_imm64(3, HASH_MUL), _alu("mul", 2, src=3),
+               _alu("rsh", 2, imm=64 - HASH_BITS))
+        a.jump("jge", 2, f"next{i}", src=9)
+        a.emit(_mov_k(3, 1), _atomic_add_dw(1, 3, 8 * S_HEAD, fetch=True),
+               _alu("and", 3, imm=RING - 1), _alu("lsh", 3, imm=3), _mov(4, 1),
+               _alu("add", 4, src=3), _mov(5, 7), _add_k(5, 1), _stx_dw(4, 5, 8 * S_RING))
+        a.label(f"next{i}")
+        a.emit(_add_k(7, 1))
+    a.jump("ja", 0, "out")
 
 
 # -- system calls (``libc``) ---------------------------------------------------------------
@@ -219,13 +269,16 @@ def _perf_attr(tracepoint_id: int) -> bytes:
 class ReadCounter:
     """Per-block read counts of one image, counted in the kernel (module docstring)."""
 
-    def __init__(self, map_fd: int, prog_fd: int, event_fd: int, counters: mmap.mmap,
-                 nblocks: int):
-        self._fds = [event_fd, prog_fd, map_fd]
-        self._mem = counters
+    def __init__(self, fds: list[int], counters: mmap.mmap, samples: mmap.mmap, nblocks: int):
+        self._fds = fds
+        self._mems = [counters, samples]
         self.nblocks = nblocks
         self._slots = np.frombuffer(counters, dtype=np.uint64, count=nblocks + FIRST_BLOCK)
         self._base = self._slots.copy()
+        self._sample = np.frombuffer(samples, dtype=np.uint64, count=S_RING + RING)
+        self._ring = self._sample[S_RING:]
+        self._tail = 0                      # the ring's next slot to take
+        self._pages_base = 0
 
     @classmethod
     def create(cls, tracepoint_id: int, offsets: dict[str, int], *, ino: int,
@@ -236,16 +289,19 @@ class ReadCounter:
         if nslots > MAX_SLOTS:
             raise BpfUnavailable(f"{nblocks} blocks need more than {MAX_SLOTS} counters")
         fds: list[int] = []
+
+        def array(value_size: int, entries: int) -> tuple[int, mmap.mmap]:
+            attr = struct.pack("<IIIII", _MAP_ARRAY, 4, value_size, entries, _F_MMAPABLE)
+            fd = libc.bpf(_BPF_MAP_CREATE, attr, "BPF_MAP_CREATE")
+            fds.append(fd)
+            size = -(-value_size * entries // mmap.PAGESIZE) * mmap.PAGESIZE
+            return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
-            attr = struct.pack("<IIIII", _MAP_ARRAY, 4, 8, nslots, _F_MMAPABLE)
-            map_fd = libc.bpf(_BPF_MAP_CREATE, attr, "BPF_MAP_CREATE")
-            fds.append(map_fd)
-            size = -(-nslots * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
-            counters = mmap.mmap(map_fd, size, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            map_fd, counters = array(8, nslots)
+            sample_fd, samples = array(8 * (S_RING + RING), 1)
             code = program(offsets, map_fd=map_fd, ino=ino, sdev=sdev,
                            exclude_tid=exclude_tid, pages_per_block=pages_per_block,
-                           nblocks=nblocks)
+                           nblocks=nblocks, sample_fd=sample_fd)
             prog_fd = libc.bpf_prog_load(_PROG_TRACEPOINT, code, b"vmdt_reads")
             fds.append(prog_fd)
             event_fd = libc.perf_event_open(_perf_attr(tracepoint_id), -1, 0, -1,
@@ -257,7 +313,7 @@ class ReadCounter:
             for fd in fds:
                 os.close(fd)
             raise BpfUnavailable(str(exc)) from None
-        return cls(map_fd, prog_fd, event_fd, counters, int(nblocks))
+        return cls(fds[::-1], counters, samples, int(nblocks))
 
     def set_probe(self, tid: int | None) -> None:
         """Reads by thread ``tid`` count as the probe's from now (None: nobody's)."""
@@ -277,16 +333,40 @@ class ReadCounter:
         blocks = np.flatnonzero(counts)
         return blocks, counts[blocks], int(delta[PROBE_HITS]), int(delta[BEYOND])
 
+    def sample_below(self, threshold: int) -> None:
+        """Sample from now the pages whose hash is under ``threshold`` (0: none)."""
+        self._sample[S_THRESHOLD] = np.uint64(max(0, int(threshold)))
+
+    def take_samples(self) -> tuple[np.ndarray, int, int]:
+        """Since the last take: the sampled pages in the order they were read, every page
+        read, and the samples the ring lost (it overran). A slot taken but not yet
+        written (a read on another CPU at this moment) ends the take: it is the next's."""
+        head = int(self._sample[S_HEAD])
+        lost = max(0, head - self._tail - RING)
+        start = self._tail + lost
+        idx = np.arange(start, head) & (RING - 1)
+        vals = self._ring[idx]
+        unwritten = np.flatnonzero(vals == 0)
+        if unwritten.size:
+            vals, idx = vals[:unwritten[0]], idx[:unwritten[0]]
+        self._ring[idx] = 0
+        self._tail = start + vals.size
+        pages = int(self._sample[S_PAGES])
+        total, self._pages_base = pages - self._pages_base, pages
+        return vals.astype(np.int64) - 1, total, lost
+
     def close(self) -> None:
-        """Detach and free the program and the map; idempotent."""
+        """Detach and free the program and the maps; idempotent."""
         fds, self._fds = self._fds, []
         if fds:
             self._slots = np.zeros(0, dtype=np.uint64)
             self._base = self._slots
-            try:
-                self._mem.close()
-            except BufferError:      # a view still exported: freed with it
-                pass
+            self._sample = self._ring = np.zeros(0, dtype=np.uint64)
+            for mem in self._mems:
+                try:
+                    mem.close()
+                except BufferError:      # a view still exported: freed with it
+                    pass
         for fd in fds:
             try:
                 os.close(fd)

@@ -123,7 +123,8 @@ class TraceReader:
         self._closed = False
         self._fd, self._turn, self._probe_tid = fd, 0, None
         self._counter: bpf_reads.ReadCounter | None = None   # ``count_reads``
-        self._counted: list[tuple[np.ndarray, np.ndarray]] = []  # a replaced counter's last
+        self._counted: list[tuple] = []     # a replaced counter's last counts and samples
+        self._sample_threshold = 0          # ``sample_below``
         self._ring_reads_until: int | None = None   # READs of the ring after this: counted
         self.counting_refused: str | None = None    # why reads cannot be counted in the kernel
         self.probe_seen: bool | None = None    # the last probe came back (None: none made)
@@ -262,8 +263,9 @@ class TraceReader:
                      "kernel: %s)", self.name, exc)
             return False
         old, self._counter = self._counter, new
+        new.sample_below(self._sample_threshold)
         if old is not None:
-            self._counted.append(old.take()[:2])
+            self._counted.append(old.take()[:2] + old.take_samples())
             old.close()
         else:
             self._ring_reads_until = start
@@ -286,13 +288,23 @@ class TraceReader:
         if self._probe_tid is not None:
             self._counter.set_probe(None)
             self._probe_tid, self.probe_seen = None, probe_hits > 0
-        if self._counted:
-            parts, self._counted = self._counted + [(blocks, counts)], []
-            allb = np.concatenate([b for b, _ in parts])
-            allc = np.concatenate([c for _, c in parts])
+        now = (blocks, counts, *self._counter.take_samples())
+        parts, self._counted = self._counted + [now], []
+        if len(parts) > 1:
+            allb = np.concatenate([p[0] for p in parts])
+            allc = np.concatenate([p[1] for p in parts])
             blocks, inverse = np.unique(allb, return_inverse=True)
             counts = np.bincount(inverse, weights=allc).astype(np.int64)
-        return CountedReads(blocks, counts, time.monotonic_ns())
+        return CountedReads(blocks, counts, time.monotonic_ns(),
+                            np.concatenate([p[2] for p in parts]),
+                            sum(p[3] for p in parts), sum(p[4] for p in parts))
+
+    def sample_below(self, threshold: int) -> None:
+        """The kernel samples for the miss-ratio curve the pages whose hash is under
+        ``threshold`` (``core.mrc``; 0, the start: none)."""
+        self._sample_threshold = int(threshold)
+        if self._counter is not None:
+            self._counter.sample_below(threshold)
 
     # -- the instance, as set up -------------------------------------------------------
 
