@@ -71,6 +71,7 @@ class DiskReport:
     thrashing_ranges: list = field(default_factory=list)
     curve: list | None = None         # [[bytes, hit_ratio], ...] (``core.mrc``; None: mincore)
     mrc: dict = field(default_factory=dict)   # what the curve stands on, or why there is none
+    gain: dict | None = None          # what memory served, what a GiB more would (trace)
 
     @property
     def title(self) -> str:

@@ -270,6 +270,11 @@ def test_the_curve_says_what_an_lru_cache_of_each_size_would_serve(tmp_path, tra
         assert curve[32 * MiB] == pytest.approx(11 / 12, abs=0.03)
         assert curve[64 * MiB] == pytest.approx(11 / 12, abs=0.03)
         assert curve[8 * MiB] <= 0.03 and curve[MiB] <= 0.03
+        # What the curve wants: the zone (a GiB more past it serves nothing more).
+        assert 12 * MiB <= st["gain"]["wants_bytes"] <= 20 * MiB
+        nxt = st["gain"]["next_gib"]
+        assert nxt["bytes"] == st["held_bytes"] + 1024 * MiB
+        assert nxt["hit_ratio"] == pytest.approx(11 / 12, abs=0.03)
     finally:
         os.close(fd)
         assert d.stop() == 0

@@ -102,11 +102,14 @@ def test_the_hash_samples_an_aligned_zone_evenly():
 
 
 def test_a_batch_above_the_ceiling_lowers_the_rate_at_once():
+    """400 sampled reads a second, in a bucket of ten seconds' worth."""
     m = MissRatioCurve(max_pages=None, max_per_second=400)
-    m.feed(np.arange(100_000), seconds=1.0)
-    assert m.sampled_pages == 400 and m.rate == pytest.approx(400 / 100_000, rel=0.1)
-    m.feed(np.arange(100_000), seconds=1.0)           # the same pages: all hits now
-    assert m.sampled_pages == 400 and m.hit_ratio(200_000) == pytest.approx(0.5, abs=0.02)
+    m.feed(np.arange(100_000), seconds=1.0)           # the bucket, full: 4,000
+    assert m.sampled_pages == 4000 and m.rate == pytest.approx(0.04, rel=0.1)
+    m.feed(np.arange(100_000), seconds=0.5)           # the same pages: 200 more allowed
+    assert m.sampled_pages == 200 and m.hit_ratio(200_000) == pytest.approx(0.5, abs=0.03)
+    m.feed(np.arange(100_000), seconds=100.0)         # slower: the rate stays
+    assert m.sampled_pages == 200
 
 
 def test_the_pages_behind_lost_samples_leave_the_total():

@@ -251,9 +251,44 @@ def disk_part(line: DiskLine, d: DiskReport | None) -> str:
     reason = of(line.not_held_reason, "not_held_reason")
     if reason:
         out += f" ({sanitise(reason)})"
+    out += gain_part(d)
     if d is not None and d.events_lost:
         out += f", {d.events_lost} events lost"
     return out
+
+
+def _pct(v) -> str:
+    return f"{100 * v:.0f} %"
+
+
+def gain_part(d: DiskReport | None) -> str:
+    """What memory served the disk's reads in its last cycle, and what its next GiB would
+    (its curve: trace source only); "" without."""
+    g = d.gain if d is not None and isinstance(d.gain, dict) else None
+    if not g:
+        return ""
+    parts = []
+    if g.get("cache_hit_ratio") is not None:
+        parts.append(f"reads {_pct(g['cache_hit_ratio'])} from memory")
+    if g.get("held_read_share") is not None:
+        parts.append(f"{_pct(g['held_read_share'])} on held blocks")
+    nxt = g.get("next_gib") or {}
+    if nxt and d.curve:
+        parts.append(f"+1G -> {_pct(nxt['hit_ratio'])} of reads, "
+                     f"+{nxt['more_reads_per_second']:,.0f} reads/s")
+    if g.get("wants_bytes") is not None:
+        parts.append(f"its curve wants {format_size(g['wants_bytes'])}")
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def best_next_gib(disks: list[tuple[DiskLine, DiskReport | None]]) -> str:
+    """The host line's note: the disk whose next GiB would add the most reads a second."""
+    best = max(((d.gain["next_gib"]["more_reads_per_second"], x) for x, d in disks
+                if d is not None and isinstance(d.gain, dict) and d.gain.get("next_gib")),
+               key=lambda t: t[0], default=None)
+    if best is None or best[0] <= 0:
+        return ""
+    return f", the next GiB would do most for {disk_name(best[1])} (+{best[0]:,.0f} reads/s)"
 
 
 def host_disks(r: HostReport) -> list[tuple[DiskLine, DiskReport | None]]:
@@ -283,7 +318,8 @@ def host_lines(item: dict) -> list[str]:
     head = (f"host (pid {r.pid}, v{sanitise(r.version)}): held "
             f"{_size(r.held_bytes)} of {_size(r.budget_bytes)} budget, "
             + ("" if floor is None else f"{format_size(floor)} above the floor, ")
-            + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}")
+            + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}"
+            + best_next_gib(disks))
     return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
                for f in r.failed])

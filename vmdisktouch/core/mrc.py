@@ -24,9 +24,9 @@ marks after its page's previous one. Times are renumbered when the tree is
 full.
 
 Its cost is one Python step per sampled read (about 10 us), so the rate
-also has a ceiling in sampled reads a second (``max_per_second``): a batch
-that brings more than its seconds allow lowers the threshold to the hash
-that keeps that many, at once. A guest reading a million pages a second is
+also has a ceiling in sampled reads a second (``max_per_second``, a token
+bucket of ten seconds' worth): a batch that brings more than the bucket
+holds lowers the threshold to the hash that keeps that many, at once. A guest reading a million pages a second is
 sampled more thinly, not more expensively. The rate never rises again (as
 in SHARDS): the sample stays consistent. Where the kernel samples (``bpf_reads``), it
 samples under the same threshold, and ``feed`` is told the pages read.
@@ -55,6 +55,9 @@ NBINS = 48 * BINS_PER_OCTAVE + 1   # distances up to 2^48 pages; the last bin: n
 MAX_PAGES = 8192                   # the sample's size: 8 K pages, about 1.5 MiB in all
 READ_SPAN = 256                    # pages of one read range that are sampled, at most
 CURVE_POINTS = 12                  # the status's curve: the image, a half, ... 1/2048 of it
+GiB = 1 << 30
+WANT_GAIN = 0.02                   # ``wants``: the size past which a GiB more serves less
+BURST_SECONDS = 10                 # the ceiling's bucket: this many seconds of it
 MAX_PER_SECOND = 400               # sampled reads a second, at most: 0.4 % of a core
 
 
@@ -120,6 +123,7 @@ class MissRatioCurve:
         self.max_pages = max_pages
         self.max_per_second = max_per_second
         self.lost = 0                        # sampled reads the kernel's ring lost
+        self._tokens = BURST_SECONDS * (max_per_second or 0)   # sampled reads allowed now
         self.threshold = max(1, min(FULL, int(round(rate * FULL))))
         self.half_life = float(half_life)
         self.hist = np.zeros(NBINS)          # weight (reads) per distance bin
@@ -160,10 +164,13 @@ class MissRatioCurve:
         hashes = page_hash(pages)
         keep = hashes < self.threshold
         if self.max_per_second and seconds is not None:
-            allowed = max(64, int(self.max_per_second * seconds))
+            cap = self.max_per_second
+            self._tokens = min(BURST_SECONDS * cap, self._tokens + cap * max(0.0, seconds))
+            allowed = max(64, int(self._tokens))
             if int(keep.sum()) > allowed:
                 self._lower(int(np.partition(hashes[keep], allowed)[allowed]))
                 keep = hashes < self.threshold
+            self._tokens = max(0.0, self._tokens - int(keep.sum()))
         for page, h in zip(pages[keep].tolist(), hashes[keep].tolist()):
             if h < self.threshold:           # the threshold may have dropped in this batch
                 self._read(page, h)
@@ -219,20 +226,23 @@ class MissRatioCurve:
             self.reads *= f
 
     def hit_ratio(self, size_pages: float) -> float:
-        """The share of reads an LRU cache of ``size_pages`` would have served. The sample's
-        weight falls short of (or exceeds) the reads fed when the hottest pages happen to be
-        in (or out of) it; the difference goes to the shortest distances (SHARDS-adj: on a
-        Zipf trace, 0.024 of mean error becomes 0.001)."""
-        if self.reads <= 0:
-            return 0.0
-        hist = self.hist[:NBINS - 1].copy()
-        hist[0] += self.reads - float(self.hist.sum())
-        part = np.clip((size_pages - _LOW) / (_HIGH - _LOW), 0.0, 1.0)   # linear in a bin
-        return min(1.0, max(0.0, float(hist @ part) / self.reads))
+        """The share of reads an LRU cache of ``size_pages`` would have served."""
+        return float(self.curve([size_pages])[0])
 
     def curve(self, sizes_pages) -> np.ndarray:
-        """``hit_ratio`` at each size."""
-        return np.array([self.hit_ratio(s) for s in sizes_pages])
+        """``hit_ratio`` at each size: the histogram's cumulative sum, linear within a
+        bin. The sample's weight falls short of (or exceeds) the reads fed when the
+        hottest pages happen to be in (or out of) it; the difference goes to the shortest
+        distances (SHARDS-adj: on a Zipf trace, 0.024 of mean error becomes 0.001)."""
+        sizes = np.asarray(sizes_pages, dtype=float)
+        if self.reads <= 0:
+            return np.zeros(sizes.shape)
+        hist = self.hist[:NBINS - 1].copy()
+        hist[0] += self.reads - float(self.hist.sum())
+        below = np.concatenate(([0.0], np.cumsum(hist)))      # hits of caches of _LOW[k]
+        k = np.clip(np.searchsorted(_LOW, sizes, side="right") - 1, 0, NBINS - 2)
+        part = np.clip((sizes - _LOW[k]) / (_HIGH[k] - _LOW[k]), 0.0, 1.0)
+        return np.clip((below[k] + hist[k] * part) / self.reads, 0.0, 1.0)
 
     def status(self, image_bytes: int, page_size: int) -> dict:
         """The status's ``curve`` (``[[bytes, hit_ratio], ...]`` at ``CURVE_POINTS`` sizes up
@@ -243,3 +253,22 @@ class MissRatioCurve:
         return {"curve": [[int(s), round(float(r), 4)] for s, r in zip(sizes, ratios)],
                 "mrc": {"reads": round(self.reads), "sample_rate": self.rate,
                         "sampled_pages": self.sampled_pages, "samples_lost": self.lost}}
+
+    def next_gib(self, held_bytes: int, page_size: int, pages_per_second: float) -> dict:
+        """What one GiB more than ``held_bytes`` would buy, read from the curve: the hit
+        ratio at that size, and the reads a second it adds at ``pages_per_second``."""
+        now = self.hit_ratio(held_bytes / page_size)
+        then = self.hit_ratio((held_bytes + GiB) / page_size)
+        return {"bytes": int(held_bytes + GiB), "hit_ratio": round(then, 4),
+                "more_reads_per_second": round(max(0.0, then - now) * pages_per_second, 1)}
+
+    def wants(self, image_bytes: int, page_size: int) -> int:
+        """The memory that still pays: the smallest size (in steps of 1/256 of the image, at
+        most 64 MiB, up to the image) past which one GiB more would serve less than
+        ``WANT_GAIN`` of the reads more. Not every block read: a zone read often, and the
+        rest of a large image now and then, wants the zone."""
+        step = max(page_size, min(64 << 20, int(image_bytes) // 256 // page_size * page_size))
+        sizes = np.append(np.arange(0, int(image_bytes), step), int(image_bytes))
+        gain = self.curve((sizes + GiB) / page_size) - self.curve(sizes / page_size)
+        enough = np.flatnonzero(gain < WANT_GAIN)
+        return int(sizes[enough[0]] if enough.size else image_bytes)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from vmdisktouch.core.access import READ, AccessLog, EventResidency
+from vmdisktouch.core.access import ADD, READ, AccessLog, EventResidency
 from vmdisktouch.core.mrc import MissRatioCurve, pages_read
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
@@ -116,7 +116,7 @@ class PollingSource:
         pass                     # the next cycle's mincore pass sees what the spill read
 
     def status(self) -> dict:
-        return {"access_source": self.name, "events_lost": 0, "curve": None,
+        return {"access_source": self.name, "events_lost": 0, "curve": None, "gain": None,
                 "mrc": {"none": "the mincore source sees no reads one by one, so no reuse "
                                 "distances: the trace source gives a curve"}}
 
@@ -150,6 +150,9 @@ class TraceSource:
         self.nblocks = nblocks
         self.mrc = MissRatioCurve.for_image(nblocks * block_size // self.page_size)
         self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the curve's last decay, last feed
+        self._pages_read = 0                 # pages the guest read this cycle
+        self._mrc_cycle_ns = clock_ns()
+        self.gain: dict | None = None        # what memory served in the last cycle
         self._count_reads()
         self.early_cycles = 0                # cycles asked for early by a read shift
         self.kinds = np.zeros(4, dtype=np.int64)   # events drained this cycle, by kind
@@ -200,9 +203,11 @@ class TraceSource:
         seconds, self._mrc_fed_ns = (now - self._mrc_fed_ns) / 1e9, now
         if counted is not None:
             self.mrc.feed(counted.sampled, counted.pages, counted.samples_lost, seconds)
+            self._pages_read += counted.pages
         else:
             reads = ev.kind == READ
             self.mrc.feed(pages_read(ev.first[reads], ev.last[reads]), seconds=seconds)
+            self._pages_read += int((ev.last[reads] - ev.first[reads] + 1).sum())
         if self.reader is not None:
             self.reader.sample_below(self.mrc.threshold)
         return True
@@ -250,6 +255,8 @@ class TraceSource:
             # The daemon's own loads are not traced: a held block is all cached.
             self.residency.counts[held] = self.residency.pages_per_block
         kinds, self.kinds = self.kinds, np.zeros(4, dtype=np.int64)
+        self.gain = self._gain(acc, kinds, held, (now - self._mrc_cycle_ns) / 1e9)
+        self._mrc_cycle_ns = now
         self.last = {"reads": acc.read_events, "written_pages": int(acc.write_pages.size),
                      "refaulted_pages": acc.refault_pages, "lost": acc.lost,
                      "reconciled": bool(reconcile),
@@ -262,6 +269,28 @@ class TraceSource:
                     # evidence of use; under a shared budget it took budget from disks the
                     # guests read. The trace source waits for reads.
                     reconcile=acc.lost > 0 or missed)
+
+    def _gain(self, acc, kinds, held: np.ndarray, seconds: float) -> dict:
+        """What memory served the guest in the cycle, and what a GiB more would (the
+        curve): the share of the pages read that needed no page added to the cache (an
+        add also comes from readahead: a lower bound), the share of the read events on
+        held blocks and their rate, the curve's next GiB and what it wants."""
+        pages, self._pages_read = self._pages_read, 0
+        seconds = max(seconds, 1e-3)
+        rc = acc.read_counts
+        on_held = rc.blocks < held.size
+        held_reads = float(rc.values[on_held][held[rc.blocks[on_held]]].sum())
+        events = float(rc.values.sum())
+        held_bytes = int(held.sum()) * self.block_size
+        image = self.nblocks * self.block_size
+        per_second = pages / seconds
+        return {"pages_read_per_second": round(per_second, 1),
+                "cache_hit_ratio": (round(max(0.0, 1 - kinds[ADD] / pages), 4) if pages
+                                    else None),
+                "held_read_share": round(held_reads / events, 4) if events else None,
+                "held_reads_per_second": round(held_reads / seconds, 1),
+                "next_gib": self.mrc.next_gib(held_bytes, self.page_size, per_second),
+                "wants_bytes": self.mrc.wants(image, self.page_size)}
 
     # -- the instance changed under us -----------------------------------------------
 
@@ -365,7 +394,8 @@ class TraceSource:
                           "reads_counted_in_kernel": bool(r and r.counting),
                           "early_cycles": self.early_cycles, "lost_at": self.lost_at,
                           **self.last},
-                **self.mrc.status(self.nblocks * self.block_size, self.page_size)}
+                **self.mrc.status(self.nblocks * self.block_size, self.page_size),
+                "gain": self.gain}
 
     def close(self) -> None:
         if self.reader is not None:

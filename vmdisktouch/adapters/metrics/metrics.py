@@ -108,6 +108,20 @@ HOST_GAUGES = (
      "holds may still take from the host.", "above_floor_bytes"),
     ("host_disks", "Disks served (with a status yet or not).", "lines"),
 )
+# (metric, help, status key): what memory served and would serve (trace source only)
+CURVE_GAUGES = (
+    ("cache_hit_ratio", "The share of the pages the guest read in the last cycle that "
+     "needed no page added to the cache (a lower bound: readahead adds too).",
+     "gain.cache_hit_ratio"),
+    ("held_read_share", "The share of the last cycle's read events on held blocks.",
+     "gain.held_read_share"),
+    ("held_reads_per_second", "Read events on held blocks a second, last cycle.",
+     "gain.held_reads_per_second"),
+    ("next_gib_reads_per_second", "Reads a second one GiB more than what is held would "
+     "serve from memory, from the curve.", "gain.next_gib.more_reads_per_second"),
+    ("curve_wants_bytes", "The memory that still pays, from the curve: past it a GiB more "
+     "serves less than 2 % of the reads more.", "gain.wants_bytes"),
+)
 # FileDescriptorName= of systemd/vmdisktouch-metrics.socket
 PASSED_NAME = "metrics"
 
@@ -177,12 +191,34 @@ class Collector:
             holding.add_metric(_labels(d), float(bool(d.holding)))
             info.add_metric(_labels(d) + [str(d.access_source)], 1)
         yield from (limited, holding, info)
+        yield from _curve_families(disks.values())
         if host is not None:
             for name, text, key in HOST_GAUGES:
                 v = getattr(host, key)
                 v = len(v) if isinstance(v, list) else v
                 if v is not None:
                     yield GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(v))
+
+
+def _curve_families(disks):
+    """The miss-ratio curve at its sizes (``size_bytes`` label), and the gain (trace
+    source's disks only: a mincore disk has no series here)."""
+    from prometheus_client.core import GaugeMetricFamily
+    curve = GaugeMetricFamily("vmdisktouch_curve_hit_ratio", "The disk's miss-ratio curve: "
+                              "the share of the guest's reads an LRU page cache of "
+                              "size_bytes would serve (sampled reuse distances).",
+                              labels=LABELS + ["size_bytes"])
+    gains = [(GaugeMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS), key)
+             for name, text, key in CURVE_GAUGES]
+    for d in disks:
+        for size, ratio in d.curve or ():
+            curve.add_metric(_labels(d) + [str(int(size))], float(ratio))
+        for g, key in gains:
+            v = d.value(key)
+            if v is not None:
+                g.add_metric(_labels(d), float(v))
+    yield curve
+    yield from (g for g, _ in gains)
 
 
 def start(config, outputs) -> "Metrics | None":
