@@ -21,8 +21,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 # Why a disk holds less than it wants (``limited_by``): docs/status.md has the table.
-CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "floor",
-         "cgroup", "lock_limit", "not_loaded")
+CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "curve",
+         "floor", "cgroup", "lock_limit", "not_loaded")
 
 # One disk's keys kept at the top level of a single disk's status file, for one release.
 LEGACY_TOP = True

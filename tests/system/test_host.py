@@ -191,3 +191,36 @@ def test_the_sum_held_never_exceeds_the_budget_whatever_the_policy_asks(tmp_path
     finally:
         h.close()
     assert vmlck("self") == base
+
+
+def test_with_a_curve_for_every_disk_the_curves_decide_how_much_and_heat_which_blocks(
+        tmp_path, host, monkeypatch):
+    """Two equally hot 16M zones, 20M of budget: by heat they share it (10M and 10M, by
+    their sizes); with curves where a's zone saves ten times the reads, a holds its zone
+    whole and b the 4M left, said as ``curve``; a disk without a curve puts the heat
+    back in charge."""
+    import numpy as np
+
+    from vmdisktouch.core.shares import Demand
+    a = data_image(tmp_path / "a.img", 64 * MiB)
+    b = data_image(tmp_path / "b.img", 64 * MiB)
+    h = host([a, b], "20M")
+
+    def zone(s):
+        return np.where(np.asarray(s) >= 16 * MiB, 0.9, np.asarray(s) / (16 * MiB) * 0.9)
+    rates = {a: 10_000.0, b: 1000.0}
+    for w in h.watchers:
+        monkeypatch.setattr(w, "demand", lambda weight=1.0, p=w.image.path:
+                            Demand(zone, rates[p], 1.0, weight))
+    with held(a, [(8 * MiB, 16 * MiB)]), held(b, [(32 * MiB, 16 * MiB)]):
+        for _ in range(3):
+            tick(h)
+            assert h.held_bytes() <= 20 * MiB
+        assert (held_of(h, a), held_of(h, b)) == (16 * MiB, 4 * MiB)
+        st = h.report(1.0, 0)
+        assert [d.limited_by for d in st.disks] == [None, "curve"]
+        assert "memory saves more reads elsewhere" in st.disks[1].not_held_reason
+        monkeypatch.setattr(h.watchers[1], "demand", lambda weight=1.0: None)
+        for _ in range(3):
+            tick(h)
+        assert held_of(h, a) + held_of(h, b) == 20 * MiB and held_of(h, b) >= 6 * MiB

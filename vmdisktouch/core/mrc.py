@@ -128,6 +128,7 @@ class MissRatioCurve:
         self.half_life = float(half_life)
         self.hist = np.zeros(NBINS)          # weight (reads) per distance bin
         self.reads = 0.0                     # all reads fed, decayed like the histogram
+        self.age = 0.0                       # seconds ``decay`` has aged it by
         self._last: dict[int, int] = {}      # sampled page -> time of its last read
         self._heap: list[tuple[int, int]] = []   # (-hash, page) of the sample
         cap = 4 * (max_pages or 1 << 16)
@@ -218,8 +219,21 @@ class MissRatioCurve:
             self._tree.add(t, 1)
         self._now = len(order)
 
+    @property
+    def reads_per_second(self) -> float | None:
+        """The read rate the decayed total stands for: the total over the window it
+        weighs (a half-life over ln 2 once it is old; less while it is young); None
+        before it has aged."""
+        if self.age <= 0:
+            return None
+        if self.half_life <= 0:
+            return self.reads / self.age
+        window = self.half_life / np.log(2) * (1 - 0.5 ** (self.age / self.half_life))
+        return self.reads / window
+
     def decay(self, seconds: float) -> None:
         """Age the histogram by ``seconds``: what was read a half-life ago weighs half."""
+        self.age += max(0.0, seconds)
         if seconds > 0 and self.half_life > 0:
             f = 0.5 ** (seconds / self.half_life)
             self.hist *= f

@@ -53,6 +53,7 @@ from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import format_size
 from vmdisktouch.report import DiskReport
+from vmdisktouch.core.shares import Demand
 from vmdisktouch.system.hold.spill import SpillResult
 
 log = logging.getLogger("vmdisktouch")
@@ -127,6 +128,16 @@ class DiskWatcher:
         return released
 
     # -- the cycle --------------------------------------------------------
+
+    def demand(self, weight: float = 1.0):
+        """What memory buys this disk, from its curve (``core.shares.Demand``); None
+        without one (the mincore source) or before it has seen reads."""
+        mrc = getattr(self.source, "mrc", None)
+        rate = mrc.reads_per_second if mrc is not None else None
+        if not rate:
+            return None
+        page = self.source.page_size
+        return Demand(lambda b: mrc.curve(np.asarray(b) / page), rate, 1.0, weight)
 
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None

@@ -13,7 +13,10 @@ cycle ``Host.tick``:
 2. selects over all of them at once (``policy.select``): the regions
    of every disk in one priority queue, taken until the host's budget is
    full, so memory goes where the heat is, whichever disk it is on, each
-   disk within its own cap (its ``max_hold``) when it has one;
+   disk within its own cap (its ``max_hold``) when it has one. When every
+   disk has a miss-ratio curve with reads in it (the trace source), each
+   disk's cap is first its share of the budget by what memory saves it
+   (``core.shares``): the curves decide how much, the heat which blocks;
 3. hands each disk its share (``DiskWatcher.act``), the disks that hold
    less than before first, so that their releases come before the others'
    loads and the sum held never exceeds the budget, even within a cycle.
@@ -47,6 +50,7 @@ import numpy as np
 from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.core import regions
 from vmdisktouch.core.policy import select
+from vmdisktouch.core.shares import split
 from vmdisktouch.daemon.alerts import HostAlerts
 from vmdisktouch.daemon.reasons import Allotment, disk_name
 from vmdisktouch.daemon.record import Recorder
@@ -95,6 +99,8 @@ class Host:
         self.cycle = 0
         self.cycle_seconds = 0.0      # the last tick, every disk's turn and the selection
         self.alerts = HostAlerts()
+        self._split: tuple | None = None      # (disks and budget, their shares): hysteresis
+        self.by_curve: set[int] = set()       # id(w) of the disks capped by the curves now
 
     @property
     def budget(self) -> int:
@@ -120,6 +126,7 @@ class Host:
             if m is not None:
                 maps.append((w, self._weighed(w.image.path, m)))
         budget_blocks = self.budget // self.block_size
+        maps = self._by_curves(maps, budget_blocks)
         alloc, spilled = select([m for _, m in maps], budget_blocks,
                                 self.spill_factor, [w.spilled for w, _ in maps])
         targets = {id(w): runs for (w, _), runs in zip(maps, alloc.runs)}
@@ -148,6 +155,29 @@ class Host:
         self.cycle_seconds = time.perf_counter() - started
         return [r for _, r in acted]
 
+    def _by_curves(self, maps: list, budget_blocks: int) -> list:
+        """Each disk's cap cut to its share by the curves (``core.shares``) plus what no
+        curve gains from, when there are several disks and every one has a curve with
+        reads; else the maps as they are (the heat alone decides)."""
+        demands = [w.demand(self.weights.get(w.image.path, 1.0)) for w, _ in maps]
+        self.by_curve = set()
+        if len(maps) < 2 or any(d is None for d in demands):
+            self._split = None
+            return maps
+        bs = self.block_size
+        key = (tuple(w.image.path for w, _ in maps), budget_blocks)
+        last = self._split[1] if self._split is not None and self._split[0] == key else None
+        shares, left = split(demands, budget_blocks * bs, last, unit=bs)
+        self._split = (key, shares)
+        out = []
+        for (w, m), share in zip(maps, shares):
+            cap = (share + left) // bs
+            if m.cap_blocks is None or cap < m.cap_blocks:
+                self.by_curve.add(id(w))
+                m = replace(m, cap_blocks=cap)
+            out.append((w, m))
+        return out
+
     def _weighed(self, path: str, m: regions.DiskMap) -> regions.DiskMap:
         """This disk's map with its cap and weight (``overrides``), if it has them."""
         return weighed(m, self._cap_blocks(path), self.weights.get(path, 1.0))
@@ -174,6 +204,8 @@ class Host:
             limit = alloc.limit[d]
             if limit == "budget" and self.weights.get(w.image.path, 1.0) < 1.0:
                 limit = "weight"
+            if limit == "cap" and id(w) in self.by_curve:
+                limit = "curve"
             w.allotment = Allotment(alloc.share[d] * bs, alloc.wanted[d] * bs, limit,
                                     None if top is None else disk_name(named[top]),
                                     self.budget, self.caps.get(w.image.path),

@@ -16,6 +16,8 @@ code               when
 ``budget``         the budget went to hotter regions (naming the disk given the most)
 ``cap``            its own cap (``[domain.x] cap``) is full
 ``weight``         the budget went elsewhere and its weight is below 1
+``curve``          its share by the curves (``core.shares``) is full: memory saves more
+                   reads elsewhere
 ``floor``          MemAvailable is at the free-memory floor (``min_free``)
 ``cgroup``         blocks its guest's memory cgroup keeps re-reading are left to it
 ``lock_limit``     the kernel refused to lock more (RLIMIT_MEMLOCK)
@@ -42,7 +44,7 @@ class Allotment:
     """What the last selection gave one disk (``budget.Allocation``), in bytes."""
     share: int                   # given, plus the free budget it could still take
     wanted: int                  # its candidate regions: all it would hold
-    limit: str | None            # "budget", "cap" or "weight" when it got less; else None
+    limit: str | None            # "budget", "cap", "weight" or "curve" when it got less
     top: str | None              # limited by the budget: the disk given the most
     budget: int                  # the host's whole budget
     cap: int | None = None       # its own cap (overrides), if any
@@ -106,6 +108,9 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
     if a is not None and a.limit == "weight" and r.held_bytes < a.wanted:
         return "weight", (f"the host budget went to hotter disks (weight {a.weight:g}"
                           + (f"; most to {a.top})" if a.top else ")"))
+    if a is not None and a.limit == "curve" and r.held_bytes < a.wanted:
+        return "curve", ("its share of the host budget by the curves is full: memory saves "
+                         "more reads elsewhere" + (f" (most to {a.top})" if a.top else ""))
     if a is not None and a.limit == "budget" and r.held_bytes < a.wanted:
         if a.top:
             return "budget", f"the host budget went to hotter disks (most to {a.top})"

@@ -104,7 +104,8 @@ PALETTE = [(230, 159, 0), (0, 114, 178), (204, 121, 167), (255, 170, 187),
            (238, 102, 119), (170, 51, 119)]
 REASONS = {"domain_off": "domain off", "no_evidence": "no reads yet",
            "below_threshold": "the threshold", "budget": "budget", "cap": "its cap",
-           "weight": "its weight", "floor": "the memory floor", "cgroup": "its cgroup",
+           "weight": "its weight", "curve": "its curve share", "floor": "the memory floor",
+           "cgroup": "its cgroup",
            "lock_limit": "the lock limit", "not_loaded": "a load error"}
 # the hatch of the 1st, 2nd, ... other disk of a shared colour: True = a dark pixel
 PATTERNS = (lambda x, y: (x + y) % 4 == 0, lambda x, y: (x - y) % 4 == 0,

@@ -1,0 +1,91 @@
+"""How much of the host budget each disk gets: by what memory buys it, read from its curve.
+
+Theory of operation
+-------------------
+Each disk ``d`` has its miss-ratio curve ``h_d(S)`` (``core.mrc``: the share
+of its reads an LRU cache of S bytes serves), the pages its guest reads a
+second ``r_d``, the time a miss costs ``c_d`` (1 where it is not measured)
+and its weight ``w_d`` (the config file's). S bytes held on ``d`` save
+about ``h_d(S) r_d c_d w_d`` of read time a second, and the split of the
+budget maximises the sum. The budget is cut in ``SLICES`` slices, and each
+next slice goes to the disk where it saves the most, looking ahead past a
+flat stretch (UCP's lookahead, Qureshi and Patt, MICRO 2006): a disk offers
+its best average saving per slice over any number of next slices, so a zone
+that pays only once it is whole (a curve that jumps at 600 MiB) is seen.
+The slices no disk gains from are left to the heat, for every disk.
+
+Equal disks offer the same, and ties go to the disk given less: they end
+within a slice of each other. The split of the last cycle stays unless the
+new one saves more than ``KEEP_GAIN`` more under the current curves: curves
+move a little every cycle, and each moved slice is memory unlocked on one
+disk and loaded on another (docs/benchmarks/busy-cost.md: three equal disks
+traded hundreds of MiB a cycle).
+
+The curve decides *how much* a disk holds; its heat map still decides
+*which* blocks (``regions``): the split is each disk's cap in the one
+selection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+SLICES = 64          # the budget's slices
+KEEP_GAIN = 0.05     # a new split must save this much more than the last one to replace it
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one disk's curve says memory buys it."""
+    hit_ratio: Callable[[np.ndarray], np.ndarray]   # bytes -> the curve's hit ratio
+    pages_per_second: float
+    miss_cost: float = 1.0
+    weight: float = 1.0
+
+
+def savings(d: Demand, sizes: np.ndarray) -> np.ndarray:
+    """Read time saved a second with each of ``sizes`` bytes held."""
+    return np.asarray(d.hit_ratio(np.asarray(sizes, dtype=float))) * \
+        (d.pages_per_second * d.miss_cost * d.weight)
+
+
+def split(demands: list[Demand], budget: int, last: list[int] | None = None,
+          unit: int = 1) -> tuple[list[int], int]:
+    """Bytes of ``budget`` for each disk, and the bytes no curve gains from (left to the
+    heat). Slices are whole ``unit``s (blocks), at least one. ``last``: the last cycle's
+    split of the same disks, kept unless the new one saves ``KEEP_GAIN`` more."""
+    n = len(demands)
+    if n == 0 or budget < unit:
+        return [0] * n, max(0, int(budget))
+    piece = max(unit, budget // SLICES // unit * unit)
+    slices = budget // piece
+    grid = np.arange(slices + 1) * piece
+    gain = [savings(d, grid) for d in demands]
+    given = [0] * n
+    left = slices
+    while left > 0:
+        best = None                               # (saving per slice, -given, disk, slices)
+        for k in range(n):
+            ahead = gain[k][given[k] + 1:given[k] + left + 1] - gain[k][given[k]]
+            if ahead.size == 0:
+                continue
+            per = ahead / np.arange(1, ahead.size + 1)
+            j = int(np.argmax(per))
+            offer = (float(per[j]), -given[k], -k, j + 1)
+            if best is None or offer > best:
+                best = offer
+        if best is None or best[0] <= 0:
+            break
+        k, j = -best[2], best[3]
+        given[k] += j
+        left -= j
+    shares = [g * piece for g in given]
+    if last is not None and len(last) == n and sum(last) <= budget:
+        def total(split_bytes):
+            return sum(float(savings(d, [s])[0]) for d, s in zip(demands, split_bytes))
+        if total(shares) <= total(last) * (1 + KEEP_GAIN):
+            return list(last), budget - sum(last)
+    return shares, budget - sum(shares)
