@@ -47,6 +47,7 @@ PAGE_TITLES = {
     "libvirt-stall": "libvirt never blocks the loop",
     "side-by-side": "Side by side with the commit before: several benchmarks, one change",
     "busy-cost": "A busy disk: the daemon's CPU per event rate",
+    "curve-accuracy": "The miss-ratio curve against the kernel",
 }
 # sections whose page is not the longest page name they start with
 SECTION_PAGES = {"cold-start": "hotzone", "budget-per-byte": "hotzone",

@@ -23,6 +23,7 @@ import numpy as np
 
 from vmdisktouch.core.policy import Observation, Plan, Policy, PolicyParams, select
 from vmdisktouch.core.runs import runs_to_mask
+from vmdisktouch.core.shares import Demand, Splitter, grid
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.daemon.host import weighed
 
@@ -128,12 +129,23 @@ class _Disk:
         return self.policy
 
 
+def demand(d: dict, budget: int, block_size: int) -> Demand | None:
+    """A disk record's ``demand`` (its curve at the split's sizes) as the host had it."""
+    rec = d.get("demand")
+    if rec is None:
+        return None
+    sizes, hit = grid(budget, block_size), np.asarray(rec["hit"], dtype=float)
+    return Demand(lambda s: np.interp(s, sizes, hit), rec["pages_per_second"],
+                  rec["miss_cost"], d.get("weight", 1.0))
+
+
 def replay_host(cycles: list[dict], strict: bool = True):
     """Yield (cycle number, host cycle, [(disk record, plan, policy)], allocation) for every
     recorded cycle: each disk's plan made through ONE selection over every disk's map, with
     the recorded budget; the allocation's lists are indexed like the disks with a map. A
     disk not in a cycle is no longer served: it starts again from a fresh ``Policy``."""
     disks: dict = {}
+    splitter = Splitter()
     for i, line in enumerate(cycles):
         h = host_cycle(line)
         disks = {_key(d, k): disks.get(_key(d, k)) or _Disk(d)
@@ -148,6 +160,12 @@ def replay_host(cycles: list[dict], strict: bool = True):
             policies.append(policy)
             if m is not None:
                 maps.append((k, weighed(m, d.get("cap_blocks"), d.get("weight", 1.0))))
+        bs = h["disks"][maps[0][0]]["settings"]["block_size"] if maps else 1
+        capped, _ = splitter.caps([_key(h["disks"][k], k) for k, _ in maps],
+                                  [m for _, m in maps],
+                                  [demand(h["disks"][k], h["budget_blocks"] * bs, bs)
+                                   for k, _ in maps], h["budget_blocks"], bs)
+        maps = [(k, m) for (k, _), m in zip(maps, capped)]
         alloc, _ = select([m for _, m in maps], h["budget_blocks"], 0.0, [[] for _ in maps])
         runs = {k: r for (k, _), r in zip(maps, alloc.runs)}
         plans = [p.finish(runs.get(k, [])) for k, p in enumerate(policies)]

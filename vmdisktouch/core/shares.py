@@ -28,7 +28,7 @@ selection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -46,6 +46,16 @@ class Demand:
     weight: float = 1.0
 
 
+def grid(budget: int, unit: int = 1) -> np.ndarray:
+    """The sizes a split looks at: 0, one slice, two ... up to the budget (whole ``unit``s
+    each, at least one; ``SLICES`` of them at most). A curve is needed at these only
+    (what the recorder writes)."""
+    if budget < unit:
+        return np.zeros(1)
+    piece = max(unit, budget // SLICES // unit * unit)
+    return np.arange(budget // piece + 1) * float(piece)
+
+
 def savings(d: Demand, sizes: np.ndarray) -> np.ndarray:
     """Read time saved a second with each of ``sizes`` bytes held."""
     return np.asarray(d.hit_ratio(np.asarray(sizes, dtype=float))) * \
@@ -58,12 +68,11 @@ def split(demands: list[Demand], budget: int, last: list[int] | None = None,
     heat). Slices are whole ``unit``s (blocks), at least one. ``last``: the last cycle's
     split of the same disks, kept unless the new one saves ``KEEP_GAIN`` more."""
     n = len(demands)
-    if n == 0 or budget < unit:
+    sizes = grid(budget, unit)
+    if n == 0 or sizes.size == 1:
         return [0] * n, max(0, int(budget))
-    piece = max(unit, budget // SLICES // unit * unit)
-    slices = budget // piece
-    grid = np.arange(slices + 1) * piece
-    gain = [savings(d, grid) for d in demands]
+    piece, slices = int(sizes[1]), sizes.size - 1
+    gain = [savings(d, sizes) for d in demands]
     given = [0] * n
     left = slices
     while left > 0:
@@ -89,3 +98,31 @@ def split(demands: list[Demand], budget: int, last: list[int] | None = None,
         if total(shares) <= total(last) * (1 + KEEP_GAIN):
             return list(last), budget - sum(last)
     return shares, budget - sum(shares)
+
+
+class Splitter:
+    """The split cycle after cycle, as the host and the replay of its record make it: the
+    caps of the selection's maps, and the last split kept for ``split``'s hysteresis."""
+
+    def __init__(self):
+        self._last: tuple | None = None       # (the disks and the budget, their shares)
+
+    def caps(self, keys: list, maps: list, demands: list, budget_blocks: int,
+             block_size: int) -> tuple[list, list[bool]]:
+        """``maps`` (``regions.DiskMap``) with each cap cut to its share plus what no curve
+        gains from, and which of them the cut limits, when there are several disks and
+        every one has a ``Demand``; else ``maps`` as they are (the heat alone decides).
+        ``keys`` name the disks (the hysteresis holds while they and the budget stay)."""
+        if len(maps) < 2 or any(d is None for d in demands):
+            self._last = None
+            return maps, [False] * len(maps)
+        key = (tuple(keys), budget_blocks)
+        last = self._last[1] if self._last is not None and self._last[0] == key else None
+        shares, left = split(demands, budget_blocks * block_size, last, unit=block_size)
+        self._last = (key, shares)
+        out, cut = [], []
+        for m, share in zip(maps, shares):
+            cap = (share + left) // block_size
+            cut.append(m.cap_blocks is None or cap < m.cap_blocks)
+            out.append(replace(m, cap_blocks=cap) if cut[-1] else m)
+        return out, cut

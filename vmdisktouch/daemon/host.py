@@ -50,7 +50,7 @@ import numpy as np
 from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.core import regions
 from vmdisktouch.core.policy import select
-from vmdisktouch.core.shares import split
+from vmdisktouch.core.shares import Splitter
 from vmdisktouch.daemon.alerts import HostAlerts
 from vmdisktouch.daemon.reasons import Allotment, disk_name
 from vmdisktouch.daemon.record import Recorder
@@ -99,8 +99,9 @@ class Host:
         self.cycle = 0
         self.cycle_seconds = 0.0      # the last tick, every disk's turn and the selection
         self.alerts = HostAlerts()
-        self._split: tuple | None = None      # (disks and budget, their shares): hysteresis
+        self.splitter = Splitter()            # the budget split by the curves
         self.by_curve: set[int] = set()       # id(w) of the disks capped by the curves now
+        self.demands: dict = {}               # path -> its ``Demand`` this cycle (or None)
 
     @property
     def budget(self) -> int:
@@ -156,27 +157,13 @@ class Host:
         return [r for _, r in acted]
 
     def _by_curves(self, maps: list, budget_blocks: int) -> list:
-        """Each disk's cap cut to its share by the curves (``core.shares``) plus what no
-        curve gains from, when there are several disks and every one has a curve with
-        reads; else the maps as they are (the heat alone decides)."""
+        """Each disk's cap cut to its share by the curves (``core.shares.Splitter``)."""
         demands = [w.demand(self.weights.get(w.image.path, 1.0)) for w, _ in maps]
-        self.by_curve = set()
-        if len(maps) < 2 or any(d is None for d in demands):
-            self._split = None
-            return maps
-        bs = self.block_size
-        key = (tuple(w.image.path for w, _ in maps), budget_blocks)
-        last = self._split[1] if self._split is not None and self._split[0] == key else None
-        shares, left = split(demands, budget_blocks * bs, last, unit=bs)
-        self._split = (key, shares)
-        out = []
-        for (w, m), share in zip(maps, shares):
-            cap = (share + left) // bs
-            if m.cap_blocks is None or cap < m.cap_blocks:
-                self.by_curve.add(id(w))
-                m = replace(m, cap_blocks=cap)
-            out.append((w, m))
-        return out
+        self.demands = {w.image.path: d for (w, _), d in zip(maps, demands)}
+        out, cut = self.splitter.caps([w.image.path for w, _ in maps], [m for _, m in maps],
+                                      demands, budget_blocks, self.block_size)
+        self.by_curve = {id(w) for (w, _), c in zip(maps, cut) if c}
+        return [(w, m) for (w, _), m in zip(maps, out)]
 
     def _weighed(self, path: str, m: regions.DiskMap) -> regions.DiskMap:
         """This disk's map with its cap and weight (``overrides``), if it has them."""
@@ -192,7 +179,8 @@ class Host:
                                    alloc.limit[d]) for d, (w, _) in enumerate(maps)}
         self.recorder.write(self.cycle, budget_blocks,
                             [(w.image.path, self._cap_blocks(w.image.path),
-                              self.weights.get(w.image.path, 1.0)) for w in ready], selected)
+                              self.weights.get(w.image.path, 1.0)) for w in ready], selected,
+                            self.demands, budget_blocks * self.block_size, self.block_size)
 
     def _allot(self, ready: list, maps: list, alloc) -> None:
         """Tell each disk its share of the budget and what limited it (``Allotment``)."""

@@ -12,7 +12,8 @@ A cycle's line holds the host's cycle number, its budget in blocks
 host's order, and ``selection``: what the shared selection gave each of
 them (null for a disk that had no map: holding off), indexed like
 ``disks``. A disk's record holds its path, its cap (blocks, or null) and
-ranking weight, what its policy observed (time, residency, held runs,
+ranking weight, its curve at the sizes the budget's split looks at, with
+its read rate and miss cost (``demand``: null without a curve), what its policy observed (time, residency, held runs,
 rewrites, allocation, the hole probes and their answers), what it decided
 (targets, the heat map's sum, the red blocks) and what its holder did (held
 runs after it acted, holes met, blocks ceded).
@@ -30,6 +31,7 @@ import os
 import numpy as np
 
 from vmdisktouch.core.regions import mask_runs
+from vmdisktouch.core.shares import grid
 
 ENV = "VMDISKTOUCH_RECORD"
 
@@ -101,16 +103,26 @@ class Recorder:
                         reconcile=obs.reconcile)
         self.disks[disk] = line
 
-    def write(self, cycle: int, budget_blocks: int, disks: list, selected: dict) -> None:
+    def write(self, cycle: int, budget_blocks: int, disks: list, selected: dict,
+              demands: dict | None = None, budget: int = 0, block_size: int = 1) -> None:
         """The host's cycle ``cycle``: ``disks``, (path, cap blocks or None, weight) in the
         host's order (those that did not act are left out); ``selected``: path -> (runs,
-        share, wanted, limit) of the shared selection, for the disks that had a map."""
+        share, wanted, limit) of the shared selection, for the disks that had a map;
+        ``demands``: path -> its ``shares.Demand`` (or None), written as its curve at the
+        sizes the split looks at (``shares.grid``), its rate and its miss cost."""
         records, selection = [], []
+        sizes = grid(budget, block_size)
         for path, cap, weight in disks:
             rec = self.disks.pop(path, None)
             if rec is None:
                 continue
+            d = (demands or {}).get(path)
+            demand = None if d is None else dict(
+                hit=[float(x) for x in d.hit_ratio(sizes)],      # exact: the split's ties
+                pages_per_second=float(d.pages_per_second),
+                miss_cost=float(d.miss_cost))
             records.append({"path": path, "cap_blocks": cap, "weight": float(weight),
+                            "demand": demand,
                             **{k: v for k, v in rec.items() if k != "path"}})
             s = selected.get(path)
             selection.append(None if s is None else dict(
