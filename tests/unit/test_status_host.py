@@ -253,18 +253,20 @@ def test_no_default_directory_is_nothing_running(tmp_path, capsys, monkeypatch):
 def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path, capsys):
     """The gain of the trace source's disks (their ``gain``): the share of reads from
     memory, on held blocks, the next GiB from the curve; the host line names the disk
-    whose next GiB adds the most reads a second. A mincore disk (``gain`` null) says
-    nothing of it."""
+    whose next GiB adds the most reads a second. A mincore disk (``gain`` null), or one
+    whose curve has no read yet, says nothing of it."""
     def gain(hit, held, ratio, more, wants):
         return {"pages_read_per_second": 5000.0, "cache_hit_ratio": hit,
                 "held_read_share": held, "held_reads_per_second": 900.0,
                 "next_gib": {"bytes": 1024 * MiB, "hit_ratio": ratio,
                              "more_reads_per_second": more}, "wants_bytes": wants}
     curve = [[MiB, 0.1], [64 * MiB, 0.9]]
-    a = {**A, "curve": curve, "gain": gain(0.84, 0.31, 0.91, 2300.0, 400 * MiB)}
-    b = {**B, "curve": curve, "gain": gain(None, None, 0.5, 12.0, 0)}
+    read = {"reads": 12345}
+    a = {**A, "curve": curve, "mrc": read, "gain": gain(0.84, 0.31, 0.91, 2300.0, 400 * MiB)}
+    b = {**B, "curve": curve, "mrc": read, "gain": gain(None, None, 0.5, 12.0, 0)}
     c = disk("/img/c.img", access_source="mincore", curve=None, gain=None)
-    write(tmp_path, "host.json", host([a, b, c]))
+    unread = disk("/img/d.img", curve=curve, mrc={"reads": 0}, gain=gain(None, None, 0, 0, 0))
+    write(tmp_path, "host.json", host([a, b, c, unread]))
     rc, out, _ = status(capsys, tmp_path)
     lines = out.splitlines()
     assert lines[0].endswith(", the next GiB would do most for vm1/vda (/img/a.img) "
@@ -274,3 +276,4 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
                         "its curve wants 400M")
     assert lines[2].endswith("; +1G -> 50 % of reads, +12 reads/s, its curve wants 0")
     assert lines[3] == "  /img/c.img: held 0/8M in 0 regions (no evidence of use yet)"
+    assert lines[4] == "  /img/d.img: held 0/8M in 0 regions (no evidence of use yet)"

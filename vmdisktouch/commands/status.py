@@ -263,9 +263,9 @@ def _pct(v) -> str:
 
 def gain_part(d: DiskReport | None) -> str:
     """What memory served the disk's reads in its last cycle, and what its next GiB would
-    (its curve: trace source only); "" without."""
+    (its curve: trace source only); "" without, or before its curve has a read."""
     g = d.gain if d is not None and isinstance(d.gain, dict) else None
-    if not g:
+    if not g or not (d.mrc or {}).get("reads"):      # no curve, or no read in it yet
         return ""
     parts = []
     if g.get("cache_hit_ratio") is not None:
