@@ -17,8 +17,9 @@ def rep(held=0, skipped=0, avail=8 << 30):
                        skipped_bytes=skipped, size_bytes=1 << 30)
 
 
-def allot(wanted=32 * MiB, share=32 * MiB, limit=None, top=None, cap=None, weight=1.0):
-    return Allotment(share, wanted, limit, top, 64 * MiB, cap, weight)
+def allot(wanted=32 * MiB, share=32 * MiB, limit=None, top=None, cap=None, weight=1.0,
+          curve_wants=None):
+    return Allotment(share, wanted, limit, top, 64 * MiB, cap, weight, curve_wants)
 
 
 def facts(a=None, holding=True, heat=1.0, refused=None, ceded=0):
@@ -38,6 +39,11 @@ def facts(a=None, holding=True, heat=1.0, refused=None, ceded=0):
      "its cap (8M) is full"),
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="weight", top="vm2/vda",
                                     weight=0.5)), "weight", "weight 0.5; most to vm2/vda"),
+    (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="curve", top="vm2/vda")), "curve",
+     "memory saves more reads elsewhere (most to vm2/vda)"),
+    (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="curve", top="vm2/vda",
+                                    curve_wants=6 * MiB)), "curve",
+     "its curve says more would not pay (it wants 6M)"),
     (rep(held=8 * MiB, skipped=MiB, avail=900 * MiB), facts(), "floor",
      "free-memory floor (min_free 1G)"),
     (rep(held=8 * MiB), facts(ceded=4 * MiB), "cgroup", "4M its memory cgroup keeps"),
