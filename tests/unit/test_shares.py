@@ -63,3 +63,26 @@ def test_the_last_split_stays_unless_the_new_one_saves_enough_more():
     skewed = [2 * GiB - 64 * MiB, 64 * MiB]
     assert split(d, 2 * GiB, last=skewed)[0] == fresh               # far worse: replaced
     assert KEEP_GAIN < 0.1
+
+
+def test_what_no_curve_gains_from_is_split_by_read_rate_within_what_each_heat_wants():
+    from vmdisktouch.core.shares import fill
+    assert fill(90, [1.0, 1.0, 1.0], [100, 100, 100]) == [30, 30, 30]
+    assert fill(90, [2.0, 1.0, 0.0], [100, 100, 100]) == [60, 30, 0]
+    assert fill(90, [1.0, 1.0, 1.0], [10, 100, 100]) == [10, 40, 40]     # one full
+    assert fill(90, [1.0, 1.0], [10, 20]) == [10, 20]                     # all full
+    assert sum(fill(7, [1.0, 1.0, 1.0], [9, 9, 9])) == 7
+
+
+def test_equal_disks_with_flat_curves_get_equal_fixed_caps():
+    """Three equal disks whose curves stop gaining at 256 MiB (no reuse seen past it yet),
+    3 GiB: each 1 GiB, the same every cycle (no room left for the heat to trade)."""
+    from vmdisktouch.core.regions import DiskMap
+    from vmdisktouch.core.shares import Splitter
+    bs, n = MiB, 2048
+    maps = [DiskMap(np.ones(n, np.float32), 0.05, candidates=np.ones(n, bool))] * 3
+    d = [Demand(lambda s: np.minimum(np.asarray(s), 256 * MiB) / (256 * MiB) * 0.2, 4000.0)] * 3
+    sp = Splitter()
+    for _ in range(3):
+        out, cut = sp.caps(["a", "b", "c"], maps, d, 3 * 1024, bs)
+        assert [m.cap_blocks for m in out] == [1024, 1024, 1024] and all(cut)

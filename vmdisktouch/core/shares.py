@@ -12,7 +12,12 @@ next slice goes to the disk where it saves the most, looking ahead past a
 flat stretch (UCP's lookahead, Qureshi and Patt, MICRO 2006): a disk offers
 its best average saving per slice over any number of next slices, so a zone
 that pays only once it is whole (a curve that jumps at 600 MiB) is seen.
-The slices no disk gains from are left to the heat, for every disk.
+The slices no disk gains from (a curve flat past its zone: reuse not seen
+yet) are split too, not left for every disk to take by heat: by read rate,
+each disk's part no more than its heat wants (its candidate blocks), what
+one cannot use going to the others. Left to every disk, equal disks took
+and gave back hundreds of MiB a cycle at the edge of the budget
+(docs/benchmarks/side-by-side.md#issue-43).
 
 Equal disks offer the same, and ties go to the disk given less: they end
 within a slice of each other. The split of the last cycle stays unless the
@@ -120,9 +125,35 @@ class Splitter:
         last = self._last[1] if self._last is not None and self._last[0] == key else None
         shares, left = split(demands, budget_blocks * block_size, last, unit=block_size)
         self._last = (key, shares)
+        given = [s // block_size for s in shares]
+        room = [max(0, (m.total_heat.size if m.candidates is None
+                        else int(np.count_nonzero(m.candidates))) - g)
+                for m, g in zip(maps, given)]
+        extra = fill(left // block_size, [d.pages_per_second * d.weight for d in demands], room)
         out, cut = [], []
-        for m, share in zip(maps, shares):
-            cap = (share + left) // block_size
+        for m, g, e in zip(maps, given, extra):
+            cap = g + e
             cut.append(m.cap_blocks is None or cap < m.cap_blocks)
             out.append(replace(m, cap_blocks=cap) if cut[-1] else m)
         return out, cut
+
+
+def fill(total: int, weights: list[float], room: list[int]) -> list[int]:
+    """``total`` units in proportion to ``weights``, each at most its ``room``; what one
+    cannot take goes to the others (water-filling). Equal weights: equal parts."""
+    out = [0] * len(weights)
+    left = int(total)
+    open_ = [k for k in range(len(weights)) if room[k] > 0]
+    while left > 0 and open_:
+        w = [max(weights[k], 0.0) for k in open_]
+        tw = sum(w) or float(len(open_))
+        parts = [int(left * (x if sum(w) else 1.0) / tw) for x in w]
+        parts[0] += left - sum(parts)                    # the rounding, to the first
+        for k, p in zip(open_, parts):
+            take = min(p, room[k] - out[k])
+            out[k] += take
+            left -= take
+        open_ = [k for k in open_ if out[k] < room[k]]
+        if all(p == 0 for p in parts):
+            break
+    return out
