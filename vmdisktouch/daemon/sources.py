@@ -149,9 +149,8 @@ class TraceSource:
         self.shift = ReadShift()
         self.nblocks = nblocks
         self.mrc = MissRatioCurve.for_image(nblocks * block_size // self.page_size)
-        self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the curve's last decay, last feed
+        self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the last cycle's end, last feed
         self._pages_read = 0                 # pages the guest read this cycle
-        self._mrc_cycle_ns = clock_ns()
         self.gain: dict | None = None        # what memory served in the last cycle
         self._count_reads()
         self.early_cycles = 0                # cycles asked for early by a read shift
@@ -233,8 +232,8 @@ class TraceSource:
         self.pump()
         missed = self._check()
         now = self.clock_ns()
-        self.mrc.decay((now - self._mrc_ns) / 1e9)
-        self._mrc_ns = now
+        cycle_seconds, self._mrc_ns = (now - self._mrc_ns) / 1e9, now
+        self.mrc.decay(cycle_seconds)
         acc = self.last_access = self.log.take(held.size, now_ns=now)
         self.events_lost += acc.lost
         self.lost_at = time.time() if acc.lost else self.lost_at
@@ -255,8 +254,7 @@ class TraceSource:
             # The daemon's own loads are not traced: a held block is all cached.
             self.residency.counts[held] = self.residency.pages_per_block
         kinds, self.kinds = self.kinds, np.zeros(4, dtype=np.int64)
-        self.gain = self._gain(acc, kinds, held, (now - self._mrc_cycle_ns) / 1e9)
-        self._mrc_cycle_ns = now
+        self.gain = self._gain(acc, kinds, held, cycle_seconds)
         self.last = {"reads": acc.read_events, "written_pages": int(acc.write_pages.size),
                      "refaulted_pages": acc.refault_pages, "lost": acc.lost,
                      "reconciled": bool(reconcile),
