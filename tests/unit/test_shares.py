@@ -86,3 +86,30 @@ def test_equal_disks_with_flat_curves_get_equal_fixed_caps():
     for _ in range(3):
         out, cut = sp.caps(["a", "b", "c"], maps, d, 3 * 1024, bs)
         assert [m.cap_blocks for m in out] == [1024, 1024, 1024] and all(cut)
+
+
+def test_the_fill_stays_while_read_rates_move_a_little_and_follows_a_real_change():
+    """Equal disks whose read rates move by a few percent each cycle keep the same caps
+    (each moved cap is a load and a release); a disk whose rate doubles gets more."""
+    from vmdisktouch.core.regions import DiskMap
+    from vmdisktouch.core.shares import FILL_BAND, Splitter
+    bs, n = MiB, 2048
+    maps = [DiskMap(np.ones(n, np.float32), 0.05, candidates=np.ones(n, bool))] * 3
+
+    def demands(rates):
+        return [Demand(lambda s: np.minimum(np.asarray(s), 256 * MiB) / (256 * MiB) * 0.2, r)
+                for r in rates]
+    sp = Splitter()
+    first = [m.cap_blocks for m in sp.caps(["a", "b", "c"], maps, demands([4000.0] * 3),
+                                           3 * 1024, bs)[0]]
+    for rates in ([4150.0, 3900.0, 4000.0], [3880.0, 4100.0, 4050.0]):
+        caps = [m.cap_blocks for m in sp.caps(["a", "b", "c"], maps, demands(rates),
+                                              3 * 1024, bs)[0]]
+        assert caps == first
+    moved = [m.cap_blocks for m in sp.caps(["a", "b", "c"], maps,
+                                           demands([8000.0, 4000.0, 4000.0]), 3 * 1024, bs)[0]]
+    assert moved[0] > first[0] * (1 + FILL_BAND) and moved[1] < first[1]
+    fresh = Splitter()                       # no memory: the rates' own proportions
+    assert [m.cap_blocks for m in fresh.caps(["a", "b", "c"], maps,
+                                             demands([4150.0, 3900.0, 4000.0]),
+                                             3 * 1024, bs)[0]] != first

@@ -24,7 +24,12 @@ within a slice of each other. The split of the last cycle stays unless the
 new one saves more than ``KEEP_GAIN`` more under the current curves: curves
 move a little every cycle, and each moved slice is memory unlocked on one
 disk and loaded on another (docs/benchmarks/busy-cost.md: three equal disks
-traded hundreds of MiB a cycle).
+traded hundreds of MiB a cycle). The split of what no curve gains from
+stays too while every disk's new part is within ``FILL_BAND`` of its last
+one: read rates move by a few percent a cycle, and a cap that moves by tens
+of MiB each cycle is a load and a release each cycle, and a held set never
+the same length as the pick, so the selection's Stay rule never applied
+(a window of a flat background moved by 500 MiB once in every few cycles).
 
 The curve decides *how much* a disk holds; its heat map still decides
 *which* blocks (``regions``): the split is each disk's cap in the one
@@ -40,6 +45,7 @@ import numpy as np
 
 SLICES = 64          # the budget's slices
 KEEP_GAIN = 0.05     # a new split must save this much more than the last one to replace it
+FILL_BAND = 0.125    # the last fill stays while every new part is within this share of it
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,7 @@ class Splitter:
 
     def __init__(self):
         self._last: tuple | None = None       # (the disks and the budget, their shares)
+        self._fill: tuple | None = None       # (the disks and the blocks filled, their parts)
 
     def caps(self, keys: list, maps: list, demands: list, budget_blocks: int,
              block_size: int) -> tuple[list, list[bool]]:
@@ -119,7 +126,7 @@ class Splitter:
         every one has a ``Demand``; else ``maps`` as they are (the heat alone decides).
         ``keys`` name the disks (the hysteresis holds while they and the budget stay)."""
         if len(maps) < 2 or any(d is None for d in demands):
-            self._last = None
+            self._last = self._fill = None
             return maps, [False] * len(maps)
         key = (tuple(keys), budget_blocks)
         last = self._last[1] if self._last is not None and self._last[0] == key else None
@@ -129,13 +136,26 @@ class Splitter:
         room = [max(0, (m.total_heat.size if m.candidates is None
                         else int(np.count_nonzero(m.candidates))) - g)
                 for m, g in zip(maps, given)]
-        extra = fill(left // block_size, [d.pages_per_second * d.weight for d in demands], room)
+        total = left // block_size
+        extra = fill(total, [d.pages_per_second * d.weight for d in demands], room)
+        fill_key = (key, total)
+        if self._fill is not None and self._fill[0] == fill_key and \
+                kept_fill(self._fill[1], extra, room):
+            extra = self._fill[1]
+        self._fill = (fill_key, extra)
         out, cut = [], []
         for m, g, e in zip(maps, given, extra):
             cap = g + e
             cut.append(m.cap_blocks is None or cap < m.cap_blocks)
             out.append(replace(m, cap_blocks=cap) if cut[-1] else m)
         return out, cut
+
+
+def kept_fill(last: list[int], new: list[int], room: list[int]) -> bool:
+    """The last fill still serves: each of its parts fits its disk's room and lies within
+    ``FILL_BAND`` of the new part (see the module's theory)."""
+    return all(o <= r and abs(n - o) <= FILL_BAND * max(n, 1)
+               for o, n, r in zip(last, new, room))
 
 
 def fill(total: int, weights: list[float], room: list[int]) -> list[int]:
