@@ -88,22 +88,44 @@ def test_a_chunk_with_a_few_holes_reads_only_the_pieces_around_them(image, monke
     assert cached(image.fd, 0, 16 * MiB, expect=16 * MiB // PAGE) == 16 * MiB // PAGE
 
 
-def test_blocks_known_cached_are_passed_without_a_look(image, monkeypatch):
-    """The trace source's residency says blocks 8-11 are cached (they are): their chunk
-    costs no cachestat; blocks 12-15 (cold) are looked at and read; both are reported
-    cached, in order, for the source to count."""
+def test_the_residency_given_says_what_to_read_without_a_look(image, monkeypatch):
+    """The source's residency says blocks 8-11 are cached (they are), block 13 half and
+    12, 14, 15 not: no cachestat at all; the chunk of 8-11 is passed, and of 12-15 only
+    what the residency says is missing is counted and read, by blocks (13's cached half
+    is read again by WILLNEED, which costs a lookup, not I/O); both reported cached."""
     import numpy as np
     read_range(image.path, 8 * MiB, 4 * MiB)
     sp = spiller(image)
-    looked = []
-    real = sp._cachestat.uncached_bytes
     monkeypatch.setattr(sp._cachestat, "uncached_bytes",
-                        lambda off, n: looked.append(off) or real(off, n))
-    known = np.zeros(64, bool)
-    known[8:12] = True
-    r = sp.warm([(8, 16)], min_free=0, known_cached=known)
-    assert looked == [12 * MiB] and r.read_bytes == 4 * MiB
+                        lambda off, n: pytest.fail(f"cachestat looked at {off}"))
+    resident = np.zeros(64, np.float32)
+    resident[8:12] = 1.0
+    resident[13] = 0.5
+    r = sp.warm([(8, 16)], min_free=0, resident=resident)
+    assert r.read_bytes == 3 * MiB + MiB // 2
     assert r.cached == ((8, 12), (12, 16))
+    assert cached(image.fd, 12 * MiB, 4 * MiB, expect=4 * MiB // PAGE) == 4 * MiB // PAGE
+    assert resident_pages(image.fd, 16 * MiB, 8 * MiB) == 0
+
+
+def test_the_last_partial_block_is_looked_up(tmp_path, monkeypatch):
+    """An image of 10.5 MiB: the residency counts its last block's missing tail as
+    uncached, so that block's chunk is looked up with cachestat, the others are not."""
+    import numpy as np
+    path = make_image(tmp_path / "odd.raw", 10 * MiB + MiB // 2, sparse=False)
+    evict(path)
+    img = open_image(path)
+    try:
+        sp = spiller(img)
+        looked = []
+        real = sp._cachestat.uncached_bytes
+        monkeypatch.setattr(sp._cachestat, "uncached_bytes",
+                            lambda off, n: looked.append(off) or real(off, n))
+        r = sp.warm([(0, 11)], min_free=0, resident=np.zeros(11, np.float32))
+        assert looked and all(off >= 8 * MiB for off in looked)
+        assert r.read_bytes == 10 * MiB + MiB // 2
+    finally:
+        img.close()
 
 
 def test_free_memory_floor_stops_the_spill(image):

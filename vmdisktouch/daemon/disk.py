@@ -168,7 +168,7 @@ class DiskWatcher:
         self.source.settled(acted.held)
         spilling = self.spiller is not None and spill_runs and obs.holding
         self.last_spill = (self.spiller.warm(spill_runs, self.config.min_free,
-                                             known_cached=obs.resident >= 1.0)
+                                             resident=obs.resident)
                            if spilling else SpillResult())
         self.source.cached(self.last_spill.cached)
         self.spilled = list(spill_runs) if spilling else []   # the next selection's incumbents

@@ -3,11 +3,13 @@
 Theory of operation
 -------------------
 ``warm`` gets the runs ``core.spill.beyond`` named, highest priority first,
-and walks them in chunks of ``CHUNK_BYTES`` (whole blocks). A chunk that
-``cachestat(2)`` finds all cached costs nothing more; the others are read
-with ``POSIX_FADV_WILLNEED`` over exactly their uncached bytes (``files.read_ahead``,
-as the holder reads before it locks; a chunk's cached halves skipped, halving
-down to 128 KiB), and never locked or mapped: the pages
+and walks them in chunks of ``CHUNK_BYTES`` (whole blocks). A chunk that the
+cycle's residency (the access source's, given by the caller) says is all
+cached costs nothing more; the others are read with ``POSIX_FADV_WILLNEED``
+over their blocks not wholly cached (``files.read_ahead``, as the holder
+reads before it locks). Without a residency, ``cachestat(2)`` looks (a
+chunk's cached halves skipped, halving down to 128 KiB). They are never
+locked or mapped: the pages
 go on the inactive file LRU, charged to the daemon's memory cgroup, and
 reclaim takes them first. A guest that reads them promotes them like its
 own cache. Holes of a sparse regular file are skipped (reading one would
@@ -50,7 +52,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from vmdisktouch.core.runs import Run
+from vmdisktouch.core.runs import Run, mask_edges
 from vmdisktouch.system import files, libc
 from vmdisktouch.system.hold.pacing import Pacer
 
@@ -90,12 +92,15 @@ class Spiller:
         self._resume: dict[int, int] = {}    # chunk -> the call it is looked at again
 
     def warm(self, runs: Iterable[Run], min_free: int,
-             known_cached: np.ndarray | None = None) -> SpillResult:
+             resident: np.ndarray | None = None) -> SpillResult:
         """Read what is not cached of ``runs`` (block runs, priority order), within the guards.
-        ``known_cached`` (per block, or None): blocks the caller knows to be wholly cached
-        (the trace source's residency, kept from every page the kernel adds and deletes); a
-        chunk of only such blocks is passed without a look (a ``cachestat`` of 32 MiB walks
-        its 8,192 pages: 0.6 ms, each cycle, for each chunk of every disk's spill)."""
+        ``resident`` (per block, the fraction cached, or None): the cycle's residency, as
+        the access source observed it (the trace source's is kept from every page the
+        kernel adds and deletes); a chunk's uncached bytes are read from it, not looked up
+        (a ``cachestat`` of 32 MiB walks its 8,192 pages: 0.6 ms, each cycle, for each
+        chunk of every disk's spill, a third of the spill's time with three busy disks),
+        and only its blocks not wholly cached are read. The chunk that holds the image's
+        last, partial block is looked up (the residency counts its missing tail)."""
         runs = list(runs)
         self._calls += 1
         data = self._data(runs)
@@ -118,11 +123,11 @@ class Spiller:
             if self._resume.get(c, 0) > self._calls:
                 skipped += length
                 continue
-            if known_cached is not None and end <= known_cached.size and \
-                    known_cached[pos:end].all():
-                done.append((pos, end))
-                continue
-            cold = self._cachestat.uncached_bytes(off, length)
+            frac = (resident[pos:end] if resident is not None and end <= resident.size
+                    and end * bs <= size else None)
+            cold = (self._cachestat.uncached_bytes(off, length) if frac is None
+                    else min(length, int(np.ceil(float((1.0 - frac).sum(dtype=np.float64))
+                                                 * bs))))
             if not cold:
                 done.append((pos, end))
                 continue
@@ -142,7 +147,10 @@ class Spiller:
             if not pace.wait():
                 return result("stopping")
             pace.start(cold)
-            self._read_cold(off, length, cold)
+            if frac is None:
+                self._read_cold(off, length, cold)
+            else:
+                self._read_blocks(pos, frac < 1.0)
             self._read.add(c)
             fresh.add(c)
             read += cold
@@ -166,6 +174,13 @@ class Spiller:
             for pos in [p for p in d if p not in keep]:
                 del d[pos]
         self._read &= keep
+
+    def _read_blocks(self, pos: int, cold: np.ndarray) -> None:
+        """``WILLNEED`` over each run of the ``cold`` blocks (a mask from block ``pos``)."""
+        bs = self.block_size
+        edges = mask_edges(cold)
+        for a, b in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+            files.read_ahead(self.image.fd, (pos + a) * bs, (b - a) * bs)
 
     def _read_cold(self, off: int, length: int, cold: int) -> None:
         """``WILLNEED`` over what is not cached of ``[off, off+length)`` (``cold`` bytes of
