@@ -72,6 +72,7 @@ class DiskReport:
     curve: list | None = None         # [[bytes, hit_ratio], ...] (``core.mrc``; None: mincore)
     mrc: dict = field(default_factory=dict)   # what the curve stands on, or why there is none
     gain: dict | None = None          # what memory served, what a GiB more would (trace)
+    miss_cost: dict | None = None     # what a read the cache misses costs (observe.miss_cost)
 
     @property
     def title(self) -> str:

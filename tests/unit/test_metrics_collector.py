@@ -262,9 +262,11 @@ def test_close_never_removes_a_protected_file(tmp_path):
 def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
     g = {"pages_read_per_second": 5000.0, "cache_hit_ratio": 0.84, "held_read_share": None,
          "held_reads_per_second": 900.0, "wants_bytes": 400 << 20,
-         "next_gib": {"bytes": 1 << 30, "hit_ratio": 0.91, "more_reads_per_second": 2300.0}}
+         "next_gib": {"bytes": 1 << 30, "hit_ratio": 0.91, "more_reads_per_second": 2300.0},
+         "read_seconds_saved_per_second": 0.11}
     c = Collector()
-    c.update(host([disk("/t", curve=[[1 << 20, 0.25], [1 << 30, 0.9]], gain=g),
+    c.update(host([disk("/t", curve=[[1 << 20, 0.25], [1 << 30, 0.9]], gain=g,
+                        miss_cost={"seconds": 0.000122, "probes": 64}),
                    disk("/m", access_source="mincore")]))
     samples = [s for f in c.collect() for s in f.samples]
     curve = {(s.labels["disk"], s.labels["size_bytes"]): s.value for s in samples
@@ -277,4 +279,6 @@ def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
     assert ("vmdisktouch_held_read_share", "/t") not in v          # null: no sample
     from vmdisktouch.adapters.metrics.metrics import CURVE_GAUGES
     gains = {f"vmdisktouch_{name}" for name, _, _ in CURVE_GAUGES}
-    assert len(gains) == 5 and not any(d == "/m" for (n, d) in v if n in gains)
+    assert v[("vmdisktouch_miss_cost_seconds", "/t")] == 0.000122
+    assert v[("vmdisktouch_read_seconds_saved_per_second", "/t")] == 0.11
+    assert len(gains) == 7 and not any(d == "/m" for (n, d) in v if n in gains)

@@ -262,7 +262,9 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
                              "more_reads_per_second": more}, "wants_bytes": wants}
     curve = [[MiB, 0.1], [64 * MiB, 0.9]]
     read = {"reads": 12345}
-    a = {**A, "curve": curve, "mrc": read, "gain": gain(0.84, 0.31, 0.91, 2300.0, 400 * MiB)}
+    a = {**A, "curve": curve, "mrc": read, "gain": {**gain(0.84, 0.31, 0.91, 2300.0, 400 * MiB),
+                                                    "read_seconds_saved_per_second": 0.11},
+         "miss_cost": {"seconds": 0.000122, "probes": 64}}
     b = {**B, "curve": curve, "mrc": read, "gain": gain(None, None, 0.5, 12.0, 0)}
     c = disk("/img/c.img", access_source="mincore", curve=None, gain=None)
     unread = disk("/img/d.img", curve=curve, mrc={"reads": 0}, gain=gain(None, None, 0, 0, 0))
@@ -272,8 +274,9 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
     assert lines[0].endswith(", the next GiB would do most for vm1/vda (/img/a.img) "
                              "(+2,300 reads/s)")
     assert lines[1] == ("  vm1/vda (/img/a.img): held 5M/5M in 1 region; reads 84 % from "
-                        "memory, 31 % on held blocks, +1G -> 91 % of reads, +2,300 reads/s, "
-                        "its curve wants 400M")
+                        "memory, 31 % on held blocks, a miss costs 122 µs, 0.11 s of reads "
+                        "saved a second, +1G -> 91 % of reads, +2,300 reads/s, its curve "
+                        "wants 400M")
     assert lines[2].endswith("; +1G -> 50 % of reads, +12 reads/s, its curve wants 0")
     assert lines[3] == "  /img/c.img: held 0/8M in 0 regions (no evidence of use yet)"
     assert lines[4] == "  /img/d.img: held 0/8M in 0 regions (no evidence of use yet)"

@@ -272,6 +272,11 @@ def gain_part(d: DiskReport | None) -> str:
         parts.append(f"reads {_pct(g['cache_hit_ratio'])} from memory")
     if g.get("held_read_share") is not None:
         parts.append(f"{_pct(g['held_read_share'])} on held blocks")
+    cost = d.miss_cost.get("seconds") if isinstance(d.miss_cost, dict) else None
+    if cost:
+        saved = g.get("read_seconds_saved_per_second")
+        parts.append(f"a miss costs {cost * 1e6:,.0f} µs" +
+                     (f", {saved:,.2f} s of reads saved a second" if saved else ""))
     nxt = g.get("next_gib") or {}
     if nxt and d.curve:
         parts.append(f"+1G -> {_pct(nxt['hit_ratio'])} of reads, "

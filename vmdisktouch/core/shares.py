@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 Each disk ``d`` has its miss-ratio curve ``h_d(S)`` (``core.mrc``: the share
 of its reads an LRU cache of S bytes serves), the pages its guest reads a
-second ``r_d``, the time a miss costs ``c_d`` (1 where it is not measured)
+second ``r_d``, the time a miss costs ``c_d`` (``observe.miss_cost``: timed
+reads past the cache; every disk's is 1 when one's is not measured)
 and its weight ``w_d`` (the config file's). S bytes held on ``d`` save
 about ``h_d(S) r_d c_d w_d`` of read time a second, and the split of the
 budget maximises the sum. The budget is cut in ``SLICES`` slices, and each
@@ -13,7 +14,8 @@ flat stretch (UCP's lookahead, Qureshi and Patt, MICRO 2006): a disk offers
 its best average saving per slice over any number of next slices, so a zone
 that pays only once it is whole (a curve that jumps at 600 MiB) is seen.
 The slices no disk gains from (a curve flat past its zone: reuse not seen
-yet) are split too, not left for every disk to take by heat: by read rate,
+yet) are split too, not left for every disk to take by heat: by the time
+its reads would save (read rate x miss cost),
 each disk's part no more than its heat wants (its candidate blocks), what
 one cannot use going to the others. Left to every disk, equal disks took
 and gave back hundreds of MiB a cycle at the edge of the budget
@@ -53,8 +55,17 @@ class Demand:
     """What one disk's curve says memory buys it."""
     hit_ratio: Callable[[np.ndarray], np.ndarray]   # bytes -> the curve's hit ratio
     pages_per_second: float
-    miss_cost: float = 1.0
+    miss_cost: float | None = 1.0     # seconds a miss waits; None: not measured
     weight: float = 1.0
+
+
+def comparable(demands: list[Demand]) -> list[Demand]:
+    """``demands`` with every miss cost 1 when one of them is not measured: a measured
+    cost (seconds) and a missing one have no common scale, and equal costs leave the
+    split to the curves and read rates alone."""
+    if all(d.miss_cost is not None for d in demands):
+        return demands
+    return [replace(d, miss_cost=1.0) for d in demands]
 
 
 def grid(budget: int, unit: int = 1) -> np.ndarray:
@@ -128,6 +139,7 @@ class Splitter:
         if len(maps) < 2 or any(d is None for d in demands):
             self._last = self._fill = None
             return maps, [False] * len(maps)
+        demands = comparable(demands)
         key = (tuple(keys), budget_blocks)
         last = self._last[1] if self._last is not None and self._last[0] == key else None
         shares, left = split(demands, budget_blocks * block_size, last, unit=block_size)
@@ -137,7 +149,8 @@ class Splitter:
                         else int(np.count_nonzero(m.candidates))) - g)
                 for m, g in zip(maps, given)]
         total = left // block_size
-        extra = fill(total, [d.pages_per_second * d.weight for d in demands], room)
+        extra = fill(total, [d.pages_per_second * d.miss_cost * d.weight for d in demands],
+                     room)
         fill_key = (key, total)
         if self._fill is not None and self._fill[0] == fill_key and \
                 kept_fill(self._fill[1], extra, room):

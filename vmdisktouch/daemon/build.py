@@ -26,6 +26,7 @@ from vmdisktouch.system.hold.holder import Holder
 from vmdisktouch.system.image import Image
 from vmdisktouch.system.observe.residency_tracker import ResidencyTracker
 from vmdisktouch.system.hold.spill import Spiller
+from vmdisktouch.system.observe.miss_cost import MissCost
 from vmdisktouch.daemon.disk import DiskWatcher
 
 log = logging.getLogger("vmdisktouch")
@@ -76,7 +77,8 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
         # Unreadable MemFree reads as 0: nothing is spilled.
         spiller=Spiller(image, bs, mem_free=meminfo.FailSafe(mem_free),
                         own_room=own_room(charges.reader), load_rate=config.load_rate,
-                        sleep=sleep))
+                        sleep=sleep),
+        miss_cost=MissCost(image.path, bs, regular=image.is_regular))
 
 
 def own_room(reader) -> Callable[[], int | None]:

@@ -64,7 +64,7 @@ class DiskWatcher:
 
     def __init__(self, image, config, *, policy: Policy, holder, source,
                  recharger: Recharger, emitter: Emitter, clock: Callable[[], float],
-                 mem_available: Callable[[], int], spiller=None):
+                 mem_available: Callable[[], int], spiller=None, miss_cost=None):
         self.image = image
         self.config = config
         self.block_size = config.block_size
@@ -77,6 +77,7 @@ class DiskWatcher:
         self.mem_available = mem_available
         self.recorder = None                     # the host's ``record.Recorder``, if any
         self.spiller = spiller                   # None: no spill (``system.hold.spill``)
+        self.miss_cost = miss_cost               # None: not measured (``observe.miss_cost``)
         self.last_spill = SpillResult()
         self.spilled: list = []                  # the runs spilled last cycle (``core.spill``)
         self.cycle = 0
@@ -137,13 +138,25 @@ class DiskWatcher:
         if not rate:
             return None
         page = self.source.page_size
-        return Demand(lambda b: mrc.curve(np.asarray(b) / page), rate, 1.0, weight)
+        cost = self.miss_cost.seconds if self.miss_cost is not None else None
+        return Demand(lambda b: mrc.curve(np.asarray(b) / page), rate, cost, weight)
+
+    def curve_wants(self) -> int | None:
+        """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
+        a curve (the mincore source) or before it has seen reads."""
+        mrc = getattr(self.source, "mrc", None)
+        gain = getattr(self.source, "gain", None)
+        if mrc is None or not mrc.reads_per_second or not gain:
+            return None
+        return gain.get("wants_bytes")
 
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
         while holding is off). ``act`` with the targets the selection gave it follows."""
         t0 = self.clock()
         obs, resident_bytes = self._observe(t0)
+        if self.miss_cost is not None:
+            self.miss_cost.probe(obs.resident, self.image.size)
         probe = (self._probe if not self.recorder
                  else self.recorder.probe(self.image.path, self._probe))
         m = self.policy.prepare(obs, probe)
@@ -281,7 +294,14 @@ class DiskWatcher:
     def _source_status(self) -> dict:
         bs, size = self.block_size, self.image.size
         sp = self.last_spill
-        return {**self.source.status(),
+        source = self.source.status()
+        cost = self.miss_cost.status() if self.miss_cost is not None else None
+        gain = source.get("gain")
+        if gain is not None:
+            s = cost and cost["seconds"]
+            source["gain"] = {**gain, "read_seconds_saved_per_second": (
+                None if not s else round(gain["held_reads_per_second"] * s, 4))}
+        return {**source, "miss_cost": cost,
                 "spill": {"target_bytes": sp.target_bytes, "read_bytes": sp.read_bytes,
                           "backed_off_bytes": sp.backed_off_bytes, "stopped": sp.stopped},
                 "thrashing_ranges": [[s * bs, min(e * bs, size) - s * bs]
@@ -318,4 +338,6 @@ class DiskWatcher:
         self.holder.close()
         self.source.close()
         self.recharger.close()
+        if self.miss_cost is not None:
+            self.miss_cost.close()
 

@@ -120,7 +120,7 @@ class Recorder:
             demand = None if d is None else dict(
                 hit=[float(x) for x in d.hit_ratio(sizes)],      # exact: the split's ties
                 pages_per_second=float(d.pages_per_second),
-                miss_cost=float(d.miss_cost))
+                miss_cost=None if d.miss_cost is None else float(d.miss_cost))
             records.append({"path": path, "cap_blocks": cap, "weight": float(weight),
                             "demand": demand,
                             **{k: v for k, v in rec.items() if k != "path"}})

@@ -73,7 +73,8 @@ GAUGES = (
     ("budget_bytes", "The disk's share of the host budget: what it was given plus the free "
      "budget it could still take.", "budget_bytes"),
     ("wanted_bytes", "All the disk would hold: its candidate regions (blocks above the "
-     "threshold, runs kept by hysteresis), whatever the budget.", "wanted_bytes"),
+     "threshold, runs kept by hysteresis), no more than its curve says still pays, "
+     "whatever the budget.", "wanted_bytes"),
     ("resident_bytes", "Bytes of the image in the page cache, as last seen.", "resident_bytes"),
     ("regions", "Held regions.", None),
     ("cycle_seconds", "Duration of the disk's last cycle.", "cycle_seconds"),
@@ -121,6 +122,10 @@ CURVE_GAUGES = (
      "serve from memory, from the curve.", "gain.next_gib.more_reads_per_second"),
     ("curve_wants_bytes", "The memory that still pays, from the curve: past it a GiB more "
      "serves less than 2 % of the reads more.", "gain.wants_bytes"),
+    ("miss_cost_seconds", "What a read the cache misses waits on this disk: the median of "
+     "timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
+    ("read_seconds_saved_per_second", "Read time held blocks saved the guest a second, last "
+     "cycle: reads on held blocks times the miss cost.", "gain.read_seconds_saved_per_second"),
 )
 # FileDescriptorName= of systemd/vmdisktouch-metrics.socket
 PASSED_NAME = "metrics"

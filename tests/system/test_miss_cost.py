@@ -1,0 +1,129 @@
+"""What a miss costs, on real files, a real loop device and the real page cache."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.support.common import require_tool
+from tests.support.images import evict, make_image, resident_bytes
+from tests.support.pagecache import read_range
+from vmdisktouch.system.observe import miss_cost as mc
+from vmdisktouch.system.observe.miss_cost import PROBES, MissCost
+
+MiB = 1 << 20
+BS = MiB
+
+
+def digest(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def probed(cost: MissCost, resident: np.ndarray, size: int, cycles: int,
+           monkeypatch) -> list[int]:
+    """The offsets ``cycles`` probes read."""
+    offsets: list[int] = []
+    real = os.preadv
+    monkeypatch.setattr(mc.os, "preadv",
+                        lambda fd, bufs, off: offsets.append(off) or real(fd, bufs, off))
+    for _ in range(cycles):
+        cost.probe(resident, size)
+    return offsets
+
+
+def test_probes_time_reads_past_the_cache_and_change_nothing(tmp_path, monkeypatch):
+    path = make_image(tmp_path / "disk.raw", 64 * MiB, sparse=False)
+    evict(path)
+    before = digest(path)
+    evict(path)
+    cost = MissCost(str(path), BS, seed=1)
+    try:
+        assert cost.seconds is None and cost.status()["seconds"] is None
+        offsets = probed(cost, np.zeros(64, np.float32), 64 * MiB, 8, monkeypatch)
+        assert len(offsets) == 8 * PROBES and len(set(offsets)) > PROBES
+        assert all(off % 4096 == 0 and off < 64 * MiB for off in offsets)
+        assert 1e-6 < cost.seconds < 1.0
+        st = cost.status()
+        assert st["probes"] == 8 * PROBES and st["seconds"] == round(cost.seconds, 7)
+        assert resident_bytes(str(path)) == 0        # O_DIRECT: nothing was cached
+    finally:
+        cost.close()
+    assert digest(path) == before
+
+
+def test_only_blocks_not_cached_and_holding_data_are_probed(tmp_path, monkeypatch):
+    path = make_image(tmp_path / "sparse.raw", 16 * MiB)          # all hole
+    with open(path, "r+b") as f:
+        for b in (3, 9, 12):
+            f.seek(b * MiB)
+            f.write(os.urandom(MiB))
+    evict(path)
+    resident = np.zeros(16, np.float32)
+    resident[9] = 0.5                              # partly cached: not a miss for sure
+    resident[12] = 1.0
+    cost = MissCost(str(path), BS, seed=2)
+    try:
+        offsets = probed(cost, resident, 16 * MiB, 20, monkeypatch)
+        assert offsets and {off // MiB for off in offsets} == {3}
+        assert cost.status()["probes"] == len(offsets)
+    finally:
+        cost.close()
+
+
+def test_every_block_cached_gives_no_figure_and_says_why(tmp_path):
+    path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
+    cost = MissCost(str(path), BS)
+    try:
+        assert cost.probe(np.ones(8, np.float32), 8 * MiB) == 0
+        st = cost.status()
+        assert st["seconds"] is None and "every block is cached" in st["none"]
+    finally:
+        cost.close()
+
+
+def test_a_device_served_from_memory_costs_less_than_the_disk(tmp_path):
+    """A loop device over a file kept in the page cache answers from memory (the loop
+    driver reads its backing file through the cache); an evicted file on this machine's
+    disk waits for the disk: the medians say which is which."""
+    losetup = require_tool("losetup")
+    backing = make_image(tmp_path / "backing.raw", 64 * MiB, sparse=False)
+    read_range(str(backing), 0, 64 * MiB)                  # all of it in the page cache
+    disk = make_image(tmp_path / "disk.raw", 64 * MiB, sparse=False)
+    evict(disk)
+    dev = subprocess.run([losetup, "--find", "--show", "--direct-io=off", str(backing)],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    costs = []
+    try:
+        for path, regular in ((dev, False), (str(disk), True)):
+            cost = MissCost(path, BS, regular=regular, seed=3)
+            costs.append(cost)
+            for _ in range(12):
+                cost.probe(np.zeros(64, np.float32), 64 * MiB)
+        memory, on_disk = (c.seconds for c in costs)
+        assert memory is not None and on_disk is not None
+        assert memory < on_disk, (memory, on_disk)
+        assert resident_bytes(str(disk)) == 0
+    finally:
+        for c in costs:
+            c.close()
+        subprocess.run([losetup, "-d", dev], check=True)
+
+
+@pytest.mark.parametrize("errno_name", ["EINVAL", "EIO"])
+def test_a_failing_read_gives_up_with_its_reason(tmp_path, monkeypatch, errno_name):
+    import errno
+    path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
+    cost = MissCost(str(path), BS)
+
+    def fail(fd, bufs, off):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)))
+    monkeypatch.setattr(mc.os, "preadv", fail)
+    assert cost.probe(np.zeros(8, np.float32), 8 * MiB) == 0
+    assert cost.fd is None and "O_DIRECT read fails" in cost.status()["none"]
+    assert cost.probe(np.zeros(8, np.float32), 8 * MiB) == 0      # no more tries
+    cost.close()

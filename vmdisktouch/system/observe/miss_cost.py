@@ -1,0 +1,124 @@
+"""What a miss costs on one disk: timed O_DIRECT reads of pages nobody has cached.
+
+Theory of operation
+-------------------
+A guest read the page cache misses waits for the device under the image, and
+a byte held saves that wait each time it is read. The wait differs by disk: an
+image on an idle NVMe answers in tens of microseconds, one on a loaded array or
+a network volume in milliseconds, and the host budget should know it
+(``core.shares``: saved time is hit ratio x reads x this cost).
+
+It is measured, not configured. Each cycle ``probe`` makes up to ``PROBES``
+reads of one 4 KiB page each, one at a time (queue depth 1, as a guest's sync
+read), with ``O_DIRECT`` on a descriptor of its own: past the page cache, so
+they cache nothing and evict nothing, and never a write. The pages are drawn at
+random from the blocks the cycle's residency says are not cached at all, and
+from data only (a hole of a sparse file reads as zeros without the device). The
+cost is the median of the last ``WINDOW`` probes: one slow outlier (a flush on
+the device) moves it little, and a device whose load changed shows within
+``WINDOW / PROBES`` cycles. At a 5 s interval that is under one read a second.
+
+The probe runs in the daemon's own I/O context, not the guest's: a guest whose
+cgroup throttles its I/O waits longer than the probe does.
+
+Where the image cannot be opened with ``O_DIRECT`` (tmpfs, some FUSE file
+systems), a read fails, or every block is cached, there is no figure: ``seconds``
+is None, ``reason`` says why, and the split then takes every disk's cost as equal.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import mmap
+import os
+import time
+
+import numpy as np
+
+PROBES = 4              # probe reads per cycle, at most
+WINDOW = 64             # the probes the median is taken over
+PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
+
+
+class MissCost:
+    """Times reads of uncached pages of one image (see the module's theory)."""
+
+    def __init__(self, path: str, block_size: int, *, regular: bool = True,
+                 seed: int | None = None, clock=time.perf_counter_ns):
+        self.block_size, self.regular = int(block_size), regular
+        self.clock = clock
+        self.rng = np.random.default_rng(seed)
+        self.samples: collections.deque = collections.deque(maxlen=WINDOW)
+        self.reason: str | None = None
+        self.fd: int | None = None
+        self.buf = mmap.mmap(-1, PROBE_BYTES)          # page-aligned, as O_DIRECT needs
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as exc:
+            self.reason = f"the image cannot be opened with O_DIRECT: {exc.strerror or exc}"
+
+    @property
+    def seconds(self) -> float | None:
+        """The median probe's time, in seconds; None before any probe or without them."""
+        if not self.samples:
+            return None
+        return float(np.median(np.fromiter(self.samples, dtype=np.float64))) / 1e9
+
+    def probe(self, resident: np.ndarray, size: int) -> int:
+        """Up to ``PROBES`` timed reads in blocks ``resident`` (per block, the fraction
+        cached) says are not cached at all, of an image of ``size`` bytes; the number made."""
+        if self.fd is None:
+            return 0
+        bs = self.block_size
+        whole = min(resident.size, size // bs)           # blocks with a full page to read
+        cold = np.flatnonzero(resident[:whole] == 0)
+        if not cold.size:
+            if not self.samples:
+                self.reason = "every block is cached: no read goes to the device"
+            return 0
+        pages = bs // PROBE_BYTES
+        made = 0
+        for b in self.rng.choice(cold, size=min(PROBES, cold.size), replace=False).tolist():
+            off = b * bs + int(self.rng.integers(pages)) * PROBE_BYTES
+            if self.regular and not self._is_data(off):
+                continue
+            t0 = self.clock()
+            try:
+                n = os.preadv(self.fd, [self.buf], off)
+            except OSError as exc:
+                self._give_up(f"an O_DIRECT read fails: {exc.strerror or exc}", exc)
+                return made
+            if n != PROBE_BYTES:
+                continue                                 # the image shrank: not a miss
+            self.samples.append(self.clock() - t0)
+            made += 1
+        if made:
+            self.reason = None
+        return made
+
+    def _is_data(self, off: int) -> bool:
+        try:
+            return os.lseek(self.fd, off, os.SEEK_DATA) == off
+        except OSError:                                   # ENXIO: only a hole past it
+            return False
+
+    def _give_up(self, why: str, exc: OSError) -> None:
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.EIO):
+            self.close()
+        self.reason = why
+
+    def status(self) -> dict:
+        """``seconds`` (the median, or None), ``probes`` (in the median) and, without a
+        figure, ``none``: why."""
+        s = self.seconds
+        out = {"seconds": None if s is None else round(s, 7), "probes": len(self.samples)}
+        if s is None and self.reason:
+            out["none"] = self.reason
+        return out
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.buf.close()
