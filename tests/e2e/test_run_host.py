@@ -26,6 +26,29 @@ def zone_held(disk: dict, zone) -> int:
     return sum(max(0, min(end, o + n) - max(zone[0], o)) for o, n in disk["regions"])
 
 
+def curves_drawn(png_path, st: dict, d: DaemonProc) -> None:
+    """The host PNG shows the curves of the disks read (the trace source's): the panel
+    under the bands, with each read disk's colour in its plot."""
+    import numpy as np
+
+    from vmdisktouch.adapters.pictures.host_render import (CHART, CURVES, LEGEND, LINE, PAD,
+                                                           DiskBand, band_top, disk_colour)
+    n = len(st["disks"])
+    deadline = time.monotonic() + 15
+    while True:
+        with Image.open(png_path) as png:
+            img = np.asarray(png.convert("RGB"))
+        if img.shape[0] == band_top(n) + CURVES + PAD + LEGEND * LINE + PAD:
+            break
+        assert time.monotonic() < deadline, f"no curves panel: {img.shape}\n{d.log_tail(5)}"
+        time.sleep(0.3)
+    top = band_top(n) + LINE + 4
+    plot = img[top:top + CHART].reshape(-1, 3)
+    for disk in st["disks"][:2]:                      # the two read
+        colour = disk_colour(DiskBand(disk["path"], 0, np.zeros(0), np.zeros(0, bool)))
+        assert (plot == colour).all(axis=1).sum() > 50, disk["path"]
+
+
 @pytest.mark.timeout(180)
 def test_three_images_share_one_budget_and_a_deleted_one_is_dropped(tmp_path):
     a, b, c = (data_image(tmp_path / f"{n}.img", 96 * MiB) for n in "abc")
@@ -47,6 +70,7 @@ def test_three_images_share_one_budget_and_a_deleted_one_is_dropped(tmp_path):
             assert (tmp_path / f"{escape_path(p)}.map.png").exists()
         with Image.open(tmp_path / "host.png") as png:
             assert png.size[0] == 1024 and png.size[1] > 3 * 18    # a band per disk
+        curves_drawn(tmp_path / "host.png", st, d)
         worst = 0
         for _ in range(10):
             worst = max(worst, d.vmlck())

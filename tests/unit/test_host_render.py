@@ -210,3 +210,39 @@ def test_a_long_name_never_runs_into_the_allocation_bar():
     plain = pixels([band(d.name, 10)])
     assert (plain[band_top(0) + LINE:band_top(0) + 2 * LINE, PAD:LABEL]
             != img[band_top(0) + LINE:band_top(0) + 2 * LINE, PAD:LABEL]).any()  # the reason
+
+
+def test_the_curves_panel_draws_each_curve_in_its_disk_s_colour_with_a_dot_where_it_holds():
+    """Two disks with curves: a climbs to 90 % at 64M and is flat past it, b stays low.
+    Each line is in its disk's colour, at the heights its curve says on the log size axis;
+    a's dot (held 64M) sits on its line; without a curve there is no panel."""
+    from vmdisktouch.adapters.pictures.host_render import CHART, CURVES
+    a = band("/a", 1024, held_bytes=64 * MiB, domain="vm1", target="vda")
+    b = band("/b", 1024, domain="vm2", target="vda")
+    if disk_colour(a) == disk_colour(b):
+        b = band("/b", 1024, domain="vm3", target="vda")
+    sizes = [MiB * 2 ** k for k in range(11)]                     # 1M ... 1G
+    a = DiskBand(**{**a.__dict__, "curve": [[s, min(0.9, 0.9 * s / (64 * MiB))]
+                                            for s in sizes]})
+    b = DiskBand(**{**b.__dict__, "curve": [[s, 0.1] for s in sizes]})
+    plain = pixels([band("/a", 1024), band("/b", 1024)])
+    img = pixels([a, b])
+    assert img.shape[0] == plain.shape[0] + CURVES              # the panel, only with curves
+    top = band_top(2) + LINE + 4
+    bottom = top + CHART - 1
+    x0, x1 = PAD + 44, WIDTH - PAD - 1
+
+    def column(x):                    # the colours down the plot at x, top to bottom
+        return [tuple(int(v) for v in img[y, x]) for y in range(top, bottom + 1)]
+
+    def height_of(colour, x) -> float:
+        ys = [y for y, c in enumerate(column(x)) if c == colour]
+        assert ys, f"no {colour} at x={x}"
+        return 1 - (sum(ys) / len(ys)) / (CHART - 1)
+    right = int(x0 + (x1 - x0) * 0.95)                        # about 700M: both flat
+    assert abs(height_of(disk_colour(a), right) - 0.9) < 0.03
+    assert abs(height_of(disk_colour(b), right) - 0.1) < 0.03
+    left = int(x0 + (x1 - x0) * 0.2)                          # 4M: a at 5.6 %
+    assert height_of(disk_colour(a), left) < 0.1
+    dot_x = int(x0 + (x1 - x0) * 0.6)                         # 64M = 2**6 of 2**10
+    assert sum(1 for c in column(dot_x) if c == SHARE) >= 2    # the dot's white outline

@@ -320,7 +320,8 @@ class Service:
                 domain=w.domain, target=w.target, size_bytes=w.image.size,
                 share_bytes=None if a is None else a.share,
                 wanted_bytes=None if a is None else a.wanted,
-                limited_by=None if d is None else d.limited_by))
+                limited_by=None if d is None else d.limited_by,
+                curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None))
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1]))

@@ -31,6 +31,13 @@ band per disk, so the height grows with the disks):
     halving takes a tenth of it off, and an image 1/1024 of the largest or
     smaller gets ``MIN_STRIP`` pixels (a 196 KiB image next to a 1 GiB one
     is a short strip, never as wide); the size is printed on the left.
+* when a disk has a miss-ratio curve (the trace source), a *curves* panel:
+  every disk's curve (``core.mrc``: the share of its reads an LRU cache of
+  each size would serve) as a line in the disk's colour, over one log axis
+  of sizes from the smallest point of any curve to the largest image, hit
+  ratio from 0 to 100 % up; a dot on each line where the disk holds now.
+  Where a line still climbs past its dot, more memory would pay there; where
+  it is flat, it would not;
 * a legend of all these marks.
 
 Colours. The block map's four colours keep their meaning here: sky blue is
@@ -91,6 +98,8 @@ BAND = 2 * LINE + 6         # pixels per disk band
 ROW = 12                    # an allocation bar's height
 SWATCH = 12
 LEGEND = 5                  # lines of legend
+CHART = 120                 # the curves panel's plot height
+CURVES = LINE + 4 + CHART + LINE + PAD   # the panel: title, plot, size labels
 MIN_STRIP = 12              # the narrowest image strip
 STRIP_RANGE = 10            # doublings below the largest image that reach MIN_STRIP
 BG = tuple(int(x) for x in render.PADDING)
@@ -124,6 +133,7 @@ class DiskBand:
     share_bytes: int | None = None   # its share of the budget (None: no selection yet)
     wanted_bytes: int | None = None  # all it would hold (candidates, within its curve's wants)
     limited_by: str | None = None    # why it holds less than it wants (daemon.reasons)
+    curve: list | None = None        # [[bytes, hit ratio], ...] (core.mrc); None: none
 
 
 def disk_key(d: DiskBand) -> str:
@@ -259,7 +269,9 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
     font = load_font()
     width = max(MIN_WIDTH, width)
     legend_h = PAD + LEGEND * LINE + PAD
-    img = Image.new("RGB", (width, band_top(len(disks)) + legend_h), BG)
+    curves = [d for d in disks if d.curve and len(d.curve) >= 2]
+    panel = CURVES if curves else 0
+    img = Image.new("RGB", (width, band_top(len(disks)) + panel + legend_h), BG)
     draw = ImageDraw.Draw(img)
     for k, line in enumerate(header(disks, budget, when, above_floor)):
         draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
@@ -287,8 +299,62 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
         draw.rectangle([strip_x - 1, y, strip_x + w, y + 2 * LINE - 1], outline=FRAME)
         img.paste(_strip(d, w, 2 * LINE - 2), (strip_x, y + 1))
         draw.line([PAD, y + BAND - 3, width - PAD, y + BAND - 3], fill=(36, 36, 36))
-    _legend(img, draw, font, band_top(len(disks)) + PAD, width)
+    if curves:
+        _curves(img, draw, font, disks, marks, band_top(len(disks)), width)
+    _legend(img, draw, font, band_top(len(disks)) + panel + PAD, width)
     return img
+
+
+def _curves(img, draw, font, disks: list[DiskBand], marks, y: int, width: int) -> None:
+    """The curves panel at ``y``: each disk's curve over one log axis of sizes, a dot
+    where it holds now (see the module's theory)."""
+    draw.text((PAD, y), _fit(draw, "what memory buys: the share of each disk's reads an "
+                             "LRU cache of the size would serve (its curve); dot: held now",
+                             width - 2 * PAD, font, False), fill=DIM, font=font)
+    x0, x1 = PAD + 44, width - PAD - 1
+    top, bottom = y + LINE + 4, y + LINE + 4 + CHART - 1
+    _fill(img, (x0, top, x1, bottom), TRACK)
+    points = [(float(b), float(h)) for d in disks for b, h in (d.curve or ()) if b > 0]
+    lo = min(b for b, _ in points)
+    hi = max([b for b, _ in points] + [d.size_bytes for d in disks if d.curve])
+    span = max(math.log2(hi / lo), 1e-9)
+
+    def at(size: float, ratio: float) -> tuple[float, float]:
+        f = math.log2(min(max(size, lo), hi) / lo) / span
+        return x0 + f * (x1 - x0), bottom - min(max(ratio, 0.0), 1.0) * (bottom - top)
+
+    for r in (0.0, 0.5, 1.0):
+        yy = at(lo, r)[1]
+        draw.line([x0, yy, x1, yy], fill=(60, 60, 60))
+        draw.text((PAD, yy - LINE // 2), f"{r:.0%}", fill=DIM, font=font)
+    size, last_x = lo, -1e9
+    while size <= hi * 1.001:                      # labels a factor of 4 apart, at least
+        xx = at(size, 0)[0]
+        label = _size(int(size))
+        if xx - last_x >= draw.textlength(label, font=font) + 12:
+            draw.line([xx, bottom, xx, bottom + 3], fill=DIM)
+            w = draw.textlength(label, font=font)
+            draw.text((min(max(xx - w / 2, x0), x1 - w), bottom + 4), label, fill=DIM,
+                      font=font)
+            last_x = xx
+        size *= 4
+    for d, (colour, rank) in zip(disks, marks):
+        pts = [at(b, h) for b, h in (d.curve or ()) if b > 0]
+        if len(pts) < 2:
+            continue
+        for k, (p, q) in enumerate(zip(pts, pts[1:])):
+            if not rank or k % 2 == 0:             # a disk sharing a colour: dashed
+                draw.line([p, q], fill=colour, width=2)
+        if d.held_bytes > 0:
+            hx, hy = at(d.held_bytes, _hit_at(d.curve, d.held_bytes))
+            draw.ellipse([hx - 4, hy - 4, hx + 4, hy + 4], fill=colour, outline=SHARE)
+
+
+def _hit_at(curve: list, size: int) -> float:
+    """The curve's hit ratio at ``size`` bytes, interpolated in log size."""
+    pts = [(b, h) for b, h in curve if b > 0]
+    xs = np.log2([b for b, _ in pts])
+    return float(np.interp(math.log2(max(size, 1)), xs, [h for _, h in pts]))
 
 
 def _budget_bar(img, disks, marks, budget: int, width: int) -> None:
