@@ -217,7 +217,7 @@ def test_the_curves_panel_draws_each_curve_in_its_disk_s_colour_with_a_dot_where
     Each line is in its disk's colour, at the heights its curve says on the log size axis;
     a's dot (held 64M) sits on its line; without a curve there is no panel."""
     from vmdisktouch.adapters.pictures.host_render import CHART, CURVES
-    a = band("/a", 1024, held_bytes=64 * MiB, domain="vm1", target="vda")
+    a = band("/a", 1024, held_bytes=64 * MiB, domain="vm1", target="vda", share=1024 * MiB)
     b = band("/b", 1024, domain="vm2", target="vda")
     if disk_colour(a) == disk_colour(b):
         b = band("/b", 1024, domain="vm3", target="vda")
@@ -246,3 +246,6 @@ def test_the_curves_panel_draws_each_curve_in_its_disk_s_colour_with_a_dot_where
     assert height_of(disk_colour(a), left) < 0.1
     dot_x = int(x0 + (x1 - x0) * 0.6)                         # 64M = 2**6 of 2**10
     assert sum(1 for c in column(dot_x) if c == SHARE) >= 2    # the dot's white outline
+    ring_x = x1 - 2                                           # a's share, 1G: its ring
+    above = [c for c in column(ring_x)[:int(0.1 * CHART) + 6]]  # 90 % and above
+    assert above.count(disk_colour(a)) >= 4 and SHARE not in above

@@ -35,7 +35,8 @@ band per disk, so the height grows with the disks):
   every disk's curve (``core.mrc``: the share of its reads an LRU cache of
   each size would serve) as a line in the disk's colour, over one log axis
   of sizes from the smallest point of any curve to the largest image, hit
-  ratio from 0 to 100 % up; a dot on each line where the disk holds now.
+  ratio from 0 to 100 % up; a dot on each line where the disk holds now, a
+  ring in its colour at its share of the budget.
   Where a line still climbs past its dot, more memory would pay there; where
   it is flat, it would not;
 * a legend of all these marks.
@@ -309,7 +310,8 @@ def _curves(img, draw, font, disks: list[DiskBand], marks, y: int, width: int) -
     """The curves panel at ``y``: each disk's curve over one log axis of sizes, a dot
     where it holds now (see the module's theory)."""
     draw.text((PAD, y), _fit(draw, "what memory buys: the share of each disk's reads an "
-                             "LRU cache of the size would serve (its curve); dot: held now",
+                             "LRU cache of the size would serve (its curve); dot: held now, "
+                             "ring: its share",
                              width - 2 * PAD, font, False), fill=DIM, font=font)
     x0, x1 = PAD + 44, width - PAD - 1
     top, bottom = y + LINE + 4, y + LINE + 4 + CHART - 1
@@ -345,6 +347,9 @@ def _curves(img, draw, font, disks: list[DiskBand], marks, y: int, width: int) -
         for k, (p, q) in enumerate(zip(pts, pts[1:])):
             if not rank or k % 2 == 0:             # a disk sharing a colour: dashed
                 draw.line([p, q], fill=colour, width=2)
+        if d.share_bytes:
+            sx, sy = at(d.share_bytes, _hit_at(d.curve, d.share_bytes))
+            draw.ellipse([sx - 6, sy - 6, sx + 6, sy + 6], outline=colour, width=2)
         if d.held_bytes > 0:
             hx, hy = at(d.held_bytes, _hit_at(d.curve, d.held_bytes))
             draw.ellipse([hx - 4, hy - 4, hx + 4, hy + 4], fill=colour, outline=SHARE)
