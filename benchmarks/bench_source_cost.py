@@ -37,6 +37,11 @@ footprint (the distinct blocks it reads and writes per cycle) is the same at
 every point, and what changes is the held bytes alone. Section
 "source-cost-curve-span".
 
+``--compare-rev REV``: the trace scenario also with the daemon of commit REV
+(``trace-rev``, a temporary git worktree, removed afterwards), next to it in
+each round; the two side by side, with the memory besides the held pages
+(VmRSS - VmLck at the window's end).
+
 ``--quick``: a 1 GiB image, 256M held (curve: 64M, 256M), 10 s warm-up,
 20 s windows, one round: a smoke run. ``--doc`` writes section
 "source-cost" (or "source-cost-curve") of docs/benchmarks/source-cost.md.
@@ -47,6 +52,7 @@ every point, and what changes is the held bytes alone. Section
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shlex
@@ -57,13 +63,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    DaemonDied, RateGuest, add_run_options, cache_range, cycle_figures, disk_free,
-    exit_on_sigterm, fmt, machine, mem_available, median, publish, rates_text, round_orders,
-    scratch_image, sleep_alive, spread_text, wait_first_status, watch)
+    DaemonDied, RateGuest, add_compare_rev, add_run_options, cache_range, cycle_figures,
+    disk_free, exit_on_sigterm, fmt, machine, mem_available, median, publish, rates_text,
+    round_orders, scratch_image, side_by_side, sleep_alive, spread_text, wait_first_status,
+    watch)
 from tests.support.common import GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.procfs import memory_fields  # noqa: E402
+from tests.support.worktree import enter_rev_worktree  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
+REV = "-rev"          # trace-rev: the trace scenario with the daemon of --compare-rev
 SCENARIOS = {
     "trace": ("--access-source", "trace"),
     "mincore": ("--access-source", "mincore"),
@@ -98,20 +108,23 @@ def warm_up(d, held: int, args, guest) -> float:
 
 
 def one_run(name: str, extra, img: str, held: int, args, tmp: str, tag: str,
-            span: int | None = None) -> dict:
-    """One daemon and guest; the guest over the first ``span`` bytes (None: ``held``)."""
+            span: int | None = None, cwd: str | None = None) -> dict:
+    """One daemon and guest; the guest over the first ``span`` bytes (None: ``held``);
+    ``cwd``: the tree whose daemon runs (``--compare-rev``; None: this one)."""
     span = span or held
     t_cache = cache_range(img, 0, span)
     guest = RateGuest(img, 0, span, [("randwrite", args.write_iops),
                                      ("randread", args.read_iops)], log_dir=tmp).start()
     d = DaemonProc(tmp, img, "--uri", "", *extra, *shlex.split(args.daemon_args),
                    max_hold=held, interval=args.interval, status=f"status-{tag}.json",
-                   log=f"daemon-{tag}.log", env=env_without_systemd())
+                   log=f"daemon-{tag}.log", env=env_without_systemd(),
+                   **({"cwd": cwd} if cwd else {}))
     rates = {}
     try:
         wait_first_status(d)
         warm = warm_up(d, held, args, guest)
         w = watch(d, args.duration)
+        mem = memory_fields(d.pid, ("VmRSS", "VmLck"))
         rc = d.stop()
         if rc != 0:
             raise DaemonDied(f"{name}: the daemon exited {rc} on SIGTERM:\n{d.log_tail(20)}")
@@ -123,7 +136,8 @@ def one_run(name: str, extra, img: str, held: int, args, tmp: str, tag: str,
          "rates": rates, "warnings": warnings[:5], "n_warnings": len(warnings),
          **{k: w[k] for k in ("wall", "cpu", "cpu_user", "cpu_sys", "cpu_schedstat",
                               "cycle_median", "cycle_max")},
-         "cycle_seconds": [c["cycle_seconds"] for c in w["cycles"]], **cycle_figures(w)}
+         "cycle_seconds": [c["cycle_seconds"] for c in w["cycles"]], **cycle_figures(w),
+         "rss_besides_held": mem["VmRSS"] - mem["VmLck"]}
     print(f"  {name:<11} held {fmt(held):>5}: CPU {r['cpu']:.2f} % (user {r['cpu_user']:.2f} "
           f"+ sys {r['cpu_sys']:.2f}; schedstat {r['cpu_schedstat']:.2f}), cycle median "
           f"{r['cycle_median'] * 1000:.0f} ms max {r['cycle_max'] * 1000:.0f} ms over "
@@ -131,7 +145,8 @@ def one_run(name: str, extra, img: str, held: int, args, tmp: str, tag: str,
           f"loaded {fmt(r['loaded'])}, released {fmt(r['released'])}, rewritten "
           f"{r['rewritten_median']:.0f} blocks/cycle, events lost "
           f"{r['events_lost']}, source {r['access_source']}, fio {rates_text(rates)}, "
-          f"warm-up {warm:.0f} s, {r['n_warnings']} warnings", flush=True)
+          f"warm-up {warm:.0f} s, memory besides held {fmt(r['rss_besides_held'])}, "
+          f"{r['n_warnings']} warnings", flush=True)
     for ln in warnings[:3]:
         print(f"    daemon: {ln}", flush=True)
     return r
@@ -167,8 +182,20 @@ def summary(runs: list[dict], groups: list, key) -> dict:
                       "cycle_median": median([s for r in rs for s in r["cycle_seconds"]]),
                       "cycle_max": max(r["cycle_max"] for r in rs),
                       "held": median([r["held_median"] for r in rs]),
-                      "lost": sum(r["events_lost"] for r in rs), "runs": len(rs)}
+                      "lost": sum(r["events_lost"] for r in rs), "runs": len(rs),
+                      "rss": median([r["rss_besides_held"] for r in rs])}
     return out
+
+
+def rev_lines(s: dict, tree) -> list[str]:
+    """The trace source now against the daemon of ``--compare-rev``, side by side."""
+    now, old = s.get("trace", {}), s.get("trace" + REV, {})
+    return side_by_side(tree.rev, tree.sha, [
+        ("CPU, % of one core", now.get("cpu"), old.get("cpu"), ".2f"),
+        ("cycle median, ms", 1000 * now.get("cycle_median", math.nan),
+         1000 * old.get("cycle_median", math.nan), ".0f"),
+        ("memory besides held (VmRSS - VmLck)", now.get("rss"), old.get("rss"), fmt)],
+        "the same guest and image, A B B A")
 
 
 def compare_text(s: dict) -> str:
@@ -265,6 +292,7 @@ def main() -> int:
     ap.add_argument("--curve-sizes", default=None, help="held sizes (256M,1G,4G,16G)")
     ap.add_argument("--curve-span", type=parse_size, default=None,
                     help="with --curve: the guest over the first SPAN bytes at every size")
+    add_compare_rev(ap)
     add_run_options(ap, "small and short: a smoke run",
                     image="use this existing non-sparse image (it is written to!)")
     args = ap.parse_args()
@@ -281,7 +309,14 @@ def main() -> int:
     bad = [n for n in names if n not in SCENARIOS]
     if bad:
         ap.error(f"unknown scenario {bad[0]} (known: {', '.join(SCENARIOS)})")
+    if args.compare_rev:
+        if args.curve or "trace" not in names:
+            ap.error("--compare-rev runs the trace scenario twice; not with --curve")
+        names = [x for n in names for x in ((n, n + REV) if n == "trace" else (n,))]
+        LABELS["trace" + REV] = f"trace, the daemon of {args.compare_rev}"
     exit_on_sigterm("bench_source_cost")
+    stack = contextlib.ExitStack()
+    tree = enter_rev_worktree(stack, args.compare_rev) if args.compare_rev else None
 
     skipped: list[str] = []
     if args.curve:
@@ -314,7 +349,9 @@ def main() -> int:
                     r = one_run("trace", SCENARIOS["trace"], img, item, args, tmp,
                                 f"{k}-trace-{item >> 20}M", span=args.curve_span)
                 else:
-                    r = one_run(item, SCENARIOS[item], img, args.held, args, tmp, f"{k}-{item}")
+                    base = item[:-len(REV)] if item.endswith(REV) else item
+                    r = one_run(item, SCENARIOS[base], img, args.held, args, tmp,
+                                f"{k}-{item}", cwd=tree.path if base != item else None)
                 r["round"] = rnd
                 runs.append(r)
 
@@ -347,6 +384,9 @@ def main() -> int:
                 f"window. Order: " + "; ".join(", ".join(o) for o in orders) + ".\n\n")
         body = head + compare_text(s) + "\n\nEach run:\n\n" + per_run_table(runs, "name")
         section, title = "source-cost", "Access sources: the daemon's CPU with a guest that writes"
+        if tree:
+            body += "\n\n" + "\n".join(rev_lines(s, tree))
+    stack.close()
     publish(body, runs, args, section, title)
     return 0
 
