@@ -113,3 +113,23 @@ def test_the_fill_stays_while_read_rates_move_a_little_and_follows_a_real_change
     assert [m.cap_blocks for m in fresh.caps(["a", "b", "c"], maps,
                                              demands([4150.0, 3900.0, 4000.0]),
                                              3 * 1024, bs)[0]] != first
+
+
+def test_a_measured_miss_cost_moves_the_split_and_one_unmeasured_makes_all_equal():
+    """Two disks with the same curve and read rate: the one whose misses cost four times as
+    much gets its zone first; when one disk has no figure, costs count as equal (seconds
+    and "unknown" have no common scale) and the two get the same."""
+    from vmdisktouch.core.regions import DiskMap
+    from vmdisktouch.core.shares import Splitter, comparable
+    bs, n = MiB, 1024
+    maps = [DiskMap(np.ones(n, np.float32), 0.05, candidates=np.ones(n, bool))] * 2
+
+    def zone(s):
+        return np.minimum(np.asarray(s) / (512 * MiB), 1.0) * 0.9
+    slow = [Demand(zone, 2000.0, 400e-6), Demand(zone, 2000.0, 100e-6)]
+    caps = [m.cap_blocks for m in Splitter().caps(["a", "b"], maps, slow, 768, bs)[0]]
+    assert 512 <= caps[0] < 512 + 768 // 64 and caps[0] + caps[1] == 768    # a's zone whole
+    unknown = [Demand(zone, 2000.0, 400e-6), Demand(zone, 2000.0, None)]
+    assert [d.miss_cost for d in comparable(unknown)] == [1.0, 1.0]
+    caps = [m.cap_blocks for m in Splitter().caps(["a", "b"], maps, unknown, 768, bs)[0]]
+    assert abs(caps[0] - caps[1]) <= 768 // 64
