@@ -104,8 +104,10 @@ def split(demands: list[Demand], budget: int, last: list[int] | None = None,
             if ahead.size == 0:
                 continue
             per = ahead / np.arange(1, ahead.size + 1)
-            j = int(np.argmax(per))
-            offer = (float(per[j]), -given[k], -k, j + 1)
+            # the fewest slices of the best offer (rounding makes a straight curve's
+            # offers differ in the last digit: equal disks would take turns of many)
+            j = int(np.flatnonzero(per >= per.max() * (1 - 1e-9))[0])
+            offer = (float(f"{per[j]:.9g}"), -given[k], -k, j + 1)   # ties: the disk given less
             if best is None or offer > best:
                 best = offer
         if best is None or best[0] <= 0:
