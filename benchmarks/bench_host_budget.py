@@ -72,6 +72,15 @@ afterwards; same images, arguments and fio seed), right after its current
 twin in each round (so A B, then B A on the reversed rounds); reported: each
 headline figure now, at REV and current ÷ REV, and the targets for both.
 
+``--slow-light RIOPS``: light1's image is a loop device (``losetup
+--direct-io=on``) over its file, its reads capped at RIOPS a second by a
+throttle of the root blkio group (cgroup v1 ``blkio.throttle.read_iops_device``;
+every process: QEMU's misses and the daemon's timed probes alike): a disk on a
+loaded array, where a miss waits milliseconds. The other VMs are unchanged.
+The read time saved a second against ``none`` is then reported per scenario:
+the sum over the VMs of their reads a second (80 % of the I/O) times the
+drop of their mean read latency from ``none``'s.
+
 ``--quick``: 45 s per scenario. ``--doc`` writes section "host-budget"
 (``--issue32``: "host-budget-fair") of docs/benchmarks/host-budget.md.
 
@@ -91,6 +100,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -133,6 +143,8 @@ LATENCY_TARGET = 1.1                        # each VM's read latency ≤ this ×
 STATUS_POLL = 0.5                           # s between reads of the status files
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 NAN = float("nan")
+READ_MIX = 0.8                              # fio's rwmixread: reads of the I/O
+BLKIO_THROTTLE = "/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device"
 
 
 def with_rev_twins(names: list[str]) -> list[str]:
@@ -387,6 +399,44 @@ def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str, rnd: 
            "log": count_log([os.path.join(tmp, p) for p in logs], steady_wall) if logs else None}
     print_scenario(out, names, {vm["name"]: vm["zone"][1] for vm in vms})
     return out
+
+
+@contextlib.contextmanager
+def throttled_loop(path: str, riops: int):
+    """A loop device over ``path`` (direct I/O to it) whose reads the root blkio group
+    caps at ``riops`` a second; the throttle and the device removed at the end."""
+    dev = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", path], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    rule = f"{os.major(os.stat(dev).st_rdev)}:{os.minor(os.stat(dev).st_rdev)}"
+    try:
+        with open(BLKIO_THROTTLE, "w") as f:
+            f.write(f"{rule} {riops}")
+        print(f"light1 on {dev} over {path}, reads throttled to {riops}/s", flush=True)
+        yield dev
+    finally:
+        with open(BLKIO_THROTTLE, "w") as f:
+            f.write(f"{rule} 0")
+        subprocess.run(["losetup", "-d", dev], check=True)
+
+
+def saved_lines(results: list[dict], names: list[str]) -> list[str]:
+    """Read time saved a second against ``none``, per scenario (medians of the rounds):
+    the sum over the VMs of reads a second x the drop of their mean read latency."""
+    vms = result_vms(results)
+    if "none" not in names:
+        return []
+    base = {v: med(results, "none", lambda r, v=v: r["read_lat_us"][v]) for v in vms}
+
+    def saved(r) -> float:
+        return sum(READ_MIX * r["per_vm"][v] * (base[v] - r["read_lat_us"][v]) / 1e6
+                   for v in vms)
+    rows = [f"| {n} | {med(results, n, saved):.3f} | " + " | ".join(
+        lat_text(med(results, n, lambda r, v=v: r["read_lat_us"][v])) for v in vms) + " |"
+        for n in names if n != "none"]
+    return (["Read time saved a second against none (reads a second, 80 % of the I/O, x "
+             "the drop of the mean read latency, summed over the VMs; medians of the rounds):",
+             "", "| scenario | seconds saved a second | " + " | ".join(
+                 f"{v} read µs" for v in vms) + " |", "|---|---|" + "---|" * len(vms)] + rows)
 
 
 def exact(n: int) -> str:
@@ -669,7 +719,10 @@ def scenario_text(args, tree) -> str:
             + "), each with the hot-zone guest (fio 4 KiB random, 80 % reads, O_DSYNC writes, "
             f"90 % of the accesses in its zone; {via}), and a noisy neighbour (64 KiB random "
             f"reads of its own 1 GiB file at 200 MiB/s), all in one memory group limited to "
-            f"{exact(args.limit)}; {args.duration:g} s per scenario from a cold cache. global: "
+            f"{exact(args.limit)}; {args.duration:g} s per scenario from a cold cache"
+            + (f"; light1's image on a loop device whose reads are throttled to "
+               f"{args.slow_light} a second (a loaded array)" if args.slow_light else "")
+            + ". global: "
             f"`vmdisktouch run {' '.join(v.upper() for v in vms)} --max-hold "
             f"{exact(args.budget)}`; "
             f"split: {n} daemons with `--max-hold {exact(split_budget(args))}`; oracle: "
@@ -695,6 +748,8 @@ def main() -> int:
                     help="fio --rate_iops of each light VM, 0: none (500; --issue32: 0)")
     ap.add_argument("--light-think", type=int, default=None, metavar="USEC",
                     help="fio --thinktime of each light VM, µs, 0: none (0; --issue32: 2000)")
+    ap.add_argument("--slow-light", type=int, default=0, metavar="RIOPS",
+                    help="light1 on a loop device whose reads are throttled to RIOPS a second")
     ap.add_argument("--budget", type=parse_size, default=None, help="(1200M; --issue32: 1229M)")
     ap.add_argument("--limit", type=parse_size, default=None, help="(768M; --issue32: 512M)")
     ap.add_argument("--duration", type=float, default=None, help="(120)")
@@ -744,6 +799,8 @@ def main() -> int:
             hot = args.busy_hot if k == 0 else args.light_hot
             path = os.path.join(work, f"{vm}.raw")
             make_image(path, size, sparse=False)
+            if vm == "light1" and args.slow_light:
+                path = stack.enter_context(throttled_loop(path, args.slow_light))
             vms.append({"name": vm, "path": path, "size": size, "zone": (size // 8, hot),
                         "iops": None if k == 0 else args.light_iops,
                         "think": None if k == 0 else args.light_think})
@@ -762,6 +819,8 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         stack.close()
     lines = report_lines(results, names, args.rounds, oracle_target)
+    if args.slow_light:
+        lines += [""] + saved_lines(results, names)
     if tree:
         lines += [""] + compare_lines(results, names, args.rounds, tree.rev, tree.sha,
                                       oracle_target)
