@@ -34,7 +34,7 @@ def facts(a=None, holding=True, heat=1.0, refused=None, ceded=0):
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="budget", top="vm2/vda")), "budget",
      "the host budget went to hotter disks (most to vm2/vda)"),
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="budget")), "budget",
-     "the budget (64M) is full of hotter regions"),
+     "the budget (64M) is full of regions at least as hot"),
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="cap", cap=8 * MiB)), "cap",
      "its cap (8M) is full"),
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="weight", top="vm2/vda",

@@ -102,7 +102,7 @@ What each disk got (``Allocation``): its runs; the blocks it wanted (its
 candidates); its *share*, the blocks it was given plus the part of the
 budget left free that it could still take (its cap allowing); and when it
 got less than it wanted, why: its ``cap``, or the ``budget`` (the disk given
-the most of it is ``top``).
+the most of it is ``top``, when that one got more than it).
 
 Split (``Rules.split_contrast``; the trace source's rules only). A region
 at least twice what is left (``Rules.split_min_ratio``) is first split,
@@ -369,7 +369,7 @@ class Allocation:
     wanted: list[int]            # candidate blocks (all it would hold)
     share: list[int]             # blocks given, plus the free budget it could still take
     limit: list[str | None]      # "cap" or "budget" when given < wanted, else None
-    top: list[int | None]        # limited by the budget: the disk given the most
+    top: list[int | None]        # limited by the budget: the disk given the most (if more)
 
 
 def select_many(maps: list[DiskMap], budget_blocks: int, rules: Rules) -> list[list[Run]]:
@@ -552,7 +552,9 @@ class _Fill:
             else:
                 limit.append("budget")
         order = sorted(range(len(runs)), key=lambda d: -given[d])
-        top = [next((o for o in order if o != d and given[o]), None)
+        # The disk given the most, when it was given more than ``d``: the disk with the
+        # largest share names none (two disks each naming the other read as a contradiction).
+        top = [next((o for o in order if o != d and given[o] > given[d]), None)
                if limit[d] == "budget" else None for d in range(len(runs))]
         share = [given[d] + min(self.left, self.room[d]) for d in range(len(runs))]
         return Allocation(runs, wanted, share, limit, top)

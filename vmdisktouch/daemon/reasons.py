@@ -118,5 +118,6 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
     if a is not None and a.limit == "budget" and r.held_bytes < a.wanted:
         if a.top:
             return "budget", f"the host budget went to hotter disks (most to {a.top})"
-        return "budget", f"the budget ({format_size(a.budget)}) is full of hotter regions"
+        return "budget", (f"the budget ({format_size(a.budget)}) is full of regions at least "
+                          "as hot")
     return None
