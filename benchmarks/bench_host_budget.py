@@ -76,7 +76,9 @@ headline figure now, at REV and current ÷ REV, and the targets for both.
 --direct-io=on``) over its file, its reads capped at RIOPS a second by a
 throttle of the root blkio group (cgroup v1 ``blkio.throttle.read_iops_device``;
 every process: QEMU's misses and the daemon's timed probes alike): a disk on a
-loaded array, where a miss waits milliseconds. The other VMs are unchanged.
+loaded array, where a miss waits milliseconds; a fio of 4 direct random
+readers on the device all along stands for the array's other tenants, so it
+stays loaded whatever light1 does. The other VMs are unchanged.
 The read time saved a second against ``none`` is then reported per scenario:
 the sum over the VMs of their reads a second (80 % of the I/O) times the
 drop of their mean read latency from ``none``'s.
@@ -408,12 +410,21 @@ def throttled_loop(path: str, riops: int):
     dev = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", path], check=True,
                          capture_output=True, text=True).stdout.strip()
     rule = f"{os.major(os.stat(dev).st_rdev)}:{os.minor(os.stat(dev).st_rdev)}"
+    load = None
     try:
         with open(BLKIO_THROTTLE, "w") as f:
             f.write(f"{rule} {riops}")
-        print(f"light1 on {dev} over {path}, reads throttled to {riops}/s", flush=True)
+        # The array's other tenants: direct random reads, 4 at a time, always queued.
+        load = subprocess.Popen(["fio", "--name=array-load", f"--filename={dev}", "--direct=1",
+                                 "--rw=randread", "--bs=4k", "--ioengine=libaio",
+                                 "--iodepth=4", "--time_based", "--runtime=86400"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"light1 on {dev} over {path}, reads throttled to {riops}/s, loaded by 4 "
+              f"direct readers", flush=True)
         yield dev
     finally:
+        if load is not None:
+            stop_process(load)
         with open(BLKIO_THROTTLE, "w") as f:
             f.write(f"{rule} 0")
         subprocess.run(["losetup", "-d", dev], check=True)
