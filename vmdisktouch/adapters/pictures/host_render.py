@@ -344,8 +344,10 @@ def _curves(img, draw, font, disks: list[DiskBand], marks, y: int, width: int) -
         pts = [at(b, h) for b, h in (d.curve or ()) if b > 0]
         if len(pts) < 2:
             continue
-        for k, (p, q) in enumerate(zip(pts, pts[1:])):
-            if not rank or k % 2 == 0:             # a disk sharing a colour: dashed
+        for p, q in zip(pts, pts[1:]):
+            if rank:                               # a disk sharing a colour: dashed
+                _dashed(draw, p, q, colour)
+            else:
                 draw.line([p, q], fill=colour, width=2)
         if d.share_bytes:
             sx, sy = at(d.share_bytes, _hit_at(d.curve, d.share_bytes))
@@ -353,6 +355,17 @@ def _curves(img, draw, font, disks: list[DiskBand], marks, y: int, width: int) -
         if d.held_bytes > 0:
             hx, hy = at(d.held_bytes, _hit_at(d.curve, d.held_bytes))
             draw.ellipse([hx - 4, hy - 4, hx + 4, hy + 4], fill=colour, outline=SHARE)
+
+
+def _dashed(draw, p, q, colour, on: float = 6.0, off: float = 4.0) -> None:
+    """A dashed line from ``p`` to ``q``: ``on`` px drawn, ``off`` px left, measured along it."""
+    length = math.dist(p, q)
+    t = 0.0
+    while t < length:
+        a, b = t / length, min(t + on, length) / length
+        draw.line([(p[0] + (q[0] - p[0]) * a, p[1] + (q[1] - p[1]) * a),
+                   (p[0] + (q[0] - p[0]) * b, p[1] + (q[1] - p[1]) * b)], fill=colour, width=2)
+        t += on + off
 
 
 def _hit_at(curve: list, size: int) -> float:
