@@ -113,6 +113,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.source_common import (  # noqa: E402
     add_compare_rev, exit_on_sigterm, fmt, machine, median, publish, ratio_text, round_orders,
     side_by_side, spread_text)
+from tests.support.blockdev import loop_device, read_throttle  # noqa: E402
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import ROOT as CHECKOUT, GiB, MiB, stop_process  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
@@ -146,7 +147,6 @@ STATUS_POLL = 0.5                           # s between reads of the status file
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 NAN = float("nan")
 READ_MIX = 0.8                              # fio's rwmixread: reads of the I/O
-BLKIO_THROTTLE = "/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device"
 
 
 def with_rev_twins(names: list[str]) -> list[str]:
@@ -405,29 +405,20 @@ def one_scenario(name: str, vms: list[dict], nb_path: str, args, tmp: str, rnd: 
 
 @contextlib.contextmanager
 def throttled_loop(path: str, riops: int):
-    """A loop device over ``path`` (direct I/O to it) whose reads the root blkio group
-    caps at ``riops`` a second; the throttle and the device removed at the end."""
-    dev = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", path], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    rule = f"{os.major(os.stat(dev).st_rdev)}:{os.minor(os.stat(dev).st_rdev)}"
-    load = None
-    try:
-        with open(BLKIO_THROTTLE, "w") as f:
-            f.write(f"{rule} {riops}")
+    """A loop device over ``path`` (direct I/O to it) whose reads the blkio group caps at
+    ``riops`` a second, kept busy by 4 direct readers; all removed at the end."""
+    with loop_device(path, direct_io=True) as dev, read_throttle(dev, riops):
         # The array's other tenants: direct random reads, 4 at a time, always queued.
         load = subprocess.Popen(["fio", "--name=array-load", f"--filename={dev}", "--direct=1",
                                  "--rw=randread", "--bs=4k", "--ioengine=libaio",
                                  "--iodepth=4", "--time_based", "--runtime=86400"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(f"light1 on {dev} over {path}, reads throttled to {riops}/s, loaded by 4 "
-              f"direct readers", flush=True)
-        yield dev
-    finally:
-        if load is not None:
+        try:
+            print(f"light1 on {dev} over {path}, reads throttled to {riops}/s, loaded by 4 "
+                  f"direct readers", flush=True)
+            yield dev
+        finally:
             stop_process(load)
-        with open(BLKIO_THROTTLE, "w") as f:
-            f.write(f"{rule} 0")
-        subprocess.run(["losetup", "-d", dev], check=True)
 
 
 def saved_lines(results: list[dict], names: list[str]) -> list[str]:

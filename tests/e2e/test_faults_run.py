@@ -16,6 +16,7 @@ import os
 import re
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -220,9 +221,16 @@ def _swap_status(make):
         d = serving(tmp_path, image)
         try:
             d.wait_status(lambda s: True, "a status file")
-            swap = f"{d.status_path}.swap"     # made aside, then renamed over it: a
-            make(image, swap)                  # cycle's write between an unlink and a
-            os.replace(swap, d.status_path)    # link made the link fail (EEXIST) once
+            for _ in range(5):
+                swap = f"{d.status_path}.swap"     # made aside, then renamed over it: a
+                make(image, swap)                  # cycle's write between an unlink and a
+                os.replace(swap, d.status_path)    # link made the link fail (EEXIST) once
+                # A cycle that checked the path just before the swap renames its status
+                # over the link: nothing reached the image, and the swap is made again.
+                if _refused_or_replaced(d, image):
+                    break
+            else:
+                raise AssertionError(f"the swap was replaced 5 times: {d.output()[-2000:]}")
             more_cycles(d, 4)
             out = d.output()
             assert out.count("cannot write --status") == 1, out[-2000:]
@@ -231,6 +239,20 @@ def _swap_status(make):
         finally:
             stopped_cleanly(d)
     return check
+
+
+def _refused_or_replaced(d, image, timeout: float = 20.0) -> bool:
+    """True once the daemon logs its refusal of the swapped status path; False when a
+    cycle's status replaced the swap before any refusal."""
+    deadline = time.monotonic() + timeout
+    while "cannot write --status" not in d.output():
+        st = os.lstat(d.status_path)
+        if not stat.S_ISLNK(st.st_mode) and not os.path.samestat(st, os.stat(image)):
+            return "cannot write --status" in d.output()
+        assert d.proc.poll() is None, f"daemon exited: {d.output()[-2000:]}"
+        assert time.monotonic() < deadline, f"no refusal: {d.output()[-2000:]}"
+        time.sleep(0.02)
+    return True
 
 
 fault("status-swapped-for-symlink", "between two cycles the status file is replaced by a "

@@ -9,7 +9,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.support.common import require_tool
+from tests.support.blockdev import loop_device, read_throttle
+from tests.support.common import stop_process
 from tests.support.images import evict, make_image, resident_bytes
 from tests.support.pagecache import read_range
 from vmdisktouch.system.observe import miss_cost as mc
@@ -86,32 +87,40 @@ def test_every_block_cached_gives_no_figure_and_says_why(tmp_path):
         cost.close()
 
 
-def test_a_device_served_from_memory_costs_less_than_the_disk(tmp_path):
-    """A loop device over a file kept in the page cache answers from memory (the loop
-    driver reads its backing file through the cache); an evicted file on this machine's
-    disk waits for the disk: the medians say which is which."""
-    losetup = require_tool("losetup")
+def test_a_throttled_device_costs_more_than_one_served_from_memory(tmp_path):
+    """Two loop devices over one file kept in the page cache: both answer from memory
+    (the loop driver reads its backing file through the cache), but one has its reads
+    capped at 50 a second and a reader always queued on it, as on a loaded array; the
+    medians say which is which, and the timed reads go past the page cache, so an
+    evicted file stays evicted."""
     backing = make_image(tmp_path / "backing.raw", 64 * MiB, sparse=False)
     read_range(str(backing), 0, 64 * MiB)                  # all of it in the page cache
     disk = make_image(tmp_path / "disk.raw", 64 * MiB, sparse=False)
     evict(disk)
-    dev = subprocess.run([losetup, "--find", "--show", "--direct-io=off", str(backing)],
-                         check=True, capture_output=True, text=True).stdout.strip()
     costs = []
     try:
-        for path, regular in ((dev, False), (str(disk), True)):
-            cost = MissCost(path, BS, regular=regular, seed=3)
-            costs.append(cost)
-            for _ in range(12):
-                cost.probe(np.zeros(64, np.float32), 64 * MiB)
-        memory, on_disk = (c.seconds for c in costs)
-        assert memory is not None and on_disk is not None
-        assert memory < on_disk, (memory, on_disk)
+        with loop_device(str(backing)) as fast, loop_device(str(backing)) as slow, \
+                read_throttle(slow, 50):
+            # The array's other tenant: without it the throttle lets most reads through
+            # at once and makes one in a slice wait for all.
+            load = subprocess.Popen(["dd", f"if={slow}", "of=/dev/null", "bs=4k",
+                                     "iflag=direct"], stderr=subprocess.DEVNULL)
+            try:
+                for path, regular in ((fast, False), (slow, False), (str(disk), True)):
+                    cost = MissCost(path, BS, regular=regular, seed=3)
+                    costs.append(cost)
+                    for _ in range(6):
+                        cost.probe(np.zeros(64, np.float32), 64 * MiB)
+            finally:
+                stop_process(load)
+        memory, throttled, on_disk = (c.seconds for c in costs)
+        assert None not in (memory, throttled, on_disk)
+        # 50 reads a second shared with the tenant: each read waits for a turn.
+        assert throttled > 0.005 and throttled > 10 * memory, (memory, throttled)
         assert resident_bytes(str(disk)) == 0
     finally:
         for c in costs:
             c.close()
-        subprocess.run([losetup, "-d", dev], check=True)
 
 
 @pytest.mark.parametrize("errno_name", ["EINVAL", "EIO"])
