@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.common import require_tool
 from tests.support.tracing import PAGE, instance_name, reader, scratch, tracefs_root  # noqa: F401
-from vmdisktouch.core.mrc import FULL, page_hash, pages_read
+from vmdisktouch.core.mrc import FULL, batch_ends, page_hash, pages_read
 from vmdisktouch.system.trace import bpf_reads, tracefs
 from vmdisktouch.system.trace.trace_reader import GET_PAGES, READ, TraceReader
 
@@ -40,6 +40,13 @@ def in_thread(fn, *args):
 def reads_of(fd, offsets_and_lengths):
     for off, n in offsets_and_lengths:
         os.pread(fd, n, off)
+
+
+def pinned_reads_of(fd, offsets_and_lengths):
+    """``reads_of`` on one CPU: the kernel takes a CPU's read range at its next read there,
+    so a thread that moved would see its ranges taken out of order."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    reads_of(fd, offsets_and_lengths)
 
 
 def test_each_block_counts_the_read_events_that_touched_it_as_the_ring_buffer_saw_them(
@@ -86,18 +93,46 @@ def test_the_pages_read_are_sampled_in_order_as_the_ring_buffer_saw_them(scratch
             counted.drain(), events.drain()
             plan = [(int(p) * PAGE, PAGE) for p in rng.integers(0, 16 * PPB, n)]
             plan += [(7 * PPB * PAGE + 3 * PAGE, 40 * PAGE)] * (threshold < FULL)
-            in_thread(reads_of, fd, plan)
+            in_thread(pinned_reads_of, fd, plan)
             c, ev = counted.drain().counted, events.drain()
             r = ev.kind == READ
-            want = pages_read(ev.first[r], ev.last[r])
+            read = pages_read(ev.first[r], batch_ends(ev.first[r], ev.last[r]))
             if n > bpf_reads.RING:         # more than the events' buffer holds: the plan's
-                want = np.array([off // PAGE for off, _ in plan])
-            want = want[page_hash(want) < threshold]
-            lost = max(0, want.size - bpf_reads.RING)
+                read = np.array([off // PAGE for off, _ in plan])
+            want = read[page_hash(read) < threshold]
+            # The last read's range waits on its CPU for the next read there: the take
+            # takes it from there, not from the ring.
+            lost = max(0, want.size - 1 - bpf_reads.RING)
             assert c.samples_lost == lost and c.sampled.tolist() == want[lost:].tolist()
-            assert c.pages == (n if n > bpf_reads.RING else
-                               int((ev.last[r] - ev.first[r] + 1).sum())) >= n
+            assert c.pages == read.size >= n
             assert 0 < c.sampled.size < c.pages or threshold == FULL
+    finally:
+        os.close(fd)
+
+
+def test_a_long_read_samples_each_page_once_though_the_kernel_repeats_its_tail(
+        scratch, reader):                                   # noqa: F811
+    """The kernel reports an 8 MiB read once per batch of folios (31 at most), each time
+    up to the request's end; the sample takes each batch up to the next one's first page, so the
+    pages read twice are sampled twice, no more."""
+    path = scratch(16 * PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counted, events = reader(fd), reader(fd)
+        assert counted.count_reads(PPB, 16)
+        counted.sample_below(FULL)
+        # Read cold, the pages come in small folios (a written file's can be 2 MiB each,
+        # and one batch then covers it all).
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        counted.drain(), events.drain()
+        in_thread(pinned_reads_of, fd, [(0, 8 * PPB * PAGE)] * 2)
+        c, ev = counted.drain().counted, events.drain()
+        r = ev.kind == READ
+        assert r.sum() > 4                                  # the kernel's batches: several
+        assert int((ev.last[r] - ev.first[r] + 1).sum()) > 3 * 2 * 8 * PPB
+        once = np.arange(8 * PPB)
+        assert c.sampled.tolist() == np.concatenate((once, once)).tolist()
+        assert c.pages == 2 * 8 * PPB
     finally:
         os.close(fd)
 

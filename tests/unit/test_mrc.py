@@ -130,3 +130,16 @@ def test_read_ranges_expand_to_their_pages_in_order_at_most_a_span_each():
     from vmdisktouch.core.mrc import pages_read
     assert pages_read([5, 100, 7], [7, 100, 6]).tolist() == [5, 6, 7, 100]
     assert pages_read([0], [999], span=4).tolist() == [0, 1, 2, 3]
+
+
+def test_a_batch_ends_where_the_next_batch_of_its_request_starts():
+    """The kernel's events of one long read repeat its tail (0-4095, 31-4095, 62-4095):
+    each ends before the next one's first page; another request ending on the same page
+    but starting again from its start (a re-read) is a new request; one of another end
+    keeps its range."""
+    from vmdisktouch.core.mrc import batch_ends
+    first = [0, 31, 5, 62, 0, 40]
+    last = [4095, 4095, 5, 4095, 4095, 4095]
+    assert batch_ends(first, last).tolist() == [30, 61, 5, 4095, 39, 4095]
+    assert batch_ends([7], [9]).tolist() == [9]
+    assert batch_ends([], []).tolist() == []

@@ -80,6 +80,26 @@ def pages_read(first: np.ndarray, last: np.ndarray, span: int = READ_SPAN) -> np
     return starts + np.arange(int(n.sum()), dtype=np.int64)
 
 
+def batch_ends(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The last page each read event's batch returned, for READ events in time order. The
+    kernel reports a long read once per batch of folios, each time from the batch's first
+    page to the request's end (``0-4095, 31-4095, 62-4095``): an event that a later one
+    continues (the same last page, a first page past its own and within its range) ends
+    before that one's first page, so each page read counts once."""
+    first = np.asarray(first, dtype=np.int64)
+    last = np.asarray(last, dtype=np.int64)
+    if first.size < 2:
+        return last.copy()
+    order = np.lexsort((np.arange(first.size), last))          # by last page, then time
+    f, l = first[order], last[order]
+    cont = (l[1:] == l[:-1]) & (f[1:] > f[:-1]) & (f[1:] <= l[:-1])
+    end = l.copy()
+    end[:-1][cont] = f[1:][cont] - 1
+    out = np.empty_like(last)
+    out[order] = end
+    return out
+
+
 def _bin(distance: float) -> int:
     """The histogram bin of a distance in pages (bin 0: distance under one page)."""
     if distance < 1:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vmdisktouch.core.access import ADD, READ, AccessLog, EventResidency
-from vmdisktouch.core.mrc import MissRatioCurve, pages_read
+from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.errors import ConfigError, VmdtError
@@ -205,8 +205,10 @@ class TraceSource:
             self._pages_read += counted.pages
         else:
             reads = ev.kind == READ
-            self.mrc.feed(pages_read(ev.first[reads], ev.last[reads]), seconds=seconds)
-            self._pages_read += int((ev.last[reads] - ev.first[reads] + 1).sum())
+            first = ev.first[reads]
+            pages = pages_read(first, batch_ends(first, ev.last[reads]))
+            self.mrc.feed(pages, seconds=seconds)
+            self._pages_read += pages.size
         if self.reader is not None:
             self.reader.sample_below(self.mrc.threshold)
         return True

@@ -46,7 +46,7 @@ import struct
 
 import numpy as np
 
-from vmdisktouch.core.mrc import HASH_BITS, HASH_MUL, READ_SPAN
+from vmdisktouch.core.mrc import HASH_BITS, HASH_MUL, READ_SPAN, page_hash, pages_read
 from vmdisktouch.errors import SyscallError, VmdtError
 from vmdisktouch.system import libc
 
@@ -58,13 +58,14 @@ PROBE_TID, PROBE_HITS, BEYOND, FIRST_BLOCK = 0, 1, 2, 3
 SAMPLE_SPAN = READ_SPAN    # pages of one read range that are sampled, at most
 RING = 1 << 16             # sampled pages the ring holds between two takes (512 KiB)
 S_PAGES, S_THRESHOLD, S_HEAD, S_RING = 0, 1, 2, 4   # the sample map's 8-byte slots
+S_PEND = S_RING + RING     # then per CPU: the range not yet taken (thread, page, last), 4 slots
 _MAP_VALUE = 2             # BPF_PSEUDO_MAP_VALUE: ld_imm64 of a map value's address
 
 _BPF_MAP_CREATE = 0
 _MAP_ARRAY, _F_MMAPABLE, _PROG_TRACEPOINT = 2, 1 << 10, 5
 _PERF_TYPE_TRACEPOINT, _PERF_SAMPLE_RAW, _PERF_FLAG_FD_CLOEXEC = 2, 1 << 10, 8
 _IOC_SET_BPF, _IOC_ENABLE = 0x40042408, 0x2400
-_FUNC_MAP_LOOKUP, _FUNC_PID_TGID = 1, 14
+_FUNC_MAP_LOOKUP, _FUNC_CPU, _FUNC_PID_TGID = 1, 8, 14
 
 
 class BpfUnavailable(VmdtError):
@@ -128,6 +129,16 @@ def _jump(op: str, dst: int, off: int, *, src: int | None = None, imm: int = 0) 
     return _insn(code, dst, 0, off, imm)
 
 
+def possible_cpus() -> int:
+    """The CPUs this kernel may ever run (``/sys/devices/system/cpu/possible``): the ids
+    ``bpf_get_smp_processor_id`` can return are below it."""
+    try:
+        with open("/sys/devices/system/cpu/possible") as f:
+            return int(f.read().strip().split(",")[-1].split("-")[-1]) + 1
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
+
+
 def span_blocks(pages_per_block: int) -> int:
     """The blocks one read range counts for, at most: ``MAX_SPAN``, or for blocks smaller
     than ``SPAN_PAGES / MAX_SPAN`` pages enough to cover ``SPAN_PAGES`` pages (a 1 MiB read
@@ -137,6 +148,7 @@ def span_blocks(pages_per_block: int) -> int:
 
 _CALL_LOOKUP = _insn(0x85, 0, 0, 0, _FUNC_MAP_LOOKUP)
 _CALL_PID_TGID = _insn(0x85, 0, 0, 0, _FUNC_PID_TGID)
+_CALL_CPU = _insn(0x85, 0, 0, 0, _FUNC_CPU)
 _EXIT = _insn(0x95)
 
 
@@ -181,7 +193,7 @@ class _Asm:
 
 def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
             exclude_tid: int | None, pages_per_block: int, nblocks: int,
-            sample_fd: int | None = None) -> bytes:
+            sample_fd: int | None = None, ncpu: int = 1) -> bytes:
     """The counting program (module docstring), for the record layout ``offsets``
     (``i_ino``, ``s_dev``, ``index``, ``last_index``); with ``sample_fd`` (the sample
     map) it samples the pages read too."""
@@ -230,19 +242,39 @@ def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
     a.emit(_mov_k(9, BEYOND), count())
     if sample_fd is not None:
         a.jump("ja", 0, "out")
-        _sample(a, offsets, sample_fd)
+        _sample(a, offsets, sample_fd, ncpu)
     a.label("out")
     a.emit(_mov_k(0, 0), _EXIT)
     return a.code()
 
 
-def _sample(a: _Asm, offsets: dict[str, int], sample_fd: int) -> None:
-    """The pages of the read range into the sample ring (module docstring). r1: the sample
-    map's value; r7, r8: the page and the last page; r9: the threshold."""
+def _sample(a: _Asm, offsets: dict[str, int], sample_fd: int, ncpu: int) -> None:
+    """The pages of the previous read range on this CPU into the sample ring, up to this
+    range's first page when it continues the same request (module docstring). r1: the
+    sample map's value; r2: this CPU's pending slot; r7, r8: the page and the last page of
+    the range taken; r9: the threshold."""
+    pend = 8 * S_PEND
     a.label("sample")
-    a.emit(_ldx("dw", 7, 6, offsets["index"]), _ldx("dw", 8, 6, offsets["last_index"]),
+    a.emit(_CALL_CPU, _mov(9, 0))
+    a.jump("jge", 9, "out", imm=ncpu)
+    a.emit(_CALL_PID_TGID, _insn(0xbc, 0, 0),                 # w0: the thread id
            _ld_imm64(1, sample_fd, src=_MAP_VALUE),
-           _mov(2, 8), _alu("sub", 2, src=7), _add_k(2, 1), _atomic_add_dw(1, 2, 8 * S_PAGES),
+           _mov(2, 9), _alu("lsh", 2, imm=5), _add_k(2, pend), _alu("add", 2, src=1),
+           _ldx("dw", 3, 2, 0), _ldx("dw", 7, 2, 8), _ldx("dw", 8, 2, 16),
+           _ldx("dw", 4, 6, offsets["index"]), _ldx("dw", 5, 6, offsets["last_index"]),
+           _stx_dw(2, 0, 0), _stx_dw(2, 4, 8), _stx_dw(2, 5, 16))
+    a.jump("jeq", 3, "out", imm=0)                            # nothing was pending
+    a.jump("jne", 3, "take", src=0)                           # continued: same thread,
+    a.jump("jne", 8, "take", src=5)                           # same last page, a first
+    a.jump("jge", 7, "take", src=4)                           # page past the previous
+    a.jump("jgt", 4, "take", src=8)                           # one's and within its range
+    a.emit(_mov(8, 4), _add_k(8, -1))
+    a.label("take")
+    a.emit(_mov(2, 7), _add_k(2, SAMPLE_SPAN - 1))
+    a.jump("jge", 2, "within", src=8)
+    a.emit(_mov(8, 2))
+    a.label("within")
+    a.emit(_mov(2, 8), _alu("sub", 2, src=7), _add_k(2, 1), _atomic_add_dw(1, 2, 8 * S_PAGES),
            _ldx("dw", 9, 1, 8 * S_THRESHOLD))
     for i in range(SAMPLE_SPAN):
         a.jump("jgt", 7, "out", src=8)
@@ -269,14 +301,16 @@ def _perf_attr(tracepoint_id: int) -> bytes:
 class ReadCounter:
     """Per-block read counts of one image, counted in the kernel (module docstring)."""
 
-    def __init__(self, fds: list[int], counters: mmap.mmap, samples: mmap.mmap, nblocks: int):
+    def __init__(self, fds: list[int], counters: mmap.mmap, samples: mmap.mmap, nblocks: int,
+                 ncpu: int = 1):
         self._fds = fds
         self._mems = [counters, samples]
         self.nblocks = nblocks
         self._slots = np.frombuffer(counters, dtype=np.uint64, count=nblocks + FIRST_BLOCK)
         self._base = self._slots.copy()
-        self._sample = np.frombuffer(samples, dtype=np.uint64, count=S_RING + RING)
-        self._ring = self._sample[S_RING:]
+        self._sample = np.frombuffer(samples, dtype=np.uint64, count=S_PEND + 4 * ncpu)
+        self._ring = self._sample[S_RING:S_PEND]
+        self._pend = self._sample[S_PEND:].reshape(ncpu, 4)
         self._tail = 0                      # the ring's next slot to take
         self._pages_base = 0
 
@@ -298,10 +332,11 @@ class ReadCounter:
             return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
             map_fd, counters = array(8, nslots)
-            sample_fd, samples = array(8 * (S_RING + RING), 1)
+            ncpu = possible_cpus()
+            sample_fd, samples = array(8 * (S_PEND + 4 * ncpu), 1)
             code = program(offsets, map_fd=map_fd, ino=ino, sdev=sdev,
                            exclude_tid=exclude_tid, pages_per_block=pages_per_block,
-                           nblocks=nblocks, sample_fd=sample_fd)
+                           nblocks=nblocks, sample_fd=sample_fd, ncpu=ncpu)
             prog_fd = libc.bpf_prog_load(_PROG_TRACEPOINT, code, b"vmdt_reads")
             fds.append(prog_fd)
             event_fd = libc.perf_event_open(_perf_attr(tracepoint_id), -1, 0, -1,
@@ -313,7 +348,7 @@ class ReadCounter:
             for fd in fds:
                 os.close(fd)
             raise BpfUnavailable(str(exc)) from None
-        return cls(fds[::-1], counters, samples, int(nblocks))
+        return cls(fds[::-1], counters, samples, int(nblocks), ncpu)
 
     def set_probe(self, tid: int | None) -> None:
         """Reads by thread ``tid`` count as the probe's from now (None: nobody's)."""
@@ -340,7 +375,9 @@ class ReadCounter:
     def take_samples(self) -> tuple[np.ndarray, int, int]:
         """Since the last take: the sampled pages in the order they were read, every page
         read, and the samples the ring lost (it overran). A slot taken but not yet
-        written (a read on another CPU at this moment) ends the take: it is the next's."""
+        written (a read on another CPU at this moment) ends the take: it is the next's.
+        Each CPU's range still pending is taken too, after the ring's (a read racing
+        with it on that CPU may count one range twice, or drop one)."""
         head = int(self._sample[S_HEAD])
         lost = max(0, head - self._tail - RING)
         start = self._tail + lost
@@ -353,7 +390,18 @@ class ReadCounter:
         self._tail = start + vals.size
         pages = int(self._sample[S_PAGES])
         total, self._pages_base = pages - self._pages_base, pages
-        return vals.astype(np.int64) - 1, total, lost
+        sampled = vals.astype(np.int64) - 1
+        pend = self._pend[:, :3].copy()
+        taken = np.flatnonzero(pend[:, 0])
+        if taken.size:
+            self._pend[taken, 0] = 0
+            first = pend[taken, 1].astype(np.int64)
+            last = np.minimum(pend[taken, 2].astype(np.int64), first + SAMPLE_SPAN - 1)
+            flushed = pages_read(first, last)
+            total += flushed.size
+            threshold = int(self._sample[S_THRESHOLD])
+            sampled = np.concatenate((sampled, flushed[page_hash(flushed) < threshold]))
+        return sampled, total, lost
 
     def close(self) -> None:
         """Detach and free the program and the maps; idempotent."""
