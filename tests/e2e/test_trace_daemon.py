@@ -275,7 +275,8 @@ def test_the_curve_says_what_an_lru_cache_of_each_size_would_serve(tmp_path, tra
         nxt = st["gain"]["next_gib"]
         assert nxt["bytes"] == st["held_bytes"] + 1024 * MiB
         assert nxt["hit_ratio"] == pytest.approx(11 / 12, abs=0.03)
-        # A miss on this disk was timed.
+        # It wants no more than that, and a miss on this disk was timed.
+        assert st["wanted_bytes"] <= st["gain"]["wants_bytes"]
         assert 0 < st["miss_cost"]["seconds"] < 1 and st["miss_cost"]["probes"] > 0
     finally:
         os.close(fd)

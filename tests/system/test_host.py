@@ -209,9 +209,11 @@ def test_with_a_curve_for_every_disk_the_curves_decide_how_much_and_heat_which_b
     def zone(s):
         return np.where(np.asarray(s) >= 16 * MiB, 0.9, np.asarray(s) / (16 * MiB) * 0.9)
     rates = {a: 10_000.0, b: 1000.0}
+    wants = {a: 8 * MiB, b: None}              # what each curve says still pays
     for w in h.watchers:
         monkeypatch.setattr(w, "demand", lambda weight=1.0, p=w.image.path:
                             Demand(zone, rates[p], 1.0, weight))
+        monkeypatch.setattr(w, "curve_wants", lambda p=w.image.path: wants[p])
     with held(a, [(8 * MiB, 16 * MiB)]), held(b, [(32 * MiB, 16 * MiB)]):
         for _ in range(3):
             tick(h)
@@ -220,6 +222,8 @@ def test_with_a_curve_for_every_disk_the_curves_decide_how_much_and_heat_which_b
         st = h.report(1.0, 0)
         assert [d.limited_by for d in st.disks] == [None, "curve"]
         assert "memory saves more reads elsewhere" in st.disks[1].not_held_reason
+        # What a disk wants: its candidates, no more than what its curve says pays.
+        assert [d.wanted_bytes for d in st.disks] == [8 * MiB, 16 * MiB]
         monkeypatch.setattr(h.watchers[1], "demand", lambda weight=1.0: None)
         for _ in range(3):
             tick(h)

@@ -141,6 +141,15 @@ class DiskWatcher:
         cost = self.miss_cost.seconds if self.miss_cost is not None else None
         return Demand(lambda b: mrc.curve(np.asarray(b) / page), rate, cost, weight)
 
+    def curve_wants(self) -> int | None:
+        """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
+        a curve (the mincore source) or before it has seen reads."""
+        mrc = getattr(self.source, "mrc", None)
+        gain = getattr(self.source, "gain", None)
+        if mrc is None or not mrc.reads_per_second or not gain:
+            return None
+        return gain.get("wants_bytes")
+
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
         while holding is off). ``act`` with the targets the selection gave it follows."""

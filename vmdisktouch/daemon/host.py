@@ -194,12 +194,14 @@ class Host:
                 limit = "weight"
             if limit == "cap" and id(w) in self.by_curve:
                 limit = "curve"
-            gain = getattr(w.source, "gain", None) if limit == "curve" else None
-            w.allotment = Allotment(alloc.share[d] * bs, alloc.wanted[d] * bs, limit,
+            wants = w.curve_wants()
+            wanted = alloc.wanted[d] * bs
+            w.allotment = Allotment(alloc.share[d] * bs,
+                                    wanted if wants is None else min(wanted, wants), limit,
                                     None if top is None else disk_name(named[top]),
                                     self.budget, self.caps.get(w.image.path),
                                     self.weights.get(w.image.path, 1.0),
-                                    gain.get("wants_bytes") if gain else None)
+                                    wants if limit == "curve" else None)
 
     def held_bytes(self) -> int:
         return self.ledger.held()

@@ -43,7 +43,7 @@ from vmdisktouch.sizes import format_size
 class Allotment:
     """What the last selection gave one disk (``budget.Allocation``), in bytes."""
     share: int                   # given, plus the free budget it could still take
-    wanted: int                  # its candidate regions: all it would hold
+    wanted: int                  # its candidate regions, no more than its curve's wants
     limit: str | None            # "budget", "cap", "weight" or "curve" when it got less
     top: str | None              # limited by the budget: the disk given the most
     budget: int                  # the host's whole budget

@@ -73,7 +73,8 @@ GAUGES = (
     ("budget_bytes", "The disk's share of the host budget: what it was given plus the free "
      "budget it could still take.", "budget_bytes"),
     ("wanted_bytes", "All the disk would hold: its candidate regions (blocks above the "
-     "threshold, runs kept by hysteresis), whatever the budget.", "wanted_bytes"),
+     "threshold, runs kept by hysteresis), no more than its curve says still pays, "
+     "whatever the budget.", "wanted_bytes"),
     ("resident_bytes", "Bytes of the image in the page cache, as last seen.", "resident_bytes"),
     ("regions", "Held regions.", None),
     ("cycle_seconds", "Duration of the disk's last cycle.", "cycle_seconds"),

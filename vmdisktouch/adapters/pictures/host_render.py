@@ -132,7 +132,7 @@ class DiskBand:
     target: str | None = None
     size_bytes: int = 0         # the image's size
     share_bytes: int | None = None   # its share of the budget (None: no selection yet)
-    wanted_bytes: int | None = None  # all it would hold (its candidate regions)
+    wanted_bytes: int | None = None  # all it would hold (candidates, within its curve's wants)
     limited_by: str | None = None    # why it holds less than it wants (daemon.reasons)
     curve: list | None = None        # [[bytes, hit ratio], ...] (core.mrc); None: none
 
