@@ -29,8 +29,18 @@ threshold the daemon writes into a second map goes into a ring of
 ``RING`` page numbers there (its slot taken with an atomic fetch-add, the
 number stored plus one so that an empty slot reads 0); the map also counts
 every page read, the curve's denominator. The ring is taken with the
-counters; what overran it is counted lost. The first ``SAMPLE_SPAN`` pages of
-a read range are sampled (the kernel's batches are at most 31 folios).
+counters; what overran it is counted lost.
+
+The kernel reports a long read once per batch of folios (at most 31), each
+time from the batch's first page to the request's end (``0-4095, 31-4095,
+62-4095``); sampled as reported, a 16 MiB read counted each page ~17 times and
+looked like reuse. So each CPU keeps its last range pending in the sample
+map (thread, first and last page) and samples it at its next read there: up
+to that read's first page when it continues the same request (same thread,
+same last page, a first page within the range), else whole; at most
+``SAMPLE_SPAN`` pages of it. A take also takes what is pending, so an idle
+disk's last read is not held back (``mrc.batch_ends`` is the same rule for
+the ring buffer's READ events).
 
 It needs CAP_BPF and CAP_PERFMON (root has both) and a kernel with
 ``CONFIG_BPF_EVENTS``; ``ReadCounter.create`` raises ``BpfUnavailable`` with
