@@ -16,11 +16,16 @@ second. The daemon only observes: ``vmdisktouch run IMG --max-hold 1M --spill
   the cycle's pages read), over every cycle from the start: the same reads the
   curve saw, first reads included. Readahead adds pages too, so it is a lower
   bound;
-* the image's pages in the cache (``mincore``), the mean over the last
+* the image's pages in the cache (the status's ``resident_bytes``, from the
+  trace's adds and deletes), the mean over the last
   ``--duration`` s, once the group is full: the LRU size the kernel gave the
   image (the group's page cache holds qemu-nbd's own file pages too);
 * the curve at that size: the status's ``curve`` of the last cycle, linear
-  between its points.
+  between its points;
+* an exact LRU of that size over the same reads (fio's ``write_iolog``
+  replayed through ``MissRatioCurve(rate=1)``, every page, no decay): what
+  the curve estimates, so the rows tell the sampling's error from the
+  kernel's distance to an LRU.
 
 The image is read through a loop device (``losetup --direct-io=on``: its
 backing file is not cached twice) whose readahead is off (``read_ahead_kb``
@@ -61,18 +66,33 @@ from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tests.support.fio import FioJob, FioRun  # noqa: E402
-from tests.support.images import evict, resident_bytes  # noqa: E402
+from tests.support.images import evict  # noqa: E402
 from tests.support.nbd import QemuNbd  # noqa: E402
 from tests.support.pagecache import data_image  # noqa: E402
+from vmdisktouch.core.mrc import MissRatioCurve  # noqa: E402
 from vmdisktouch.sizes import parse_size  # noqa: E402
 
 TARGET = 0.05                     # points of the reads, at each size
+PAGE = 4096
 
 
 def curve_at(curve: list, size: float) -> float:
     """The status's curve (``[[bytes, hit_ratio], ...]``) at ``size``, linear between points."""
     pts = np.array(sorted(curve), dtype=float)
     return float(np.interp(size, pts[:, 0], pts[:, 1]))
+
+
+def exact_lru(iolog: str, size: float) -> float:
+    """The hit ratio of an LRU cache of ``size`` bytes over the reads of fio's iolog."""
+    offsets = []
+    with open(iolog) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 4 and parts[1] == "read":
+                offsets.append(int(parts[2]) // PAGE)
+    exact = MissRatioCurve(rate=1.0, max_pages=None, half_life=0)
+    exact.feed(np.array(offsets, dtype=np.int64))
+    return exact.hit_ratio(size / PAGE)
 
 
 def run_one(limit: int, backing: str, args, tmp: str) -> dict:
@@ -84,11 +104,13 @@ def run_one(limit: int, backing: str, args, tmp: str) -> dict:
                 f.write("0")
         cg = MemoryCgroup(f"curve-{limit >> 20}M-{os.getpid()}", limit).create()
         stack.callback(cg.cleanup)
+        iolog = os.path.join(tmp, f"io-{limit >> 20}.log")
         nbd = QemuNbd(image, cgroup=cg, log=os.path.join(tmp, "nbd.log")).start()
         stack.callback(nbd.stop)
         job = FioJob(image, args.image_size, [(0, args.hot)], hot_share=50, read_mix=100,
                      runtime=args.warmup + args.duration + 60, seed=20261127, name="g",
-                     extra=[f"--rate_iops={args.rate}"], nbd_uri=nbd.uri)
+                     extra=[f"--rate_iops={args.rate}", f"--write_iolog={iolog}"],
+                     nbd_uri=nbd.uri)
         run = FioRun(job, cg, stderr_path=os.path.join(tmp, "fio.err")).start()
         stack.callback(run.stop)
         d = DaemonProc(tmp, image, "--uri", "", "--min-free", "0", "--access-source", "trace",
@@ -106,21 +128,23 @@ def run_one(limit: int, backing: str, args, tmp: str) -> dict:
             g = (st or {}).get("gain") or {}
             if g.get("cache_hit_ratio") is not None:
                 seen[st["cycle"]] = (g["pages_read_per_second"], g["cache_hit_ratio"])
-            if time.monotonic() >= start + args.warmup:
-                cache.append(resident_bytes(image))
+            if time.monotonic() >= start + args.warmup and st and "resident_bytes" in st:
+                cache.append(st["resident_bytes"])
             if not d.alive():
                 raise RuntimeError(f"the daemon died:\n{d.log_tail(20)}")
             time.sleep(0.5)
-        if not seen or not st or not st.get("curve"):
+        if not seen or not cache or not st or not st.get("curve"):
             raise RuntimeError(f"S={fmt(limit)}: no cycle with reads in the window")
         w = np.array([p for p, _ in seen.values()])
         kernel = float(np.average([h for _, h in seen.values()], weights=w)) if w.sum() else 0.0
         size = float(np.mean(cache))
         said = curve_at(st["curve"], size)
-        r = {"limit": limit, "cache": size, "kernel": kernel, "curve": said,
+        run.stop()
+        lru = exact_lru(iolog, size)
+        r = {"limit": limit, "cache": size, "kernel": kernel, "curve": said, "lru": lru,
              "cycles": len(seen), "mrc": st.get("mrc")}
         print(f"  S {fmt(limit)}: the image's cached pages {fmt(size)}, kernel {kernel:.3f}, curve "
-              f"{said:.3f} ({100 * (said - kernel):+.1f} points) over {len(seen)} cycles; "
+              f"{said:.3f} ({100 * (said - kernel):+.1f} points), exact LRU {lru:.3f} over {len(seen)} cycles; "
               f"sample {st['mrc']['sampled_pages']} pages at rate "
               f"{st['mrc']['sample_rate']:.4f}, lost {st['mrc']['samples_lost']}", flush=True)
         return r
@@ -128,12 +152,14 @@ def run_one(limit: int, backing: str, args, tmp: str) -> dict:
 
 def report(results: list[dict]) -> str:
     lines = ["| memory group | the image's cached pages | kernel: reads from memory | the curve there | "
-             "difference | target |", "|---|---|---|---|---|---|"]
+             "difference | target | exact LRU there | curve − LRU |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         diff = r["curve"] - r["kernel"]
         ok = "✓" if abs(diff) <= TARGET else "✗"
         lines.append(f"| {fmt(r['limit'])} | {fmt(r['cache'])} | {r['kernel']:.3f} | "
-                     f"{r['curve']:.3f} | **{100 * diff:+.1f}** points | 5 points {ok} |")
+                     f"{r['curve']:.3f} | **{100 * diff:+.1f}** points | 5 points {ok} | "
+                     f"{r['lru']:.3f} | {100 * (r['curve'] - r['lru']):+.1f} points |")
     head = ("The share of the pages read that needed no page added to the group's cache (the "
             "kernel, every cycle from a cold start), and the curve at the image's cached "
             "pages (their mean once the group is full), same run, one run per size")
