@@ -87,9 +87,9 @@ def exact_lru(iolog: str, size: float) -> float:
     offsets = []
     with open(iolog) as f:
         for line in f:
-            parts = line.split()
-            if len(parts) == 4 and parts[1] == "read":
-                offsets.append(int(parts[2]) // PAGE)
+            parts = line.split()        # v2: FILE read OFF LEN; v3: TIME FILE read OFF LEN
+            if len(parts) >= 4 and parts[-3] == "read":
+                offsets.append(int(parts[-2]) // PAGE)
     exact = MissRatioCurve(rate=1.0, max_pages=None, half_life=0)
     exact.feed(np.array(offsets, dtype=np.int64))
     return exact.hit_ratio(size / PAGE)
