@@ -76,6 +76,24 @@ def test_only_blocks_not_cached_and_holding_data_are_probed(tmp_path, monkeypatc
         cost.close()
 
 
+def test_the_cost_is_the_mean_wait_so_a_device_holding_a_third_of_its_reads_costs_that(
+        tmp_path):
+    """A loaded device's waits come in bursts: two reads at once, the third after a
+    100 ms slice. The time a hit saves is their mean (33 ms), not the median (0.1 ms)."""
+    path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
+    evict(path)
+    waits = [100_000, 100_000, 100_000_000] * 4
+    ticks = iter(np.cumsum([x for w in waits for x in (0, w)]))
+    cost = MissCost(str(path), BS, seed=1, clock=lambda: int(next(ticks)))
+    try:
+        for _ in range(3):
+            cost.probe(np.zeros(8, np.float32), 8 * MiB)
+        assert cost.status()["probes"] == 12
+        assert cost.seconds == pytest.approx((2 * 100e-6 + 100e-3) / 3)
+    finally:
+        cost.close()
+
+
 def test_every_block_cached_gives_no_figure_and_says_why(tmp_path):
     path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
     cost = MissCost(str(path), BS)
@@ -91,7 +109,7 @@ def test_a_throttled_device_costs_more_than_one_served_from_memory(tmp_path):
     """Two loop devices over one file kept in the page cache: both answer from memory
     (the loop driver reads its backing file through the cache), but one has its reads
     capped at 50 a second and a reader always queued on it, as on a loaded array; the
-    medians say which is which, and the timed reads go past the page cache, so an
+    means say which is which, and the timed reads go past the page cache, so an
     evicted file stays evicted."""
     backing = make_image(tmp_path / "backing.raw", 64 * MiB, sparse=False)
     read_range(str(backing), 0, 64 * MiB)                  # all of it in the page cache

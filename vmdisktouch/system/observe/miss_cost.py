@@ -14,9 +14,11 @@ read), with ``O_DIRECT`` on a descriptor of its own: past the page cache, so
 they cache nothing and evict nothing, and never a write. The pages are drawn at
 random from the blocks the cycle's residency says are not cached at all, and
 from data only (a hole of a sparse file reads as zeros without the device). The
-cost is the median of the last ``WINDOW`` probes: one slow outlier (a flush on
-the device) moves it little, and a device whose load changed shows within
-``WINDOW / PROBES`` cycles. At a 5 s interval that is under one read a second.
+cost is the mean of the last ``WINDOW`` probes, not their median: the time a
+hit saves is the sum of the waits, and a loaded device's waits come in bursts
+(a loop device capped at 50 reads a second let half the reads through at
+once, 0.1 ms, and held the rest for its next 100 ms slice: the median was
+either). A device whose load changed shows within ``WINDOW / PROBES`` cycles. At a 5 s interval that is under one read a second.
 
 The probe runs in the daemon's own I/O context, not the guest's: a guest whose
 cgroup throttles its I/O waits longer than the probe does.
@@ -37,7 +39,7 @@ import time
 import numpy as np
 
 PROBES = 4              # probe reads per cycle, at most
-WINDOW = 64             # the probes the median is taken over
+WINDOW = 64             # the probes the mean is taken over
 PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
 
 
@@ -60,10 +62,10 @@ class MissCost:
 
     @property
     def seconds(self) -> float | None:
-        """The median probe's time, in seconds; None before any probe or without them."""
+        """The mean probe's time, in seconds; None before any probe or without them."""
         if not self.samples:
             return None
-        return float(np.median(np.fromiter(self.samples, dtype=np.float64))) / 1e9
+        return float(np.mean(np.fromiter(self.samples, dtype=np.float64))) / 1e9
 
     def probe(self, resident: np.ndarray, size: int) -> int:
         """Up to ``PROBES`` timed reads in blocks ``resident`` (per block, the fraction
@@ -109,7 +111,7 @@ class MissCost:
         self.reason = why
 
     def status(self) -> dict:
-        """``seconds`` (the median, or None), ``probes`` (in the median) and, without a
+        """``seconds`` (the mean, or None), ``probes`` (in the mean) and, without a
         figure, ``none``: why."""
         s = self.seconds
         out = {"seconds": None if s is None else round(s, 7), "probes": len(self.samples)}
