@@ -213,7 +213,7 @@ def test_with_a_curve_for_every_disk_the_curves_decide_how_much_and_heat_which_b
     for w in h.watchers:
         monkeypatch.setattr(w, "demand", lambda weight=1.0, p=w.image.path:
                             Demand(zone, rates[p], 1.0, weight))
-        monkeypatch.setattr(w, "curve_wants", lambda p=w.image.path: wants[p])
+        monkeypatch.setattr(w, "curve_wants", lambda candidates, p=w.image.path: wants[p])
     with held(a, [(8 * MiB, 16 * MiB)]), held(b, [(32 * MiB, 16 * MiB)]):
         for _ in range(3):
             tick(h)

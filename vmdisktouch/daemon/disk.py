@@ -56,6 +56,8 @@ from vmdisktouch.report import DiskReport
 from vmdisktouch.core.shares import Demand
 from vmdisktouch.system.hold.spill import SpillResult
 
+EVIDENCE = 2       # a curve caps what a disk wants once it has seen this many passes of it
+
 log = logging.getLogger("vmdisktouch")
 
 
@@ -141,12 +143,16 @@ class DiskWatcher:
         cost = self.miss_cost.seconds if self.miss_cost is not None else None
         return Demand(lambda b: mrc.curve(np.asarray(b) / page), rate, cost, weight)
 
-    def curve_wants(self) -> int | None:
-        """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
-        a curve (the mincore source) or before it has seen reads."""
+    def curve_wants(self, candidates: int) -> int | None:
+        """What its curve says still pays (``mrc.wants``, in the cycle's gain), once the
+        guest has read at least ``EVIDENCE`` times the ``candidates`` bytes the heat would
+        hold: a first pass over them cannot have shown their reuse yet. None without a
+        curve (the mincore source) or before then."""
         mrc = getattr(self.source, "mrc", None)
         gain = getattr(self.source, "gain", None)
         if mrc is None or not mrc.reads_per_second or not gain:
+            return None
+        if mrc.reads * self.source.page_size < EVIDENCE * candidates:
             return None
         return gain.get("wants_bytes")
 

@@ -194,8 +194,8 @@ class Host:
                 limit = "weight"
             if limit == "cap" and id(w) in self.by_curve:
                 limit = "curve"
-            wants = w.curve_wants()
             wanted = alloc.wanted[d] * bs
+            wants = w.curve_wants(wanted)
             w.allotment = Allotment(alloc.share[d] * bs,
                                     wanted if wants is None else min(wanted, wants), limit,
                                     None if top is None else disk_name(named[top]),

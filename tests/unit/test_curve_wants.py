@@ -1,0 +1,41 @@
+"""When a disk's curve caps what it wants: once the guest has read enough to show reuse."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from vmdisktouch.core.mrc import MissRatioCurve
+from vmdisktouch.daemon.disk import EVIDENCE, DiskWatcher
+
+PAGE = 4096
+MiB = 1 << 20
+
+
+def watcher(pages: np.ndarray) -> SimpleNamespace:
+    mrc = MissRatioCurve(half_life=0)
+    mrc.feed(pages)
+    mrc.decay(1.0)
+    gain = {"wants_bytes": mrc.wants(64 * MiB, PAGE)}
+    return SimpleNamespace(source=SimpleNamespace(mrc=mrc, gain=gain, page_size=PAGE))
+
+
+def test_a_first_pass_leaves_the_wants_to_the_heat():
+    """16 MiB read once: no reuse yet, so the curve would want nothing; it has not seen
+    EVIDENCE passes of the 16 MiB the heat would hold, so it does not say."""
+    once = watcher(np.arange(16 * MiB // PAGE))
+    assert once.source.gain["wants_bytes"] == 0
+    assert DiskWatcher.curve_wants(once, 16 * MiB) is None
+
+
+def test_passes_enough_to_show_reuse_let_the_curve_cap_the_wants():
+    """A 4 MiB zone read over and over, and each of 12 MiB elsewhere once: the heat
+    would hold all 16 MiB; the curve, having seen more than EVIDENCE times that, wants
+    the zone."""
+    zone = np.tile(np.arange(4 * MiB // PAGE), 2 * EVIDENCE * 4)
+    rest = np.arange(4 * MiB // PAGE, 16 * MiB // PAGE)
+    w = watcher(np.concatenate((rest, zone)))
+    wants = DiskWatcher.curve_wants(w, 16 * MiB)
+    assert wants is not None and 4 * MiB <= wants < 16 * MiB
+    assert DiskWatcher.curve_wants(w, 64 * MiB) is None        # not EVIDENCE passes of it
