@@ -18,7 +18,8 @@ cost is the mean of the last ``WINDOW`` probes, not their median: the time a
 hit saves is the sum of the waits, and a loaded device's waits come in bursts
 (a loop device capped at 50 reads a second let half the reads through at
 once, 0.1 ms, and held the rest for its next 100 ms slice: the median was
-either). A device whose load changed shows within ``WINDOW / PROBES`` cycles. At a 5 s interval that is under one read a second.
+either). A device whose load changed shows within ``WINDOW / PROBES``
+cycles. At a 5 s interval that is under one read a second.
 
 The probe runs in the daemon's own I/O context, not the guest's: a guest whose
 cgroup throttles its I/O waits longer than the probe does.
