@@ -51,7 +51,8 @@ PAGE_TITLES = {
 }
 # sections whose page is not the longest page name they start with
 SECTION_PAGES = {"cold-start": "hotzone", "budget-per-byte": "hotzone",
-                 "redesign": "side-by-side", "one-runtime": "side-by-side"}
+                 "redesign": "side-by-side", "one-runtime": "side-by-side",
+                 "curve-exact": "curve-accuracy"}
 
 LATEST, HISTORY = "## Latest reading", "## History"
 

@@ -2,11 +2,15 @@
 budget, with ``VMDISKTOUCH_RECORD=OUT``, while hot zones are read (the golden trace
 tests/golden/policy/host-three.jsonl.gz; tests/e2e/test_record.py runs the same).
 
-* disk ``a``: a zone of 8M at 8M read every cycle, 4K rewritten in it each cycle;
+* disk ``a``: a zone of 8M at 8M read twice every cycle, 4K rewritten in it each cycle;
 * disk ``b``: a zone of 16M at 32M read every cycle;
-* disk ``c``: a zone of 8M at 0 read in the first half only (it cools and is let go).
+* disk ``c``: a zone of 8M at 0 read three times a cycle in the first half only.
 
-The budget (24M) is less than the zones (32M): the shared selection chooses.
+The budget (24M) is less than the zones (32M): the shared selection chooses. Each
+zone is a loop, whose curve is 0 below its size: the split gives ``c`` and ``a``
+their zones (the most reads saved per slice) and ``b`` the rest by read rate, where
+equal rates would leave one disk out for good. (The golden host-three was recorded
+with each zone read once a cycle.)
 
     .venv/bin/python -m tests.support.golden_host OUT [CYCLES]
 """
@@ -36,10 +40,11 @@ def record_host(workdir, record, cycles: int = 16) -> list[str]:
         fd = os.open(a, os.O_WRONLY)
         try:
             for i in range(cycles):
-                read_range(a, 8 * MiB, 8 * MiB)
+                for _ in range(2):
+                    read_range(a, 8 * MiB, 8 * MiB)
                 os.pwrite(fd, os.urandom(4096), (9 + i % 4) * MiB)
                 read_range(b, 32 * MiB, 16 * MiB)
-                if i < cycles // 2:
+                for _ in range(3 if i < cycles // 2 else 0):
                     read_range(c, 0, 8 * MiB)
                 d.wait_status(lambda s, i=i: s["host"]["cycle"] > i, f"cycle {i + 1}")
         finally:

@@ -1,0 +1,144 @@
+"""The sampled curve against the exact one, on the reads of bench_hotzone's variants.
+
+For each variant (base, move, write50, bigset: its zones, their shares and its
+read mix from bench_hotzone's ``Bench``, on its default 4 GiB image), fio runs
+the variant's job with the null engine (no I/O, the offsets only: the same
+distribution and seed as bench_hotzone's guest) for ``--ios`` (1,000,000)
+I/Os a phase and writes them to an iolog. Its reads are fed in order, in
+batches of one second at ``--rate`` (20,000) reads a second, to the daemon's
+curve (``MissRatioCurve.for_image``: sampled as the kernel samples, at most
+``MAX_PAGES`` pages and ``MAX_PER_SECOND`` sampled reads a second, decayed as
+the daemon decays it) and to the exact computation (every page, no decay).
+
+Reported per variant: the mean absolute error over the curve's 12 points (the
+status's sizes, the image down to 1/2048 of it), and the mean and the largest
+error at the sizes the host budget's split looks at (``shares.grid`` of
+bench_hotzone's budget, 1.25 x the hot zone: 65 sizes). Targets (issue 43):
+mean error ≤ 0.02 over the curve, ≤ 0.03 at the sizes the budget used.
+
+    .venv/bin/python benchmarks/bench_curve_exact.py [--variants base,move] [--doc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.bench_hotzone import Bench  # noqa: E402
+from benchmarks.hotzone_args import parse_args  # noqa: E402
+from benchmarks.source_common import fmt, machine, publish  # noqa: E402
+from tests.support.common import MiB, require_tool  # noqa: E402
+from tests.support.fio import FioJob  # noqa: E402
+from vmdisktouch.core.mrc import CURVE_POINTS, MissRatioCurve  # noqa: E402
+from vmdisktouch.core.shares import grid  # noqa: E402
+
+PAGE = 4096
+VARIANTS = ("base", "move", "write50", "bigset")
+TARGET_CURVE, TARGET_BUDGET = 0.02, 0.03
+
+
+def reads_of(b: Bench, ios: int, tmp: str) -> np.ndarray:
+    """The pages the variant's guest reads, in order: each phase's fio job with the null
+    engine, ``ios`` I/Os, its iolog's reads."""
+    pages = []
+    for k, zones in enumerate(b.phases):
+        log = os.path.join(tmp, f"io-{b.variant}-{k}.log")
+        job = FioJob(os.path.join(tmp, "none.raw"), b.size, zones, read_mix=b.read_mix,
+                     zone_shares=b.shares, seed=20241122 + k, name=f"guest-{b.variant}")
+        argv = [x for x in job.argv(require_tool("fio"))
+                if not x.startswith(("--ioengine=", "--time_based", "--runtime=", "--sync=",
+                                     "--status-interval=", "--output-format="))]
+        argv += ["--ioengine=null", f"--number_ios={ios}", f"--write_iolog={log}",
+                 "--output-format=terse"]
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with open(log) as f:
+            for line in f:
+                parts = line.split()       # v2: FILE read OFF LEN; v3: TIME FILE read OFF LEN
+                if len(parts) >= 4 and parts[-3] == "read":
+                    pages.append(int(parts[-2]) // PAGE)
+    return np.array(pages, dtype=np.int64)
+
+
+def compare(variant: str, ios: int, rate: int, tmp: str) -> dict:
+    a, _ = parse_args(["--variant", variant, "--no-doc"], __doc__)
+    b = Bench(a)
+    try:
+        pages = reads_of(b, ios, tmp)
+    finally:
+        shutil.rmtree(b.tmp, ignore_errors=True)
+    sampled = MissRatioCurve.for_image(b.size // PAGE)
+    for start in range(0, pages.size, rate):
+        sampled.feed(pages[start:start + rate], seconds=1.0)
+        sampled.decay(1.0)
+    exact = MissRatioCurve(rate=1.0, max_pages=None, half_life=0)
+    exact.feed(pages)
+    points = np.array([s for s, _ in sampled.status(b.size, PAGE)["curve"]], dtype=float)
+    budget = grid(b.budget, MiB)[1:]
+    err_curve = np.abs(sampled.curve(points / PAGE) - exact.curve(points / PAGE))
+    err_budget = np.abs(sampled.curve(budget / PAGE) - exact.curve(budget / PAGE))
+    r = {"variant": variant, "reads": int(pages.size), "image": b.size, "budget": b.budget,
+         "sample_rate": sampled.rate, "sampled_pages": sampled.sampled_pages,
+         "curve_mae": float(err_curve.mean()), "curve_max": float(err_curve.max()),
+         "budget_mae": float(err_budget.mean()), "budget_max": float(err_budget.max()),
+         "exact_at_budget": float(exact.hit_ratio(b.budget / PAGE)),
+         "sampled_at_budget": float(sampled.hit_ratio(b.budget / PAGE))}
+    print(f"  {variant}: {r['reads']:,} reads of a {fmt(b.size)} image; sample "
+          f"{r['sampled_pages']} pages at rate {r['sample_rate']:.5f}; the curve's "
+          f"{CURVE_POINTS} points: mean error {r['curve_mae']:.4f} (max {r['curve_max']:.4f}); "
+          f"the budget's {budget.size} sizes up to {fmt(b.budget)}: mean "
+          f"{r['budget_mae']:.4f}, max {r['budget_max']:.4f}; at the budget "
+          f"{r['sampled_at_budget']:.3f} against {r['exact_at_budget']:.3f}", flush=True)
+    return r
+
+
+def report(results: list[dict], args) -> str:
+    lines = [f"Each variant's guest (bench_hotzone's job, fio's null engine, {args.ios:,} I/Os a "
+             f"phase), its reads fed at {args.rate:,} a second to the daemon's sampled curve "
+             "and to the exact one.", "",
+             "| variant | reads | sample (pages, rate) | the curve's 12 points: mean error (max) "
+             "| the budget's sizes: mean error (max) | at the budget: sampled / exact | "
+             "targets |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        ok = r["curve_mae"] <= TARGET_CURVE and r["budget_max"] <= TARGET_BUDGET
+        lines.append(f"| {r['variant']} | {r['reads']:,} | {r['sampled_pages']:,}, "
+                     f"{r['sample_rate']:.5f} | {r['curve_mae']:.4f} ({r['curve_max']:.4f}) | "
+                     f"{r['budget_mae']:.4f} ({r['budget_max']:.4f}) | "
+                     f"{r['sampled_at_budget']:.3f} / {r['exact_at_budget']:.3f} | "
+                     f"{TARGET_CURVE} / {TARGET_BUDGET} {'✓' if ok else '✗'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--ios", type=int, default=1_000_000, help="I/Os a phase (1,000,000)")
+    ap.add_argument("--rate", type=int, default=20_000, help="reads a second fed (20,000)")
+    ap.add_argument("--doc", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variant {bad[0]} (known: {', '.join(VARIANTS)})")
+    print(f"{machine()}; variants {', '.join(variants)}", flush=True)
+    tmp = tempfile.mkdtemp(prefix="bench-curve-exact-")
+    try:
+        results = [compare(v, args.ios, args.rate, tmp) for v in variants]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    publish(report(results, args), results, args, "curve-exact",
+            "The sampled curve against the exact one, on bench_hotzone's reads")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
