@@ -143,3 +143,13 @@ def test_a_batch_ends_where_the_next_batch_of_its_request_starts():
     assert batch_ends(first, last).tolist() == [30, 61, 5, 4095, 39, 4095]
     assert batch_ends([7], [9]).tolist() == [9]
     assert batch_ends([], []).tolist() == []
+
+
+def test_the_exact_computation_grows_its_tree_past_its_first_size():
+    """Every page of a large image read twice: more distinct pages than the tree's first
+    size (4 x 65,536 slots), and each second read sees all the others in between."""
+    n = 300_000
+    m = MissRatioCurve(max_pages=None, rate=1.0, half_life=0)
+    m.feed(np.tile(np.arange(n), 2))
+    assert m.hit_ratio(n * 1.1) == pytest.approx(0.5, abs=0.01)
+    assert m.hit_ratio(n * 0.9) == pytest.approx(0.0, abs=0.01)

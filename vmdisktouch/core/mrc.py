@@ -231,9 +231,10 @@ class MissRatioCurve:
             self._tree.add(self._last.pop(page), -1)
 
     def _renumber(self) -> None:
-        """Give the sampled pages the times 0..n-1 in the order of their last reads."""
+        """Give the sampled pages the times 0..n-1 in the order of their last reads, in a
+        tree at least twice their number (the exact computation has no sample size)."""
         order = sorted(self._last.items(), key=lambda kv: kv[1])
-        self._tree = _Fenwick(self._tree.n)
+        self._tree = _Fenwick(max(self._tree.n, 2 * len(order)))
         for t, (page, _) in enumerate(order):
             self._last[page] = t
             self._tree.add(t, 1)
