@@ -66,7 +66,7 @@ from tests.support.blockdev import loop_device  # noqa: E402
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tests.support.fio import FioJob, FioRun  # noqa: E402
+from tests.support.fio import FioJob, FioRun, iolog_pages  # noqa: E402
 from tests.support.images import evict  # noqa: E402
 from tests.support.nbd import QemuNbd  # noqa: E402
 from tests.support.pagecache import data_image  # noqa: E402
@@ -85,14 +85,8 @@ def curve_at(curve: list, size: float) -> float:
 
 def exact_curve(iolog: str) -> MissRatioCurve:
     """The exact curve (every page, no decay) of the reads of fio's iolog."""
-    offsets = []
-    with open(iolog) as f:
-        for line in f:
-            parts = line.split()        # v2: FILE read OFF LEN; v3: TIME FILE read OFF LEN
-            if len(parts) >= 4 and parts[-3] == "read":
-                offsets.append(int(parts[-2]) // PAGE)
     exact = MissRatioCurve(rate=1.0, max_pages=None, half_life=0)
-    exact.feed(np.array(offsets, dtype=np.int64))
+    exact.feed(iolog_pages(iolog, PAGE))
     return exact
 
 

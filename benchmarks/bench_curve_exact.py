@@ -38,7 +38,7 @@ from benchmarks.bench_hotzone import Bench  # noqa: E402
 from benchmarks.hotzone_args import parse_args  # noqa: E402
 from benchmarks.source_common import fmt, machine, publish  # noqa: E402
 from tests.support.common import MiB, require_tool  # noqa: E402
-from tests.support.fio import FioJob  # noqa: E402
+from tests.support.fio import FioJob, iolog_pages  # noqa: E402
 from vmdisktouch.core.mrc import CURVE_POINTS, MissRatioCurve  # noqa: E402
 from vmdisktouch.core.shares import grid  # noqa: E402
 
@@ -61,12 +61,8 @@ def reads_of(b: Bench, ios: int, tmp: str) -> np.ndarray:
         argv += ["--ioengine=null", f"--number_ios={ios}", f"--write_iolog={log}",
                  "--output-format=terse"]
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        with open(log) as f:
-            for line in f:
-                parts = line.split()       # v2: FILE read OFF LEN; v3: TIME FILE read OFF LEN
-                if len(parts) >= 4 and parts[-3] == "read":
-                    pages.append(int(parts[-2]) // PAGE)
-    return np.array(pages, dtype=np.int64)
+        pages.append(iolog_pages(log, PAGE))
+    return np.concatenate(pages)
 
 
 def compare(variant: str, ios: int, rate: int, tmp: str) -> dict:

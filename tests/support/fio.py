@@ -9,8 +9,9 @@ through QEMU's block layer instead (``tests.support.nbd``: ``qemu-nbd
 --cache=writethrough``, fio's ``nbd`` engine); ``FioRun`` runs it and parses fio's
 per-second JSON status into live per-interval IOPS (and cumulative latency per
 direction: ``mean_latency_us`` of a window); ``parse_iops_log`` reads
-fio's ``write_iops_log``. ``start_neighbour`` is the noisy neighbour, a
-rate-limited fio reader of another file in the same cgroup.
+fio's ``write_iops_log``, ``iolog_pages`` the reads of its ``write_iolog``.
+``start_neighbour`` is the noisy neighbour, a rate-limited fio reader of another
+file in the same cgroup.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from tests.support.cgroup import MemoryCgroup
 from tests.support.common import KiB, WorkloadError, require_tool, stop_process
@@ -301,3 +304,15 @@ def start_neighbour(cgroup: MemoryCgroup, path: str, rate: int, runtime: float =
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                         stdin=subprocess.DEVNULL)
 
+
+
+def iolog_pages(path: str, page: int = 4096) -> np.ndarray:
+    """The pages of the reads fio's ``--write_iolog`` recorded, in order (iolog v2: FILE
+    read OFF LEN; v3: TIME FILE read OFF LEN)."""
+    pages = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 4 and parts[-3] == "read":
+                pages.append(int(parts[-2]) // page)
+    return np.array(pages, dtype=np.int64)
