@@ -10,6 +10,13 @@ curve (``MissRatioCurve.for_image``: sampled as the kernel samples, at most
 ``MAX_PAGES`` pages and ``MAX_PER_SECOND`` sampled reads a second, decayed as
 the daemon decays it) and to the exact computation (every page, no decay).
 
+The golden traces (``--golden``: tests/golden/policy/trace-*.jsonl.gz, one
+disk's cycles recorded from bench_hotzone's four variants under the trace
+source) hold each cycle's read counts per 1 MiB block, not the order of the
+reads: each cycle's reads are drawn from them (each read a page of its block
+at random, the cycle's reads shuffled, a fixed seed) and fed a cycle at a
+time, its recorded interval apart, to both curves.
+
 Reported per variant: the mean absolute error over the curve's 12 points (the
 status's sizes, the image down to 1/2048 of it), and the mean and the largest
 error at the sizes the host budget's split looks at (``shares.grid`` of
@@ -17,7 +24,7 @@ bench_hotzone's budget, 1.25 x the hot zone: a size a slice, whole MiB).
 Targets (issue 43): mean absolute error ≤ 0.02 over the curve, ≤ 0.03 at the
 sizes the budget used.
 
-    .venv/bin/python benchmarks/bench_curve_exact.py [--variants base,move] [--doc]
+    .venv/bin/python benchmarks/bench_curve_exact.py [--variants base,move] [--golden trace-base] [--doc]
 """
 
 from __future__ import annotations
@@ -39,11 +46,14 @@ from benchmarks.hotzone_args import parse_args  # noqa: E402
 from benchmarks.source_common import fmt, machine, publish  # noqa: E402
 from tests.support.common import MiB, require_tool  # noqa: E402
 from tests.support.fio import FioJob, iolog_pages  # noqa: E402
+from tests.support.replay import read_record  # noqa: E402
 from vmdisktouch.core.mrc import CURVE_POINTS, MissRatioCurve  # noqa: E402
 from vmdisktouch.core.shares import grid  # noqa: E402
 
 PAGE = 4096
 VARIANTS = ("base", "move", "write50", "bigset")
+GOLDEN = tuple(f"trace-{v}" for v in VARIANTS)
+GOLDEN_DIR = os.path.join(ROOT, "tests", "golden", "policy")
 TARGET_CURVE, TARGET_BUDGET = 0.02, 0.03
 
 
@@ -65,33 +75,60 @@ def reads_of(b: Bench, ios: int, tmp: str) -> np.ndarray:
     return np.concatenate(pages)
 
 
-def compare(variant: str, ios: int, rate: int, tmp: str) -> dict:
+def golden_batches(name: str, seed: int = 20261127):
+    """A golden trace's reads, cycle by cycle: (pages, seconds since the last cycle), and its
+    image size and budget. Each block's recorded count of reads becomes that many reads of
+    its pages at random, shuffled within the cycle."""
+    cycles = read_record(os.path.join(GOLDEN_DIR, f"{name}.jsonl.gz"))
+    rng = np.random.default_rng(seed)
+    bs = cycles[0]["settings"]["block_size"]
+    per_block = bs // PAGE
+    batches, last = [], cycles[0]["t"]
+    for c in cycles:
+        blocks, counts = c["read_counts"]
+        blocks = np.repeat(np.asarray(blocks, dtype=np.int64),
+                           np.rint(np.asarray(counts, dtype=float)).astype(np.int64))
+        pages = blocks * per_block + rng.integers(0, per_block, blocks.size)
+        batches.append((rng.permutation(pages), max(0.0, c["t"] - last)))
+        last = c["t"]
+    return batches, cycles[0]["nblocks"] * bs, cycles[0]["settings"]["max_hold"]
+
+
+def variant_batches(variant: str, ios: int, rate: int, tmp: str):
+    """A bench_hotzone variant's reads in batches of one second at ``rate`` reads a second,
+    and its image size and budget."""
     a, _ = parse_args(["--variant", variant, "--no-doc"], __doc__)
     b = Bench(a)
     try:
         pages = reads_of(b, ios, tmp)
     finally:
         shutil.rmtree(b.tmp, ignore_errors=True)
-    sampled = MissRatioCurve.for_image(b.size // PAGE)
-    for start in range(0, pages.size, rate):
-        sampled.feed(pages[start:start + rate], seconds=1.0)
-        sampled.decay(1.0)
+    return ([(pages[s:s + rate], 1.0) for s in range(0, pages.size, rate)], b.size, b.budget)
+
+
+def compare(variant: str, batches, size: int, budget_bytes: int) -> dict:
+    """The daemon's sampled, decayed curve against the exact one over the same reads."""
+    sampled = MissRatioCurve.for_image(size // PAGE)
+    for pages, seconds in batches:
+        sampled.feed(pages, seconds=seconds or None)
+        sampled.decay(seconds)
+    pages = np.concatenate([p for p, _ in batches])
     exact = MissRatioCurve(rate=1.0, max_pages=None, half_life=0)
     exact.feed(pages)
-    points = np.array([s for s, _ in sampled.status(b.size, PAGE)["curve"]], dtype=float)
-    budget = grid(b.budget, MiB)[1:]
+    points = np.array([s for s, _ in sampled.status(size, PAGE)["curve"]], dtype=float)
+    budget = grid(budget_bytes, MiB)[1:]
     err_curve = np.abs(sampled.curve(points / PAGE) - exact.curve(points / PAGE))
     err_budget = np.abs(sampled.curve(budget / PAGE) - exact.curve(budget / PAGE))
-    r = {"variant": variant, "reads": int(pages.size), "image": b.size, "budget": b.budget,
+    r = {"variant": variant, "reads": int(pages.size), "image": size, "budget": budget_bytes,
          "sample_rate": sampled.rate, "sampled_pages": sampled.sampled_pages,
          "curve_mae": float(err_curve.mean()), "curve_max": float(err_curve.max()),
          "budget_mae": float(err_budget.mean()), "budget_max": float(err_budget.max()),
-         "exact_at_budget": float(exact.hit_ratio(b.budget / PAGE)),
-         "sampled_at_budget": float(sampled.hit_ratio(b.budget / PAGE))}
-    print(f"  {variant}: {r['reads']:,} reads of a {fmt(b.size)} image; sample "
+         "exact_at_budget": float(exact.hit_ratio(budget_bytes / PAGE)),
+         "sampled_at_budget": float(sampled.hit_ratio(budget_bytes / PAGE))}
+    print(f"  {variant}: {r['reads']:,} reads of a {fmt(size)} image; sample "
           f"{r['sampled_pages']} pages at rate {r['sample_rate']:.5f}; the curve's "
           f"{CURVE_POINTS} points: mean error {r['curve_mae']:.4f} (max {r['curve_max']:.4f}); "
-          f"the budget's {budget.size} sizes up to {fmt(b.budget)}: mean "
+          f"the budget's {budget.size} sizes up to {fmt(budget_bytes)}: mean "
           f"{r['budget_mae']:.4f}, max {r['budget_max']:.4f}; at the budget "
           f"{r['sampled_at_budget']:.3f} against {r['exact_at_budget']:.3f}", flush=True)
     return r
@@ -100,7 +137,8 @@ def compare(variant: str, ios: int, rate: int, tmp: str) -> dict:
 def report(results: list[dict], args) -> str:
     lines = [f"Each variant's guest (bench_hotzone's job, fio's null engine, {args.ios:,} I/Os a "
              f"phase), its reads fed at {args.rate:,} a second to the daemon's sampled curve "
-             "and to the exact one.", "",
+             "and to the exact one; each golden trace's recorded reads (the cycles' counts "
+             "per block, drawn as pages) a cycle at a time.", "",
              "| variant | reads | sample (pages, rate) | the curve's 12 points: mean error (max) "
              "| the budget's sizes: mean error (max) | at the budget: sampled / exact | "
              "targets (mean errors) |", "|---|---|---|---|---|---|---|"]
@@ -117,6 +155,8 @@ def report(results: list[dict], args) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--golden", default=",".join(GOLDEN),
+                    help="golden traces (tests/golden/policy), '' for none")
     ap.add_argument("--ios", type=int, default=1_000_000, help="I/Os a phase (1,000,000)")
     ap.add_argument("--rate", type=int, default=20_000, help="reads a second fed (20,000)")
     ap.add_argument("--doc", action="store_true")
@@ -126,10 +166,16 @@ def main() -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         ap.error(f"unknown variant {bad[0]} (known: {', '.join(VARIANTS)})")
-    print(f"{machine()}; variants {', '.join(variants)}", flush=True)
+    golden = [g.strip() for g in args.golden.split(",") if g.strip()]
+    bad = [g for g in golden if g not in GOLDEN]
+    if bad:
+        ap.error(f"unknown golden trace {bad[0]} (known: {', '.join(GOLDEN)})")
+    print(f"{machine()}; variants {', '.join(variants) or 'none'}; golden traces "
+          f"{', '.join(golden) or 'none'}", flush=True)
     tmp = tempfile.mkdtemp(prefix="bench-curve-exact-")
     try:
-        results = [compare(v, args.ios, args.rate, tmp) for v in variants]
+        results = [compare(v, *variant_batches(v, args.ios, args.rate, tmp)) for v in variants]
+        results += [compare(g, *golden_batches(g)) for g in golden]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     publish(report(results, args), results, args, "curve-exact",

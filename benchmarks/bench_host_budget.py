@@ -84,6 +84,16 @@ the sum over the VMs of their reads a second (80 % of the I/O) times the
 drop of their mean read latency from ``none``'s. ``--doc`` then writes section
 "host-budget-slow".
 
+``--xy`` (issue 43, a case heat ranks wrong; section "host-budget-xy"): disk
+X ("busy", a 3 GiB image read uniformly, ``--busy-size 3G --busy-hot 3G``)
+at ``--busy-iops 1000`` and disk Y ("light1", one light VM, a 1 GiB image
+with a 600 MiB zone) at ``--light-iops 500``, budget 1G, group limit 512M,
+``--via nbd``. X reads more a second, Y more a byte: holding X's first GiB
+serves a third of its reads, holding Y's zone 90 % of Y's, so Y's zone is
+the better buy per byte. The read time saved (as with ``--slow-light``) is
+reported, and current ÷ REV of it with ``--compare-rev``. The oracle
+(each hot zone) does not fit the budget here: it is not a default scenario.
+
 ``--quick``: 45 s per scenario. ``--doc`` writes section "host-budget"
 (``--issue32``: "host-budget-fair") of docs/benchmarks/host-budget.md.
 
@@ -133,13 +143,19 @@ NAMES = ("busy", "light1", "light2", "light3")     # the default scenario's VMs 
 # The scenario's figures: issue 16's defaults, and issue 32's preset (--issue32).
 # An option given on the command line overrides either.
 DEFAULTS = dict(light=3, busy_hot=800 * MiB, light_hot=100 * MiB, budget=1200 * MiB,
-                limit=768 * MiB, via="file", light_think=0, light_iops=500)
-ISSUE32 = dict(light=2, busy_hot=819 * MiB, light_hot=205 * MiB, budget=1229 * MiB,
+                limit=768 * MiB, via="file", light_think=0, light_iops=500, busy_size=8 * GiB,
+                busy_iops=0, scenarios=",".join(SCENARIOS))
+ISSUE32 = dict(DEFAULTS, light=2, busy_hot=819 * MiB, light_hot=205 * MiB, budget=1229 * MiB,
                limit=512 * MiB, via="nbd", light_think=2000, light_iops=0)
+XY = dict(DEFAULTS, light=1, busy_size=3 * GiB, busy_hot=3 * GiB, light_hot=600 * MiB,
+          budget=GiB, limit=512 * MiB, via="nbd", light_think=0, light_iops=500, busy_iops=1000,
+          scenarios="none,global")
 SECTIONS = {False: ("host-budget", "One host budget against split budgets"),
             True: ("host-budget-fair",
                    "One host budget against split budgets: one busy VM, two identical light "
                    "ones (issue 32)")}
+XY_SECTION = ("host-budget-xy", "One host budget by what memory buys: a uniform busy disk "
+              "and a zone read less often (issue 43)")
 SLOW_SECTION = ("host-budget-slow", "One host budget by what a miss costs: a light VM on a "
                 "loaded array (issue 43)")
 ORACLE_TARGET = {False: 1.0, True: 1.1}     # global total ≥ this × oracle's
@@ -438,10 +454,21 @@ def saved_lines(results: list[dict], names: list[str]) -> list[str]:
     rows = [f"| {n} | {med(results, n, saved):.3f} | " + " | ".join(
         lat_text(med(results, n, lambda r, v=v: r["read_lat_us"][v])) for v in vms) + " |"
         for n in names if n != "none"]
+    twins = [n for n in DAEMONS if n in names and n + REV in names]
+    rounds = sorted({r["round"] for r in results})
+
+    def in_round(n: str, k: int) -> float:
+        return next((saved(r) for r in results if r["scenario"] == n and r["round"] == k), NAN)
+    after = [""] + [
+        f"Read time saved, {n} ÷ {n}{REV}: "
+        f"{ratio_text(med(results, n, saved), med(results, n + REV, saved))} × (per round: "
+        + ", ".join(ratio_text(in_round(n, k), in_round(n + REV, k)) for k in rounds) + ")."
+        for n in twins]
     return (["Read time saved a second against none (reads a second, 80 % of the I/O, x "
              "the drop of the mean read latency, summed over the VMs; medians of the rounds):",
              "", "| scenario | seconds saved a second | " + " | ".join(
-                 f"{v} read µs" for v in vms) + " |", "|---|---|" + "---|" * len(vms)] + rows)
+                 f"{v} read µs" for v in vms) + " |", "|---|---|" + "---|" * len(vms)] + rows
+            + (after if twins else []))
 
 
 def exact(n: int) -> str:
@@ -718,8 +745,11 @@ def scenario_text(args, tree) -> str:
     via = ("each VM's fio through its own `qemu-nbd --cache=writethrough --aio=threads -f raw` "
            "(fio's nbd engine, `fsync=1`) in the group" if args.via == "nbd"
            else "fio on the image files (psync, buffered)")
-    return (f"{n} non-sparse images: busy (8 GiB, hot zone {exact(args.busy_hot)}, as fast as "
-            f"it can) and {args.light} light ones (1 GiB, hot zones of {exact(args.light_hot)}"
+    busy_zone = ("read uniformly" if args.busy_hot >= args.busy_size
+                 else f"hot zone {exact(args.busy_hot)}")
+    busy_pace = (f"fio `--rate_iops={args.busy_iops}`" if args.busy_iops
+                 else "as fast as it can")
+    return (f"{n} non-sparse images: busy ({exact(args.busy_size)}, {busy_zone}, {busy_pace}) and {args.light} light ones (1 GiB, hot zones of {exact(args.light_hot)}"
             + (", " + " and ".join(light_pace) if light_pace else ", as fast as they can")
             + "), each with the hot-zone guest (fio 4 KiB random, 80 % reads, O_DSYNC writes, "
             f"90 % of the accesses in its zone; {via}), and a noisy neighbour (64 KiB random "
@@ -744,7 +774,15 @@ def main() -> int:
                     help="issue 32's scenario: --light 2, busy hot 819M, light hot 205M, budget "
                          "1229M, limit 512M, --via nbd, --light-think 2000, --light-iops 0; "
                          "section host-budget-fair")
+    ap.add_argument("--xy", action="store_true",
+                    help="issue 43's case heat ranks wrong: busy 3G read uniformly at 1000 "
+                         "IOPS, one light VM with a 600M zone at 500 IOPS, budget 1G, limit "
+                         "512M, --via nbd, scenarios none,global; section host-budget-xy")
     ap.add_argument("--light", type=int, default=None, help="light VMs (3; --issue32: 2)")
+    ap.add_argument("--busy-size", type=parse_size, default=None,
+                    help="the busy VM's image (8G; --xy: 3G)")
+    ap.add_argument("--busy-iops", type=int, default=None,
+                    help="fio --rate_iops of the busy VM, 0: none (0; --xy: 1000)")
     ap.add_argument("--via", choices=("file", "nbd"), default=None,
                     help="fio on the image file, or through qemu-nbd (file; --issue32: nbd)")
     ap.add_argument("--busy-hot", type=parse_size, default=None, help="(800M; --issue32: 819M)")
@@ -759,7 +797,8 @@ def main() -> int:
     ap.add_argument("--limit", type=parse_size, default=None, help="(768M; --issue32: 512M)")
     ap.add_argument("--duration", type=float, default=None, help="(120)")
     ap.add_argument("--sample", type=float, default=2.0, help="s between held samples (2)")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--scenarios", default=None,
+                    help=f"({','.join(SCENARIOS)}; --xy: {XY['scenarios']})")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (1)")
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--quick", action="store_true")
@@ -770,7 +809,9 @@ def main() -> int:
                          "stderr (the last scenario's of each name; printed path)")
     add_compare_rev(ap)
     args = ap.parse_args()
-    for k, v in (ISSUE32 if args.issue32 else DEFAULTS).items():
+    if args.issue32 and args.xy:
+        ap.error("--issue32 and --xy are two presets: give one")
+    for k, v in (ISSUE32 if args.issue32 else XY if args.xy else DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.light < 1:
@@ -800,14 +841,15 @@ def main() -> int:
     try:
         vms = []
         for k, vm in enumerate(vm_names(args.light)):
-            size = 8 * GiB if k == 0 else GiB
-            hot = args.busy_hot if k == 0 else args.light_hot
+            size = args.busy_size if k == 0 else GiB
+            hot = min(size, args.busy_hot if k == 0 else args.light_hot)
             path = os.path.join(work, f"{vm}.raw")
             make_image(path, size, sparse=False)
             if vm == "light1" and args.slow_light:
                 path = stack.enter_context(throttled_loop(path, args.slow_light))
-            vms.append({"name": vm, "path": path, "size": size, "zone": (size // 8, hot),
-                        "iops": None if k == 0 else args.light_iops,
+            vms.append({"name": vm, "path": path, "size": size,
+                        "zone": (min(size // 8, size - hot), hot),
+                        "iops": args.busy_iops or None if k == 0 else args.light_iops,
                         "think": None if k == 0 else args.light_think})
         nb_path = os.path.join(work, "neighbour.raw")
         make_image(nb_path, GiB, sparse=False)
@@ -824,13 +866,14 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         stack.close()
     lines = report_lines(results, names, args.rounds, oracle_target)
-    if args.slow_light:
+    if args.slow_light or args.xy:
         lines += [""] + saved_lines(results, names)
     if tree:
         lines += [""] + compare_lines(results, names, args.rounds, tree.rev, tree.sha,
                                       oracle_target)
     body = scenario_text(args, tree) + "\n\n" + "\n".join(lines)
-    publish(body, results, args, *(SLOW_SECTION if args.slow_light else SECTIONS[args.issue32]))
+    publish(body, results, args, *(SLOW_SECTION if args.slow_light else XY_SECTION if args.xy
+                                   else SECTIONS[args.issue32]))
     return 0 if not any(r.get("error") for r in results) else 1
 
 
