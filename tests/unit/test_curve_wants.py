@@ -1,4 +1,5 @@
-"""When a disk's curve caps what it wants: once the guest has read enough to show reuse."""
+"""When a disk's curve speaks for it (caps what it wants, splits the host budget): once
+the guest has read enough to show reuse."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def watcher(pages: np.ndarray) -> SimpleNamespace:
     mrc.feed(pages)
     mrc.decay(1.0)
     gain = {"wants_bytes": mrc.wants(64 * MiB, PAGE)}
-    return SimpleNamespace(source=SimpleNamespace(mrc=mrc, gain=gain, page_size=PAGE))
+    w = SimpleNamespace(source=SimpleNamespace(mrc=mrc, gain=gain, page_size=PAGE),
+                        miss_cost=SimpleNamespace(seconds=0.001))
+    w._curve_seen = lambda candidates: DiskWatcher._curve_seen(w, candidates)
+    return w
 
 
 def test_a_first_pass_leaves_the_wants_to_the_heat():
@@ -39,3 +43,18 @@ def test_passes_enough_to_show_reuse_let_the_curve_cap_the_wants():
     wants = DiskWatcher.curve_wants(w, 16 * MiB)
     assert wants is not None and 4 * MiB <= wants < 16 * MiB
     assert DiskWatcher.curve_wants(w, 64 * MiB) is None        # not EVIDENCE passes of it
+
+
+def test_the_split_hears_a_curve_only_after_evidence_passes():
+    """The host budget's split takes a disk's curve (its ``demand``) on the same evidence:
+    a first pass over 16 MiB has no demand, so the heat splits; after the passes it has,
+    with the curve's hit ratio, read rate and miss cost."""
+    once = watcher(np.arange(16 * MiB // PAGE))
+    assert DiskWatcher.demand(once, 16 * MiB) is None
+    zone = np.tile(np.arange(4 * MiB // PAGE), 2 * EVIDENCE * 4)
+    w = watcher(np.concatenate((np.arange(4 * MiB // PAGE, 16 * MiB // PAGE), zone)))
+    d = DiskWatcher.demand(w, 16 * MiB, weight=0.5)
+    assert d is not None and d.miss_cost == 0.001 and d.weight == 0.5
+    assert d.pages_per_second == w.source.mrc.reads_per_second > 0
+    assert float(d.hit_ratio(np.array([8 * MiB]))[0]) > 0.5 > float(d.hit_ratio(np.array([MiB]))[0])
+    assert DiskWatcher.demand(w, 64 * MiB) is None

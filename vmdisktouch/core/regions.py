@@ -207,6 +207,11 @@ class DiskMap:
     cap_blocks: int | None = None      # most this disk may take of the budget; None: all
     rules: Rules | None = None         # this disk's (its access source's); None: the call's
 
+    def candidate_blocks(self) -> int:
+        """The blocks its heat would hold: its candidates, every block when none are given."""
+        return (self.total_heat.size if self.candidates is None
+                else int(np.count_nonzero(self.candidates)))
+
 
 class Ranked:
     """One disk's candidate regions and the heat that ranks them."""

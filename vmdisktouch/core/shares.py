@@ -143,7 +143,8 @@ class Splitter:
              block_size: int) -> tuple[list, list[bool]]:
         """``maps`` (``regions.DiskMap``) with each cap cut to its share plus what no curve
         gains from, and which of them the cut limits, when there are several disks and
-        every one has a ``Demand``; else ``maps`` as they are (the heat alone decides).
+        every one has a ``Demand`` (a curve that is evidence: ``DiskWatcher.demand``); else
+        ``maps`` as they are (the heat alone decides).
         ``keys`` name the disks (the hysteresis holds while they and the budget stay)."""
         if len(maps) < 2 or any(d is None for d in demands):
             self._last = self._fill = None
@@ -154,9 +155,7 @@ class Splitter:
         shares, left = split(demands, budget_blocks * block_size, last, unit=block_size)
         self._last = (key, shares)
         given = [s // block_size for s in shares]
-        room = [max(0, (m.total_heat.size if m.candidates is None
-                        else int(np.count_nonzero(m.candidates))) - g)
-                for m, g in zip(maps, given)]
+        room = [max(0, m.candidate_blocks() - g) for m, g in zip(maps, given)]
         total = left // block_size
         extra = fill(total, [d.pages_per_second * d.miss_cost * d.weight for d in demands],
                      room)

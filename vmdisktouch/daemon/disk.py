@@ -56,7 +56,7 @@ from vmdisktouch.report import DiskReport
 from vmdisktouch.core.shares import Demand
 from vmdisktouch.system.hold.spill import SpillResult
 
-EVIDENCE = 2       # a curve caps what a disk wants once it has seen this many passes of it
+EVIDENCE = 2       # a curve speaks for a disk once it has seen this many passes of its candidates
 
 log = logging.getLogger("vmdisktouch")
 
@@ -132,29 +132,38 @@ class DiskWatcher:
 
     # -- the cycle --------------------------------------------------------
 
-    def demand(self, weight: float = 1.0):
+    def demand(self, candidates: int, weight: float = 1.0):
         """What memory buys this disk, from its curve (``core.shares.Demand``); None
-        without one (the mincore source) or before it has seen reads."""
-        mrc = getattr(self.source, "mrc", None)
-        rate = mrc.reads_per_second if mrc is not None else None
-        if not rate:
+        without one (the mincore source) or before it is evidence (``_curve_seen``)."""
+        mrc = self._curve_seen(candidates)
+        if mrc is None:
             return None
         page = self.source.page_size
         cost = self.miss_cost.seconds if self.miss_cost is not None else None
-        return Demand(lambda b: mrc.curve(np.asarray(b) / page), rate, cost, weight)
+        return Demand(lambda b: mrc.curve(np.asarray(b) / page), mrc.reads_per_second, cost,
+                      weight)
 
     def curve_wants(self, candidates: int) -> int | None:
-        """What its curve says still pays (``mrc.wants``, in the cycle's gain), once the
-        guest has read at least ``EVIDENCE`` times the ``candidates`` bytes the heat would
-        hold: a first pass over them cannot have shown their reuse yet. None without a
-        curve (the mincore source) or before then."""
-        mrc = getattr(self.source, "mrc", None)
+        """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
+        a curve that is evidence yet (``_curve_seen``)."""
         gain = getattr(self.source, "gain", None)
-        if mrc is None or not mrc.reads_per_second or not gain:
-            return None
-        if mrc.reads * self.source.page_size < EVIDENCE * candidates:
+        if self._curve_seen(candidates) is None or not gain:
             return None
         return gain.get("wants_bytes")
+
+    def _curve_seen(self, candidates: int):
+        """The curve (``core.mrc``), once the guest has read at least ``EVIDENCE`` times the
+        ``candidates`` bytes the heat would hold; else None. A curve sees a page's reuse
+        only when the page comes back: before a second pass over a zone its curve is
+        near flat, and a zone re-read every few minutes lost its memory to a disk read
+        more often but less per byte (docs/benchmarks/host-budget.md#host-budget-xy),
+        where the heat's read rate per block was right from the start."""
+        mrc = getattr(self.source, "mrc", None)
+        if mrc is None or not mrc.reads_per_second:
+            return None
+        if mrc.reads * self.source.page_size < EVIDENCE * max(candidates, 1):
+            return None
+        return mrc
 
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None

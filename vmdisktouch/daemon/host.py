@@ -158,7 +158,8 @@ class Host:
 
     def _by_curves(self, maps: list, budget_blocks: int) -> list:
         """Each disk's cap cut to its share by the curves (``core.shares.Splitter``)."""
-        demands = [w.demand(self.weights.get(w.image.path, 1.0)) for w, _ in maps]
+        demands = [w.demand(m.candidate_blocks() * self.block_size,
+                            self.weights.get(w.image.path, 1.0)) for w, m in maps]
         self.demands = {w.image.path: d for (w, _), d in zip(maps, demands)}
         out, cut = self.splitter.caps([w.image.path for w, _ in maps], [m for _, m in maps],
                                       demands, budget_blocks, self.block_size)
