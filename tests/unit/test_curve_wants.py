@@ -42,19 +42,33 @@ def test_passes_enough_to_show_reuse_let_the_curve_cap_the_wants():
     w = watcher(np.concatenate((rest, zone)))
     wants = DiskWatcher.curve_wants(w, 16 * MiB)
     assert wants is not None and 4 * MiB <= wants < 16 * MiB
-    assert DiskWatcher.curve_wants(w, 64 * MiB) is None        # not EVIDENCE passes of it
+    assert w.source.mrc.reuse_share >= 1 - 1 / EVIDENCE
+    assert DiskWatcher.curve_wants(w, 64 * MiB) == wants      # its reads came back: said
+
+
+def test_a_curve_that_saw_few_re_reads_waits_for_evidence_passes():
+    """16 MiB read once and 4 MiB of it again: a fifth of the reads were re-reads, so
+    the curve speaks only where the guest has read EVIDENCE times what the heat would
+    hold (8 MiB of candidates), not for 16 MiB."""
+    pages = np.arange(16 * MiB // PAGE)
+    w = watcher(np.concatenate((pages, pages[:4 * MiB // PAGE])))
+    assert 0.15 < w.source.mrc.reuse_share < 0.25
+    assert DiskWatcher.curve_wants(w, 16 * MiB) is None
+    assert DiskWatcher.demand(w, 16 * MiB) is None
+    assert DiskWatcher.curve_wants(w, 8 * MiB) is not None
+    assert DiskWatcher.demand(w, 8 * MiB) is not None
 
 
 def test_the_split_hears_a_curve_only_after_evidence_passes():
     """The host budget's split takes a disk's curve (its ``demand``) on the same evidence:
-    a first pass over 16 MiB has no demand, so the heat splits; after the passes it has,
-    with the curve's hit ratio, read rate and miss cost."""
+    a first pass over 16 MiB has no demand, so the heat splits; once its zone was re-read
+    it has, with the curve's hit ratio, read rate and miss cost."""
     once = watcher(np.arange(16 * MiB // PAGE))
     assert DiskWatcher.demand(once, 16 * MiB) is None
     zone = np.tile(np.arange(4 * MiB // PAGE), 2 * EVIDENCE * 4)
     w = watcher(np.concatenate((np.arange(4 * MiB // PAGE, 16 * MiB // PAGE), zone)))
-    d = DiskWatcher.demand(w, 16 * MiB, weight=0.5)
+    d = DiskWatcher.demand(w, 64 * MiB, weight=0.5)
     assert d is not None and d.miss_cost == 0.001 and d.weight == 0.5
     assert d.pages_per_second == w.source.mrc.reads_per_second > 0
-    assert float(d.hit_ratio(np.array([8 * MiB]))[0]) > 0.5 > float(d.hit_ratio(np.array([MiB]))[0])
-    assert DiskWatcher.demand(w, 64 * MiB) is None
+    hit = d.hit_ratio(np.array([MiB, 8 * MiB]))
+    assert hit[1] > 0.5 > hit[0]

@@ -260,6 +260,13 @@ class MissRatioCurve:
             self.hist *= f
             self.reads *= f
 
+    @property
+    def reuse_share(self) -> float:
+        """The share of its reads that were re-reads: the curve's height at any size."""
+        if self.reads <= 0:
+            return 0.0
+        return float(np.clip(1.0 - self.hist[NBINS - 1] / self.reads, 0.0, 1.0))
+
     def hit_ratio(self, size_pages: float) -> float:
         """The share of reads an LRU cache of ``size_pages`` would have served."""
         return float(self.curve([size_pages])[0])

@@ -56,7 +56,7 @@ from vmdisktouch.report import DiskReport
 from vmdisktouch.core.shares import Demand
 from vmdisktouch.system.hold.spill import SpillResult
 
-EVIDENCE = 2       # a curve speaks for a disk once it has seen this many passes of its candidates
+EVIDENCE = 2       # a curve speaks for a disk once it has seen its reads this many times over
 
 log = logging.getLogger("vmdisktouch")
 
@@ -152,18 +152,21 @@ class DiskWatcher:
         return gain.get("wants_bytes")
 
     def _curve_seen(self, candidates: int):
-        """The curve (``core.mrc``), once the guest has read at least ``EVIDENCE`` times the
-        ``candidates`` bytes the heat would hold; else None. A curve sees a page's reuse
-        only when the page comes back: before a second pass over a zone its curve is
-        near flat, and a zone re-read every few minutes lost its memory to a disk read
-        more often but less per byte (docs/benchmarks/host-budget.md#host-budget-xy),
-        where the heat's read rate per block was right from the start."""
+        """The curve (``core.mrc``) once it has seen the guest's reads come back, else None:
+        when at least 1 - 1/``EVIDENCE`` of them were re-reads (its working set read about
+        ``EVIDENCE`` times over), or it has read ``EVIDENCE`` times the ``candidates`` bytes
+        its heat would hold (a guest that never re-reads as much: nothing more to wait
+        for). A young curve has seen only the reuses shorter than its age: a zone re-read
+        every five minutes looked flat past what 4 minutes showed, and lost its memory to a
+        disk read more often but less per byte, where the heat's read rate per block was
+        right from the start (docs/benchmarks/host-budget.md#host-budget-xy)."""
         mrc = getattr(self.source, "mrc", None)
         if mrc is None or not mrc.reads_per_second:
             return None
-        if mrc.reads * self.source.page_size < EVIDENCE * max(candidates, 1):
-            return None
-        return mrc
+        if mrc.reuse_share >= 1 - 1 / EVIDENCE or \
+                mrc.reads * self.source.page_size >= EVIDENCE * max(candidates, 1):
+            return mrc
+        return None
 
     def prepare(self):
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
