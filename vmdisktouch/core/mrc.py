@@ -262,10 +262,8 @@ class MissRatioCurve:
 
     @property
     def reuse_share(self) -> float:
-        """The share of its reads that were re-reads: the curve's height at any size."""
-        if self.reads <= 0:
-            return 0.0
-        return float(np.clip(1.0 - self.hist[NBINS - 1] / self.reads, 0.0, 1.0))
+        """The share of its reads that were re-reads: the curve's height past every size."""
+        return self.hit_ratio(np.inf)
 
     def hit_ratio(self, size_pages: float) -> float:
         """The share of reads an LRU cache of ``size_pages`` would have served."""
