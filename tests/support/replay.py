@@ -136,7 +136,7 @@ def demand(d: dict, budget: int, block_size: int) -> Demand | None:
         return None
     sizes, hit = grid(budget, block_size), np.asarray(rec["hit"], dtype=float)
     return Demand(lambda s: np.interp(s, sizes, hit), rec["pages_per_second"],
-                  rec["miss_cost"], d.get("weight", 1.0))
+                  rec["miss_cost"], d.get("weight", 1.0), rec.get("seen", True))
 
 
 def replay_host(cycles: list[dict], strict: bool = True):

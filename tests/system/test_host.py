@@ -211,7 +211,7 @@ def test_with_a_curve_for_every_disk_the_curves_decide_how_much_and_heat_which_b
     rates = {a: 10_000.0, b: 1000.0}
     wants = {a: 8 * MiB, b: None}              # what each curve says still pays
     for w in h.watchers:
-        monkeypatch.setattr(w, "demand", lambda candidates, weight=1.0, p=w.image.path:
+        monkeypatch.setattr(w, "demand", lambda m, weight=1.0, p=w.image.path:
                             Demand(zone, rates[p], 1.0, weight))
         monkeypatch.setattr(w, "curve_wants", lambda candidates, p=w.image.path: wants[p])
     with held(a, [(8 * MiB, 16 * MiB)]), held(b, [(32 * MiB, 16 * MiB)]):
@@ -224,7 +224,7 @@ def test_with_a_curve_for_every_disk_the_curves_decide_how_much_and_heat_which_b
         assert "memory saves more reads elsewhere" in st.disks[1].not_held_reason
         # What a disk wants: its candidates, no more than what its curve says pays.
         assert [d.wanted_bytes for d in st.disks] == [8 * MiB, 16 * MiB]
-        monkeypatch.setattr(h.watchers[1], "demand", lambda candidates, weight=1.0: None)
+        monkeypatch.setattr(h.watchers[1], "demand", lambda m, weight=1.0: None)
         for _ in range(3):
             tick(h)
         assert held_of(h, a) + held_of(h, b) == 20 * MiB and held_of(h, b) >= 6 * MiB

@@ -44,6 +44,11 @@ def facts(a=None, holding=True, heat=1.0, refused=None, ceded=0):
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="curve", top="vm2/vda",
                                     curve_wants=6 * MiB)), "curve",
      "its curve says more would not pay (it wants 6M)"),
+    # within one slice of the 64M budget (1M) of what its curve wants: the split's grain
+    (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="curve", curve_wants=9 * MiB)),
+     "curve", "its curve says more would not pay (it wants 9M)"),
+    (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="curve", curve_wants=10 * MiB)),
+     "curve", "memory saves more reads elsewhere"),
     (rep(held=8 * MiB, skipped=MiB, avail=900 * MiB), facts(), "floor",
      "free-memory floor (min_free 1G)"),
     (rep(held=8 * MiB), facts(ceded=4 * MiB), "cgroup", "4M its memory cgroup keeps"),

@@ -133,3 +133,27 @@ def test_a_measured_miss_cost_moves_the_split_and_one_unmeasured_makes_all_equal
     assert [d.miss_cost for d in comparable(unknown)] == [1.0, 1.0]
     caps = [m.cap_blocks for m in Splitter().caps(["a", "b"], maps, unknown, 768, bs)[0]]
     assert abs(caps[0] - caps[1]) <= 768 // 64
+
+
+def test_a_young_curve_takes_part_with_its_heat_curve_and_leaves_the_others_theirs():
+    """tools/curve_example.py's host: a re-reads a 96 MiB zone (its curve 0.87 from 96 MiB
+    on, seen), b reads 512 MiB uniformly and its curve is young, 192 MiB of budget. b
+    offers the curve its heat implies (a straight line to 512 MiB), so a keeps its zone
+    whole and b gets the rest; with no curve seen at all the heat alone decides."""
+    from vmdisktouch.core.regions import DiskMap
+    from vmdisktouch.core.shares import Splitter, heat_curve
+    bs, n, budget = MiB, 512, 192
+    heat_a = np.zeros(n, np.float32)
+    heat_a[:96] = 30.0
+    maps = [DiskMap(heat_a, 0.05, candidates=heat_a > 0),
+            DiskMap(np.full(n, 3.0, np.float32), 0.05, candidates=np.ones(n, bool))]
+    a = Demand(lambda s: np.where(np.asarray(s) >= 96 * MiB, 0.87, 0.0), 3000.0)
+    b = Demand(heat_curve(maps[1].total_heat, maps[1].candidates, bs), 1500.0, seen=False)
+    assert b.hit_ratio(np.array([0, 128 * MiB, 512 * MiB, GiB])) == \
+        pytest.approx([0, 0.25, 1.0, 1.0])
+    out, cut = Splitter().caps(["a", "b"], maps, [a, b], budget, bs)
+    caps = [m.cap_blocks for m in out]
+    assert 96 <= caps[0] < 96 + budget // 64 + 1 and caps[0] + caps[1] == budget
+    young_a = Demand(heat_curve(heat_a, maps[0].candidates, bs), 3000.0, seen=False)
+    out, cut = Splitter().caps(["a", "b"], maps, [young_a, b], budget, bs)
+    assert cut == [False, False] and [m.cap_blocks for m in out] == [None, None]

@@ -253,8 +253,9 @@ def test_no_default_directory_is_nothing_running(tmp_path, capsys, monkeypatch):
 def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path, capsys):
     """The gain of the trace source's disks (their ``gain``): the share of reads from
     memory, on held blocks, the next GiB from the curve; the host line names the disk
-    whose next GiB adds the most reads a second. A mincore disk (``gain`` null), or one
-    whose curve has no read yet, says nothing of it."""
+    whose next GiB adds the most reads a second; a young curve (``curve_seen`` false) says
+    so instead of what it wants. A mincore disk (``gain`` null), or one whose curve has no
+    read yet, says nothing of it."""
     def gain(hit, held, ratio, more, wants):
         return {"pages_read_per_second": 5000.0, "cache_hit_ratio": hit,
                 "held_read_share": held, "held_reads_per_second": 900.0,
@@ -266,9 +267,11 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
                                                     "read_seconds_saved_per_second": 0.11},
          "miss_cost": {"seconds": 0.000122, "probes": 64}}
     b = {**B, "curve": curve, "mrc": read, "gain": gain(None, None, 0.5, 12.0, 0)}
+    young = disk("/img/e.img", curve=curve, mrc=read,
+                 gain={**gain(None, None, 0.5, 12.0, 0), "curve_seen": False})
     c = disk("/img/c.img", access_source="mincore", curve=None, gain=None)
     unread = disk("/img/d.img", curve=curve, mrc={"reads": 0}, gain=gain(None, None, 0, 0, 0))
-    write(tmp_path, "host.json", host([a, b, c, unread]))
+    write(tmp_path, "host.json", host([a, b, c, unread, young]))
     rc, out, _ = status(capsys, tmp_path)
     lines = out.splitlines()
     assert lines[0].endswith(", the next GiB would do most for vm1/vda (/img/a.img) "
@@ -280,3 +283,5 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
     assert lines[2].endswith("; +1G -> 50 % of reads, +12 reads/s, its curve wants 0")
     assert lines[3] == "  /img/c.img: held 0/8M in 0 regions (no evidence of use yet)"
     assert lines[4] == "  /img/d.img: held 0/8M in 0 regions (no evidence of use yet)"
+    assert lines[5].endswith("; +1G -> 50 % of reads, +12 reads/s, its curve is young: its "
+                             "heat decides how much")

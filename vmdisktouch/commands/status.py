@@ -281,7 +281,9 @@ def gain_part(d: DiskReport | None) -> str:
     if nxt and d.curve:
         parts.append(f"+1G -> {_pct(nxt['hit_ratio'])} of reads, "
                      f"+{nxt['more_reads_per_second']:,.0f} reads/s")
-    if g.get("wants_bytes") is not None:
+    if g.get("curve_seen") is False:
+        parts.append("its curve is young: its heat decides how much")
+    elif g.get("wants_bytes") is not None:
         parts.append(f"its curve wants {format_size(g['wants_bytes'])}")
     return "; " + ", ".join(parts) if parts else ""
 

@@ -33,6 +33,14 @@ of MiB each cycle is a load and a release each cycle, and a held set never
 the same length as the pick, so the selection's Stay rule never applied
 (a window of a flat background moved by 500 MiB once in every few cycles).
 
+A disk whose curve is still young (its reads have not come back yet:
+``DiskWatcher._curve_seen``) takes part with the curve its heat implies
+(``heat_curve``): the share of its heat on its hottest S bytes, which is
+what ranking by heat assumes (every read comes back where it landed). Left
+out, one young disk gave the whole budget back to the heat: a zone re-read
+for a minute, its curve 0.87 at 128 MiB, held nothing beside a disk read
+uniformly whose curve was 40 s old (tools/curve_example.py).
+
 The curve decides *how much* a disk holds; its heat map still decides
 *which* blocks (``regions``): the split is each disk's cap in the one
 selection.
@@ -57,6 +65,25 @@ class Demand:
     pages_per_second: float
     miss_cost: float | None = 1.0     # seconds a miss waits; None: not measured
     weight: float = 1.0
+    seen: bool = True                 # its own curve; False: the one its heat implies
+
+
+def heat_curve(heat: np.ndarray, candidates: np.ndarray | None,
+               block_size: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Bytes -> the share of the disk's heat (``heat``, per block) on its hottest
+    ``candidates`` (every block when None) that fit: the curve ranking by heat assumes."""
+    table: list = []              # sorted once, when the split first asks (not every cycle)
+
+    def hit(s):
+        if not table:
+            h = np.asarray(heat, dtype=float)
+            top = h if candidates is None else h[np.asarray(candidates, dtype=bool)]
+            cum = np.concatenate(([0.0], np.cumsum(np.sort(top)[::-1])))
+            total = float(h.sum())
+            table.extend((np.arange(cum.size, dtype=float) * block_size,
+                          cum / total if total > 0 else np.zeros_like(cum)))
+        return np.interp(np.asarray(s, dtype=float), *table)
+    return hit
 
 
 def comparable(demands: list[Demand]) -> list[Demand]:
@@ -142,11 +169,12 @@ class Splitter:
     def caps(self, keys: list, maps: list, demands: list, budget_blocks: int,
              block_size: int) -> tuple[list, list[bool]]:
         """``maps`` (``regions.DiskMap``) with each cap cut to its share plus what no curve
-        gains from, and which of them the cut limits, when there are several disks and
-        every one has a ``Demand`` (a curve that is evidence: ``DiskWatcher.demand``); else
-        ``maps`` as they are (the heat alone decides).
+        gains from, and which of them the cut limits, when there are several disks,
+        every one has a ``Demand`` and one of them is its own curve (evidence:
+        ``DiskWatcher.demand``); else ``maps`` as they are (the heat alone decides).
         ``keys`` name the disks (the hysteresis holds while they and the budget stay)."""
-        if len(maps) < 2 or any(d is None for d in demands):
+        if len(maps) < 2 or any(d is None for d in demands) or \
+                not any(d.seen for d in demands):
             self._last = self._fill = None
             return maps, [False] * len(maps)
         demands = comparable(demands)

@@ -53,7 +53,7 @@ from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import format_size
 from vmdisktouch.report import DiskReport
-from vmdisktouch.core.shares import Demand
+from vmdisktouch.core.shares import Demand, heat_curve
 from vmdisktouch.system.hold.spill import SpillResult
 
 EVIDENCE = 2       # a curve speaks for a disk once it has seen its reads this many times over
@@ -132,14 +132,19 @@ class DiskWatcher:
 
     # -- the cycle --------------------------------------------------------
 
-    def demand(self, candidates: int, weight: float = 1.0):
-        """What memory buys this disk, from its curve (``core.shares.Demand``); None
-        without one (the mincore source) or before it is evidence (``_curve_seen``)."""
-        mrc = self._curve_seen(candidates)
-        if mrc is None:
+    def demand(self, m, weight: float = 1.0):
+        """What memory buys this disk (``core.shares.Demand``), for its map ``m`` this
+        cycle: from its curve once that is evidence (``_curve_seen``), before that from
+        the curve its heat implies (``shares.heat_curve``, ``seen`` False); None without
+        a curve at all (the mincore source)."""
+        mrc = getattr(self.source, "mrc", None)
+        if mrc is None or not mrc.reads_per_second:
             return None
         page = self.source.page_size
         cost = self.miss_cost.seconds if self.miss_cost is not None else None
+        if self._curve_seen(m.candidate_blocks() * self.block_size) is None:
+            return Demand(heat_curve(m.total_heat, m.candidates, self.block_size),
+                          mrc.reads_per_second, cost, weight, seen=False)
         return Demand(lambda b: mrc.curve(np.asarray(b) / page), mrc.reads_per_second, cost,
                       weight)
 
@@ -318,7 +323,9 @@ class DiskWatcher:
         if gain is not None:
             s = cost and cost["seconds"]
             source["gain"] = {**gain, "read_seconds_saved_per_second": (
-                None if not s else round(gain["held_reads_per_second"] * s, 4))}
+                None if not s else round(gain["held_reads_per_second"] * s, 4)),
+                "curve_seen": self.allotment is not None and
+                self.allotment.curve_wants is not None}
         return {**source, "miss_cost": cost,
                 "spill": {"target_bytes": sp.target_bytes, "read_bytes": sp.read_bytes,
                           "backed_off_bytes": sp.backed_off_bytes, "stopped": sp.stopped},

@@ -158,8 +158,7 @@ class Host:
 
     def _by_curves(self, maps: list, budget_blocks: int) -> list:
         """Each disk's cap cut to its share by the curves (``core.shares.Splitter``)."""
-        demands = [w.demand(m.candidate_blocks() * self.block_size,
-                            self.weights.get(w.image.path, 1.0)) for w, m in maps]
+        demands = [w.demand(m, self.weights.get(w.image.path, 1.0)) for w, m in maps]
         self.demands = {w.image.path: d for (w, _), d in zip(maps, demands)}
         out, cut = self.splitter.caps([w.image.path for w, _ in maps], [m for _, m in maps],
                                       demands, budget_blocks, self.block_size)
@@ -201,8 +200,7 @@ class Host:
                                     wanted if wants is None else min(wanted, wants), limit,
                                     None if top is None else disk_name(named[top]),
                                     self.budget, self.caps.get(w.image.path),
-                                    self.weights.get(w.image.path, 1.0),
-                                    wants if limit == "curve" else None)
+                                    self.weights.get(w.image.path, 1.0), wants)
 
     def held_bytes(self) -> int:
         return self.ledger.held()

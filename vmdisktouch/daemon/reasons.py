@@ -37,6 +37,7 @@ from typing import Callable
 
 from vmdisktouch.report import CODES  # noqa: F401  (the codes given here, listed there)
 from vmdisktouch.sizes import format_size
+from vmdisktouch.core.shares import SLICES
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class Allotment:
     budget: int                  # the host's whole budget
     cap: int | None = None       # its own cap (overrides), if any
     weight: float = 1.0          # its ranking weight (overrides)
-    curve_wants: int | None = None   # what its curve says still pays (``mrc.wants``), if any
+    curve_wants: int | None = None   # what its curve says still pays (``mrc.wants``), once
+                                     # the curve is evidence (``DiskWatcher.curve_wants``)
 
 
 def disk_name(w) -> str:
@@ -110,7 +112,8 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
         return "weight", (f"the host budget went to hotter disks (weight {a.weight:g}"
                           + (f"; most to {a.top})" if a.top else ")"))
     if a is not None and a.limit == "curve" and r.held_bytes < a.wanted:
-        if a.curve_wants is not None and r.held_bytes >= a.curve_wants:
+        # within one of the split's slices of it: the split's resolution
+        if a.curve_wants is not None and r.held_bytes + a.budget // SLICES >= a.curve_wants:
             return "curve", (f"its curve says more would not pay (it wants "
                              f"{format_size(a.curve_wants)})")
         return "curve", ("its share of the host budget by the curves is full: memory saves "

@@ -13,7 +13,9 @@ host's order, and ``selection``: what the shared selection gave each of
 them (null for a disk that had no map: holding off), indexed like
 ``disks``. A disk's record holds its path, its cap (blocks, or null) and
 ranking weight, its curve at the sizes the budget's split looks at, with
-its read rate and miss cost (``demand``: null without a curve), what its policy observed (time, residency, held runs,
+its read rate, its miss cost and whether it is its own curve or the one its
+heat implies (``demand``: null without a curve; ``seen``: false for a young
+curve's stand-in), what its policy observed (time, residency, held runs,
 rewrites, allocation, the hole probes and their answers), what it decided
 (targets, the heat map's sum, the red blocks) and what its holder did (held
 runs after it acted, holes met, blocks ceded).
@@ -120,7 +122,8 @@ class Recorder:
             demand = None if d is None else dict(
                 hit=[float(x) for x in d.hit_ratio(sizes)],      # exact: the split's ties
                 pages_per_second=float(d.pages_per_second),
-                miss_cost=None if d.miss_cost is None else float(d.miss_cost))
+                miss_cost=None if d.miss_cost is None else float(d.miss_cost),
+                seen=bool(d.seen))
             records.append({"path": path, "cap_blocks": cap, "weight": float(weight),
                             "demand": demand,
                             **{k: v for k, v in rec.items() if k != "path"}})
