@@ -37,9 +37,10 @@ A disk whose curve is still young (its reads have not come back yet:
 ``DiskWatcher._curve_seen``) takes part with the curve its heat implies
 (``heat_curve``): the share of its heat on its hottest S bytes, which is
 what ranking by heat assumes (every read comes back where it landed). Left
-out, one young disk gave the whole budget back to the heat: a zone re-read
-for a minute, its curve 0.87 at 128 MiB, held nothing beside a disk read
-uniformly whose curve was 40 s old (tools/curve_example.py).
+out, one young disk gave the whole budget back to the heat: a zone read
+block by block, each block once every 20 s, held nothing beside a disk read
+uniformly whose curve was young, since the heat sees each block of the zone
+in one cycle of four (docs/benchmarks/host-budget.md#host-budget-loop).
 
 The curve decides *how much* a disk holds; its heat map still decides
 *which* blocks (``regions``): the split is each disk's cap in the one
