@@ -859,8 +859,9 @@ def main() -> int:
             ap.error("--compare-rev needs a daemon scenario (global, split) in --scenarios")
         names = with_rev_twins(names)
     exit_on_sigterm("bench_host_budget")
-    pace = ", ".join(x for x in (f"think {args.light_think} µs" if args.light_think else "",
-                                 f"at {args.light_iops} IOPS" if args.light_iops else "") if x)
+    pace = (f"1 MiB reads, a pass every {args.light_pass:g} s" if args.light_pass else
+            ", ".join(x for x in (f"think {args.light_think} µs" if args.light_think else "",
+                                  f"at {args.light_iops} IOPS" if args.light_iops else "") if x))
     print(f"{machine()}; busy hot zone {exact(args.busy_hot)}, {args.light} light ones of "
           f"{exact(args.light_hot)} ({pace or 'unpaced'}); via {args.via}; budget "
           f"{exact(args.budget)} (split {exact(split_budget(args))} each); group limit "
