@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from vmdisktouch.sizes import format_size
+
 # Why a disk holds less than it wants (``limited_by``): docs/status.md has the table.
 CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "curve",
          "floor", "cgroup", "lock_limit", "not_loaded")
@@ -114,6 +116,7 @@ class DiskLine:
     heat: float                       # the sum of its heat map
     cap_bytes: int | None             # its cap from the config file
     weight: float                     # its weight from the config file
+    budget_advice: dict | None = None  # its share too small, too large or right (``core.advice``)
 
     @classmethod
     def from_json(cls, d: dict) -> "DiskLine":
@@ -156,6 +159,7 @@ class HostReport:
     lines: list[DiskLine] = field(default_factory=list)  # every disk served, reported or not
     failed: list[dict] = field(default_factory=list)     # {path, error}
     skipped: list[dict] | None = None                    # {domain, target, reason}: libvirt
+    budget_advice: dict | None = None     # max_hold too small, too large or right (``core.advice``)
 
     def to_json(self) -> dict:
         """The status file: ``host`` and ``disks``, for one disk as for many (one disk also
@@ -163,7 +167,7 @@ class HostReport:
         head = {k: getattr(self, k) for k in (
             "pid", "version", "interval_seconds", "time", "budget_bytes", "held_bytes",
             "mem_available_bytes", "min_free_bytes", "above_floor_bytes", "cycle",
-            "cycle_seconds")}
+            "cycle_seconds", "budget_advice")}
         head.update(disks=[_shallow(x) for x in self.lines], failed=self.failed)
         if self.skipped is not None:
             head["skipped"] = self.skipped
@@ -183,3 +187,12 @@ class HostReport:
         return cls(**head, disks=[DiskReport.from_json(d) for d in doc.get("disks", [])],
                    lines=[DiskLine.from_json(x) for x in h.get("disks", [])],
                    failed=list(h.get("failed", [])), skipped=h.get("skipped"))
+
+
+def advice_said(v: dict) -> str:
+    """A budget's verdict (``core.advice``, as the status has it) in words, as ``status``
+    and the journal say it: "too small: 1.2G more would pay"."""
+    n = format_size(int(v.get("bytes") or 0))
+    return {"too_small": f"too small: {n} more would pay",
+            "too_large": f"too large: {n} of it buys almost nothing"}.get(v.get("verdict"),
+                                                                          "right")

@@ -224,6 +224,11 @@ def test_with_a_curve_for_every_disk_the_curves_decide_how_much_and_heat_which_b
         assert "memory saves more reads elsewhere" in st.disks[1].not_held_reason
         # What a disk wants: its candidates, no more than what its curve says pays.
         assert [d.wanted_bytes for d in st.disks] == [8 * MiB, 16 * MiB]
+        # Read against its share, a's curve (8M) says too large; b's has no verdict (its
+        # curve wants None: young), so the host's cannot be too large: b may want it.
+        assert st.lines[0].budget_advice == {"verdict": "too_large", "bytes": 8 * MiB}
+        assert st.lines[1].budget_advice is None
+        assert st.budget_advice == {"verdict": "right", "bytes": 0}
         monkeypatch.setattr(h.watchers[1], "demand", lambda m, weight=1.0: None)
         for _ in range(3):
             tick(h)

@@ -16,11 +16,14 @@ MiB = 1 << 20
 BUDGET = 100 * MiB
 
 
-def disk(name, held, wanted, shed=0, limited_by=None, mem=5 << 30, released=None, loaded=0):
+def disk(name, held, wanted, shed=0, limited_by=None, mem=5 << 30, released=None, loaded=0,
+         share=None, curve_wants=None):
     dom, tgt = name.split("/") if "/" in name else (None, None)
     w = SimpleNamespace(domain=dom, target=tgt, image=SimpleNamespace(path=f"/img/{name}"),
                         holder=SimpleNamespace(held_bytes=lambda: held),
-                        allotment=SimpleNamespace(wanted=wanted),
+                        allotment=SimpleNamespace(wanted=wanted,
+                                                  share=held if share is None else share,
+                                                  curve_wants=curve_wants),
                         config=SimpleNamespace(min_free=1 << 30))
     w.last_report = SimpleNamespace(shed_bytes=shed, limited_by=limited_by,
                                     mem_available_bytes=mem, loaded_bytes=loaded,
@@ -120,3 +123,49 @@ def test_a_release_the_floor_kept_from_being_taken_again_is_shedding_too(lines):
     note(a, [disk("vm1/vda", 4 * MiB, 4 * MiB, released=4 * MiB, limited_by="budget")])
     note(a, [disk("vm1/vda", 2 * MiB, 4 * MiB, released=2 * MiB, limited_by="floor")])
     assert [f["MESSAGE_ID"] for _, _, f in lines()] == [journal.FLOOR_SHED]
+
+
+def test_budget_advice_once_a_verdict_held_for_each_disk_and_the_host(lines):
+    """db's curve wants 60M of its 20M share for HOLD_CYCLES cycles: one line for db and
+    one for max_hold; web's young curve says nothing; no more lines while it lasts, one
+    each when db gets its 60M."""
+    from vmdisktouch.core.advice import HOLD_CYCLES
+    a = HostAlerts()
+
+    def cycle(db_share):
+        note(a, [disk("db/vdb", db_share, 60 * MiB, share=db_share, curve_wants=60 * MiB),
+                 disk("web/vda", 20 * MiB, 40 * MiB)])
+    for _ in range(HOLD_CYCLES - 1):
+        cycle(20 * MiB)
+    assert lines() == []
+    assert a.verdicts["/img/db/vdb"].verdict == "too_small" and a.verdicts["/img/web/vda"] \
+        is None and a.verdict.bytes == 40 * MiB
+    cycle(20 * MiB)
+    got = lines()
+    assert [(lv, f) for lv, _, f in got] == [
+        (journal.NOTICE, {"DISK": "/img/db/vdb", "DOMAIN": "db", "TARGET": "vdb",
+                          "MESSAGE_ID": journal.BUDGET_ADVICE}),
+        (journal.NOTICE, {"MESSAGE_ID": journal.BUDGET_ADVICE})]
+    assert got[0][1] == ("budget advice: db/vdb: its share 20M is too small: 40M more would "
+                         "pay (its curve wants 60M)")
+    assert got[1][1] == ("budget advice: max_hold 100M is too small: 40M more would pay (the "
+                         "curves of 1 of 2 disks want 60M)")
+    for _ in range(3 * HOLD_CYCLES):
+        cycle(20 * MiB)
+    assert lines() == []
+    for _ in range(HOLD_CYCLES):
+        cycle(60 * MiB)
+    assert [m.split(" is ")[1] for _, m, _ in lines()] == ["right (its curve wants 60M)",
+                                                          "right (the curves of 1 of 2 disks "
+                                                          "want 60M)"]
+
+
+def test_budget_advice_of_one_disk_is_its_line_alone(lines):
+    from vmdisktouch.core.advice import HOLD_CYCLES
+    a = HostAlerts()
+    for _ in range(HOLD_CYCLES):
+        note(a, [disk("web/vda", 20 * MiB, 20 * MiB, share=BUDGET, curve_wants=20 * MiB)])
+    [(_, msg, fields)] = lines()
+    assert msg == ("budget advice: web/vda: its share 100M is too large: 80M of it buys "
+                   "almost nothing (its curve wants 20M)")
+    assert fields["DISK"] == "/img/web/vda" and a.verdict.verdict == "too_large"

@@ -285,3 +285,22 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
     assert lines[4] == "  /img/d.img: held 0/8M in 0 regions (no evidence of use yet)"
     assert lines[5].endswith("; +1G -> 50 % of reads, +12 reads/s, its curve is young: its "
                              "heat decides how much")
+
+
+def test_the_budget_advice_follows_the_host_line_and_the_disk_lines(tmp_path, capsys):
+    """``budget_advice`` (core.advice): too small or too large is said after the host line
+    and after a disk's line; right, a young curve (null) or a malformed value is not."""
+    doc = host([A, B], budget_advice={"verdict": "too_small", "bytes": 3 * MiB})
+    doc["host"]["disks"][0]["budget_advice"] = {"verdict": "right", "bytes": 0}
+    doc["host"]["disks"][1]["budget_advice"] = {"verdict": "too_small", "bytes": 3 * MiB}
+    write(tmp_path, "host.json", doc)
+    rc, out, _ = status(capsys, tmp_path)
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].endswith(", max_hold too small: 3M more would pay")
+    assert "its share" not in lines[1]
+    assert lines[2].endswith(", its share too small: 3M more would pay")
+    doc = host([A, B], budget_advice={"verdict": "too_large", "bytes": "x"})
+    doc["host"]["disks"][0]["budget_advice"] = "too_large"
+    write(tmp_path, "host.json", doc)
+    rc, out, _ = status(capsys, tmp_path)
+    assert rc == 0 and "max_hold" not in out and "its share" not in out

@@ -51,8 +51,9 @@ import sys
 import time
 
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
+from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL
 from vmdisktouch.errors import ImageError, file_kind
-from vmdisktouch.report import DiskLine, DiskReport, HostReport
+from vmdisktouch.report import DiskLine, DiskReport, HostReport, advice_said
 from vmdisktouch.sizes import format_size
 
 STATUS_DIR = "/run/vmdisktouch"
@@ -234,6 +235,12 @@ def disk_name(d: DiskLine) -> str:
     return path
 
 
+def advised(v) -> bool:
+    """A verdict (``core.advice``) worth a word: too small or too large."""
+    return isinstance(v, dict) and v.get("verdict") in (TOO_SMALL, TOO_LARGE) and \
+        isinstance(v.get("bytes"), int)
+
+
 def disk_part(line: DiskLine, d: DiskReport | None) -> str:
     """A disk's name, what it holds of its share, and why not more: sanitised. ``d``: its
     full report, when the file has one; what the line leaves out is taken from it."""
@@ -252,6 +259,8 @@ def disk_part(line: DiskLine, d: DiskReport | None) -> str:
     if reason:
         out += f" ({sanitise(reason)})"
     out += gain_part(d)
+    if advised(line.budget_advice):
+        out += f", its share {advice_said(line.budget_advice)}"
     if d is not None and d.events_lost:
         out += f", {d.events_lost} events lost"
     return out
@@ -326,7 +335,8 @@ def host_lines(item: dict) -> list[str]:
             f"{_size(r.held_bytes)} of {_size(r.budget_bytes)} budget, "
             + ("" if floor is None else f"{format_size(floor)} above the floor, ")
             + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}"
-            + best_next_gib(disks))
+            + best_next_gib(disks)
+            + (f", max_hold {advice_said(r.budget_advice)}" if advised(r.budget_advice) else ""))
     return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
                for f in r.failed])

@@ -17,7 +17,14 @@ cycle, whatever the host serves:
   The episode lasts while cycles give memory back or are held back by the floor
   (``reasons``: ``floor``); the next one is said again.
 
-A disk dropped (``DISK_DROPPED``) is the third, logged where it happens
+* the budget's verdict changed (notice, ``BUDGET_ADVICE``; ``core.advice``):
+  a disk's share, or the host's ``max_hold``, is too small (its curve still
+  climbs there), too large (flat well before it) or right, said once the new
+  verdict has held ``advice.HOLD_CYCLES`` cycles; a disk whose curve has not
+  seen its reads come back gets none. One disk served: its line alone (the
+  host's verdict is the same).
+
+A disk dropped (``DISK_DROPPED``) is the fourth, logged where it happens
 (``Host._drop``). A host-wide line carries a disk's fields only when the host
 serves that one disk: the line is then about it.
 """
@@ -27,12 +34,15 @@ from __future__ import annotations
 import logging
 
 from vmdisktouch.adapters.systemd import journal
+from vmdisktouch.core import advice
 from vmdisktouch.daemon.reasons import disk_name
+from vmdisktouch.report import advice_said
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")
 
 STEP = 0.1      # of the budget: how far below it a full budget must fall to be news again
+HOST = object()  # the host budget's key among the disks' in ``advice.Steady``
 
 
 class HostAlerts:
@@ -41,6 +51,9 @@ class HostAlerts:
     def __init__(self):
         self.full = False
         self.shedding = False
+        self.verdicts: dict = {}           # image path -> its ``advice.Verdict`` (or None)
+        self.verdict: advice.Verdict | None = None     # the host budget's
+        self._steady = advice.Steady()
 
     def note(self, watchers: list, acted: list, budget: int, block_size: int) -> None:
         """After a cycle: the line of an event that starts now (``acted``: this cycle's
@@ -48,6 +61,32 @@ class HostAlerts:
         extra = _fields(watchers)
         self._budget(watchers, budget, block_size, extra)
         self._floor(acted, extra)
+        self._advice(watchers, budget)
+
+    def _advice(self, watchers: list, budget: int) -> None:
+        allotted = [w for w in watchers if w.allotment is not None]
+        self.verdicts = {w.image.path: advice.disk_verdict(
+            w.allotment.share, w.allotment.curve_wants, budget) for w in allotted}
+        self.verdict = advice.host_verdict(
+            [(w.allotment.share, w.allotment.curve_wants) for w in allotted], budget)
+        self._steady.forget({w.image.path for w in allotted} | {HOST})
+        for w in allotted:
+            v = self._steady.note(w.image.path, self.verdicts[w.image.path])
+            if v is not None:
+                a = w.allotment
+                log.log(journal.NOTICE, "budget advice: %s: its share %s is %s (its curve "
+                        "wants %s)", disk_name(w), format_size(a.share), advice_said(v.to_json()),
+                        format_size(a.curve_wants),
+                        extra=dict(journal.fields(w.image.path, w.domain, w.target),
+                                   MESSAGE_ID=journal.BUDGET_ADVICE))
+        v = self._steady.note(HOST, self.verdict)
+        if v is not None and len(allotted) > 1:
+            wanted = [w.allotment.curve_wants for w in allotted
+                      if w.allotment.curve_wants is not None]
+            log.log(journal.NOTICE, "budget advice: max_hold %s is %s (the curves of %d of "
+                    "%d disks want %s)", format_size(budget), advice_said(v.to_json()), len(wanted),
+                    len(allotted), format_size(sum(wanted)),
+                    extra={"MESSAGE_ID": journal.BUDGET_ADVICE})
 
     def _budget(self, watchers: list, budget: int, block_size: int, extra: dict) -> None:
         allotted = [w for w in watchers if w.allotment is not None]

@@ -291,7 +291,8 @@ class Host:
             disks=[w.last_disk for w in self.watchers if w.last_disk is not None],
             lines=[self._disk_line(w) for w in self.watchers],
             failed=[{"path": p, "error": why} for p, why in self.failed.items()],
-            skipped=skipped)
+            skipped=skipped,
+            budget_advice=None if self.alerts.verdict is None else self.alerts.verdict.to_json())
 
     def memory(self, min_free: int) -> tuple[int | None, int | None]:
         """(MemAvailable, the part above the floor ``min_free``) as the last cycle saw it;
@@ -302,12 +303,14 @@ class Host:
 
     def _disk_line(self, w) -> DiskLine:
         a, d = w.allotment, w.last_disk
+        v = self.alerts.verdicts.get(w.image.path)
         return DiskLine(w.image.path, w.domain, w.target, w.holder.held_bytes(),
                         None if a is None else a.share, None if a is None else a.wanted,
                         None if d is None else d.limited_by,
                         None if d is None else d.not_held_reason,
                         round(float(w.policy.state.total.sum(dtype=float)), 3),
-                        self.caps.get(w.image.path), self.weights.get(w.image.path, 1.0))
+                        self.caps.get(w.image.path), self.weights.get(w.image.path, 1.0),
+                        None if v is None else v.to_json())
 
     def close(self) -> None:
         try:

@@ -21,7 +21,7 @@ The native fields: ``MESSAGE``, ``PRIORITY`` (``priority``), ``SYSLOG_IDENTIFIER
 (``vmdisktouch``), ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC``, and for a line about a
 disk ``DISK`` (its image path), ``DOMAIN`` and ``TARGET`` (when libvirt knows them),
 and ``MESSAGE_ID`` for the events an operator alerts on (``BUDGET_FULL``,
-``FLOOR_SHED``, ``DISK_DROPPED``; docs/logging.md). A disk's fields come from the
+``FLOOR_SHED``, ``DISK_DROPPED``, ``BUDGET_ADVICE``; docs/logging.md). A disk's fields come from the
 *disk context* (``disk_context``) the daemon sets around each disk's work, added to
 every record by ``DiskFields``, so no call site repeats them; a line logged outside
 one passes them with ``extra=fields(...)``, which wins. A native entry that cannot
@@ -49,6 +49,7 @@ NATIVE, STREAM, PLAIN = "native", "stream", "plain"
 BUDGET_FULL = "3b169ea0f92841a1b0455f7a8a8af973"    # notice: held max_hold, wants more
 FLOOR_SHED = "f7eea93cc75f4838a77698c318f2f8a8"     # warning: released under min_free
 DISK_DROPPED = "b83b9d51571946158fd145d64e6d803b"   # warning: a disk no longer served
+BUDGET_ADVICE = "e84f6832d0084c559987b8d997755b46"  # notice: a budget's verdict changed
 
 # syslog's notice (5), which Python's levels lack: news an operator acts on, not a fault
 NOTICE = 25
