@@ -20,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from vmdisktouch.sizes import format_size
-
 # Why a disk holds less than it wants (``limited_by``): docs/status.md has the table.
 CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "curve",
          "floor", "cgroup", "lock_limit", "not_loaded")
@@ -187,12 +185,3 @@ class HostReport:
         return cls(**head, disks=[DiskReport.from_json(d) for d in doc.get("disks", [])],
                    lines=[DiskLine.from_json(x) for x in h.get("disks", [])],
                    failed=list(h.get("failed", [])), skipped=h.get("skipped"))
-
-
-def advice_said(v: dict) -> str:
-    """A budget's verdict (``core.advice``, as the status has it) in words, as ``status``
-    and the journal say it: "too small: 1.2G more would pay"."""
-    n = format_size(int(v.get("bytes") or 0))
-    return {"too_small": f"too small: {n} more would pay",
-            "too_large": f"too large: {n} of it buys almost nothing"}.get(v.get("verdict"),
-                                                                          "right")

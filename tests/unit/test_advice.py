@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vmdisktouch.core.advice import (HOLD_CYCLES, RIGHT, TOO_LARGE, TOO_SMALL, Steady, Verdict,
                                      disk_verdict, host_verdict)
-from vmdisktouch.report import advice_said as said
+from vmdisktouch.daemon.reasons import advice_said as said
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -53,7 +53,8 @@ import time
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
 from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL
 from vmdisktouch.errors import ImageError, file_kind
-from vmdisktouch.report import DiskLine, DiskReport, HostReport, advice_said
+from vmdisktouch.daemon.reasons import advice_said
+from vmdisktouch.report import DiskLine, DiskReport, HostReport
 from vmdisktouch.sizes import format_size
 
 STATUS_DIR = "/run/vmdisktouch"

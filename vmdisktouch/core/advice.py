@@ -23,9 +23,9 @@ past its age and would call every budget too large.
 The host's budget is ``too_small`` when a disk is: the sum of what those
 disks want past their shares would still pay; ``too_large`` when every disk
 has a verdict and what they all want together leaves more than the margin of
-the budget unwanted; else ``right``. ``AdviceLog`` (``daemon.alerts``) says a
-verdict once it has held ``HOLD_CYCLES`` cycles, so a curve that wavers at
-the edge writes no line a cycle.
+the budget unwanted; else ``right``. ``Steady`` tells a verdict worth saying
+(``daemon.alerts`` says it): once it has held ``HOLD_CYCLES`` cycles, so a
+curve that wavers at the edge writes no line a cycle.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from vmdisktouch.core.shares import SLICES
 
 TOO_SMALL, TOO_LARGE, RIGHT = "too_small", "too_large", "right"
-VERDICTS = (TOO_SMALL, TOO_LARGE, RIGHT)
 SLACK = 0.125        # of the larger of the two sizes: within it, they agree
 HOLD_CYCLES = 3      # cycles a new verdict must hold before it is said
 

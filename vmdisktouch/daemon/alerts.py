@@ -35,8 +35,7 @@ import logging
 
 from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.core import advice
-from vmdisktouch.daemon.reasons import disk_name
-from vmdisktouch.report import advice_said
+from vmdisktouch.daemon.reasons import advice_said, disk_name
 from vmdisktouch.sizes import format_size
 
 log = logging.getLogger("vmdisktouch")

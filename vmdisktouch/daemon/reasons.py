@@ -37,6 +37,7 @@ from typing import Callable
 
 from vmdisktouch.report import CODES  # noqa: F401  (the codes given here, listed there)
 from vmdisktouch.sizes import format_size
+from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL
 from vmdisktouch.core.shares import SLICES
 
 
@@ -124,3 +125,12 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
         return "budget", (f"the budget ({format_size(a.budget)}) is full of regions at least "
                           "as hot")
     return None
+
+
+def advice_said(v: dict) -> str:
+    """A budget's verdict (``core.advice``, as the status has it) in words, as ``status``
+    and the journal say it: "too small: 1.2G more would pay"."""
+    n = format_size(int(v.get("bytes") or 0))
+    return {TOO_SMALL: f"too small: {n} more would pay",
+            TOO_LARGE: f"too large: {n} of it buys almost nothing"}.get(v.get("verdict"),
+                                                                        "right")
