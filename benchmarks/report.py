@@ -48,6 +48,7 @@ PAGE_TITLES = {
     "side-by-side": "Side by side with the commit before: several benchmarks, one change",
     "busy-cost": "A busy disk: the daemon's CPU per event rate",
     "curve-accuracy": "The miss-ratio curve against the kernel",
+    "advise": "`vmdisktouch advise`: advice for disks the daemon does not serve",
 }
 # sections whose page is not the longest page name they start with
 SECTION_PAGES = {"cold-start": "hotzone", "budget-per-byte": "hotzone",

@@ -33,7 +33,7 @@ a failure at run time (\fBrun\fR: too many failed cycles in a row; \fBsnapshot\f
 a usage error: an unknown option, a missing or extra argument, options that exclude each other; \fBsnapshot \-\-png\fR with several PATHs; a \fBunit\-name\fR PATH with no unit name
 .TP
 \fB3\fR
-\fBstatus\fR: no daemon is live (no status file, or every one stale), as \fBsystemctl is\-active\fR says
+\fBstatus\fR: no daemon is live (no status file, or every one stale), as \fBsystemctl is\-active\fR says; \fBadvise\fR: no disk was read during the window
 .TP
 \fB66\fR
 a disk image that does not exist, cannot be opened, or whose residency the kernel hides from this user (\fBsnapshot\fR as neither its owner nor a writer); \fBstatus\fR: the directory, or no status file serving PATH
@@ -44,8 +44,14 @@ an internal error (a bug: rerun with \-\-debug)
 \fB75\fR
 the disk image went away or was replaced while served
 .TP
+\fB77\fR
+\fBadvise\fR as a user who may not read the kernel's tracepoints (not root)
+.TP
 \fB78\fR
-a refused setup: a bad value of a setting, given as a flag of any command or in the config file; the config file; an output path; the lock limit
+a refused setup: a bad value of a setting, given as a flag of any command or in the config file; the config file; an output path; the lock limit; \fBadvise\fR: a kernel without the tracepoints a disk needs
+.TP
+\fB130\fR
+\fBadvise\fR stopped by Ctrl\-C (SIGINT): what was measured is still printed
 .SH FILES
 .TP
 \fI/etc/vmdisktouch/host.toml\fR
@@ -55,7 +61,7 @@ the host service's settings (\fBvmdisktouch.service\fR)
 a per\-disk unit's settings (\fBvmdisktouch@INSTANCE.service\fR)
 .TP
 \fI/run/vmdisktouch/\fR
-status files (read by \fBvmdisktouch status\fR), the PNG maps, the per\-image locks
+status files (read by \fBvmdisktouch status\fR), the PNG maps, the per\-image locks, the last \fBvmdisktouch advise\fR report (\fIadvise.json\fR, read by \fBdiscover\fR)
 .TP
 \fI/var/lib/vmdisktouch/\fR
 the warm\-restart state (\fB\-\-state\-dir\fR)

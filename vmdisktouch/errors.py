@@ -16,13 +16,16 @@ and 78):
  2  EX_USAGE     the shape of the command line: an unknown option, a missing
                  or extra argument, options that exclude each other (argparse,
                  one line; ``UsageError``)
- 3  (status)     ``status`` only: no daemon is live (``systemctl is-active``)
+ 3  (inactive)   ``status``: no daemon is live (``systemctl is-active``);
+                 ``advise``: no disk was read in the window
 66  EX_NOINPUT   an input cannot be used: the image missing, unreadable, not
                  an image, or its residency hidden from this process; the
                  status directory, or no status file serving a PATH
 70  EX_SOFTWARE  internal error: a bug; no input may lead here
 75  EX_TEMPFAIL  the image was deleted or replaced while served: a restart
                  serves whatever the path names then (a deleted one ends in 66)
+77  EX_NOPERM    ``advise`` as a user who may not read the kernel's
+                 tracepoints (not root)
 78  EX_CONFIG    refused setup: a setting's value, wherever it is given (a
                  flag of any subcommand, the config file, the unit), settings
                  together or against the host, the config file itself, an
@@ -46,6 +49,7 @@ EX_ERROR = 1
 EX_USAGE = 2
 EX_NOINPUT = 66
 EX_SOFTWARE = 70
+EX_NOPERM = 77
 EX_TEMPFAIL = 75
 EX_CONFIG = 78
 
@@ -68,6 +72,12 @@ class ImageError(VmdtError):
     """The path is not a usable disk image (missing, wrong kind, unreadable...)."""
 
     exit_code = EX_NOINPUT
+
+
+class NotPermitted(VmdtError):
+    """This user may not do it: ``advise`` needs root for the kernel's tracepoints."""
+
+    exit_code = EX_NOPERM
 
 
 class ImageGoneError(ImageError):

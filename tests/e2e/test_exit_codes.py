@@ -69,6 +69,8 @@ USAGE = [
     (["discover", "--uri"], "discover: argument --uri: expected one argument"),
     (["unit-name"], "unit-name: the following arguments are required: PATH"),
     (["unit-name", "/a/../b"], "not a normalized path"),
+    (["advise"], "give PATHs or --libvirt, not neither"),
+    (["advise", "{image}", "--libvirt"], "give PATHs or --libvirt, not both"),
 ]
 
 
@@ -104,6 +106,8 @@ SETUP = [
      "does not exist"),
     (["snapshot", "--png", "{tmp}/no/dir/m.png", "{image}"], "refusing --png"),
     (["snapshot", "--png", "{image}", "{image}"], "it is the disk image"),
+    (["advise", "{image}", "--duration", "x"], "bad value 'x' for --duration"),
+    (["advise", "{image}", "--png", "{image}"], "refusing --png"),
 ]
 
 
@@ -259,7 +263,7 @@ def test_libvirt_unreachable_is_1_in_one_line():
 # -- 70: a bug --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["run", "snapshot", "status", "config", "discover",
-                                     "unit-name"])
+                                     "unit-name", "advise"])
 def test_a_bug_is_70_in_one_line_for_every_subcommand(command):
     module = command.replace("-", "_")
     code = textwrap.dedent(f"""
@@ -271,7 +275,7 @@ def test_a_bug_is_70_in_one_line_for_every_subcommand(command):
         sys.exit(cli.main(["{command}", *sys.argv[1:]]))
     """)
     argv = {"run": ["--libvirt"], "snapshot": ["x"], "config": ["--example"],
-            "unit-name": ["x"]}.get(command, [])
+            "unit-name": ["x"], "advise": ["x"]}.get(command, [])
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
     one_line(r, errors.EX_SOFTWARE, "internal error: KeyError: 'a bug' (rerun with --debug)")
@@ -298,14 +302,17 @@ def test_the_image_deleted_while_served_is_75_and_a_stop_is_0(tmp_path, image):
         assert d.stop() == 0, d.output()[-2000:]
 
 
+# -- advise: 3 (nothing read), 77 (not root), 66, 78 (a kernel without the tracepoints),
+# 130 (Ctrl-C): tests/e2e/test_advise.py
+
 # -- the table of docs/exit-codes.md is what is tested here -----------------------------
 
 def test_the_documented_table_is_the_tested_one():
     text = open(os.path.join(ROOT, "docs", "exit-codes.md"), encoding="utf-8").read()
     rows = [int(m) for m in re.findall(r"^\| (\d+) \|", text, re.M)]
-    assert rows == [0, 1, 2, 3, 66, 70, 75, 78]
+    assert rows == [0, 1, 2, 3, 66, 70, 75, 77, 78]
     assert {errors.EX_ERROR, errors.EX_USAGE, errors.EX_NOINPUT, errors.EX_SOFTWARE,
-            errors.EX_TEMPFAIL, errors.EX_CONFIG} <= set(rows)
+            errors.EX_TEMPFAIL, errors.EX_NOPERM, errors.EX_CONFIG} <= set(rows)
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     commands = readme.split("## Commands", 1)[1].split("\n## ", 1)[0]
     assert "(docs/exit-codes.md)" in commands

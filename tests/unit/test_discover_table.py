@@ -66,3 +66,39 @@ def test_an_empty_cdrom_is_noise_a_network_disk_is_not():
     assert not is_empty_drive(disk("sda", "/iso/debian.iso", eligible=False, device="cdrom"))
     net = disk("vdc", None, eligible=False)
     assert not is_empty_drive(net)
+
+
+def test_the_advice_column_comes_from_the_last_advise_report_by_domain_target_or_path(
+        tmp_path):
+    import json
+    from vmdisktouch.adapters.advice_file import load_advice
+    report = {"when": 1_700_000_000.0, "disks": [
+        {"path": "/img/a.raw", "domain": "web", "target": "vda",
+         "advice": {"verdict": "hold", "bytes": 1536 << 20, "hit_ratio": 0.88,
+                    "more_reads_per_second": 2900.0}},
+        {"path": "/img/b.raw",
+         "advice": {"verdict": "uniform", "bytes": 8 << 30, "hit_ratio": 0.1,
+                    "more_reads_per_second": 10.0}}]}
+    saved = tmp_path / "advise.json"
+    saved.write_text(json.dumps(report))
+    advice = load_advice(str(saved))
+    a, b, c = (disk("vda", "/img/a.raw", eligible=False), disk("vdb", "/img/b.raw"),
+               disk("vdc", "/img/c.raw"))
+    out = format_table([a, b, c], advice=advice, now=1_700_000_600.0)
+    lines = out.splitlines()
+    head = next(ln for ln in lines if ln.startswith("DOMAIN"))
+    assert head.split()[-2:] == ["ADVICE", "SOURCE"]
+    row = {ln.split()[-1]: ln for ln in lines if ln.startswith("web ")}
+    assert "1.5G: 88% from memory, +2,900 reads/s" in row["/img/a.raw"]
+    assert "none: reads uniform" in row["/img/b.raw"]
+    assert row["/img/c.raw"].split()[-2] == "-"
+    assert "ADVICE: from vmdisktouch advise --libvirt, 10 min ago" in out
+
+
+def test_without_an_advise_report_discover_says_how_to_get_one(tmp_path):
+    from vmdisktouch.adapters.advice_file import load_advice
+    assert load_advice(str(tmp_path / "none.json")) is None
+    (tmp_path / "bad.json").write_text("{")
+    assert load_advice(str(tmp_path / "bad.json")) is None
+    out = format_table([disk("vda", "/img/a.raw")])
+    assert "ADVICE: none yet: run vmdisktouch advise --libvirt" in out

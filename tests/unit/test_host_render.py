@@ -249,3 +249,21 @@ def test_the_curves_panel_draws_each_curve_in_its_disk_s_colour_with_a_dot_where
     ring_x = x1 - 2                                           # a's share, 1G: its ring
     above = [c for c in column(ring_x)[:int(0.1 * CHART) + 6]]  # 90 % and above
     assert above.count(disk_colour(a)) >= 4 and SHARE not in above
+
+
+def test_disks_not_served_are_listed_with_why_and_those_that_would_gain_marked():
+    from vmdisktouch.adapters.pictures.host_render import (DiskBand, Unserved, WOULD_GAIN,
+                                                           band_top, host_overview_image)
+    one = DiskBand("/img/a.raw", 0, np.zeros(4), np.zeros(4, bool), domain="web",
+                   target="vda", size_bytes=4 << 20)
+    plain = host_overview_image([one], 8 << 20)
+    unserved = [Unserved("db/vdb", "cache=none (O_DIRECT)", "1.5G: 88% from memory"),
+                Unserved("web/hdc", "read-only cdrom")]
+    img = host_overview_image([one], 8 << 20, unserved=unserved)
+    assert img.height == plain.height + 3 * 16 + 8      # a title and a line each
+    rows = np.asarray(img.convert("RGB"))[band_top(1):band_top(1) + 3 * 16 + 8]
+    tri = (rows[:, :20] == WOULD_GAIN).all(axis=2).sum()
+    assert tri > 20, "no triangle marks the disk that would gain"
+    # only one of the two is marked: the triangle's pixels sit in one row band
+    ys = np.flatnonzero((rows[:, :20] == WOULD_GAIN).all(axis=2).any(axis=1))
+    assert ys.max() - ys.min() < 16, ys

@@ -31,6 +31,7 @@ COMMANDS = {
     "discover": ("vmdisktouch.commands.discover", "list libvirt domains' disks and whether each is eligible"),
     "unit-name": ("vmdisktouch.commands.unit_name", "print the systemd unit name that keeps a disk warm"),
     "status": ("vmdisktouch.commands.status", "show the live state of every running daemon"),
+    "advise": ("vmdisktouch.commands.advise", "watch disks, changing nothing, and say what host memory would buy each"),
     "config": ("vmdisktouch.commands.config", "print the example config file, or check one as run reads it"),
 }
 

@@ -10,8 +10,9 @@ import json
 import sys
 
 from vmdisktouch.adapters.libvirt import libvirt_disks
+from vmdisktouch.adapters.advice_file import ADVICE_FILE, advice_of, load_advice
 from vmdisktouch.commands.discover_table import (HOST_UNIT, format_table, is_empty_drive,
-                                           unit_states, unread)
+                                                 unit_states, unread)
 from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI
 
 
@@ -28,6 +29,9 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help=f"libvirt connection URI (default: {DEFAULT_URI})")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON array with one object per disk")
+    parser.add_argument("--advice", default=ADVICE_FILE, metavar="FILE",
+                        help="the ADVICE column from this report of vmdisktouch advise "
+                             f"(default: {ADVICE_FILE}, where advise keeps its last one)")
     parser.add_argument("--eligible", action="store_true",
                         help="list only the disks vmdisktouch can help")
 
@@ -49,16 +53,18 @@ def main(args) -> int:
         shown = [d for d in shown if d.eligible]
     states = unit_states(sorted({d.unit for d in shown if d.eligible and d.unit}
                                 | {HOST_UNIT}))
+    advice = load_advice(args.advice)
     if args.json:
         json.dump([dict(d.to_json(), unit_enabled=states.get(d.unit, (None, None))[0],
-                        unit_active=states.get(d.unit, (None, None))[1]) for d in shown],
+                        unit_active=states.get(d.unit, (None, None))[1],
+                        advice=advice_of(advice, d.domain, d.target, d.source)) for d in shown],
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif not shown:
         print(f"no {'eligible ' if args.eligible else ''}disks at {args.uri}"
               + (f" ({empty} empty removable drives)" if empty else ""))
     else:
-        print(format_table(shown, states, empty))
+        print(format_table(shown, states, empty, advice))
     for name, (why, _) in sorted(unreadable.items()):
         print(f"vmdisktouch: {name}: {why}; its disks are not listed", file=sys.stderr)
     return 1 if unreadable else 0

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 from vmdisktouch.adapters.libvirt.libvirt_disks import Disk
+from vmdisktouch.adapters.advice_file import ADVICE_FILE, advice_cell, advice_of, advice_line
 
 HOST_UNIT = "vmdisktouch.service"
 HOST_CONFIG = "/etc/vmdisktouch/host.toml"
 DISK_CONFIG = "/etc/vmdisktouch/default.toml"
-COLUMNS = ("DOMAIN", "STATE", "TARGET", "TYPE", "FORMAT", "CACHE", "IO", "ELIGIBLE", "SOURCE")
-
-
+COLUMNS = ("DOMAIN", "STATE", "TARGET", "TYPE", "FORMAT", "CACHE", "IO", "ELIGIBLE", "ADVICE",
+           "SOURCE")
 def unit_states(units: list[str]) -> dict[str, tuple[str, str]]:
     """unit -> (UnitFileState, ActiveState) from one ``systemctl show``; empty when
     systemctl is missing or answers nothing (no systemd running)."""
@@ -52,11 +53,12 @@ def unit_states(units: list[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _row(d: Disk) -> tuple[str, ...]:
+def _row(d: Disk, advice: dict | None) -> tuple[str, ...]:
     cache = d.cache + ("*" if d.cache_default else "")
     io = d.io + ("*" if d.io_default else "")
+    said = advice_cell(advice_of(advice, d.domain, d.target, d.source))
     return (d.domain, d.state, d.target, d.type, d.format, cache, io,
-            "yes" if d.eligible else "no", d.source or "-")
+            "yes" if d.eligible else "no", said, d.source or "-")
 
 
 def host_line(state: tuple[str, str] | None) -> str:
@@ -68,12 +70,13 @@ def host_line(state: tuple[str, str] | None) -> str:
             f"{HOST_UNIT}" + (f"  (now {state[0]}, {state[1]})" if state else ""))
 
 
-def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0) -> str:
+def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0,
+                 advice: dict | None = None, now: float | None = None) -> str:
     """The human listing: the host service's line (when a disk is eligible), a table,
     and under each disk its reason and its per-disk unit with the unit's state; the
-    count of empty drives left out."""
+    count of empty drives left out; where ADVICE comes from (``load_advice``)."""
     states = states or {}
-    rows = [COLUMNS] + [_row(d) for d in disks]
+    rows = [COLUMNS] + [_row(d, advice) for d in disks]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
 
     def line(r):
@@ -100,6 +103,8 @@ def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0) 
         out.append("")
         out.append(f"{empty} empty removable drive{'s' if empty != 1 else ''} (no medium) "
                    "not listed")
+    out.append("")
+    out.append(advice_line(advice, time.time() if now is None else now))
     if any(d.cache_default or d.io_default for d in disks):
         out.append("")
         out.append("* not set in the domain XML: QEMU's default (cache=writeback, io=threads)")

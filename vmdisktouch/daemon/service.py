@@ -324,7 +324,24 @@ class Service:
                 curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None))
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
-            above_floor=self.host.memory(self.config.min_free)[1]))
+            above_floor=self.host.memory(self.config.min_free)[1],
+            unserved=self._unserved()))
+
+    def _unserved(self) -> list:
+        """The disks libvirt has that are not served, with why; those the last ``advise``
+        says would gain, with what (``advice_file``)."""
+        from vmdisktouch.adapters import advice_file
+        from vmdisktouch.adapters.pictures.host_render import Unserved
+        if not self.skipped:
+            return []
+        advice = advice_file.load_advice(advice_file.ADVICE_FILE)
+        out = []
+        for (domain, target), why in sorted(self.skipped.items()):
+            a = advice_file.advice_of(advice, domain, target)
+            gains = a is not None and a.get("verdict") == "hold"
+            out.append(Unserved(f"{domain}/{target}", why,
+                                advice_file.advice_cell(a) if gains else None))
+        return out
 
     # -- reload --------------------------------------------------------------
 

@@ -51,15 +51,16 @@ from vmdisktouch.core.access import ADD, READ, AccessLog, EventResidency
 from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
+from vmdisktouch.core.what_if import cache_hit_ratio
 from vmdisktouch.errors import ConfigError, VmdtError
 from vmdisktouch.system.trace.ringbuf import no_events
+from vmdisktouch.system.trace.tracefs import PREFIX   # of every instance (``instance_name``)
 from vmdisktouch.unitname import escape_path
 
 log = logging.getLogger("vmdisktouch")
 
 RECONCILE_EVERY = 12          # cycles between mincore passes of the trace source
 NAME_LIMIT = 200              # bytes of an instance name (a directory name: at most 255)
-PREFIX = "vmdisktouch@"       # of every instance a daemon makes (``instance_name``)
 WARN_EVERY = 600.0            # seconds: a changed instance warns at most this often
 
 
@@ -285,8 +286,8 @@ class TraceSource:
         image = self.nblocks * self.block_size
         per_second = pages / seconds
         return {"pages_read_per_second": round(per_second, 1),
-                "cache_hit_ratio": (round(max(0.0, 1 - kinds[ADD] / pages), 4) if pages
-                                    else None),
+                "cache_hit_ratio": (None if not pages
+                                    else round(cache_hit_ratio(pages, kinds[ADD]), 4)),
                 "held_read_share": round(held_reads / events, 4) if events else None,
                 "held_reads_per_second": round(held_reads / seconds, 1),
                 "next_gib": self.mrc.next_gib(held_bytes, self.page_size, per_second),

@@ -168,7 +168,7 @@ def size_of_fd(fd: int, kind: str) -> int:
     return files.fstat(fd).st_size
 
 
-def _first_page_cached(fd: int, size: int) -> bool:
+def first_page_cached(fd: int, size: int) -> bool:
     """Whether page 0 of ``fd`` is in the page cache (mincore on a one-page mapping)."""
     import numpy as np
 
@@ -189,7 +189,7 @@ def read_magic(fd: int, size: int) -> bytes:
     not cached before, it is dropped again after the read.
     """
     try:
-        was_cached = _first_page_cached(fd, size)
+        was_cached = first_page_cached(fd, size)
     except (OSError, VmdtError):
         was_cached = True              # cannot tell: leave the cache alone
     files.advise(fd, 0, 0, os.POSIX_FADV_RANDOM)

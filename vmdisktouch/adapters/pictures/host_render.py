@@ -109,6 +109,7 @@ TRACK = (40, 40, 40)        # an allocation bar's background (the budget)
 FRAME = (90, 90, 90)        # around an image strip
 SHARE = (255, 255, 255)     # the share's outline
 NEUTRAL = (200, 200, 200)   # the legend's stand-in for a disk's colour
+WOULD_GAIN = (255, 255, 255)  # the triangle of a disk not served that would gain
 # Okabe-Ito orange, blue, reddish purple; Tol light pink, bright red, bright purple
 PALETTE = [(230, 159, 0), (0, 114, 178), (204, 121, 167), (255, 170, 187),
            (238, 102, 119), (170, 51, 119)]
@@ -135,6 +136,15 @@ class DiskBand:
     wanted_bytes: int | None = None  # all it would hold (candidates, within its curve's wants)
     limited_by: str | None = None    # why it holds less than it wants (daemon.reasons)
     curve: list | None = None        # [[bytes, hit ratio], ...] (core.mrc); None: none
+
+
+@dataclass(frozen=True)
+class Unserved:
+    """A disk of a running domain the host service does not serve: why, and what holding it
+    would buy by the last ``vmdisktouch advise`` (None: no advice, or none that gains)."""
+    key: str                    # domain/target
+    reason: str
+    gain: str | None = None
 
 
 def disk_key(d: DiskBand) -> str:
@@ -186,7 +196,7 @@ def strip_width(size: int, largest: int, span: int) -> int:
     return max(MIN_STRIP, int(round(span * frac)))
 
 
-def _size(n: int) -> str:
+def short_size(n: int) -> str:
     return format_size(n)
 
 
@@ -214,7 +224,7 @@ def _strip(d: DiskBand, w: int, h: int) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(np.repeat(row[None], h, axis=0)))
 
 
-def _fill(img: Image.Image, box, colour, rank: int = 0) -> None:
+def fill_box(img: Image.Image, box, colour, rank: int = 0) -> None:
     """``box`` (inclusive) in ``colour``, hatched by ``rank`` (0: solid); the pattern is
     anchored to the picture, so neighbouring boxes line up."""
     x0, y0, x1, y1 = (int(v) for v in box)
@@ -232,7 +242,7 @@ def _dim(colour) -> tuple[int, int, int]:
     return tuple(int(round(0.4 * c + 0.6 * b)) for c, b in zip(colour, BG))
 
 
-def _fit(draw, text: str, room: float, font, left: bool = True) -> str:
+def fit_text(draw, text: str, room: float, font, left: bool = True) -> str:
     """``text`` shortened from the left ("...tail"), or the right, to fit ``room`` px."""
     if draw.textlength(text, font=font) <= room:
         return text
@@ -252,27 +262,29 @@ def header(disks: list[DiskBand], budget: int, when: float | None,
            above_floor: int | None) -> list[str]:
     held = sum(d.held_bytes for d in disks)
     pct = f" ({held / budget:.0%})" if budget else ""
-    first = (f"host: held {_size(held)} of {_size(budget)} budget{pct}, "
+    first = (f"host: held {short_size(held)} of {short_size(budget)} budget{pct}, "
              f"{len(disks)} disk{'' if len(disks) == 1 else 's'}")
     parts = []
     if when is not None:
         parts.append(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)))
-    free = "unknown" if above_floor is None else _size(above_floor)
+    free = "unknown" if above_floor is None else short_size(above_floor)
     parts.append(f"free memory above the floor (MemAvailable - min_free): {free}")
     return [first, "  ".join(parts)]
 
 
 def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, *,
-                        when: float | None = None,
-                        above_floor: int | None = None) -> Image.Image:
+                        when: float | None = None, above_floor: int | None = None,
+                        unserved: list[Unserved] = ()) -> Image.Image:
     """The overview of ``disks`` under ``budget`` bytes at time ``when``, with
-    ``above_floor`` bytes of MemAvailable above the free-memory floor."""
+    ``above_floor`` bytes of MemAvailable above the free-memory floor, and the
+    ``unserved`` disks listed below them."""
     font = load_font()
     width = max(MIN_WIDTH, width)
     legend_h = PAD + LEGEND * LINE + PAD
     curves = [d for d in disks if d.curve and len(d.curve) >= 2]
     panel = CURVES if curves else 0
-    img = Image.new("RGB", (width, band_top(len(disks)) + panel + legend_h), BG)
+    others = (len(unserved) + 1) * LINE + PAD if unserved else 0
+    img = Image.new("RGB", (width, band_top(len(disks)) + others + panel + legend_h), BG)
     draw = ImageDraw.Draw(img)
     for k, line in enumerate(header(disks, budget, when, above_floor)):
         draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
@@ -283,39 +295,64 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
     for x, room, title in ((PAD, LABEL - PAD - 8, "disk: image size, why it holds less"),
                            (LABEL, alloc_w, "held / share / wanted of the budget"),
                            (strip_x, span, "the image: held, cached blocks")):
-        draw.text((x, y), _fit(draw, title, room, font, False), fill=DIM, font=font)
+        draw.text((x, y), fit_text(draw, title, room, font, False), fill=DIM, font=font)
     largest = max((d.size_bytes for d in disks), default=0)
     for k, (d, (colour, rank)) in enumerate(zip(disks, marks)):
         y = band_top(k)
-        _fill(img, swatch_box(k), colour, rank)
+        fill_box(img, swatch_box(k), colour, rank)
         x = PAD + SWATCH + 6
-        draw.text((x, y), _fit(draw, disk_key(d), LABEL - x - 8, font), fill=TEXT, font=font)
-        info = f"{_size(d.size_bytes)} image"
+        draw.text((x, y), fit_text(draw, disk_key(d), LABEL - x - 8, font), fill=TEXT, font=font)
+        info = f"{short_size(d.size_bytes)} image"
         if d.limited_by:
             info += f", limited by {REASONS.get(d.limited_by, d.limited_by)}"
-        draw.text((x, y + LINE), _fit(draw, info, LABEL - x - 8, font, False), fill=DIM,
+        draw.text((x, y + LINE), fit_text(draw, info, LABEL - x - 8, font, False), fill=DIM,
                   font=font)
         _allocation(img, draw, font, d, colour, rank, budget, (LABEL, y + 2, alloc_w))
         w = strip_width(d.size_bytes, largest, span)
         draw.rectangle([strip_x - 1, y, strip_x + w, y + 2 * LINE - 1], outline=FRAME)
         img.paste(_strip(d, w, 2 * LINE - 2), (strip_x, y + 1))
         draw.line([PAD, y + BAND - 3, width - PAD, y + BAND - 3], fill=(36, 36, 36))
+    if unserved:
+        _unserved(img, draw, font, unserved, band_top(len(disks)), width)
     if curves:
-        _curves(img, draw, font, disks, marks, band_top(len(disks)), width)
-    _legend(img, draw, font, band_top(len(disks)) + panel + PAD, width)
+        curves_panel(img, draw, font, disks, marks, band_top(len(disks)) + others, width)
+    _legend(img, draw, font, band_top(len(disks)) + others + panel + PAD, width)
     return img
 
 
-def _curves(img, draw, font, disks: list[DiskBand], marks, y: int, width: int) -> None:
+def _unserved(img, draw, font, unserved: list[Unserved], y: int, width: int) -> None:
+    """A line per disk not served: its name and why; a disk that would gain (``gain``) in
+    the text colour with a triangle (``WOULD_GAIN``) and what it would gain, the others
+    dim."""
+    n = len(unserved)
+    gains = sum(1 for u in unserved if u.gain)
+    draw.text((PAD, y), fit_text(draw, f"not served: {n} disk{'' if n == 1 else 's'}"
+                                 + (f", {gains} would gain (by vmdisktouch advise)" if gains
+                                    else ""), width - 2 * PAD, font, False),
+              fill=DIM, font=font)
+    for k, u in enumerate(unserved):
+        yy = y + (k + 1) * LINE
+        x = PAD + SWATCH + 6
+        if u.gain:
+            draw.polygon([(PAD, yy + SWATCH), (PAD + SWATCH - 1, yy + SWATCH),
+                          (PAD + (SWATCH - 1) / 2, yy + 2)], fill=WOULD_GAIN)
+        text = f"{u.key}: {u.reason}" + (f"; would gain {u.gain}" if u.gain else "")
+        draw.text((x, yy), fit_text(draw, text, width - x - PAD, font, False),
+                  fill=TEXT if u.gain else DIM, font=font)
+
+
+CURVES_TITLE = ("what memory buys: the share of each disk's reads an LRU cache of the size "
+                "would serve (its curve); dot: held now, ring: its share")
+
+
+def curves_panel(img, draw, font, disks: list[DiskBand], marks, y: int, width: int,
+                 title: str = CURVES_TITLE) -> None:
     """The curves panel at ``y``: each disk's curve over one log axis of sizes, a dot
-    where it holds now (see the module's theory)."""
-    draw.text((PAD, y), _fit(draw, "what memory buys: the share of each disk's reads an "
-                             "LRU cache of the size would serve (its curve); dot: held now, "
-                             "ring: its share",
-                             width - 2 * PAD, font, False), fill=DIM, font=font)
+    where it holds now, a ring at its share (see the module's theory)."""
+    draw.text((PAD, y), fit_text(draw, title, width - 2 * PAD, font, False), fill=DIM, font=font)
     x0, x1 = PAD + 44, width - PAD - 1
     top, bottom = y + LINE + 4, y + LINE + 4 + CHART - 1
-    _fill(img, (x0, top, x1, bottom), TRACK)
+    fill_box(img, (x0, top, x1, bottom), TRACK)
     points = [(float(b), float(h)) for d in disks for b, h in (d.curve or ()) if b > 0]
     lo = min(b for b, _ in points)
     hi = max([b for b, _ in points] + [d.size_bytes for d in disks if d.curve])
@@ -332,7 +369,7 @@ def _curves(img, draw, font, disks: list[DiskBand], marks, y: int, width: int) -
     size, last_x = lo, -1e9
     while size <= hi * 1.001:                      # labels a factor of 4 apart, at least
         xx = at(size, 0)[0]
-        label = _size(int(size))
+        label = short_size(int(size))
         if xx - last_x >= draw.textlength(label, font=font) + 12:
             draw.line([xx, bottom, xx, bottom + 3], fill=DIM)
             w = draw.textlength(label, font=font)
@@ -377,15 +414,15 @@ def _hit_at(curve: list, size: int) -> float:
 
 def _budget_bar(img, disks, marks, budget: int, width: int) -> None:
     """Each disk's held bytes as a segment in its colour, 1 px apart; the rest grey."""
-    _fill(img, (PAD, HEAD, width - PAD - 1, HEAD + BAR - 1), UNUSED)
+    fill_box(img, (PAD, HEAD, width - PAD - 1, HEAD + BAR - 1), UNUSED)
     w = width - 2 * PAD
     x = float(PAD)
     for d, (colour, rank) in zip(disks, marks):
         dx = w * min(d.held_bytes, budget) / budget if budget > 0 else 0.0
         if dx > 0:
             x1 = min(width - PAD - 1, max(int(x), int(x + dx) - 2))
-            _fill(img, (int(x), HEAD, x1, HEAD + BAR - 1), colour, rank)
-            _fill(img, (x1 + 1, HEAD, x1 + 1, HEAD + BAR - 1), BG)
+            fill_box(img, (int(x), HEAD, x1, HEAD + BAR - 1), colour, rank)
+            fill_box(img, (x1 + 1, HEAD, x1 + 1, HEAD + BAR - 1), BG)
         x += dx
 
 
@@ -393,21 +430,21 @@ def _allocation(img, draw, font, d: DiskBand, colour, rank, budget, at) -> None:
     """The allocation bar at ``at`` = (x, y, width), scaled to the budget: wanted dim,
     held solid, the share outlined; the numbers below."""
     x, y, w = at
-    _fill(img, (x, y, x + w - 1, y + ROW - 1), TRACK)
+    fill_box(img, (x, y, x + w - 1, y + ROW - 1), TRACK)
     wanted = _px(d.wanted_bytes, budget, w)
-    _fill(img, (x, y, x + wanted - 1, y + ROW - 1), _dim(colour))
-    _fill(img, (x, y, x + _px(d.held_bytes, budget, w) - 1, y + ROW - 1), colour, rank)
+    fill_box(img, (x, y, x + wanted - 1, y + ROW - 1), _dim(colour))
+    fill_box(img, (x, y, x + _px(d.held_bytes, budget, w) - 1, y + ROW - 1), colour, rank)
     if d.share_bytes is not None:
         share = _px(d.share_bytes, budget, w)
         draw.rectangle([x, y - 1, x + max(1, share) - 1, y + ROW], outline=SHARE)
     if d.wanted_bytes and d.wanted_bytes > budget > 0:       # wants more than the budget
         draw.polygon([(x + w + 1, y), (x + w + 6, y + ROW // 2), (x + w + 1, y + ROW - 1)],
                      fill=_dim(colour))
-    text = f"held {_size(d.held_bytes)}"
-    text += ", no share yet" if d.share_bytes is None else f", share {_size(d.share_bytes)}"
+    text = f"held {short_size(d.held_bytes)}"
+    text += ", no share yet" if d.share_bytes is None else f", share {short_size(d.share_bytes)}"
     if d.wanted_bytes is not None:
-        text += f", wants {_size(d.wanted_bytes)}"
-    draw.text((x, y - 2 + LINE), _fit(draw, text, w, font, False), fill=DIM, font=font)
+        text += f", wants {short_size(d.wanted_bytes)}"
+    draw.text((x, y - 2 + LINE), fit_text(draw, text, w, font, False), fill=DIM, font=font)
 
 
 def _legend(img, draw, font, y: int, width: int) -> None:
@@ -417,10 +454,10 @@ def _legend(img, draw, font, y: int, width: int) -> None:
         for kind, colour, label in items:
             box = (x, yy + 2, x + SWATCH - 1, yy + 1 + SWATCH)
             if kind == "outline":
-                _fill(img, box, TRACK)
+                fill_box(img, box, TRACK)
                 draw.rectangle(box, outline=colour)
             elif kind:
-                _fill(img, box, colour, 1 if kind == "hatch" else 0)
+                fill_box(img, box, colour, 1 if kind == "hatch" else 0)
                 if kind != "plain":
                     draw.rectangle(box, outline=DIM)
             if kind:

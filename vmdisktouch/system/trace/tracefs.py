@@ -382,6 +382,7 @@ class Instance(Buffers):
             atexit.unregister(self.remove)
 
 
+PREFIX = "vmdisktouch@"   # of every instance this project makes (``sweep`` removes them)
 SWEEP_MIN_AGE = 3.0      # seconds: an instance younger than this is never swept
 
 
@@ -414,5 +415,5 @@ def sweep(root: str, prefix: str, now: float, min_age: float = SWEEP_MIN_AGE) ->
     return removed
 
 
-__all__ = ["DEFAULT_ROOT", "Instance", "TraceUnavailable", "check_events", "check_root",
+__all__ = ["DEFAULT_ROOT", "PREFIX", "Instance", "TraceUnavailable", "check_events", "check_root",
            "find_root", "read_text", "sweep"]

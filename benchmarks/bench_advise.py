@@ -1,0 +1,238 @@
+"""Does ``vmdisktouch advise`` come true? A cache=none disk advised, then served as advised.
+
+Scenario (issue 44): a non-sparse raw image (``--size``, 2G) with the hot-zone
+guest of bench_hotzone (``tests.support.fio.FioJob``: 4 KiB random I/O,
+``--read-mix`` % reads, 90 % of the accesses in a ``--zone`` (256M) zone,
+iodepth 1) through its own qemu-nbd (fio's ``nbd`` engine, ``fsync=1``), both
+in one cgroup v1 memory group limited to ``--limit`` (128M, less than the
+zone: the page cache alone keeps only part of it). Two phases, from a cold
+cache, each ``--duration`` s (120):
+
+* ``none``: ``qemu-nbd --cache=none --aio=native`` (what nova and Proxmox
+  attach): ``vmdisktouch advise IMAGE --duration D/2 --json`` runs in the
+  second half (outside the group). Its advice: a size, the share of reads
+  it would serve from memory, the reads a second it would add.
+* ``served``: the same guest through ``qemu-nbd --cache=writethrough
+  --aio=threads``, and ``vmdisktouch run IMAGE --max-hold <the size advised>
+  --interval 5 --uri ''`` outside the group.
+
+Measured over each phase's second half: fio's read IOPS (median of its
+per-second rates), and for ``served`` the share of the pages read that the
+page cache served (the daemon's ``gain.cache_hit_ratio``, the median of its
+cycles). Targets: that share within 10 points of the advised one; the read
+IOPS gained (served − none) within ±25 % of the advised gain. ``--rounds K``
+(2): A B, then B A (each ``served`` uses the advice of its round's ``none``).
+
+``--cost``: the cost of watching an O_DIRECT disk at 10,000 reads a second:
+fio ``--direct=1 --ioengine=libaio --iodepth=8 --rate_iops=10000`` random
+reads of a 1 GiB file, ``advise`` over it for ``--duration`` s; its CPU from
+``wait4``'s rusage (user + system) over its wall time, and the rate it saw
+against fio's own. Target ≤ 1 % of a core. ``--doc`` writes section
+"advise" (``--cost``: "advise-cost") of docs/benchmarks/advise.md.
+
+    .venv/bin/python benchmarks/bench_advise.py [--rounds 2] [--duration 120] [--doc]
+    .venv/bin/python benchmarks/bench_advise.py --cost [--duration 60] [--doc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.source_common import command_line, write_section  # noqa: E402
+from tests.support.cgroup import MemoryCgroup  # noqa: E402
+from tests.support.common import GiB, MiB  # noqa: E402
+from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
+from tests.support.fio import FioJob, FioRun  # noqa: E402
+from tests.support.images import evict, make_image  # noqa: E402
+from tests.support.nbd import QemuNbd  # noqa: E402
+from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARE_POINTS = 0.10          # the share served within this of the advised one
+GAIN_BAND = 0.25             # the IOPS gained within this of the advised gain
+COST_TARGET = 1.0            # % of a core, watching 10k reads a second
+NAN = float("nan")
+
+
+def advise(image: str, seconds: float, tmp: str) -> tuple[dict, dict]:
+    """``vmdisktouch advise IMAGE --json`` for ``seconds``: (its disk, its CPU and wall)."""
+    out = os.path.join(tmp, "advise.json")
+    t0 = time.monotonic()
+    with open(out, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "vmdisktouch", "advise", image,
+                              "--duration", f"{seconds:g}", "--json", "--save", ""],
+                             cwd=ROOT, stdout=f, stderr=subprocess.PIPE, text=True)
+        _, status, usage = os.wait4(p.pid, 0)
+    wall = time.monotonic() - t0
+    err = p.stderr.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"advise failed: {err.strip()}")
+    with open(out) as f:
+        disk = json.load(f)["disks"][0]
+    return disk, {"cpu": usage.ru_utime + usage.ru_stime, "wall": wall}
+
+
+def steady_reads(fio: FioRun, start: float) -> float:
+    v = [iv.read_iops for iv in fio.intervals if iv.t >= start]
+    return statistics.median(v) if v else NAN
+
+
+def phase(kind: str, image: str, args, tmp: str, advice: dict | None) -> dict:
+    """One phase from a cold cache: ``none`` (advised) or ``served`` (as advised)."""
+    evict(image)
+    half = args.duration / 2
+    with MemoryCgroup(f"advise-{kind}", args.limit) as cg:
+        nbd = (QemuNbd(image, cgroup=cg, cache="none", aio="native") if kind == "none" else
+               QemuNbd(image, cgroup=cg, cache="writethrough", aio="threads")).start()
+        job = FioJob(filename=image, size=args.size, hot_zones=[(args.size // 4, args.zone)],
+                     read_mix=args.read_mix, runtime=args.duration + 10, seed=11,
+                     nbd_uri=nbd.uri)
+        daemon = None
+        try:
+            if kind == "served":
+                daemon = DaemonProc(tmp, image, "--uri", "", max_hold=advice["bytes"],
+                                    interval=5.0, env=env_without_systemd())
+            fio = FioRun(job, cgroup=cg).start()
+            out: dict = {"kind": kind, "advice_used": advice}
+            time.sleep(half)
+            if kind == "none":
+                out["advice_disk"], out["advise_cost"] = advise(image, half - 2, tmp)
+            else:
+                ratios = []
+                end = time.monotonic() + half
+                while time.monotonic() < end:
+                    st = daemon.read_status() or {}
+                    g = ((st.get("disks") or [{}])[0].get("gain") or {})
+                    if g.get("cache_hit_ratio") is not None and st.get("cycle") not in \
+                            {c for c, _ in ratios}:
+                        ratios.append((st.get("cycle"), g["cache_hit_ratio"]))
+                    time.sleep(0.5)
+                out["served_share"] = statistics.median(r for _, r in ratios) if ratios \
+                    else NAN
+                out["held"] = daemon.vmlck()
+            out["reads"] = steady_reads(fio, half)
+            fio.stop()
+        finally:
+            if daemon is not None:
+                daemon.stop()
+            nbd.stop()
+    return out
+
+
+def cost(args, tmp: str) -> dict:
+    image = make_image(os.path.join(tmp, "cost.raw"), GiB, sparse=False)
+    job = FioJob(filename=image, size=GiB, hot_zones=[(0, 128 * MiB)], read_mix=100,
+                 runtime=args.duration + 15, seed=5,
+                 extra=["--direct=1", "--ioengine=libaio", "--iodepth=8",
+                        "--rate_iops=10000"])
+    fio = FioRun(job).start()
+    try:
+        time.sleep(5)
+        t0 = time.monotonic() - fio.t0
+        disk, use = advise(image, args.duration, tmp)
+        t1 = time.monotonic() - fio.t0
+    finally:
+        fio.stop()
+    fio_reads = statistics.median(iv.read_iops for iv in fio.intervals if t0 <= iv.t <= t1)
+    return {"cpu_pct": 100 * use["cpu"] / use["wall"], "wall": use["wall"],
+            "seen": disk["reads_per_second"], "fio": fio_reads, "lost": disk["events_lost"]}
+
+
+def report(rounds: list[dict], args) -> str:
+    rows = ["| round | none: reads/s | advised size | advised share | advised gain, reads/s "
+            "| served: reads/s | served share | held | gain measured ÷ advised |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    passes = []
+    for k, r in enumerate(rounds, 1):
+        a, s = r["none"], r["served"]
+        adv = s["advice_used"]
+        gain = s["reads"] - a["reads"]
+        ratio = gain / adv["more_reads_per_second"] if adv["more_reads_per_second"] else NAN
+        share_ok = abs(s["served_share"] - adv["hit_ratio"]) <= SHARE_POINTS
+        gain_ok = abs(ratio - 1) <= GAIN_BAND
+        passes.append((share_ok, gain_ok, ratio, s["served_share"] - adv["hit_ratio"]))
+        rows.append(f"| {k} | {a['reads']:,.0f} | {format_size(adv['bytes'])} | "
+                    f"{adv['hit_ratio']:.0%} | {adv['more_reads_per_second']:,.0f} | "
+                    f"{s['reads']:,.0f} | {s['served_share']:.0%} | {format_size(s['held'])} | "
+                    f"**{ratio:.2f}** |")
+    lines = rows + [""]
+    for k, (share_ok, gain_ok, ratio, diff) in enumerate(passes, 1):
+        lines.append(f"Round {k}: share served − advised **{diff * 100:+.1f} points** "
+                     f"(target ±{SHARE_POINTS * 100:.0f}: {'PASS' if share_ok else 'MISS'}); "
+                     f"gain measured ÷ advised **{ratio:.2f}** (target 1 ± {GAIN_BAND}: "
+                     f"{'PASS' if gain_ok else 'MISS'}).")
+    lines += ["", "The advice served in each round (a B A round serves the advice of the "
+              "round before): " + "; ".join(f"round {k}: \"{r['served']['advice_used']['advice']}\""
+                                             for k, r in enumerate(rounds, 1))]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=parse_size, default=2 * GiB)
+    ap.add_argument("--zone", type=parse_size, default=256 * MiB)
+    ap.add_argument("--limit", type=parse_size, default=128 * MiB)
+    ap.add_argument("--read-mix", type=int, default=80)
+    ap.add_argument("--duration", type=float, default=None, help="s per phase (120; --cost 60)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cost", action="store_true")
+    ap.add_argument("--image", help="reuse this image (else a scratch one under /var/tmp)")
+    ap.add_argument("--doc", action="store_true")
+    args = ap.parse_args()
+    args.duration = args.duration or (60.0 if args.cost else 120.0)
+    with tempfile.TemporaryDirectory(prefix="vmdt-advise-", dir="/var/tmp") as tmp:
+        if args.cost:
+            c = cost(args, tmp)
+            body = (f"Command: `{command_line()}`\n\nfio: 4 KiB O_DIRECT random reads "
+                    "(libaio, iodepth 8, `--rate_iops=10000`) of a 1 GiB file; `vmdisktouch "
+                    f"advise` over it for {args.duration:g} s.\n\n"
+                    "| figure | value |\n|---|---|\n"
+                    f"| advise CPU (user + system, rusage) | **{c['cpu_pct']:.2f} % of a core** "
+                    f"(target ≤ {COST_TARGET:g}: {'PASS' if c['cpu_pct'] <= COST_TARGET else 'MISS'}) |\n"
+                    f"| reads/s advise saw | {c['seen']:,.0f} |\n"
+                    f"| reads/s fio did (median) | {c['fio']:,.0f} |\n"
+                    f"| events lost | {c['lost']} |\n")
+            print(body)
+            if args.doc:
+                write_section("advise-cost", "Watching an O_DIRECT disk: the cost of advise",
+                              body)
+            return 0
+        image = args.image or make_image(os.path.join(tmp, "disk.raw"), args.size,
+                                         sparse=False)
+        rounds = []
+        for k in range(args.rounds):
+            order = ("none", "served") if k % 2 == 0 else ("served", "none")
+            r: dict = {}
+            if order[0] == "served":            # B A: the advice of the round before
+                r["none_before"] = rounds[-1]["none"]
+            for kind in order:
+                advice = (r.get("none") or r.get("none_before"))["advice_disk"]["advice"] \
+                    if kind == "served" else None
+                r[kind] = phase(kind, image, args, tmp, advice)
+                shown = {x: y for x, y in r[kind].items() if x not in ("advice_disk",
+                                                                        "advice_used")}
+                print(f"round {k + 1} {kind}: {json.dumps(shown)}", flush=True)
+            rounds.append(r)
+        text = report(rounds, args)
+        head = (f"Command: `{command_line()}`\n\n{format_size(args.size)} raw image, a "
+                f"{format_size(args.zone)} zone (90 % of the accesses), {args.read_mix} % "
+                f"reads, through qemu-nbd in a memory group of {format_size(args.limit)}; "
+                f"{args.duration:g} s a phase, measured over its second half.\n\n")
+        print(head + text)
+        if args.doc:
+            write_section("advise", "Advice for a cache=none disk, then served as advised",
+                          head + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""core.what_if: the advice ``advise`` gives from a disk's curve, rates and waits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vmdisktouch.adapters.advice_file import sentence
+from vmdisktouch.core import what_if
+from vmdisktouch.core.mrc import MissRatioCurve
+
+PAGE = 4096
+MiB = 1 << 20
+IMAGE = 1 << 30
+
+
+def curve_of(pages: np.ndarray, image: int = IMAGE) -> MissRatioCurve:
+    m = MissRatioCurve(rate=1.0, max_pages=None, half_life=0.0)
+    m.feed(pages)
+    return m
+
+
+def watched(**kw) -> what_if.Watched:
+    base = dict(image_bytes=IMAGE, page_size=PAGE, reads_per_second=2000.0,
+                writes_per_second=500.0, read_wait=400e-6, write_wait=600e-6, miss=400e-6,
+                hit=5e-6, hit_ratio_now=0.0, buffered=False, pages_read=200_000)
+    base.update(kw)
+    return what_if.Watched(**base)
+
+
+def advise(m: MissRatioCurve, w: what_if.Watched) -> what_if.Forecast:
+    w = what_if.Watched(**{**w.__dict__, "pages_read": m.reads})
+    status = m.status(w.image_bytes, w.page_size)
+    return what_if.forecast(w, status["curve"], lambda b: m.hit_ratio(b / w.page_size),
+                            m.wants(w.image_bytes, w.page_size))
+
+
+def zone_reads(zone_pages: int = 64 * MiB // PAGE, n: int = 200_000, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    hot = rng.integers(0, zone_pages, size=n)
+    cold = rng.integers(0, IMAGE // PAGE, size=n)
+    return np.where(rng.random(n) < 0.9, hot, cold)
+
+
+def test_a_hot_zone_gets_about_its_size_and_what_it_saves():
+    m = curve_of(zone_reads())
+    f = advise(m, watched())
+    assert f.verdict == "hold"
+    assert 64 * MiB <= f.bytes <= 256 * MiB, f.bytes
+    assert f.hit_ratio == pytest.approx(m.hit_ratio(f.bytes / PAGE))
+    assert 0.8 <= f.hit_ratio <= 0.95
+    assert f.saved_per_read == pytest.approx(f.hit_ratio * (400e-6 - 5e-6))
+    said = sentence(f, IMAGE)
+    assert said.startswith("with cache=writethrough and ") and "reads/s more" in said
+
+
+def test_more_reads_come_from_the_queue_depth_by_little_s_law():
+    m = curve_of(zone_reads())
+    w = watched()
+    f = advise(m, w)
+    q = 2000 * 400e-6 + 500 * 600e-6                 # 1.1 I/O in flight
+    assert f.depth == pytest.approx(q)
+    saved = f.saved_per_read * 2000                   # seconds of waiting a second
+    assert f.more_reads_per_second == pytest.approx(2000 * (q / (q - saved) - 1))
+    # a guest that waits less per I/O on its writes gains more from the same hits
+    assert advise(m, watched(write_wait=100e-6)).more_reads_per_second > f.more_reads_per_second
+
+
+def test_uniform_reads_are_told_no_size_below_the_image_helps():
+    rng = np.random.default_rng(2)
+    m = curve_of(rng.integers(0, IMAGE // PAGE, size=600_000))
+    f = advise(m, watched())
+    assert f.verdict == "uniform", f
+    assert f.bytes == IMAGE
+    assert sentence(f, IMAGE).startswith("no size below the image helps: reads are uniform")
+
+
+def test_no_read_twice_and_no_reads_at_all_buy_nothing():
+    m = curve_of(np.arange(100_000))
+    assert advise(m, watched()).verdict == "no_reuse"
+    assert advise(curve_of(np.zeros(0, np.int64)), watched(reads_per_second=0.0)
+                  ).verdict == "no_reads"
+
+
+def test_a_disk_through_the_page_cache_is_credited_only_past_what_the_cache_serves_now():
+    m = curve_of(zone_reads())
+    direct = advise(m, watched())
+    paged = advise(m, watched(buffered=True, hit_ratio_now=0.5))
+    assert paged.saved_per_read == pytest.approx(
+        (paged.hit_ratio - 0.5) * (400e-6 - 5e-6))
+    assert paged.saved_per_read < direct.saved_per_read
+    said = sentence(paged, IMAGE)
+    assert said.startswith("with ") and "writethrough" not in said
+
+
+def test_without_a_miss_latency_the_size_is_said_without_a_gain():
+    f = advise(curve_of(zone_reads()), watched(miss=None, read_wait=None))
+    assert f.verdict == "no_latency" and f.bytes > 0 and f.more_reads_per_second == 0
+
+
+def test_the_cache_hit_ratio_is_the_share_of_pages_read_that_added_none():
+    assert what_if.cache_hit_ratio(100, 25) == 0.75
+    assert what_if.cache_hit_ratio(100, 300) == 0.0
+    assert what_if.cache_hit_ratio(0, 0) is None
+
+
+def test_the_uniform_model_matches_uniform_reads_and_a_knee_does_not():
+    rng = np.random.default_rng(3)
+    n, reads = 50_000, 120_000
+    m = curve_of(rng.integers(0, n, size=reads))
+    sizes = np.array([n >> k for k in range(8, -1, -1)])
+    model = what_if.uniform_curve(sizes, n, reads)
+    assert np.max(np.abs(m.curve(sizes) - model)) < 0.02
+    curve = [[int(s) * PAGE, float(h)] for s, h in zip(sizes, m.curve(sizes))]
+    assert what_if.is_uniform(curve, n * PAGE, PAGE, reads)
+    knee = [[b, min(0.9, 8 * b / (n * PAGE))] for b, _ in curve]
+    assert not what_if.is_uniform(knee, n * PAGE, PAGE, reads)

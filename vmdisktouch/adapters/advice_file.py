@@ -1,0 +1,90 @@
+"""The last report of ``vmdisktouch advise``, kept for the host's other views.
+
+``advise`` writes its report to ``ADVICE_FILE`` (``--save``); ``discover``
+shows each disk's advice from it in its ADVICE column, and the host PNG marks
+the disks it does not serve that would gain. Each disk is found by
+``domain/target`` under libvirt, else by its image path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from vmdisktouch.core.what_if import Forecast
+from vmdisktouch.sizes import format_size
+
+ADVISE_HINT = "vmdisktouch advise --libvirt"
+ADVICE_FILE = "/run/vmdisktouch/advise.json"   # the last ``advise`` report (it writes it)
+
+
+def load_advice(path: str) -> dict | None:
+    """The last ``advise`` report (``ADVICE_FILE``), None when there is none or it
+    cannot be read: ``{"when": ..., "disks": {key: advice}}``, each disk under its path
+    and its ``domain/target``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        disks = {}
+        for d in report["disks"]:
+            disks[d["path"]] = d["advice"]
+            if d.get("domain"):
+                disks[f"{d['domain']}/{d['target']}"] = d["advice"]
+        return {"when": float(report["when"]), "disks": disks}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def advice_of(advice: dict | None, domain: str | None = None, target: str | None = None,
+              path: str | None = None) -> dict | None:
+    """A disk's advice in the last report (``load_advice``), by ``domain/target``, else by
+    its image ``path``."""
+    if not advice:
+        return None
+    return advice["disks"].get(f"{domain}/{target}") or advice["disks"].get(path or "")
+
+
+def advice_cell(a: dict | None) -> str:
+    """The ADVICE column: the size advised and what it buys, in a few words."""
+    if a is None:
+        return "-"
+    v = a.get("verdict")
+    if v in ("hold", "no_latency"):
+        cell = f"{format_size(a['bytes'])}: {a['hit_ratio']:.0%} from memory"
+        more = a.get("more_reads_per_second") or 0
+        return cell + (f", +{more:,.0f} reads/s" if more >= 1 else "")
+    return {"uniform": "none: reads uniform", "no_reuse": "none: no re-reads",
+            "no_reads": "not read"}.get(v, v or "-")
+
+
+def advice_line(advice: dict | None, now: float) -> str:
+    """Where the ADVICE column comes from, or how to get one."""
+    if advice is None:
+        return f"ADVICE: none yet: run {ADVISE_HINT} (it watches 60 s and changes nothing)"
+    age = max(0.0, now - advice["when"])
+    ago = f"{age / 60:.0f} min" if age < 2 * 3600 else f"{age / 3600:.0f} h"
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(advice["when"]))
+    return (f"ADVICE: from {ADVISE_HINT}, {ago} ago ({when}): what holding each disk with "
+            "cache=writethrough would buy")
+
+
+def sentence(f: Forecast, image_bytes: int) -> str:
+    """The advice in words: the size, and what it would buy, or why no size helps."""
+    if f.verdict == "no_reads":
+        return "no read in the window: nothing to advise (watch while it works)"
+    if f.verdict == "no_reuse":
+        return "no size helps: no page was read twice in the window"
+    held = (f"with {format_size(f.bytes)} held" if f.buffered
+            else f"with cache=writethrough and {format_size(f.bytes)} held")
+    gain = f"about {f.hit_ratio:.0%} of reads from memory"
+    if f.verdict == "no_latency":
+        return f"{held}: {gain} (the miss latency was not measured)"
+    us = f.saved_per_read * 1e6
+    gain += f", about {us:,.0f} µs saved per read" if us >= 10 else \
+        f", about {us:.1f} µs saved per read"
+    if f.depth:
+        gain += f", about {f.more_reads_per_second:,.0f} reads/s more at this queue depth"
+    if f.verdict == "uniform":
+        return (f"no size below the image helps: reads are uniform (the whole "
+                f"{format_size(image_bytes)}: {gain})")
+    return f"{held}: {gain}"

@@ -1,0 +1,89 @@
+"""The picture of ``vmdisktouch advise``: each disk's curve and the size advised on it.
+
+Layout, top to bottom: a header (what was watched, when, for how long); a
+line per disk, its swatch in its own colour (``host_render.disk_colour``, the
+same as in the host PNG), its name and its advice; then the host PNG's
+curves panel (``host_render.curves_panel``) with each disk's curve, a ring
+where the size advised meets it. A disk with no size advised (no reads, no
+re-reads) has no ring; a disk without a curve is left out of the panel.
+"""
+
+from __future__ import annotations
+
+import time
+
+from PIL import Image, ImageDraw
+
+from vmdisktouch.adapters.pictures.figure import DIM, LINE, PAD, TEXT, load_font
+from vmdisktouch.adapters.pictures.host_render import (BG, CURVES, SWATCH, WIDTH, DiskBand,
+                                                       colours, curves_panel, fill_box,
+                                                       fit_text)
+from vmdisktouch.sizes import format_size
+
+TITLE = ("what memory would buy: the share of each disk's reads an LRU cache of the size "
+         "would serve (its curve); ring: the size advised")
+ROW = 3 * LINE + 4          # a disk: its name, and its advice in up to two lines
+
+
+def bands(report: dict) -> list[DiskBand]:
+    """A ``DiskBand`` per disk of the report: its curve, the size advised as its share."""
+    import numpy as np
+    out = []
+    for d in report["disks"]:
+        size = d["advice"]["bytes"]
+        out.append(DiskBand(name=d["path"], held_bytes=0, resident=np.zeros(0),
+                            held=np.zeros(0, bool), domain=d.get("domain"),
+                            target=d.get("target"), size_bytes=d["image_bytes"],
+                            share_bytes=size or None, curve=d.get("curve")))
+    return out
+
+
+def wrap(draw, text: str, room: float, font, lines: int) -> list[str]:
+    """``text`` in at most ``lines`` lines of ``room`` px, broken between words; the last
+    shortened with "..." when it does not fit."""
+    out, words = [], text.split(" ")
+    while words and len(out) < lines:
+        k = len(words)
+        while k > 1 and draw.textlength(" ".join(words[:k]), font=font) > room:
+            k -= 1
+        out.append(" ".join(words[:k]))
+        words = words[k:]
+    if words:
+        out[-1] = fit_text(draw, out[-1] + " " + " ".join(words), room, font, False)
+    return out
+
+
+def advise_image(report: dict, width: int = WIDTH) -> Image.Image:
+    """The picture of an ``advise`` report (``commands.advise``)."""
+    font = load_font()
+    disks = bands(report)
+    shown = [k for k, d in enumerate(disks) if d.curve and len(d.curve) >= 2]
+    top = PAD + 2 * LINE + 6
+    panel_y = top + len(disks) * ROW + PAD
+    img = Image.new("RGB", (width, panel_y + (CURVES if shown else LINE) + PAD), BG)
+    draw = ImageDraw.Draw(img)
+    n = len(disks)
+    head = [f"advise: {n} disk{'' if n == 1 else 's'} watched "
+            f"{report['duration_seconds']:g} s"
+            + (" (interrupted)" if report.get("interrupted") else ""),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["when"]))
+            + f"  kernel {report['kernel']}"]
+    for k, line in enumerate(head):
+        draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
+    marks = colours(disks)
+    for k, (d, r, (colour, rank)) in enumerate(zip(report["disks"], disks, marks)):
+        y = top + k * ROW
+        fill_box(img, (PAD, y + 2, PAD + SWATCH - 1, y + 1 + SWATCH), colour, rank)
+        x, room = PAD + SWATCH + 6, width - 2 * PAD - SWATCH - 6
+        name = f"{d['name']} (cache={d['cache']}, {format_size(d['image_bytes'])} image)"
+        draw.text((x, y), fit_text(draw, name, room, font), fill=TEXT, font=font)
+        for j, line in enumerate(wrap(draw, d["advice"]["advice"].replace("µs", "us"), room,
+                                      font, 2)):
+            draw.text((x, y + (j + 1) * LINE), line, fill=DIM, font=font)
+    if shown:
+        curves_panel(img, draw, font, [disks[k] for k in shown], [marks[k] for k in shown],
+                     panel_y, width, TITLE)
+    else:
+        draw.text((PAD, panel_y), "no curve: no disk was read in the window", fill=DIM,
+                  font=font)
+    return img

@@ -1,0 +1,141 @@
+"""What holding a disk in memory would buy: a forecast from its miss-ratio curve.
+
+Theory of operation
+-------------------
+Pure core, for ``vmdisktouch advise``. The disk was watched for a while: its
+reads and writes a second, its miss-ratio curve (``core.mrc``: the share of
+its reads an LRU cache of each size would serve), the time a read waits when
+it goes to the device (``miss``) and when the page cache serves it (``hit``),
+and the share the page cache serves now (0 for a disk QEMU opens with
+O_DIRECT, ``cache=none``).
+
+The size advised is what the curve wants (``MissRatioCurve.wants``: past
+it, one GiB more would serve less than 2 % more of the reads), at most the
+image. Held, it serves ``h`` of the reads, the curve's height there, and
+each read then waits ``(h - now) * (miss - hit)`` less on average.
+
+What that buys in reads a second depends on how the guest issues them. A
+guest waiting on its own I/O (a database's sync reads, a boot) keeps the
+same number in flight: ``depth``, by Little's law the I/O rate times the
+mean wait, as measured. Its I/O then comes faster by as much as its wait
+shrinks: ``rate * depth / (depth - saved)``, where ``saved`` is the seconds
+of waiting a second the hits take off. A guest that issues at a fixed pace
+gets lower latency instead, and no more reads: the forecast says "at this
+queue depth" for that reason.
+
+A curve that is what uniform reads of the whole image would give (every
+page as likely as any other: ``uniform_curve``, from a cold start) wants the
+whole image: no smaller size helps. A curve that stays at zero (no page read twice in the window) buys
+nothing at any size. Both are said as such, not as a size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GiB = 1 << 30
+UNIFORM_SLACK = 0.05      # a curve within this of the straight line to the image: uniform
+WHOLE = 0.9               # wants at least this share of the image: the image, not a part
+NO_REUSE = 0.01           # a curve below this at the image: nothing read twice
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What the watch measured of one disk (every rate a second, every time in seconds)."""
+    image_bytes: int
+    page_size: int
+    reads_per_second: float
+    writes_per_second: float
+    read_wait: float | None       # the mean wait of a read as it is now (None: not measured)
+    write_wait: float | None      # of a write
+    miss: float | None            # a read that goes to the device
+    hit: float                    # a read the page cache serves
+    hit_ratio_now: float          # the share of reads served from memory now
+    pages_read: float             # the pages the curve was fed (its reads)
+    buffered: bool                # through the page cache now (cache=writethrough and the like)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The advice for one disk: a size and what it would buy, or why none helps."""
+    verdict: str                  # "hold", "uniform", "no_reuse", "no_reads", "no_latency"
+    bytes: int                    # the size advised (0: none)
+    hit_ratio: float              # the share of reads served from memory with it held
+    saved_per_read: float         # seconds a read waits less, on average
+    more_reads_per_second: float  # at the same queue depth
+    depth: float | None           # the I/O in flight, on average
+    buffered: bool                # the disk goes through the page cache now
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict, "bytes": int(self.bytes),
+                "hit_ratio": round(self.hit_ratio, 4),
+                "saved_per_read_us": round(self.saved_per_read * 1e6, 1),
+                "more_reads_per_second": round(self.more_reads_per_second, 1),
+                "queue_depth": None if self.depth is None else round(self.depth, 2),
+                "buffered": self.buffered}
+
+
+def cache_hit_ratio(pages_read: float, pages_added: float) -> float | None:
+    """The share of the pages read that needed no page added to the cache (readahead adds
+    pages too, so it is a lower bound); None without reads."""
+    return max(0.0, 1.0 - pages_added / pages_read) if pages_read > 0 else None
+
+
+def uniform_curve(sizes, image_pages: int, reads: float) -> np.ndarray:
+    """The LRU hit ratio at each size (pages) of ``reads`` reads of pages drawn uniformly
+    from ``image_pages``, from a cold start. A re-read hits a cache of S pages when fewer
+    than S distinct pages came between, that is when its gap, in reads, is under
+    G = -N ln(1 - S/N); a gap is geometric (q = 1 - 1/N the chance a read is not of
+    the page), so the t-th read hits with 1 - q^min(G, t), summed in closed form."""
+    n = max(float(image_pages), 2.0)
+    r = max(float(reads), 1.0)
+    q = 1.0 - 1.0 / n
+    s = np.clip(np.asarray(sizes, dtype=float), 0.0, n)
+    with np.errstate(divide="ignore"):
+        g = np.minimum(np.where(s >= n, np.inf, -n * np.log1p(-s / n)), r)
+    qg = q ** g
+    return (g - (1 - qg) / (1 - q) + (r - g) * (1 - qg)) / r
+
+
+def is_uniform(curve: list[list[float]], image_bytes: int, page_size: int,
+               reads: float) -> bool:
+    """The curve is what uniform reads over the whole image would give (``uniform_curve``,
+    within ``UNIFORM_SLACK``): every page as likely as any other, so no part of the
+    image serves more per byte held than the rest."""
+    pts = np.asarray(curve, dtype=float)
+    if pts.size == 0 or image_bytes <= 0:
+        return False
+    model = uniform_curve(pts[:, 0] / page_size, image_bytes // page_size, reads)
+    return bool(np.max(np.abs(pts[:, 1] - model)) <= UNIFORM_SLACK)
+
+
+def depth(w: Watched) -> float | None:
+    """The I/O in flight on average (Little's law): each rate times its mean wait."""
+    if w.read_wait is None:
+        return None
+    return w.reads_per_second * w.read_wait + w.writes_per_second * (w.write_wait or 0.0)
+
+
+def forecast(w: Watched, window: list[list[float]], hit_at, wants: int) -> Forecast:
+    """The advice for a disk ``w``: ``window`` its curve as the window saw it, from a cold
+    start (``[[bytes, hit_ratio], ...]``, held to ``uniform_curve``), ``hit_at(bytes)``
+    the steady state's height at any size, and ``wants`` what that wants."""
+    image = int(w.image_bytes)
+    q = depth(w)
+    if w.reads_per_second <= 0:
+        return Forecast("no_reads", 0, 0.0, 0.0, 0.0, q, w.buffered)
+    if hit_at(image) < NO_REUSE:
+        return Forecast("no_reuse", 0, 0.0, 0.0, 0.0, q, w.buffered)
+    uniform = is_uniform(window, image, w.page_size, w.pages_read)
+    size = image if uniform or wants >= WHOLE * image else max(int(wants), w.page_size)
+    h = max(float(hit_at(size)), w.hit_ratio_now)
+    if w.miss is None:
+        return Forecast("no_latency", size, h, 0.0, 0.0, q, w.buffered)
+    saved = max(0.0, h - w.hit_ratio_now) * max(0.0, w.miss - w.hit)
+    more = 0.0
+    if q:
+        waiting = saved * w.reads_per_second          # seconds of waiting a second it saves
+        more = w.reads_per_second * (q / max(q - waiting, 1e-9 * q) - 1.0)
+    return Forecast("uniform" if uniform else "hold", size, h, saved, more, q, w.buffered)

@@ -1,0 +1,252 @@
+"""Watching one disk's I/O for a while, changing nothing: what ``vmdisktouch advise`` reads.
+
+Theory of operation
+-------------------
+A disk reaches the host in one of two ways, and each has its own tracepoints:
+
+* through the page cache (QEMU ``cache=writethrough``, ``writeback``): the
+  page-cache events of ``trace_reader`` (a READ per batch of pages read, an
+  ADD per page the cache had to bring in, a WRITE per page dirtied);
+* past it, with ``O_DIRECT`` (``cache=none``, ``directsync``): the direct I/O
+  events of ``direct_io`` (each read and write with its offset, length and
+  wait, from submission to completion).
+
+Which one a disk uses is read from the processes that have it open
+(``openers``: ``/proc/PID/fdinfo`` flags, ``O_DIRECT`` or not), or told by
+the caller (libvirt's cache mode); when nobody has it open both are watched.
+
+Every read's pages feed a miss-ratio curve (``core.mrc``, the daemon's own
+code, without decay: the window is the evidence; ``steady``: the first
+reads of the window are not taken for misses a cache would never serve). A read's wait when it
+misses: for direct I/O, its own measured wait (every direct read goes to the
+device); through the page cache, ``MissCost``'s timed ``O_DIRECT`` reads of
+pages nobody has cached, a few a second. A read the page cache serves
+waits ``page_cache_read_time``: timed 4 KiB reads of a page of an anonymous
+memory file (``memfd``: the same page-cache read path, no device), so
+nothing of the image is read through the cache.
+
+Read-only: the image is opened read-only, nothing is locked or evicted. The
+page-cache tracer's start reads page 0 through the cache to confirm its filter;
+when page 0 was not cached before, it is dropped again
+(``POSIX_FADV_DONTNEED`` of that one clean page), so the cache is left as found.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vmdisktouch.core.access import ADD, READ, WRITE
+from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
+from vmdisktouch.core.what_if import Watched, cache_hit_ratio
+from vmdisktouch.errors import VmdtError
+from vmdisktouch.system import files, libc
+from vmdisktouch.system.image import first_page_cached
+from vmdisktouch.system.observe import residency
+from vmdisktouch.system.observe.miss_cost import MissCost
+
+O_DIRECT_FLAG = os.O_DIRECT
+PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
+HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
+
+
+@dataclass
+class Tally:
+    """What one disk did in the window."""
+    direct_reads: int = 0          # read requests past the page cache
+    direct_writes: int = 0
+    direct_read_bytes: int = 0
+    direct_write_bytes: int = 0
+    read_wait_ns: int = 0          # summed over the direct reads
+    write_wait_ns: int = 0         # and writes
+    paged_reads: int = 0           # read events through the page cache
+    paged_writes: int = 0          # pages dirtied
+    pages_read: int = 0
+    pages_added: int = 0           # pages the cache brought in (misses, readahead)
+    lost: int = 0                  # events the kernel lost
+    unpaired: int = 0              # direct completions whose submission was not seen
+    seconds: float = 0.0
+    waits: list = field(default_factory=list)   # direct read waits (ns arrays)
+
+    @property
+    def reads(self) -> int:
+        return self.direct_reads + self.paged_reads
+
+    @property
+    def writes(self) -> int:
+        return self.direct_writes + self.paged_writes
+
+    @property
+    def read_bytes(self) -> int:
+        return self.direct_read_bytes + self.pages_read * libc.PAGE_SIZE
+
+
+def openers(path: str) -> dict[int, bool]:
+    """The processes that have ``path`` open: pid -> whether any of its descriptors of it
+    is ``O_DIRECT`` (from ``/proc/PID/fdinfo``); the caller's own are left out."""
+    try:
+        target = os.stat(path)
+    except OSError:
+        return {}
+    key = (target.st_rdev, 0) if stat.S_ISBLK(target.st_mode) else (target.st_dev,
+                                                                      target.st_ino)
+    out: dict[int, bool] = {}
+    me = os.getpid()
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        if pid == me:
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            mine = ((st.st_rdev, 0) if stat.S_ISBLK(st.st_mode) else (st.st_dev, st.st_ino))
+            if mine != key or (stat.S_ISBLK(st.st_mode) != stat.S_ISBLK(target.st_mode)):
+                continue
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    m = re.search(r"^flags:\s*([0-7]+)", f.read(), re.M)
+            except OSError:
+                continue
+            direct = bool(m and int(m.group(1), 8) & O_DIRECT_FLAG)
+            out[pid] = out.get(pid, False) or direct
+    return out
+
+
+def paged_tracer(image, name: str):
+    """A ``TraceReader`` of ``image``'s page cache that leaves the cache as it found it: its
+    start reads page 0 through the cache, dropped again if it was not cached before."""
+    from vmdisktouch.system.trace.trace_reader import TraceReader
+    try:
+        was_cached = first_page_cached(image.fd, image.size)
+    except (OSError, VmdtError):
+        was_cached = True              # cannot tell: leave the cache alone
+    reader = TraceReader(image.fd, name=name)
+    if not was_cached:
+        files.drop_cache(image.fd, 0, libc.PAGE_SIZE)
+    return reader
+
+
+def page_cache_read_time(samples: int = HIT_SAMPLES) -> float:
+    """Seconds a 4 KiB read the page cache serves takes here: the median of ``samples``
+    timed ``pread`` of a cached page of an anonymous memory file."""
+    fd = os.memfd_create("vmdisktouch-hit", os.MFD_CLOEXEC)
+    try:
+        os.pwrite(fd, b"\0" * libc.PAGE_SIZE, 0)
+        times = np.empty(samples)
+        for k in range(samples):
+            t0 = time.perf_counter_ns()
+            os.pread(fd, 4096, 0)
+            times[k] = time.perf_counter_ns() - t0
+        return float(np.median(times)) / 1e9
+    finally:
+        os.close(fd)
+
+
+class IOWatch:
+    """The reads and writes of one image over a window (see the module's theory).
+
+    ``direct`` and ``paged`` are the tracers (``DirectIOTracer``, ``TraceReader``),
+    either None where that path is not watched; ``probe`` a ``MissCost`` for a disk
+    through the page cache (None for direct I/O)."""
+
+    def __init__(self, image, *, direct=None, paged=None, probe: MissCost | None = None,
+                 clock=time.monotonic):
+        self.image, self.direct, self.paged, self.probe = image, direct, paged, probe
+        self.page_size = libc.PAGE_SIZE
+        self.mrc = MissRatioCurve.for_image(max(1, image.size // self.page_size),
+                                            half_life=0.0, steady=True)
+        self.tally = Tally()
+        self.clock = clock
+        self._start = self._last_fed = self._last_probe = clock()
+
+    @property
+    def buffered(self) -> bool:
+        """Through the page cache: watched there, and more of its reads were seen there."""
+        t = self.tally
+        return self.paged is not None and (self.direct is None
+                                           or t.paged_reads >= t.direct_reads > 0
+                                           or t.direct_reads == 0 < t.paged_reads)
+
+    def drain(self) -> None:
+        """Take what the tracers hold into the tally and the curve; probe a miss now and then."""
+        now = self.clock()
+        seconds, self._last_fed = now - self._last_fed, now
+        t = self.tally
+        pages = []
+        if self.direct is not None:
+            ev = self.direct.drain()
+            r = ~ev.write
+            t.direct_reads += int(r.sum())
+            t.direct_writes += int(ev.write.sum())
+            t.direct_read_bytes += int(ev.length[r].sum())
+            t.direct_write_bytes += int(ev.length[ev.write].sum())
+            t.read_wait_ns += int(ev.latency[r].sum())
+            t.write_wait_ns += int(ev.latency[ev.write].sum())
+            t.waits.append(ev.latency[r])
+            t.lost += ev.lost
+            t.unpaired += ev.unpaired
+            first = ev.offset[r] // self.page_size
+            last = (ev.offset[r] + np.maximum(ev.length[r], 1) - 1) // self.page_size
+            pages.append(pages_read(first, last))
+        if self.paged is not None:
+            ev = self.paged.drain()
+            reads = ev.kind == READ
+            first = ev.first[reads]
+            got = pages_read(first, batch_ends(first, ev.last[reads]))
+            pages.append(got)
+            t.pages_read += int(got.size)
+            t.pages_added += int((ev.last[ev.kind == ADD] - ev.first[ev.kind == ADD] + 1).sum())
+            t.paged_writes += int((ev.kind == WRITE).sum())
+            t.paged_reads += int(reads.sum())
+            t.lost += ev.lost
+        if pages:
+            self.mrc.feed(np.concatenate(pages), seconds=seconds)
+        t.seconds = now - self._start
+        if self.probe is not None and now - self._last_probe >= PROBE_EVERY:
+            self._last_probe = now
+            res = residency.scan(self.image.fd, self.image.size, self.probe.block_size)
+            self.probe.probe(res.fraction(), self.image.size)
+
+    def watched(self, hit: float) -> Watched:
+        """The window's measures, for ``what_if.forecast``; ``hit``: a cached read's wait."""
+        t = self.tally
+        secs = max(t.seconds, 1e-9)
+        buffered = self.buffered
+        miss = read_wait = write_wait = None
+        if t.direct_reads:
+            read_wait = miss = t.read_wait_ns / t.direct_reads / 1e9
+        if t.direct_writes:
+            write_wait = t.write_wait_ns / t.direct_writes / 1e9
+        if buffered:
+            miss = self.probe.seconds if self.probe is not None else None
+            now = cache_hit_ratio(t.pages_read, t.pages_added) or 0.0
+            read_wait = None if miss is None else now * hit + (1 - now) * miss
+        return Watched(image_bytes=self.image.size, page_size=self.page_size,
+                       reads_per_second=(t.paged_reads if buffered else t.direct_reads) / secs,
+                       writes_per_second=(t.paged_writes if buffered else t.direct_writes)
+                       / secs,
+                       read_wait=read_wait, write_wait=write_wait, miss=miss, hit=hit,
+                       pages_read=self.mrc.reads,
+                       hit_ratio_now=(cache_hit_ratio(t.pages_read, t.pages_added) or 0.0)
+                       if buffered else 0.0, buffered=buffered)
+
+    def read_waits_ns(self) -> np.ndarray:
+        """Every direct read's wait in the window, ns."""
+        t = self.tally
+        return np.concatenate(t.waits) if t.waits else np.zeros(0, dtype=np.int64)
+
+    def close(self) -> None:
+        for x in (self.direct, self.paged, self.probe):
+            if x is not None:
+                x.close()
