@@ -32,7 +32,6 @@ from tests.support.blockdev import loop_device
 from tests.support.common import KiB, MiB, ROOT, require_tool
 from tests.support.images import make_image
 from tests.support.tracing import instance_name, tracefs_root  # noqa: F401
-from vmdisktouch.daemon import sources
 from vmdisktouch.errors import ClosedError, ImageError
 from vmdisktouch.system.trace import direct_io
 from vmdisktouch.system.trace.direct_io import (IOMAP_DIO_SINCE, DirectIOTracer,
@@ -314,10 +313,6 @@ def test_close_removes_the_instance_and_is_idempotent(image, tracefs_root):  # n
     assert not os.path.exists(os.path.join(tracefs_root, "instances", named.name))
 
 
-def test_the_prefix_is_the_daemons_so_stale_instances_are_swept():
-    assert direct_io.PREFIX == sources.PREFIX
-
-
 def test_support_and_refusals(image, workdir, tracefs_root):  # noqa: F811
     path = image(MiB)
     assert support(path) is None
@@ -395,8 +390,9 @@ def test_a_begin_is_a_write_when_its_tasks_next_event_is_a_write_iter_at_its_pos
     assert direct_io.writes(sub, it).tolist() == [True, False, True, False]
 
 
-def test_a_drain_of_many_events_costs_little(image, tracer):
-    """The cost of ``drain`` per paired I/O, printed (``-s``): fio makes 20480 4 KiB reads."""
+def test_a_drain_of_many_events_loses_none(image, tracer):
+    """20480 4 KiB aio reads in one drain, every one paired (its cost is printed with ``-s``;
+    benchmarks/bench_advise.py --cost measures what watching costs)."""
     path = image()
     t = tracer(path, buffer_kb=8192)
     subprocess.run([require_tool("fio"), "--name=n", f"--filename={path}", "--size=16M",
@@ -407,5 +403,4 @@ def test_a_drain_of_many_events_costs_little(image, tracer):
     ev = t.drain()
     cpu = time.thread_time() - c0
     print(f"drain: {len(ev)} I/Os in {cpu * 1e3:.1f} ms CPU, {cpu / len(ev) * 1e6:.2f} µs each")
-    assert len(ev) == 20480 and ev.lost == 0
-    assert cpu / len(ev) < 5e-6
+    assert len(ev) == 20480 and ev.lost == 0 and ev.unpaired == 0

@@ -37,7 +37,7 @@ from vmdisktouch.system.observe.io_watch import (IOWatch, openers, page_cache_re
                                                  paged_tracer)
 from vmdisktouch.system.observe.miss_cost import MissCost
 
-TICK = 0.5                                # s between drains (and the Ctrl-C latency)
+TICK = 2.0                                # s between drains (Ctrl-C ends a sleep at once)
 EX_INACTIVE = 3                           # no disk was read in the window
 DIRECT_MODES = ("none", "directsync")
 DIRECT_BUFFER_KB = 8192       # per CPU: a second of 10k I/O a second without growing (which

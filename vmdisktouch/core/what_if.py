@@ -16,11 +16,16 @@ each read then waits ``(h - now) * (miss - hit)`` less on average.
 
 What that buys in reads a second depends on how the guest issues them. A
 guest waiting on its own I/O (a database's sync reads, a boot) keeps the
-same number in flight: ``depth``, by Little's law the I/O rate times the
-mean wait, as measured. Its I/O then comes faster by as much as its wait
-shrinks: ``rate * depth / (depth - saved)``, where ``saved`` is the seconds
-of waiting a second the hits take off. A guest that issues at a fixed pace
-gets lower latency instead, and no more reads: the forecast says "at this
+same number of requests in flight, ``depth``: at least one while it waits,
+and at least as many as the device holds on average (Little's law: the I/O
+rate times the mean wait, as measured). Each request's cycle (its wait at
+the device and the guest's and QEMU's own time around it) is ``depth /
+rate``; hits take ``saved`` seconds of waiting a second off the ``depth``
+seconds of cycles a second, so the rate becomes ``rate / (1 - saved /
+depth)``. The time outside the device's wait (QEMU's, the guest's) does not
+shrink, which is why the device's depth alone (less than one for a sync
+guest) would promise far more. A guest that issues at a fixed pace gets
+lower latency instead, and no more reads: the forecast says "at this
 queue depth" for that reason.
 
 A curve that is what uniform reads of the whole image would give (every
@@ -112,10 +117,12 @@ def is_uniform(curve: list[list[float]], image_bytes: int, page_size: int,
 
 
 def depth(w: Watched) -> float | None:
-    """The I/O in flight on average (Little's law): each rate times its mean wait."""
+    """The requests the guest keeps in flight: at least one, and at least the device's
+    average (Little's law: each rate times its mean wait)."""
     if w.read_wait is None:
         return None
-    return w.reads_per_second * w.read_wait + w.writes_per_second * (w.write_wait or 0.0)
+    return max(1.0, w.reads_per_second * w.read_wait
+               + w.writes_per_second * (w.write_wait or 0.0))
 
 
 def forecast(w: Watched, window: list[list[float]], hit_at, wants: int) -> Forecast:
@@ -137,5 +144,5 @@ def forecast(w: Watched, window: list[list[float]], hit_at, wants: int) -> Forec
     more = 0.0
     if q:
         waiting = saved * w.reads_per_second          # seconds of waiting a second it saves
-        more = w.reads_per_second * (q / max(q - waiting, 1e-9 * q) - 1.0)
+        more = w.reads_per_second * (1.0 / max(1.0 - waiting / q, 1e-9) - 1.0)
     return Forecast("uniform" if uniform else "hold", size, h, saved, more, q, w.buffered)

@@ -53,6 +53,7 @@ from vmdisktouch.system.observe.miss_cost import MissCost
 O_DIRECT_FLAG = os.O_DIRECT
 PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
 HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
+SAMPLED_PER_SECOND = 200   # the curve's reads a second, at most (a minute: 12,000)
 
 
 @dataclass
@@ -166,6 +167,7 @@ class IOWatch:
         self.page_size = libc.PAGE_SIZE
         self.mrc = MissRatioCurve.for_image(max(1, image.size // self.page_size),
                                             half_life=0.0, steady=True)
+        self.mrc.max_per_second = SAMPLED_PER_SECOND
         self.tally = Tally()
         self.clock = clock
         self._start = self._last_fed = self._last_probe = clock()
