@@ -95,21 +95,27 @@ def do_direct(path: str, ops) -> list[tuple[int, int, bool, int, int]]:
     return done
 
 
-def assert_exact(ev, done) -> None:
+def assert_exact(ev, done, every: int = direct_io.LATENCY_EVERY) -> None:
     """``ev`` (one drain) is exactly the synchronous I/O ``done``, in order, each
-    completed and measured within its own call."""
+    completed within its own call, and measured within it where its submission was
+    traced (1 in ``every`` of the 4 KiB offsets), else -1."""
     assert ev.lost == 0 and ev.unpaired == 0
     assert list(zip(ev.offset.tolist(), ev.length.tolist(), ev.write.tolist())) == \
         [(off, n, w) for off, n, w, _, _ in done]
-    for k, (_, _, _, t0, t1) in enumerate(done):
+    for k, (off, _, _, t0, t1) in enumerate(done):
         assert t0 <= ev.ts[k] <= t1
-        assert 0 < ev.latency[k] <= t1 - t0
+        if (off >> 12) % every == 0:
+            assert 0 < ev.latency[k] <= t1 - t0
+        else:
+            assert ev.latency[k] == -1
     assert {a.dtype.name for a in (ev.ts, ev.offset, ev.length, ev.latency)} == {"int64"}
     assert ev.write.dtype == bool
 
 
+# offsets whose submissions are traced (a multiple of 32 KiB) and not, reads and writes
 OPS = [(8 * KiB, 4 * KiB, False), (64 * KiB, 8 * KiB, True), (0, 4 * KiB, True),
-       (MiB, 64 * KiB, False), (3 * MiB, MiB, True), (5 * MiB + 12 * KiB, 4 * KiB, False)]
+       (MiB, 64 * KiB, False), (3 * MiB, MiB, True), (5 * MiB + 12 * KiB, 4 * KiB, False),
+       (20 * KiB, 4 * KiB, True), (7 * MiB + 4 * KiB, 8 * KiB, True)]
 
 
 # ---------------------------------------------------------------------------
@@ -176,9 +182,12 @@ def test_aio_completions_pair_with_their_submissions(image, tracer):
     assert (ev.length == 4096).all() and (ev.offset % 4096 == 0).all()
     assert ((ev.offset >= 0) & (ev.offset < 16 * MiB)).all()
     assert len(np.unique(ev.offset)) == len(ev)        # fio's random map: each block once
-    assert (np.diff(ev.ts) >= 0).all() and (ev.latency > 0).all()
+    traced = (ev.offset >> 12) % direct_io.LATENCY_EVERY == 0
+    assert (np.diff(ev.ts) >= 0).all() and (ev.latency[traced] > 0).all()
+    assert (ev.latency[~traced] == -1).all()
+    assert traced.sum() > len(ev) // (2 * direct_io.LATENCY_EVERY)
     # submission to completion is within what fio measured from its own submission
-    for ddir, sel in (("read", ~ev.write), ("write", ev.write)):
+    for ddir, sel in (("read", ~ev.write & traced), ("write", ev.write & traced)):
         assert np.median(ev.latency[sel]) < 2 * job[ddir]["lat_ns"]["mean"]
 
 
@@ -221,7 +230,9 @@ def test_missing_io_is_never_silent(image, tracer):
     reads = json.loads(out[out.index("{"):])["jobs"][0]["read"]["total_ios"]
     assert t.buffer_kb > 64 and seen <= reads == 40960
     assert lost > 0 if seen < reads else True
-    assert seen + lost >= reads              # about two events per read: generous
+    # a lost completion is a read missed, a lost submission none; what a resize drops is an
+    # estimate (the last drain's event rate times its time): within a tenth
+    assert seen + lost >= 0.9 * reads
 
 
 # ---------------------------------------------------------------------------

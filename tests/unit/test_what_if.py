@@ -123,3 +123,18 @@ def test_the_uniform_model_matches_uniform_reads_and_a_knee_does_not():
     assert what_if.is_uniform(curve, n * PAGE, PAGE, reads)
     knee = [[b, min(0.9, 8 * b / (n * PAGE))] for b, _ in curve]
     assert not what_if.is_uniform(knee, n * PAGE, PAGE, reads)
+
+
+def test_the_hottest_blocks_serve_their_share_and_raise_what_an_lru_would():
+    counts = np.array([50, 0, 30, 5, 5, 10])
+    assert what_if.hottest_share(counts, 2) == pytest.approx(0.8)
+    assert what_if.hottest_share(counts, 10) == 1.0
+    assert what_if.hottest_share(np.zeros(4), 2) == 0.0
+    m = curve_of(zone_reads())
+    lru = advise(m, watched())
+    status = m.status(IMAGE, PAGE)
+    held = what_if.forecast(watched(pages_read=m.reads), status["curve"],
+                            lambda b: m.hit_ratio(b / PAGE), m.wants(IMAGE, PAGE),
+                            lambda b: 0.97)
+    assert held.hit_ratio == 0.97 > lru.hit_ratio
+    assert held.saved_per_read == pytest.approx(0.97 * (400e-6 - 5e-6))

@@ -33,6 +33,7 @@ import numpy as np
 from vmdisktouch.errors import ConfigError, NotPermitted, UsageError, VmdtError
 from vmdisktouch.sizes import parse_duration
 from vmdisktouch.system.image import open_image
+from vmdisktouch.system.observe import io_watch
 from vmdisktouch.system.observe.io_watch import (IOWatch, openers, page_cache_read_time,
                                                  paged_tracer)
 from vmdisktouch.system.observe.miss_cost import MissCost
@@ -197,7 +198,9 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
         window = w.mrc.status(m.image_bytes, m.page_size, steady=False)["curve"]
         wants = w.mrc.wants(m.image_bytes, m.page_size)
         f = what_if.forecast(m, window,
-                             lambda b, w=w, m=m: w.mrc.hit_ratio(b / m.page_size), wants)
+                             lambda b, w=w, m=m: w.mrc.hit_ratio(b / m.page_size), wants,
+                             lambda b, w=w: what_if.hottest_share(w.block_reads,
+                                                                  -(-b // io_watch.BLOCK)))
         t = w.tally
         waits = w.read_waits_ns()
         out.append({

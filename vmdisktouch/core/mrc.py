@@ -180,8 +180,8 @@ class MissRatioCurve:
     def for_image(cls, npages: int, **kw) -> MissRatioCurve:
         """A disk's curve: sampled from the start at the rate that keeps a read of the
         whole image within ``MAX_PAGES`` (and ``MAX_PER_SECOND``)."""
-        return cls(rate=min(1.0, MAX_PAGES / max(1, int(npages))),
-                   max_per_second=MAX_PER_SECOND, **kw)
+        kw.setdefault("max_per_second", MAX_PER_SECOND)
+        return cls(rate=min(1.0, MAX_PAGES / max(1, int(npages))), **kw)
 
     def feed(self, pages: np.ndarray, total: int | None = None, lost: int = 0,
              seconds: float | None = None) -> None:

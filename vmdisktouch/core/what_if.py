@@ -11,8 +11,12 @@ O_DIRECT, ``cache=none``).
 
 The size advised is what the curve wants (``MissRatioCurve.wants``: past
 it, one GiB more would serve less than 2 % more of the reads), at most the
-image. Held, it serves ``h`` of the reads, the curve's height there, and
-each read then waits ``(h - now) * (miss - hit)`` less on average.
+image. Held, it serves ``h`` of the reads: the curve's height there (an LRU
+cache of that size), or more, the share of the window's reads that fell on
+the hottest blocks of that size (``hottest_share``), since the daemon holds
+the hottest blocks and the page cache keeps what it can besides: an LRU of
+the zone's size loses zone pages to each cold read, a hold does not. Each
+read then waits ``(h - now) * (miss - hit)`` less on average.
 
 What that buys in reads a second depends on how the guest issues them. A
 guest waiting on its own I/O (a database's sync reads, a boot) keeps the
@@ -116,6 +120,17 @@ def is_uniform(curve: list[list[float]], image_bytes: int, page_size: int,
     return bool(np.max(np.abs(pts[:, 1] - model)) <= UNIFORM_SLACK)
 
 
+def hottest_share(block_reads: np.ndarray, nblocks: int) -> float:
+    """The share of the reads that fell on the ``nblocks`` most read blocks: what holding
+    them would have served (the daemon holds the hottest blocks, not an LRU's pages)."""
+    total = float(block_reads.sum())
+    if total <= 0 or nblocks <= 0:
+        return 0.0
+    k = min(int(nblocks), block_reads.size)
+    return float(np.partition(block_reads, block_reads.size - k)[block_reads.size - k:].sum()
+                 / total)
+
+
 def depth(w: Watched) -> float | None:
     """The requests the guest keeps in flight: at least one, and at least the device's
     average (Little's law: each rate times its mean wait)."""
@@ -125,10 +140,12 @@ def depth(w: Watched) -> float | None:
                + w.writes_per_second * (w.write_wait or 0.0))
 
 
-def forecast(w: Watched, window: list[list[float]], hit_at, wants: int) -> Forecast:
+def forecast(w: Watched, window: list[list[float]], hit_at, wants: int,
+             hottest_at=lambda size: 0.0) -> Forecast:
     """The advice for a disk ``w``: ``window`` its curve as the window saw it, from a cold
     start (``[[bytes, hit_ratio], ...]``, held to ``uniform_curve``), ``hit_at(bytes)``
-    the steady state's height at any size, and ``wants`` what that wants."""
+    the steady state's height at any size, ``wants`` what that wants, and
+    ``hottest_at(bytes)`` the share of the reads on the hottest blocks of that size."""
     image = int(w.image_bytes)
     q = depth(w)
     if w.reads_per_second <= 0:
@@ -137,7 +154,7 @@ def forecast(w: Watched, window: list[list[float]], hit_at, wants: int) -> Forec
         return Forecast("no_reuse", 0, 0.0, 0.0, 0.0, q, w.buffered)
     uniform = is_uniform(window, image, w.page_size, w.pages_read)
     size = image if uniform or wants >= WHOLE * image else max(int(wants), w.page_size)
-    h = max(float(hit_at(size)), w.hit_ratio_now)
+    h = max(float(hit_at(size)), float(hottest_at(size)), w.hit_ratio_now)
     if w.miss is None:
         return Forecast("no_latency", size, h, 0.0, 0.0, q, w.buffered)
     saved = max(0.0, h - w.hit_ratio_now) * max(0.0, w.miss - w.hit)

@@ -53,7 +53,9 @@ from vmdisktouch.system.observe.miss_cost import MissCost
 O_DIRECT_FLAG = os.O_DIRECT
 PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
 HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
-SAMPLED_PER_SECOND = 200   # the curve's reads a second, at most (a minute: 12,000)
+BLOCK = 1 << 20            # the unit the daemon holds: reads counted per block of it
+SAMPLED_PER_SECOND = 100   # the curve's reads a second, at most (a minute: 7,000 with
+                           # the first ten seconds' burst)
 
 
 @dataclass
@@ -63,8 +65,10 @@ class Tally:
     direct_writes: int = 0
     direct_read_bytes: int = 0
     direct_write_bytes: int = 0
-    read_wait_ns: int = 0          # summed over the direct reads
+    read_wait_ns: int = 0          # summed over the direct reads timed
     write_wait_ns: int = 0         # and writes
+    timed_reads: int = 0           # the direct reads whose wait was measured
+    timed_writes: int = 0
     paged_reads: int = 0           # read events through the page cache
     paged_writes: int = 0          # pages dirtied
     pages_read: int = 0
@@ -166,9 +170,10 @@ class IOWatch:
         self.image, self.direct, self.paged, self.probe = image, direct, paged, probe
         self.page_size = libc.PAGE_SIZE
         self.mrc = MissRatioCurve.for_image(max(1, image.size // self.page_size),
-                                            half_life=0.0, steady=True)
-        self.mrc.max_per_second = SAMPLED_PER_SECOND
+                                            half_life=0.0, steady=True,
+                                            max_per_second=SAMPLED_PER_SECOND)
         self.tally = Tally()
+        self.block_reads = np.zeros(max(1, -(-image.size // BLOCK)), dtype=np.int64)
         self.clock = clock
         self._start = self._last_fed = self._last_probe = clock()
 
@@ -193,9 +198,12 @@ class IOWatch:
             t.direct_writes += int(ev.write.sum())
             t.direct_read_bytes += int(ev.length[r].sum())
             t.direct_write_bytes += int(ev.length[ev.write].sum())
-            t.read_wait_ns += int(ev.latency[r].sum())
-            t.write_wait_ns += int(ev.latency[ev.write].sum())
-            t.waits.append(ev.latency[r])
+            timed = ev.latency >= 0                 # 1 in 16 offsets: submission traced
+            t.read_wait_ns += int(ev.latency[r & timed].sum())
+            t.write_wait_ns += int(ev.latency[ev.write & timed].sum())
+            t.timed_reads += int((r & timed).sum())
+            t.timed_writes += int((ev.write & timed).sum())
+            t.waits.append(ev.latency[r & timed])
             t.lost += ev.lost
             t.unpaired += ev.unpaired
             first = ev.offset[r] // self.page_size
@@ -213,7 +221,11 @@ class IOWatch:
             t.paged_reads += int(reads.sum())
             t.lost += ev.lost
         if pages:
-            self.mrc.feed(np.concatenate(pages), seconds=seconds)
+            read = np.concatenate(pages)
+            self.mrc.feed(read, seconds=seconds)
+            blocks = read * self.page_size // BLOCK
+            self.block_reads += np.bincount(blocks[blocks < self.block_reads.size],
+                                            minlength=self.block_reads.size)
         t.seconds = now - self._start
         if self.probe is not None and now - self._last_probe >= PROBE_EVERY:
             self._last_probe = now
@@ -226,10 +238,10 @@ class IOWatch:
         secs = max(t.seconds, 1e-9)
         buffered = self.buffered
         miss = read_wait = write_wait = None
-        if t.direct_reads:
-            read_wait = miss = t.read_wait_ns / t.direct_reads / 1e9
-        if t.direct_writes:
-            write_wait = t.write_wait_ns / t.direct_writes / 1e9
+        if t.timed_reads:
+            read_wait = miss = t.read_wait_ns / t.timed_reads / 1e9
+        if t.timed_writes:
+            write_wait = t.write_wait_ns / t.timed_writes / 1e9
         if buffered:
             miss = self.probe.seconds if self.probe is not None else None
             now = cache_hit_ratio(t.pages_read, t.pages_added) or 0.0

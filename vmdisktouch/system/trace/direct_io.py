@@ -27,9 +27,20 @@ filtered in the kernel, and ``drain()`` pairs them:
   beyond the device's limits comes as several requests; buffered I/O of the
   device (misses, writeback) makes requests too, reported alike.
 
+Every completion is an I/O (its offset, length and direction are all in
+it), the submission only gives its wait: so only the submissions at 1 in
+``latency_every`` (16) of the 4 KiB offsets are traced (a filter on ``pos``,
+or ``sector``), halving the events a guest's reads cost the kernel and us,
+and the wait is measured on that spatial sample (-1 for the rest). Where
+there is no submission, a file's completion tells the direction itself for
+aio (``ki_flags`` WRITE, its bit read from the event's print format), and a
+synchronous one completes in its submitting task: a write if that task's
+event before it is a write iter; a block completion has ``rwbs``.
+
 The start reads 4 KiB at offset 0 with O_DIRECT (never a write, nothing
 cached) and refuses (``DirectIOUnavailable``) unless that submission comes
-back; what was submitted before is dropped: it completes as ``unpaired``.
+back; what was submitted before is dropped: at a traced offset it completes as
+``unpaired``.
 ``drain()`` reads every CPU's ``trace_pipe_raw`` without blocking, parses the
 pages (``ringbuf``) and pairs in numpy (``pair``: sorted by key and time, a
 completion takes the submission just before it; several in flight at one key,
@@ -47,6 +58,7 @@ import contextlib
 import logging
 import mmap
 import os
+import re
 import stat
 import threading
 import time
@@ -67,7 +79,8 @@ IOMAP_DIO_SINCE = (6, 4)       # the first Linux with the iomap direct-I/O trace
 BEGIN, DONE, ITER = "iomap/iomap_dio_rw_begin", "iomap/iomap_dio_complete", "iomap/iomap_iter"
 RQ = ("block/block_rq_issue", "block/block_rq_complete")
 BIO = ("block/block_bio_queue", "block/block_bio_complete")
-FIELDS = {BEGIN: ("pos", "count", "done_before"), DONE: ("pos", "ret", "error"), ITER: ("pos",),
+FIELDS = {BEGIN: ("pos", "count", "done_before"),
+          DONE: ("pos", "ret", "error", "ki_flags", "aio"), ITER: ("pos",),
           **dict.fromkeys((RQ[0], BIO[0]), ("sector", "nr_sector", "rwbs")),
           **dict.fromkeys((RQ[1], BIO[1]), ("sector", "nr_sector", "rwbs", "error"))}
 IOMAP_WRITE, IOMAP_DIRECT = 1, 16          # iomap_iter flags (its print fmt)
@@ -75,13 +88,16 @@ IOMAP_FS = {0xEF53: "ext4", 0x58465342: "xfs"}
 OTHER_FS = {0x01021994: "tmpfs", 0x858458F6: "ramfs", 0x9123683E: "btrfs", 0x6969: "nfs",
             0x794C7630: "overlayfs", 0x65735546: "fuse", 0x2FC12FC1: "zfs", 0xFF534D42: "cifs"}
 PROBE = 4096                   # bytes the start reads at offset 0
+LATENCY_EVERY = 16             # submissions traced: those of 1 in 16 of the 4 KiB offsets
+IOCB_WRITE = 1 << 18           # ki_flags' WRITE where the format does not say (6.18's)
 CONFIRM_TRIES = 5
 PENDING_S = 60                 # a submission unanswered this long is forgotten
 PENDING_MAX = 1 << 16
 
 SUB = np.dtype([("ts", "i8"), ("key", "i8"), ("off", "i8"), ("len", "i8"), ("pid", "i8"),
                 ("pos", "i8"), ("write", "?")])
-END = np.dtype([("ts", "i8"), ("key", "i8"), ("len", "i8"), ("ok", "?")])
+END = np.dtype([("ts", "i8"), ("key", "i8"), ("len", "i8"), ("ok", "?"), ("pid", "i8"),
+                ("aio_write", "?"), ("aio", "?")])
 ITERS = np.dtype([("ts", "i8"), ("pid", "i8"), ("pos", "i8")])
 
 __all__ = ["DirectIOEvents", "DirectIOTracer", "DirectIOUnavailable", "IOMAP_DIO_SINCE",
@@ -99,10 +115,12 @@ class DirectIOEvents:
     offset: np.ndarray    # int64 byte offset in the image
     length: np.ndarray    # int64 bytes (completed)
     write: np.ndarray     # bool
-    latency: np.ndarray   # int64 ns, submission to completion
+    latency: np.ndarray   # int64 ns, submission to completion; -1 where the submission
+    #                       was not traced (``latency_every``)
     lost: int             # events lost since the last drain (the kernel's count, and an
     #                       estimate of those a buffer resize drops uncounted)
-    unpaired: int         # completions with no submission seen (e.g. began before start)
+    unpaired: int         # completions at a traced offset with no submission seen (they
+    #                       began before the start)
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -121,9 +139,12 @@ def _sysfs(dev: str, name: str) -> str:
         return f.read().strip()
 
 
-def _plan(path: str) -> _Plan:
+def _plan(path: str, every: int = LATENCY_EVERY) -> _Plan:
     """What to trace for ``path``: ``ImageError`` for a bad path, ``DirectIOUnavailable``
-    where these tracepoints cannot see its direct I/O."""
+    where these tracepoints cannot see its direct I/O. Submissions only at the offsets
+    whose bits 12 and up, modulo ``every`` (a power of two), are 0."""
+    pos_bits = f" && !(pos & {(every - 1) << 12})" if every > 1 else ""
+    sector_bits = f" && !(sector & {(every - 1) << 3})" if every > 1 else ""
     try:
         st = os.stat(path)
         fs = None
@@ -140,7 +161,7 @@ def _plan(path: str) -> _Plan:
                 "only images on ext4 or xfs can be traced (their O_DIRECT I/O passes the "
                 "iomap tracepoints)")
         match = f"dev == {kernel_dev(st.st_dev)} && ino == {st.st_ino}"
-        return _Plan("iomap", {BEGIN: match + " && count > 0", DONE: match,
+        return _Plan("iomap", {BEGIN: match + " && count > 0" + pos_bits, DONE: match,
                                ITER: f"{match} && flags & {IOMAP_WRITE} && flags & {IOMAP_DIRECT}"},
                      0, f"inode {st.st_ino} on {os.major(st.st_dev)}:{os.minor(st.st_dev)}")
     if not stat.S_ISBLK(st.st_mode):
@@ -160,7 +181,8 @@ def _plan(path: str) -> _Plan:
                                   "its I/O cannot be told apart")
     major, minor = map(int, disk.split(":"))
     match = f'dev == {major << 20 | minor} && nr_sector > 0 && (rwbs ~ "*R*" || rwbs ~ "*W*")'
-    return _Plan("block", dict.fromkeys(RQ if mq else BIO, match + rng), first,
+    issue, done = RQ if mq else BIO
+    return _Plan("block", {issue: match + rng + sector_bits, done: match + rng}, first,
                  f"block device {own} ({'request' if mq else 'bio'}-based"
                  f"{f', on {disk}' if rng else ''})")
 
@@ -199,16 +221,23 @@ def pair(sub_ts, sub_key, end_ts, end_key) -> np.ndarray:
     ns = sub_ts.size
     keys, ts = np.concatenate([sub_key, end_key]), np.concatenate([sub_ts, end_ts])
     order = np.lexsort((ts, keys))             # stable: at one time, a submission first
-    at = np.flatnonzero(order[1:] >= ns) + 1
-    prev, cur = order[at - 1], order[at]
-    ok = (prev < ns) & (keys[prev] == keys[cur])
+    at = np.arange(order.size)
+    # per element in that order, the last submission at or before it of the same key
+    last = np.maximum.accumulate(np.where(order < ns, at, -1))
+    group = np.maximum.accumulate(np.where(np.r_[True, keys[order][1:] != keys[order][:-1]],
+                                           at, 0))
+    ends = np.flatnonzero((order >= ns) & (last >= group))
+    # the first completion after a submission takes it (a re-read of a page completes
+    # after the read before it: its own submission comes between)
+    firsts = np.unique(last[ends], return_index=True)[1]
     match = np.full(end_ts.size, -1, dtype=np.int64)
-    match[cur[ok] - ns] = prev[ok]
+    match[order[ends[firsts]] - ns] = order[last[ends[firsts]]]
     left = np.flatnonzero(match < 0)
     if left.size:                              # several in flight at one key, or none seen
         taken = np.zeros(ns, dtype=bool)
         taken[match[match >= 0]] = True
         free = np.flatnonzero(~taken & np.isin(sub_key, end_key[left]))
+        left = left[np.isin(end_key[left], sub_key[free])]   # the rest: not traced
         by_key: dict[int, list[int]] = {}
         for i in free[np.argsort(sub_ts[free], kind="stable")].tolist():
             by_key.setdefault(int(sub_key[i]), []).append(i)
@@ -241,14 +270,18 @@ class DirectIOTracer:
     killed process leaves it). Raises ``ImageError`` or ``DirectIOUnavailable``."""
 
     def __init__(self, path: str, *, name: str, buffer_kb: int = 1024,
-                 max_buffer_kb: int = 65536, root: str | None = None):
+                 max_buffer_kb: int = 65536, root: str | None = None,
+                 latency_every: int = LATENCY_EVERY):
         self.path = path
+        if latency_every < 1 or latency_every & (latency_every - 1):
+            raise ValueError(f"latency_every must be a power of two, not {latency_every}")
+        self.latency_every = latency_every
         self.name = name if name.startswith(PREFIX) else PREFIX + name
         self.buffer_kb = int(buffer_kb)
         self.max_buffer_kb = max(int(max_buffer_kb), self.buffer_kb)
         self._fds: dict[int, int] = {}
         self._closed = False
-        plan = _plan(path)
+        plan = _plan(path, latency_every)
         self.kind, self.target, self._first = plan.kind, plan.target, plan.first_sector
         root = _tracing(root, plan, path)
         try:
@@ -268,7 +301,8 @@ class DirectIOTracer:
         try:
             self._layout = ringbuf.parse_layout(inst.header_page(), inst.header_event(),
                                                 inst.subbuf_bytes())
-            fmts = [ringbuf.parse_format(inst.format_text(ev)) for ev in events]
+            texts = [inst.format_text(ev) for ev in events]
+            fmts = [ringbuf.parse_format(t) for t in texts]
         except ValueError as exc:
             raise DirectIOUnavailable(f"cannot read the ring buffer's layout in {inst.path}: "
                                       f"{exc}") from None
@@ -278,11 +312,14 @@ class DirectIOTracer:
                 raise DirectIOUnavailable(f"tracepoint {ev} has no field {lack[0]} on this "
                                           f"kernel ({os.uname().release})")
         self._events = events
+        bit = re.search(r'\{\s*\(1 << (\d+)\),\s*"WRITE"\s*\}', texts[1])
+        self._iocb_write = 1 << int(bit.group(1)) if bit else IOCB_WRITE
         self._type = fmts[0].fields["common_type"]
         self._role = {fmt.id: (role, fmt.fields) for role, fmt in enumerate(fmts)}
         self._fds = inst.open_pipes()
         self._pending = np.zeros(0, SUB)
         self._later = (np.zeros(0, END), np.zeros(0, ITERS))
+        self._last_was_iter: dict[int, int] = {}    # pid -> its last event was a write iter
         self._start_counts()
 
     def _start_counts(self) -> None:
@@ -343,13 +380,16 @@ class DirectIOTracer:
                 ret = get("ret")
                 a["key"], a["len"], a["ok"] = get("pos") - np.maximum(ret, 0), ret, \
                     (get("error") == 0) & (ret > 0)
+                a["pid"], a["aio"] = get("common_pid"), get("aio") != 0
+                a["aio_write"] = (get("ki_flags") & self._iocb_write) != 0
             else:                     # block: keyed by end sector and R/W
                 at = recs.start[w] + f["rwbs"].offset
                 wr = (recs.buf[at] == ord("W")) | (recs.buf[at + 1] == ord("W"))
                 sector, nr = get("sector"), get("nr_sector")
                 a["key"] = (sector + nr) * 2 + wr
+                a["len"] = nr * 512
                 if role == 0:
-                    a["write"], a["off"], a["len"] = wr, (sector - self._first) * 512, nr * 512
+                    a["write"], a["off"] = wr, (sector - self._first) * 512
                 else:
                     a["ok"] = get("error") == 0
             out[role] = np.concatenate([out[role], a])
@@ -385,22 +425,60 @@ class DirectIOTracer:
         subs = np.concatenate([self._pending, new[0]])
         if iters.size:
             subs["write"] |= writes(subs, iters)
-        match = pair(subs["ts"], subs["key"], ends["ts"], ends["key"])
+        # where each I/O started, on the image or the disk under it: the filter's offsets
+        start = ends["key"] if self.kind == "iomap" else \
+            (ends["key"] >> 1) * 512 - ends["len"]
+        traced = (start & ((self.latency_every - 1) << 12)) == 0
+        match = np.full(ends.size, -1, dtype=np.int64)
+        at = np.flatnonzero(traced)               # only these can have a submission
+        match[at] = pair(subs["ts"], subs["key"], ends["ts"][at], ends["key"][at])
         got = match >= 0
         keep = subs["ts"] >= cutoff - PENDING_S * 10**9
         keep[match[got]] = False
         self._pending = subs[keep][-PENDING_MAX:]
-        done = got & ends["ok"]
+        done = ends["ok"]
         order = np.argsort(ends["ts"][done], kind="stable")
-        e, s = ends[done][order], subs[match[done][order]]
+        e, m, traced = ends[done][order], match[done][order], traced[done][order]
+        paired = m >= 0
+        s = subs[np.maximum(m, 0)] if subs.size else np.zeros(e.size, SUB)
+        if self.kind == "iomap":
+            offset, length = e["key"], e["len"]
+            mine = new[0][new[0]["ts"] < cutoff]
+            write = np.where(paired, s["write"], np.where(e["aio"], e["aio_write"],
+                                                          self._after_write(e, mine, iters)))
+        else:                   # the submission's extent: dm trims what it hands on
+            offset = np.where(paired, s["off"],
+                              (e["key"] >> 1) * 512 - e["len"] - self._first * 512)
+            length, write = np.where(paired, s["len"], e["len"]), (e["key"] & 1) == 1
+        latency = np.where(paired, e["ts"] - s["ts"], -1)
         lost, self._blind = (self._lost() if most else 0) + self._blind, 0
         rate = records / max(cutoff - self._last, 1)          # events per ns
         self._last = cutoff
         if lost or most * 2 >= self.buffer_kb * 1024:
             self._grow(f"{lost} events lost" if lost else
                        f"{most >> 10} KiB buffered on one CPU at a drain", 4 * most >> 10, rate)
-        return DirectIOEvents(e["ts"], s["off"], e["len"] if self.kind == "iomap" else s["len"],
-                              s["write"], e["ts"] - s["ts"], lost, int((~got).sum())), new[0]
+        return DirectIOEvents(e["ts"], offset, length, write, latency, lost,
+                              int((traced & ~paired).sum())), new[0]
+
+    def _after_write(self, e: np.ndarray, subs: np.ndarray, iters: np.ndarray) -> np.ndarray:
+        """Which synchronous completions ``e`` end a write: their task's event before them
+        is a write iter (a sync I/O completes in the task that submitted it, and only
+        writes have iters here). Each task's last event of the drain before carries over."""
+        last = self._last_was_iter
+        if not iters.size and not any(last.values()):
+            return np.zeros(e.size, dtype=bool)       # no write in sight: read, read only
+        carried = np.array(list(last.items()), dtype=np.int64).reshape(-1, 2)
+        pid = np.concatenate([carried[:, 0], subs["pid"], iters["pid"], e["pid"]])
+        ts = np.concatenate([np.full(len(carried), -1), subs["ts"], iters["ts"], e["ts"]])
+        is_iter = np.concatenate([carried[:, 1] == 1, np.zeros(subs.size, bool),
+                                  np.ones(iters.size, bool), np.zeros(e.size, bool)])
+        order = np.lexsort((ts, pid))
+        first_end = len(carried) + subs.size + iters.size
+        prev_same = np.zeros(pid.size, bool)
+        prev_same[order[1:]] = (pid[order[1:]] == pid[order[:-1]]) & is_iter[order[:-1]]
+        tail = order[np.append(pid[order[1:]] != pid[order[:-1]], True)]
+        self._last_was_iter = {int(p): int(i) for p, i in zip(pid[tail], is_iter[tail])}
+        return prev_same[first_end:]
 
     def _lost(self) -> int:
         """Events lost since the last call: per CPU the larger of the stats' and the pages'
