@@ -50,7 +50,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.source_common import command_line, write_section  # noqa: E402
+from benchmarks.source_common import write_section  # noqa: E402
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
@@ -216,7 +216,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vmdt-advise-", dir="/var/tmp") as tmp:
         if args.cost:
             c = cost(args, tmp)
-            body = (f"Command: `{command_line()}`\n\nfio: 4 KiB O_DIRECT random reads "
+            body = ("fio: 4 KiB O_DIRECT random reads "
                     "(libaio, iodepth 8, `--rate_iops=10000`) of a 1 GiB file; `vmdisktouch "
                     f"advise` over it for {args.duration:g} s.\n\n"
                     "| figure | value |\n|---|---|\n"
@@ -251,7 +251,7 @@ def main() -> int:
                 print(f"round {k + 1} {kind}: {json.dumps(shown)}", flush=True)
             rounds.append(r)
         text = report(rounds, args)
-        head = (f"Command: `{command_line()}`\n\n{format_size(args.size)} raw image, a "
+        head = (f"{format_size(args.size)} raw image, a "
                 f"{format_size(args.zone)} zone (90 % of the accesses), {args.read_mix} % "
                 f"reads, through qemu-nbd in a memory group of {format_size(args.limit)}; "
                 f"{args.duration:g} s a phase, measured over its second half.\n\n")

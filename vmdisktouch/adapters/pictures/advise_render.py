@@ -20,8 +20,8 @@ from vmdisktouch.adapters.pictures.host_render import (BG, CURVES, SWATCH, WIDTH
                                                        fit_text)
 from vmdisktouch.sizes import format_size
 
-TITLE = ("what memory would buy: the share of each disk's reads an LRU cache of the size "
-         "would serve (its curve); ring: the size advised")
+TITLE = ("each disk's curve: the share of its reads an LRU cache of the size serves; ring: "
+         "the size advised (held hottest first, it serves the share above)")
 ROW = 3 * LINE + 4          # a disk: its name, and its advice in up to two lines
 
 
