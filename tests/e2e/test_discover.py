@@ -124,14 +124,14 @@ def test_json_shut_off_domain_native_io_block_and_network(setup):
     assert net["reason"] == "not a local file or block device (type=network)"
 
 
-def test_human_table(setup):
-    out = discover().stdout
+def test_human_table(setup, tmp_path):
+    out = discover("--advice", tmp_path / "none.json").stdout     # no advise report
     lines = out.splitlines()
     assert lines[0].startswith(("recommended: ", "host service vmdisktouch.service: "))
     assert "vmdisktouch.service" in lines[0]          # the host service first (issue 34)
     header = next(ln for ln in lines if ln.startswith("DOMAIN"))
     assert header.split() == ["DOMAIN", "STATE", "TARGET", "TYPE", "FORMAT", "CACHE", "IO",
-                              "ELIGIBLE", "SOURCE"]
+                              "ELIGIBLE", "ADVICE", "SOURCE"]
     for target, cache, io, eligible in CACHE_DISKS:
         src = str(setup["images"][target])
         (i,) = [i for i, ln in enumerate(lines) if ln.endswith(src)]
@@ -139,7 +139,7 @@ def test_human_table(setup):
         assert row[:3] == [setup["running"], "paused", target]
         assert row[3:5] == ["file", "raw"]
         assert row[5] == (cache or "writeback*") and row[6] == (io or "threads*")
-        assert row[7] == ("yes" if eligible else "no")
+        assert row[7] == ("yes" if eligible else "no") and row[8] == "-"
         if eligible:
             assert lines[i + 1].strip().startswith("why: ")
             assert lines[i + 2].strip().startswith(f"per-disk unit: {unit_name(src)}")
@@ -149,7 +149,8 @@ def test_human_table(setup):
             assert "per-disk unit:" not in lines[i + 2]
     assert "* not set in the domain XML: QEMU's default (cache=writeback, io=threads)" in out
     (net,) = [ln for ln in lines if ln.startswith(setup["offline"]) and " network " in ln]
-    assert net.split()[1] == "shutoff" and net.split()[-2:] == ["no", "-"]
+    assert net.split()[1] == "shutoff" and net.split()[-3:] == ["no", "-", "-"]
+    assert "ADVICE: none yet: run vmdisktouch advise --libvirt" in out
     assert not any(" sda " in ln and ln.startswith(setup["running"]) for ln in lines)
     assert re.search(r"^\d+ empty removable drives? \(no medium\) not listed$", out, re.M)
     assert not any(ln.split()[:1] == [setup["running"]] and "cdrom" in ln for ln in lines)
