@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 from PIL import Image
 

@@ -27,7 +27,7 @@ import subprocess
 import time
 
 from vmdisktouch.adapters.libvirt.libvirt_disks import Disk
-from vmdisktouch.adapters.advice_file import ADVICE_FILE, advice_cell, advice_of, advice_line
+from vmdisktouch.adapters.advice_file import advice_cell, advice_of, advice_line
 
 HOST_UNIT = "vmdisktouch.service"
 HOST_CONFIG = "/etc/vmdisktouch/host.toml"

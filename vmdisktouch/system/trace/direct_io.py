@@ -523,10 +523,7 @@ class DirectIOTracer:
         if self._closed:
             return
         self._closed = True
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds = {}
+        tracefs.close_pipes(self._fds)
         inst = getattr(self, "_inst", None)
         if inst is not None:
             inst.remove()

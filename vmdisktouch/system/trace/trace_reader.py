@@ -76,7 +76,6 @@ pid in ``set_event_notrace_pid`` hides the guest's reads, not the probe's.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -497,10 +496,7 @@ class TraceReader:
         if self._counter is not None:
             self._counter.close()
             self._counter = None
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds = {}
+        tracefs.close_pipes(self._fds)
         inst = getattr(self, "_inst", None)
         if inst is not None:
             inst.remove()

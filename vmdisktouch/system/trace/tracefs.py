@@ -48,6 +48,7 @@ Every refusal is ``TraceUnavailable``; ``remove()`` never raises.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import logging
 import os
@@ -386,6 +387,14 @@ PREFIX = "vmdisktouch@"   # of every instance this project makes (``sweep`` remo
 SWEEP_MIN_AGE = 3.0      # seconds: an instance younger than this is never swept
 
 
+def close_pipes(fds: dict[int, int]) -> None:
+    """Close every CPU's pipe of ``fds`` (cpu -> descriptor), errors ignored; empty it."""
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
 def sweep(root: str, prefix: str, now: float, min_age: float = SWEEP_MIN_AGE) -> list[str]:
     """Remove the instances named ``PREFIX*`` left behind by processes that are gone (a
     SIGKILL, a crash): their names, each logged. Never raises.
@@ -415,5 +424,5 @@ def sweep(root: str, prefix: str, now: float, min_age: float = SWEEP_MIN_AGE) ->
     return removed
 
 
-__all__ = ["DEFAULT_ROOT", "PREFIX", "Instance", "TraceUnavailable", "check_events", "check_root",
+__all__ = ["DEFAULT_ROOT", "PREFIX", "Instance", "close_pipes", "TraceUnavailable", "check_events", "check_root",
            "find_root", "read_text", "sweep"]
