@@ -100,13 +100,21 @@ def _mode(disk: dict) -> str | None:
     return "direct" if any(who.values()) else "paged"
 
 
+def _cache_seen(mode: str | None, buffered: bool, reads: int) -> str:
+    """The cache mode a PATH's I/O showed: its openers' (``_mode``), else its reads' way;
+    "-" when nobody had it open and nothing was read."""
+    if mode is None and not reads:
+        return "-"
+    return "writethrough" if (mode == "paged" if mode else buffered) else "none"
+
+
 def _watch(disk: dict, k: int, buffer_kb: int = DIRECT_BUFFER_KB) -> IOWatch:
     """Open the tracers of one disk (``DirectIOUnavailable`` and ``TraceUnavailable`` say
     why they cannot)."""
     from vmdisktouch.system.trace import direct_io
     image = open_image(disk["path"])
     direct = paged = probe = None
-    mode = _mode(disk)
+    mode = disk["mode"] = _mode(disk)
     name = f"{PREFIX}advise-{os.getpid()}-{k}"
     try:
         if mode in ("direct", None):
@@ -206,7 +214,7 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
         out.append({
             "name": d["name"], "path": d["path"],
             **({"domain": d["domain"], "target": d["target"]} if "domain" in d else {}),
-            "cache": d["cache"] or ("writethrough" if m.buffered else "none"),
+            "cache": d["cache"] or _cache_seen(d["mode"], m.buffered, t.reads),
             "seen_by": ("page cache" if m.buffered else "direct I/O"),
             "image_bytes": m.image_bytes, "seconds": round(t.seconds, 2),
             "reads_per_second": round(m.reads_per_second, 1),

@@ -5,7 +5,8 @@ line per disk, its swatch in its own colour (``host_render.disk_colour``, the
 same as in the host PNG), its name and its advice; then the host PNG's
 curves panel (``host_render.curves_panel``) with each disk's curve, a ring
 where the size advised meets it. A disk with no size advised (no reads, no
-re-reads) has no ring; a disk without a curve is left out of the panel.
+re-reads) has no ring; a disk without a curve, or not read, is left out of the
+panel.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def advise_image(report: dict, width: int = WIDTH) -> Image.Image:
     """The picture of an ``advise`` report (``commands.advise``)."""
     font = load_font()
     disks = bands(report)
-    shown = [k for k, d in enumerate(disks) if d.curve and len(d.curve) >= 2]
+    shown = [k for k, (d, r) in enumerate(zip(disks, report["disks"]))
+             if d.curve and len(d.curve) >= 2 and r["reads_per_second"] > 0]
     top = PAD + 2 * LINE + 6
     panel_y = top + len(disks) * ROW + PAD
     img = Image.new("RGB", (width, panel_y + (CURVES if shown else LINE) + PAD), BG)

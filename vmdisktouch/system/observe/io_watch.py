@@ -227,7 +227,9 @@ class IOWatch:
             self.block_reads += np.bincount(blocks[blocks < self.block_reads.size],
                                             minlength=self.block_reads.size)
         t.seconds = now - self._start
-        if self.probe is not None and now - self._last_probe >= PROBE_EVERY:
+        # probe only a disk seen through the page cache: a direct tracer of the same image
+        # would take the probes' own O_DIRECT reads for the guest's
+        if self.probe is not None and self.buffered and now - self._last_probe >= PROBE_EVERY:
             self._last_probe = now
             res = residency.scan(self.image.fd, self.image.size, self.probe.block_size)
             self.probe.probe(res.fraction(), self.image.size)
