@@ -33,7 +33,7 @@ a failure at run time (\fBrun\fR: too many failed cycles in a row; \fBsnapshot\f
 a usage error: an unknown option, a missing or extra argument, options that exclude each other; \fBsnapshot \-\-png\fR with several PATHs; a \fBunit\-name\fR PATH with no unit name
 .TP
 \fB3\fR
-\fBstatus\fR: no daemon is live (no status file, or every one stale), as \fBsystemctl is\-active\fR says; \fBadvise\fR: no disk was read during the window
+\fBstatus\fR: no daemon is live (no status file, or every one stale), as \fBsystemctl is\-active\fR says; \fBadvise\fR: no disk was read during the window, or no running domain has one
 .TP
 \fB66\fR
 a disk image that does not exist, cannot be opened, or whose residency the kernel hides from this user (\fBsnapshot\fR as neither its owner nor a writer); \fBstatus\fR: the directory, or no status file serving PATH

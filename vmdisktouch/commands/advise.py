@@ -100,7 +100,7 @@ def _mode(disk: dict) -> str | None:
     return "direct" if any(who.values()) else "paged"
 
 
-def _cache_seen(mode: str | None, buffered: bool, reads: int) -> str:
+def cache_seen(mode: str | None, buffered: bool, reads: int) -> str:
     """The cache mode a PATH's I/O showed: its openers' (``_mode``), else its reads' way;
     "-" when nobody had it open and nothing was read."""
     if mode is None and not reads:
@@ -160,8 +160,12 @@ def main(args) -> int:
                 if args.paths:            # a PATH given by hand: it is the whole question
                     raise
                 failed[d["name"]] = str(exc)
+        if not disks:
+            print(f"vmdisktouch: advise: no running domain at {args.libvirt} has a disk to "
+                  "watch", file=sys.stderr)
+            return EX_INACTIVE
         hit = page_cache_read_time()
-        interrupted = _wait(watches, duration)
+        interrupted = _wait(watches, duration, failed)
     finally:
         for _, w in watches:
             w.close()
@@ -178,24 +182,31 @@ def main(args) -> int:
     return 1 if failed or not watches else 0
 
 
-def _wait(watches, duration: float) -> bool:
-    """Drain every ``TICK`` until ``duration`` has passed; True when Ctrl-C ended it."""
+def _wait(watches: list, duration: float, failed: dict) -> bool:
+    """Drain every ``TICK`` until ``duration`` has passed; True when Ctrl-C ended it. A disk
+    whose drain fails (its image gone, its instance removed) leaves ``watches`` for
+    ``failed``, with why; the others go on."""
     end = time.monotonic() + duration
     try:
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(TICK, left))
-            for _, w in watches:
-                w.drain()
+            drain_all(watches, failed)
     except KeyboardInterrupt:
-        for _, w in watches:
-            try:
-                w.drain()
-            except (OSError, VmdtError):
-                pass
+        drain_all(watches, failed)
         return True
-    for _, w in watches:
-        w.drain()
+    drain_all(watches, failed)
     return False
+
+
+def drain_all(watches: list, failed: dict) -> None:
+    """One drain of every watch; one that fails is closed and moved to ``failed``."""
+    for d, w in list(watches):
+        try:
+            w.drain()
+        except (OSError, VmdtError) as exc:
+            failed[d["name"]] = f"the watch failed: {exc}"
+            watches.remove((d, w))
+            w.close()
 
 
 def _report(watches, failed: dict, hit: float, duration: float, interrupted: bool) -> dict:
@@ -214,7 +225,7 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
         out.append({
             "name": d["name"], "path": d["path"],
             **({"domain": d["domain"], "target": d["target"]} if "domain" in d else {}),
-            "cache": d["cache"] or _cache_seen(d["mode"], m.buffered, t.reads),
+            "cache": d["cache"] or cache_seen(d["mode"], m.buffered, t.reads),
             "seen_by": ("page cache" if m.buffered else "direct I/O"),
             "image_bytes": m.image_bytes, "seconds": round(t.seconds, 2),
             "reads_per_second": round(m.reads_per_second, 1),
