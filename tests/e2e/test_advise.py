@@ -26,8 +26,7 @@ from tests.support.fio import FioJob, FioRun
 from tests.support.images import make_image, resident_bytes
 from tests.support.nbd import QemuNbd
 from vmdisktouch.adapters import advice_file
-from vmdisktouch.core.mrc import MissRatioCurve
-from vmdisktouch.system.trace.direct_io import DirectIOTracer
+from tests.support.advise_run import advise_traced
 
 pytestmark = [pytest.mark.qemu, pytest.mark.root]
 
@@ -44,33 +43,6 @@ def hot_zone_job(image: str, size: int, runtime: float, read_mix: int = 90, **kw
     """Reads (and a few writes) of which 90 % fall in a 24 MiB zone of the image."""
     return FioJob(filename=image, size=size, hot_zones=[(64 * MiB, 24 * MiB)],
                   read_mix=read_mix, runtime=runtime, seed=7, **kw)
-
-
-def advise_traced(image: str, *argv) -> tuple[subprocess.CompletedProcess, MissRatioCurve, int]:
-    """``vmdisktouch advise IMAGE ARGV`` while this process traces ``image``'s direct reads
-    too (drained every 0.2 s, as advise drains): (its result, the exact LRU curve over
-    those reads, the events this tracer lost)."""
-    exact = MissRatioCurve(rate=1.0, max_pages=None, half_life=0.0, steady=True)
-    lost = 0
-    with DirectIOTracer(image, name=f"vmdisktouch@test-exact-{os.getpid()}",
-                        buffer_kb=8192) as tr:
-        p = subprocess.Popen([sys.executable, "-m", "vmdisktouch", "advise", image,
-                              *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        try:
-            while True:
-                done = p.poll() is not None
-                ev = tr.drain()
-                lost += ev.lost
-                exact.feed(ev.offset[~ev.write] // PAGE)
-                if done:
-                    break
-                time.sleep(0.2)
-            out, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err), exact, lost
 
 
 @pytest.fixture
@@ -94,7 +66,7 @@ def test_advise_sees_a_cache_none_disk_its_rates_and_a_curve_within_5_points_of_
     image, fio = cache_none_guest
     png, saved = tmp_path / "advise.png", tmp_path / "advise.json"
     t0 = time.monotonic() - fio.t0
-    r, exact, lost = advise_traced(image, "--duration", "15", "--json", "--png", png,
+    r, exact, lost = advise_traced(image, image, "--duration", "15", "--json", "--png", png,
                                    "--save", saved)
     assert lost == 0
     t1 = time.monotonic() - fio.t0

@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from tests.support.advise_run import advise_traced
 from tests.support.images import make_image
 from tests.support.libvirt_env import (URI, DomainFactory, disk_xml,  # noqa: F401
                                        libvirt_daemons, qemu_io)
@@ -57,7 +58,8 @@ def test_advise_libvirt_sees_a_cache_none_native_disk_and_discover_shows_its_adv
             t.start()
         time.sleep(2)
         saved = tmp_path / "advise.json"
-        r = vmdt("advise", "--libvirt", URI, "--duration", "10", "--json", "--save", saved)
+        r, exact, lost = advise_traced(images["vda"], "--libvirt", URI, "--duration", "10",
+                                       "--json", "--save", saved)
         stop.set()
         for t in threads:
             t.join(10)
@@ -78,6 +80,13 @@ def test_advise_libvirt_sees_a_cache_none_native_disk_and_discover_shows_its_adv
         top = vda["curve"][-1][1]
         near = [h for b, h in vda["curve"] if b >= 512 << 10][0]
         assert top > 0.3 and near >= top - 0.1, vda["curve"]
+        # and the window's curve is the exact LRU's over the reads QEMU made, within 5 points
+        assert lost == 0
+        window = dict((b, h) for b, h in vda["window_curve"])
+        for size in (128 << 10, 256 << 10, 512 << 10):
+            near = min(window, key=lambda b: abs(b - size))
+            truth = float(exact.curve([near / 4096], False)[0])
+            assert abs(window[near] - truth) <= 0.05, (near, window[near], truth)
 
         out = vmdt("discover", "--uri", URI, "--json", "--advice", saved)
         assert out.returncode == 0, out.stderr
