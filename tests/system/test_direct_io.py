@@ -18,7 +18,6 @@ import contextlib
 import json
 import mmap
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,21 +40,10 @@ NOBODY = ["--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 @pytest.fixture
-def workdir():
-    """A directory under /var/tmp (ext4 here), removed at teardown."""
-    d = tempfile.mkdtemp(prefix="vdt-dio-", dir="/var/tmp")
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
-
-
-@pytest.fixture
-def image(workdir):
-    """Makes data images (every byte written) of a given size in ``workdir``."""
+def image(shared_dir):
+    """Makes data images (every byte written) of a given size in ``shared_dir`` (world-searchable: the unprivileged test reads there)."""
     count = iter(range(1000))
-    return lambda size=16 * MiB: make_image(os.path.join(workdir, f"img{next(count)}.raw"),
+    return lambda size=16 * MiB: make_image(os.path.join(shared_dir, f"img{next(count)}.raw"),
                                             size, sparse=False)
 
 
@@ -324,7 +312,7 @@ def test_close_removes_the_instance_and_is_idempotent(image, tracefs_root):  # n
     assert not os.path.exists(os.path.join(tracefs_root, "instances", named.name))
 
 
-def test_support_and_refusals(image, workdir, tracefs_root):  # noqa: F811
+def test_support_and_refusals(image, shared_dir, tracefs_root):  # noqa: F811
     path = image(MiB)
     assert support(path) is None
     with tempfile.NamedTemporaryFile(dir="/dev/shm") as shm:
@@ -335,13 +323,13 @@ def test_support_and_refusals(image, workdir, tracefs_root):  # noqa: F811
                        "(their O_DIRECT I/O passes the iomap tracepoints)"
         with pytest.raises(DirectIOUnavailable, match="is on tmpfs"):
             DirectIOTracer(shm.name, name=instance_name())
-    missing = os.path.join(workdir, "missing.raw")
+    missing = os.path.join(shared_dir, "missing.raw")
     assert support(missing) == f"{missing}: No such file or directory"
     with pytest.raises(ImageError, match="No such file"):
         DirectIOTracer(missing, name=instance_name())
     with pytest.raises(ImageError, match="is a directory"):
-        DirectIOTracer(workdir, name=instance_name())
-    assert "is a directory" in support(workdir)
+        DirectIOTracer(shared_dir, name=instance_name())
+    assert "is a directory" in support(shared_dir)
     assert not [n for n in os.listdir(os.path.join(tracefs_root, "instances"))
                 if n.startswith(f"{direct_io.PREFIX}vdt_test_{os.getpid()}_")]
 

@@ -50,7 +50,6 @@ from vmdisktouch.system.image import first_page_cached
 from vmdisktouch.system.observe import residency
 from vmdisktouch.system.observe.miss_cost import MissCost
 
-O_DIRECT_FLAG = os.O_DIRECT
 PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
 HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
 BLOCK = 1 << 20            # the unit the daemon holds: reads counted per block of it
@@ -74,7 +73,6 @@ class Tally:
     pages_read: int = 0
     pages_added: int = 0           # pages the cache brought in (misses, readahead)
     lost: int = 0                  # events the kernel lost
-    unpaired: int = 0              # direct completions whose submission was not seen
     seconds: float = 0.0
     waits: list = field(default_factory=list)   # direct read waits (ns arrays)
 
@@ -123,7 +121,7 @@ def openers(path: str) -> dict[int, bool]:
                     m = re.search(r"^flags:\s*([0-7]+)", f.read(), re.M)
             except OSError:
                 continue
-            direct = bool(m and int(m.group(1), 8) & O_DIRECT_FLAG)
+            direct = bool(m and int(m.group(1), 8) & os.O_DIRECT)
             out[pid] = out.get(pid, False) or direct
     return out
 
@@ -182,8 +180,7 @@ class IOWatch:
         """Through the page cache: watched there, and more of its reads were seen there."""
         t = self.tally
         return self.paged is not None and (self.direct is None
-                                           or t.paged_reads >= t.direct_reads > 0
-                                           or t.direct_reads == 0 < t.paged_reads)
+                                           or 0 < t.paged_reads >= t.direct_reads)
 
     def drain(self) -> None:
         """Take what the tracers hold into the tally and the curve; probe a miss now and then."""
@@ -205,7 +202,6 @@ class IOWatch:
             t.timed_writes += int((ev.write & timed).sum())
             t.waits.append(ev.latency[r & timed])
             t.lost += ev.lost
-            t.unpaired += ev.unpaired
             first = ev.offset[r] // self.page_size
             last = (ev.offset[r] + np.maximum(ev.length[r], 1) - 1) // self.page_size
             pages.append(pages_read(first, last))
