@@ -267,3 +267,28 @@ def test_disks_not_served_are_listed_with_why_and_those_that_would_gain_marked()
     # only one of the two is marked: the triangle's pixels sit in one row band
     ys = np.flatnonzero((rows[:, :20] == WOULD_GAIN).all(axis=2).any(axis=1))
     assert ys.max() - ys.min() < 16, ys
+
+
+def test_the_curves_size_labels_are_round_powers_of_4(monkeypatch):
+    """Curves from 3M (not round) to a 1.5G image: the size axis is labelled at powers of
+    4 (4M, 16M, ...), evenly spaced on the log axis, never at 3M x 4^k."""
+    from PIL import ImageDraw
+
+    from vmdisktouch.adapters.pictures.host_render import CHART
+    from vmdisktouch.sizes import parse_size
+    texts = []
+    real = ImageDraw.ImageDraw.text
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text",
+                        lambda self, xy, s, *a, **kw: (texts.append((xy, s)),
+                                                       real(self, xy, s, *a, **kw))[1])
+    d = band("/a", 1536, domain="vm1", target="vda")
+    d = DiskBand(**{**d.__dict__, "curve": [[3 * MiB << k, min(1.0, 0.1 * k)]
+                                            for k in range(9)]})
+    host_overview_image([d], GiB)
+    bottom = band_top(1) + LINE + 4 + CHART - 1
+    labels = [(xy[0], s) for xy, s in texts if xy[1] == bottom + 4]
+    sizes = [parse_size(s) for _, s in labels]
+    assert len(sizes) >= 3, labels
+    assert all(s & (s - 1) == 0 and (s.bit_length() - 1) % 2 == 0 for s in sizes), labels
+    ratios = {b // a for a, b in zip(sizes, sizes[1:])}
+    assert len(ratios) == 1, labels

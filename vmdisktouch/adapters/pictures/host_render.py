@@ -34,7 +34,8 @@ band per disk, so the height grows with the disks):
 * when a disk has a miss-ratio curve (the trace source), a *curves* panel:
   every disk's curve (``core.mrc``: the share of its reads an LRU cache of
   each size would serve) as a line in the disk's colour, over one log axis
-  of sizes from the smallest point of any curve to the largest image, hit
+  of sizes from the smallest point of any curve to the largest image
+  (labelled at round sizes, the powers of 4: 1M, 4M, 16M, ...), hit
   ratio from 0 to 100 % up; a dot on each line where the disk holds now, a
   ring in its colour at its share of the budget.
   Where a line still climbs past its dot, more memory would pay there; where
@@ -366,8 +367,8 @@ def curves_panel(img, draw, font, disks: list[DiskBand], marks, y: int, width: i
         yy = at(lo, r)[1]
         draw.line([x0, yy, x1, yy], fill=(60, 60, 60))
         draw.text((PAD, yy - LINE // 2), f"{r:.0%}", fill=DIM, font=font)
-    size, last_x = lo, -1e9
-    while size <= hi * 1.001:                      # labels a factor of 4 apart, at least
+    size, last_x = 4.0 ** math.ceil(math.log(lo, 4) - 1e-9), -1e9
+    while size <= hi * 1.001:                      # round sizes: the powers of 4 (1M, 4M, ...)
         xx = at(size, 0)[0]
         label = short_size(int(size))
         if xx - last_x >= draw.textlength(label, font=font) + 12:
