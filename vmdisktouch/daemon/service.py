@@ -148,6 +148,7 @@ class Service:
         self._first_error: VmdtError | None = None
         self.metrics = None
         self.last_report = None               # the last cycle's ``report.HostReport``
+        self.colour_book = None               # the host PNG's disk colours, frame to frame
         self.budget_log = BudgetLog()
         watch = getattr(self.members, "watch", None)
         self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
@@ -311,6 +312,8 @@ class Service:
 
     def _overview(self) -> bytes:
         from vmdisktouch.adapters.pictures import host_render, render
+        if self.colour_book is None:
+            self.colour_book = host_render.ColourBook()
         bands = []
         for w in self.host.watchers:
             resident, held = w.last_maps()
@@ -325,7 +328,7 @@ class Service:
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1],
-            unserved=self._unserved()))
+            unserved=self._unserved(), book=self.colour_book))
 
     def _unserved(self) -> list:
         """The disks libvirt has that are not served, with why; those the last ``advise``
