@@ -28,8 +28,13 @@ so it only helps a disk that QEMU reads and writes through that cache:
   (storage-pool reference), ``nvme``, ``vhostuser`` and ``dir`` disks are
   ineligible, as are empty drives and ``device='lun'`` (SCSI passthrough:
   the guest's commands go to the device with SG_IO, not through the cache).
-* Read-only disks and CD-ROM/floppy images with media are eligible: the guest
-  reads them through the page cache, and read-only means no write can collide.
+* Read-only disks (``<readonly/>``) and CD-ROM/floppy images are ineligible:
+  the host budget is for the disks guests work on, and each disk served costs
+  a trace instance, a lock and a share of a cycle.
+
+``assess`` is the one verdict, with a reason and a code (``report.UNSERVED``): ``discover``
+shows it, the host service serves by it (``libvirt_watch.wanted``) and the per-disk check
+refuses by it (``libvirt_watch.require_eligible``), so they never disagree.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ DIRECT_CACHE_MODES = ("none", "directsync")
 O_DIRECT_CONSEQUENCE = ("the guest bypasses the host page cache, so holding pages helps "
                         "nothing and can collide with direct writes")
 HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
+READ_ONLY_CONSEQUENCE = "the host budget is for the disks guests work on"
 
 class LibvirtError(VmdtError):
     """libvirt-python is missing, the daemon is unreachable, or a call failed."""
@@ -80,6 +86,7 @@ class Disk:
     backing: list[str] = field(default_factory=list)   # backing-chain file/device paths
     eligible: bool = False
     reason: str = ""
+    code: str = ""             # why not eligible (``report.UNSERVED``); "" when eligible
     unit: str | None = None    # the systemd unit to enable, for a local source
     uuid: str = ""
     # QEMU has not activated its disks yet: an incoming migration or restore runs
@@ -113,31 +120,31 @@ def unit_name(path: str) -> str | None:
         return None   # e.g. longer than systemd's 255-character limit, or a '..' component
 
 
-def assess(disk: Disk) -> tuple[bool, str]:
-    """(eligible, reason) for one disk; see the module docstring for the rules."""
+def assess(disk: Disk) -> tuple[bool, str, str]:
+    """(eligible, reason, code) for one disk: the one verdict (the module docstring)."""
     if disk.type not in ("file", "block"):
-        return False, f"not a local file or block device (type={disk.type})"
+        return False, f"not a local file or block device (type={disk.type})", "not_local"
     if not disk.source:
-        return False, "no source (empty drive)"
+        return False, "no source (empty drive)", "no_source"
     if disk.device == "lun":
         return False, ("device=lun passes SCSI commands through to the device (SG_IO), "
-                       "bypassing the host page cache")
+                       "bypassing the host page cache"), "passthrough"
     direct = []
     if disk.cache in DIRECT_CACHE_MODES:
         direct.append(f"cache={disk.cache}")
     if disk.io == "native":
         direct.append("io=native")
     if direct:
-        return False, f"{' and '.join(direct)} use O_DIRECT: {O_DIRECT_CONSEQUENCE}"
+        return False, f"{' and '.join(direct)} use O_DIRECT: {O_DIRECT_CONSEQUENCE}", "o_direct"
+    if disk.readonly or disk.device in ("cdrom", "floppy"):
+        return False, (f"read-only {disk.device}: {READ_ONLY_CONSEQUENCE}"), "read_only"
     cache = f"cache={disk.cache}" + (" (QEMU default)" if disk.cache_default else "")
     notes = [f"buffered I/O through the host page cache ({cache}, io={disk.io})"]
-    if disk.readonly:
-        notes.append("read-only")
     if disk.format != "raw":
         notes.append(f"{disk.format}: {HOST_OFFSETS_CAVEAT}")
     if disk.backing:
         notes.append(f"backing files are separate images: {', '.join(disk.backing)}")
-    return True, "; ".join(notes)
+    return True, "; ".join(notes), ""
 
 
 def _source_path(elem: ET.Element | None, dtype: str) -> str | None:
@@ -207,7 +214,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
             backing=_backing_chain(el), problem=problem,
         )
         disk.carried = carried if isinstance(carried, str) else carried.get(disk.target)
-        disk.eligible, disk.reason = assess(disk)
+        disk.eligible, disk.reason, disk.code = assess(disk)
         if with_units and source and dtype in ("file", "block"):
             disk.unit = unit_name(source)
         disks.append(disk)
