@@ -61,7 +61,7 @@ def test_discover_the_host_service_and_the_per_disk_check_agree(disks):
         key = (d.domain, d.target)
         assert (d.source in w.serve) is d.eligible, (d.target, d.reason, w.skipped.get(key))
         if not d.eligible:
-            assert w.skipped[key] == d.reason, d.target
+            assert w.skipped[key] == (d.code, d.reason), d.target
             with pytest.raises(lw.IneligibleDiskError, match=d.reason[:20].replace("(", ".")):
                 lw.require_eligible([d], d.source or "-")
         else:

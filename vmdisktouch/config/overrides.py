@@ -22,10 +22,26 @@ unknown key is treated as one at the top of the file is (``configfile.load``):
 a warning naming the table and the key, with the closest known key, and
 ignored, so a mistyped key never stops a daemon but is seen in the journal and
 in ``vmdisktouch config --check``.
+
+Which domains the host service serves at all (``[scope]``), because operators
+share hosts::
+
+    [scope]
+    include = ["web-*"]            # domain-name globs (fnmatch, whole name, case-sensitive)
+    exclude = ["web-test*"]
+    include_labels = ["vmdisktouch"]   # globs over the labels in the domain's metadata
+    exclude_labels = ["tenant-b"]
+
+A domain is out of scope when it matches an exclude (a name glob, a label glob, or its
+``[domain...] exclude = true``), else when there are includes and it matches none:
+exclude wins. A label is a word in the domain's ``<label>`` element of the namespace
+``libvirt_disks.LABEL_NS`` (``virsh metadata``; docs/configuration.md). ``Rules.out_of_scope``
+is the one verdict, used by the host service and by ``discover``.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +52,8 @@ from vmdisktouch.sizes import parse_size
 TABLE = "domain"
 KEYS = ("weight", "cap", "exclude", "carry_heat")
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
+SCOPE = "scope"
+SCOPE_KEYS = ("include", "exclude", "include_labels", "exclude_labels")
 
 
 @dataclass(frozen=True)
@@ -116,3 +134,75 @@ def for_disk(overrides: Overrides, domain: str, target: str) -> Override:
     """The override of one disk: its domain's keys, then its own."""
     merged = {**overrides.get((domain, None), {}), **overrides.get((domain, target), {})}
     return Override(**merged)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The ``[scope]`` table: globs over domain names and over their labels."""
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    include_labels: tuple[str, ...] = ()
+    exclude_labels: tuple[str, ...] = ()
+
+
+def parse_scope(data: Any, path: str, warnings: list[str] | None = None) -> Scope:
+    """The ``[scope]`` table, checked: each key a list of non-empty strings (ConfigError
+    naming the file and the key); unknown keys are a warning, as in ``parse``."""
+    if data is None:
+        return Scope()
+    where = f"{path}: [{SCOPE}]"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: key {SCOPE} must be a table: [{SCOPE}] with "
+                          f"{', '.join(SCOPE_KEYS)}")
+    got: dict[str, tuple[str, ...]] = {}
+    for key, value in data.items():
+        if key not in SCOPE_KEYS:
+            continue
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: {key} must be a list of glob patterns "
+                              f"([\"web-*\"]), not {value!r}")
+        for v in value:
+            if not isinstance(v, str) or not v:
+                raise ConfigError(f"{where}: {key} must hold non-empty strings (glob "
+                                  f"patterns), not {v!r}")
+        got[key] = tuple(value)
+    mistyped = [k for k in data if k not in SCOPE_KEYS]
+    if warnings is not None and mistyped:
+        warnings.append(configread.unknown_keys_warning(where, mistyped, SCOPE_KEYS))
+    return Scope(**got)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the config file says of libvirt's domains: the ``[domain...]`` overrides and
+    the ``[scope]``."""
+    per: Overrides
+    scope: Scope = Scope()
+
+    def for_disk(self, domain: str, target: str) -> Override:
+        return for_disk(self.per, domain, target)
+
+    def out_of_scope(self, domain: str, target: str,
+                     labels: tuple[str, ...]) -> tuple[str, str] | None:
+        """(code, reason) when the host service leaves the disk out (the module docstring:
+        exclude wins over include), else None."""
+        s = self.scope
+        if self.for_disk(domain, target).exclude:
+            return "excluded", "excluded by the config file"
+        pattern = _first(s.exclude, (domain,))
+        if pattern is not None:
+            return "excluded", f"excluded by [scope] exclude {pattern!r}"
+        pattern = _first(s.exclude_labels, labels)
+        if pattern is not None:
+            return "excluded", (f"excluded by [scope] exclude_labels {pattern!r} (labels: "
+                                f"{' '.join(labels)})")
+        if (s.include or s.include_labels) and _first(s.include, (domain,)) is None \
+                and _first(s.include_labels, labels) is None:
+            return "not_included", ("not in [scope] include or include_labels (labels: "
+                                    f"{' '.join(labels) or 'none'})")
+        return None
+
+
+def _first(patterns: tuple[str, ...], names) -> str | None:
+    """The first pattern that matches one of ``names`` whole (``fnmatchcase``), or None."""
+    return next((p for p in patterns for n in names if fnmatch.fnmatchcase(n, p)), None)

@@ -62,6 +62,9 @@ DIRECT_CACHE_MODES = ("none", "directsync")
 O_DIRECT_CONSEQUENCE = ("the guest bypasses the host page cache, so holding pages helps "
                         "nothing and can collide with direct writes")
 HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
+# the operator's labels for a domain, which the host service's [scope] matches
+# (``config.overrides``): the words of <label> in this namespace of its <metadata>
+LABEL_NS = "http://vmdisktouch.org/xmlns/label/1"
 READ_ONLY_CONSEQUENCE = "the host budget is for the disks guests work on"
 
 class LibvirtError(VmdtError):
@@ -100,6 +103,8 @@ class Disk:
     # What is wrong with its domain's XML (its metadata unreadable, or the XML itself: then
     # this is its last known listing), or None (``Memo``).
     problem: str | None = field(default=None, compare=False)
+    # The labels of its domain (``labels_of``), for the host service's scope.
+    labels: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -189,6 +194,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
     name = root.findtext("name") or "?"
     uuid = root.findtext("uuid") or ""
     carried = problem or _carried(root)
+    labels = labels_of(root)
     disks = []
     for el in root.findall("./devices/disk"):
         dtype = el.get("type", "file")
@@ -211,7 +217,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
             io=QEMU_DEFAULT_IO if io_default else io_attr,
             io_default=io_default,
             readonly=el.find("readonly") is not None,
-            backing=_backing_chain(el), problem=problem,
+            backing=_backing_chain(el), problem=problem, labels=labels,
         )
         disk.carried = carried if isinstance(carried, str) else carried.get(disk.target)
         disk.eligible, disk.reason, disk.code = assess(disk)
@@ -232,6 +238,13 @@ def _without_metadata(xml: str, exc: ET.ParseError) -> ET.Element:
         return ET.fromstring(METADATA.sub("", xml, count=1))
     except ET.ParseError:
         raise LibvirtError(f"cannot parse domain XML: {exc}") from None
+
+
+def labels_of(root: ET.Element) -> tuple[str, ...]:
+    """The words of the domain's ``<label>`` element in ``LABEL_NS``, in order; () without
+    one."""
+    elem = root.find(f"./metadata/{{{LABEL_NS}}}label")
+    return tuple((elem.text or "").split()) if elem is not None else ()
 
 
 def _carried(root: ET.Element) -> dict | str:

@@ -66,22 +66,22 @@ class IneligibleDiskError(VmdtError):
 @dataclass(frozen=True)
 class Wanted:
     """The disks to serve (by path) and those left out, with their reasons."""
-    serve: dict[str, Disk]                 # image path -> its disk
-    skipped: dict[tuple[str, str], str]    # (domain, target) -> why not
+    serve: dict[str, Disk]                                # image path -> its disk
+    skipped: dict[tuple[str, str], tuple[str, str]]       # (domain, target) -> (code, why)
 
 
 def wanted(disks: list[Disk]) -> Wanted:
     """The running domains' disks a host budget is for: those ``libvirt_disks.assess``
     finds eligible, the others listed with its reason (the one verdict)."""
     serve: dict[str, Disk] = {}
-    skipped: dict[tuple[str, str], str] = {}
+    skipped: dict[tuple[str, str], tuple[str, str]] = {}
     for d in disks:
         if not d.active:
             continue
         if d.eligible:
             serve.setdefault(d.source, d)
         else:
-            skipped[(d.domain, d.target)] = d.reason
+            skipped[(d.domain, d.target)] = (d.code, d.reason)
     return Wanted(serve, skipped)
 
 
@@ -266,6 +266,12 @@ class LibvirtWatch:
         if self.wake is not None:
             self.wake.set()
 
+    def _on_metadata(self, conn, dom, mtype, nsuri, opaque) -> None:
+        """In libvirt's event thread: a domain's labels changed (``LABEL_NS``) wake the loop;
+        the daemon's own heat writes (another namespace) do not."""
+        if nsuri == libvirt_disks.LABEL_NS:
+            self._on_event(conn, dom, mtype, nsuri, opaque)
+
     # -- the worker's side: every libvirt call
 
     def _run(self) -> None:
@@ -345,6 +351,8 @@ class LibvirtWatch:
                           libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED):
                 self._callbacks.append(
                     conn.domainEventRegisterAny(None, event, self._on_event, None))
+            self._callbacks.append(conn.domainEventRegisterAny(
+                None, libvirt.VIR_DOMAIN_EVENT_ID_METADATA_CHANGE, self._on_metadata, None))
         except libvirt.libvirtError as exc:
             log.warning("libvirt at %s: no events (%s); changes are seen by the resync of "
                         "each cycle", self.uri, libvirt_disks.libvirt_message(exc))
