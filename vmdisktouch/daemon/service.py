@@ -331,20 +331,14 @@ class Service:
             unserved=self._unserved()))
 
     def _unserved(self) -> list:
-        """The disks libvirt has that are not served, with why; those the last ``advise``
-        says would gain, with what (``advice_file``)."""
+        """The disks libvirt has that are not served, with why (the report's ``skipped``);
+        those the last ``advise`` says would gain, with what (``advice_file``)."""
         from vmdisktouch.adapters import advice_file
-        from vmdisktouch.adapters.pictures.host_render import Unserved
-        if not self.skipped:
+        from vmdisktouch.adapters.pictures.host_render import unserved_rows
+        skipped = self.last_report.skipped if self.last_report is not None else None
+        if not skipped:
             return []
-        advice = advice_file.load_advice(advice_file.ADVICE_FILE)
-        out = []
-        for (domain, target), (_, why) in sorted(self.skipped.items()):
-            a = advice_file.advice_of(advice, domain, target)
-            gains = a is not None and a.get("verdict") == "hold"
-            out.append(Unserved(f"{domain}/{target}", why,
-                                advice_file.advice_cell(a) if gains else None))
-        return out
+        return unserved_rows(skipped, advice_file.load_advice(advice_file.ADVICE_FILE))
 
     # -- reload --------------------------------------------------------------
 
