@@ -169,11 +169,15 @@ def test_every_metric_is_in_docs_metrics_md():
     import pathlib
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     c = Collector()
-    c.update(host([disk_status("/a", "web", "vda")]))
+    c.update(host([disk_status("/a", "web", "vda")], skipped=[
+        {"domain": "web", "target": "hdc", "code": "read_only", "reason": "read-only"}]))
     names = {s.name for f in c.collect() for s in f.samples}
-    assert len(names) > 20
+    assert len(names) > 20 and "vmdisktouch_disk_unserved" in names
     for name in names:
         assert f"`{name}`" in doc, name
+    from vmdisktouch.report import UNSERVED
+    for code in UNSERVED:
+        assert f"| `{code}` |" in doc, code
 
 
 # -- an info metric's labels never change; a stopped daemon leaves no file (issue 34) ----

@@ -35,7 +35,7 @@ share hosts::
 A domain is out of scope when it matches an exclude (a name glob, a label glob, or its
 ``[domain...] exclude = true``), else when there are includes and it matches none:
 exclude wins. A label is a word in the domain's ``<label>`` element of the namespace
-``libvirt_disks.LABEL_NS`` (``virsh metadata``; docs/configuration.md). ``Rules.out_of_scope``
+``LABEL_NS`` (``virsh metadata``; docs/configuration.md). ``Rules.out_of_scope``
 is the one verdict, used by the host service and by ``discover``.
 """
 
@@ -53,6 +53,9 @@ TABLE = "domain"
 KEYS = ("weight", "cap", "exclude", "carry_heat")
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
 SCOPE = "scope"
+# the operator's labels for a domain, which [scope] matches: the words of the <label>
+# element in this namespace of its <metadata> (``libvirt_disks.labels_of``)
+LABEL_NS = "http://vmdisktouch.org/xmlns/label/1"
 SCOPE_KEYS = ("include", "exclude", "include_labels", "exclude_labels")
 
 
@@ -134,6 +137,50 @@ def for_disk(overrides: Overrides, domain: str, target: str) -> Override:
     """The override of one disk: its domain's keys, then its own."""
     merged = {**overrides.get((domain, None), {}), **overrides.get((domain, target), {})}
     return Override(**merged)
+
+
+# docs/configuration.md's section on these tables (``settings.configuration_doc``)
+DOC = f"""## The host service's domains: `[domain...]` and `[scope]`
+
+In the host service's file (`/etc/vmdisktouch/host.toml`, `run --libvirt`), and
+read by any `run` whose disks a libvirt domain uses.
+`[domain.NAME]` and `[domain.NAME.TARGET]` set, for a domain or one of its
+disks, `weight` (0.01 to 100, default 1: its heat counts this many times when
+regions are ranked), `cap` (a size: the most it may hold), `exclude` (true:
+never served) and `carry_heat` (true or false; unset: the daemon's
+`carry_heat`). A disk's own keys win over its domain's.
+
+`[scope]` says which domains the service serves at all, because operators share
+hosts. Each key is a list of glob patterns (`*`, `?`, `[...]`, matched against
+the whole string, case-sensitive):
+
+| key | matches |
+|---|---|
+| `include` | domain names to serve; with any include (or include_labels), a domain that matches none is not served (`not_included`) |
+| `exclude` | domain names never to serve (`excluded`) |
+| `include_labels` | labels of domains to serve, as `include` |
+| `exclude_labels` | labels of domains never to serve, as `exclude` |
+
+Exclude wins over include; `[domain.NAME] exclude = true` is an exclude too. A
+label is a word of the `<label>` element a domain carries in its metadata under
+the namespace `{LABEL_NS}`, which the operator sets (`--live` for the running
+domain, `--config` for its next boots):
+
+```sh
+virsh metadata web-1 {LABEL_NS} --key vmdt --set '<label>tenant-a shared</label>' --live --config
+```
+
+A label changed on a running domain is followed: the service lists every
+domain's live XML each cycle, and libvirt's metadata-change event wakes it at
+once; a domain that leaves the scope is released within a cycle, one that
+enters it is served. A change of the file itself takes effect at a reload
+(`systemctl reload vmdisktouch`). `vmdisktouch discover` says which eligible
+disks the file leaves out and why (`--config`, default the host file), `vmdisktouch
+status` lists each disk not served with its code and reason, and the metric
+`vmdisktouch_disk_unserved` has one series per such disk (docs/metrics.md).
+A bad value (not a list of non-empty strings) stops the start with one line
+naming the file and the key (exit 78; at a reload, the current settings stay).
+"""
 
 
 @dataclass(frozen=True)

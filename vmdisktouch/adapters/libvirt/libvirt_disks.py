@@ -49,6 +49,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 
 from vmdisktouch.adapters.libvirt.domain_state import domain_state
+from vmdisktouch.config.overrides import LABEL_NS  # noqa: F401 - where labels_of looks
 from vmdisktouch.errors import VmdtError
 
 log = logging.getLogger("vmdisktouch")
@@ -62,9 +63,6 @@ DIRECT_CACHE_MODES = ("none", "directsync")
 O_DIRECT_CONSEQUENCE = ("the guest bypasses the host page cache, so holding pages helps "
                         "nothing and can collide with direct writes")
 HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
-# the operator's labels for a domain, which the host service's [scope] matches
-# (``config.overrides``): the words of <label> in this namespace of its <metadata>
-LABEL_NS = "http://vmdisktouch.org/xmlns/label/1"
 READ_ONLY_CONSEQUENCE = "the host budget is for the disks guests work on"
 
 class LibvirtError(VmdtError):
