@@ -46,6 +46,7 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
+    rules = host_rules(args.config)          # a bad file is refused before libvirt is asked
     conn = libvirt_disks.connect(args.uri)
     memo = libvirt_disks.Memo(say=lambda *_: None)      # said here, in the listing
     try:
@@ -63,7 +64,7 @@ def main(args) -> int:
     states = unit_states(sorted({d.unit for d in shown if d.eligible and d.unit}
                                 | {HOST_UNIT}))
     advice = load_advice(args.advice)
-    scope = out_of_scope(shown, args.config)
+    scope = out_of_scope(shown, *rules)
     if args.json:
         json.dump([dict(d.to_json(), unit_enabled=states.get(d.unit, (None, None))[0],
                         unit_active=states.get(d.unit, (None, None))[1],
@@ -81,15 +82,19 @@ def main(args) -> int:
     return 1 if unreadable else 0
 
 
-def out_of_scope(disks, config: str | None) -> dict[tuple[str, str], str]:
-    """(domain, target) -> why the host service leaves that eligible disk out, by the config
-    file's rules (``overrides.Rules.out_of_scope``, the service's own verdict); the default
-    file only when it exists."""
+def host_rules(config: str | None):
+    """(the host service's rules, their file): ``--config``, else the default file only when
+    it exists; ConfigError (exit 78) when it is bad or a named one is missing."""
     path = config if config is not None else (HOST_CONFIG if os.path.exists(HOST_CONFIG)
                                               else None)
     if path is not None and not os.path.exists(path):
         raise ConfigError(f"{path}: no such config file")
-    rules = configfile.load_rules(path)
+    return configfile.load_rules(path), path
+
+
+def out_of_scope(disks, rules, path) -> dict[tuple[str, str], str]:
+    """(domain, target) -> why the host service leaves that eligible disk out, by its rules
+    (``overrides.Rules.out_of_scope``, the service's own verdict)."""
     out = {}
     for d in disks:
         said = rules.out_of_scope(d.domain, d.target, d.labels) if d.eligible else None
