@@ -317,3 +317,23 @@ def test_every_disk_has_a_colour_of_its_own(keys):
     lab = cie_lab(got)
     dist = np.linalg.norm(lab[:, None] - lab[None], axis=-1)[np.triu_indices(n, 1)]
     assert dist.min() >= 20, (got, dist.min())
+
+
+def test_every_disk_not_served_is_a_row_with_its_reason_in_the_report_s_order():
+    """Issue 45, part 3: the host PNG's rows are the report's ``skipped`` (ineligible,
+    excluded, out of scope), each with its reason; advice marks only those it says gain."""
+    from vmdisktouch.adapters.pictures.host_render import Unserved, unserved_rows
+    skipped = [{"domain": "test-1", "target": "vda", "code": "excluded",
+                "reason": "excluded by [scope] exclude 'test-*'"},
+               {"domain": "web", "target": "vdb", "code": "o_direct", "reason": "cache=none"},
+               {"domain": "web", "target": "hdc", "code": "not_included",
+                "reason": "not in [scope] include"}]
+    advice = {"when": 0.0, "disks": {"web/vdb": {"verdict": "hold", "bytes": 1 << 30,
+                                                 "hit_ratio": 0.5},
+                                     "web/hdc": {"verdict": "no_reuse"}}}
+    rows = unserved_rows(skipped, advice)
+    assert [(u.key, u.reason) for u in rows] == [
+        ("test-1/vda", "excluded by [scope] exclude 'test-*'"), ("web/vdb", "cache=none"),
+        ("web/hdc", "not in [scope] include")]
+    assert [u.gain is not None for u in rows] == [False, True, False]
+    assert unserved_rows(None, None) == [] and isinstance(rows[0], Unserved)

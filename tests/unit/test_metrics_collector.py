@@ -169,11 +169,15 @@ def test_every_metric_is_in_docs_metrics_md():
     import pathlib
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     c = Collector()
-    c.update(host([disk_status("/a", "web", "vda")]))
+    c.update(host([disk_status("/a", "web", "vda")], skipped=[
+        {"domain": "web", "target": "hdc", "code": "read_only", "reason": "read-only"}]))
     names = {s.name for f in c.collect() for s in f.samples}
-    assert len(names) > 20
+    assert len(names) > 20 and "vmdisktouch_disk_unserved" in names
     for name in names:
         assert f"`{name}`" in doc, name
+    from vmdisktouch.report import UNSERVED
+    for code in UNSERVED:
+        assert f"| `{code}` |" in doc, code
 
 
 # -- an info metric's labels never change; a stopped daemon leaves no file (issue 34) ----
@@ -282,3 +286,20 @@ def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
     assert v[("vmdisktouch_miss_cost_seconds", "/t")] == 0.000122
     assert v[("vmdisktouch_read_seconds_saved_per_second", "/t")] == 0.11
     assert len(gains) == 7 and not any(d == "/m" for (n, d) in v if n in gains)
+
+
+def test_each_disk_not_served_is_a_series_with_its_reason_code():
+    """Issue 45, part 3: skipped, ineligible and out-of-scope disks are in the metrics,
+    their reason a code of a small set (``report.UNSERVED``), so the series stay few."""
+    skipped = [{"domain": "web", "target": "hdc", "code": "read_only", "reason": "read-only"},
+               {"domain": "test-1", "target": "vda", "code": "excluded", "reason": "glob"},
+               {"domain": "odd", "target": "vdz", "code": "made-up", "reason": "?"}]
+    c = Collector()
+    c.update(host([disk()], skipped=skipped))
+    got = {(s.labels["domain"], s.labels["target"], s.labels["reason"]): s.value
+           for f in c.collect() for s in f.samples if s.name == "vmdisktouch_disk_unserved"}
+    assert got == {("web", "hdc", "read_only"): 1, ("test-1", "vda", "excluded"): 1,
+                   ("odd", "vdz", "other"): 1}
+    c.update(host([disk()], skipped=[]))
+    assert not [s for f in c.collect() for s in f.samples
+                if s.name == "vmdisktouch_disk_unserved"]

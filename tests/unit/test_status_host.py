@@ -82,7 +82,8 @@ def test_a_host_file_is_a_host_line_then_one_line_per_disk_held_of_its_share(tmp
         "  vm1/vda (/img/a.img): held 5M/5M in 1 region",
         "  vm\\x1b[2J2/vdb (/img/b.img): held 3M/3M in 2 regions, wants 6M (the host budget "
         "went to hotter disks (most to vm1/vda))",
-        "  /img/gone.img: FAILED: deleted"]
+        "  /img/gone.img: FAILED: deleted",
+        "  vm3/hdc: skipped: cache=none"]
 
 
 def test_a_disk_line_shows_its_share_not_the_whole_budget(tmp_path, capsys):
@@ -99,9 +100,10 @@ def test_a_disk_line_shows_its_share_not_the_whole_budget(tmp_path, capsys):
     rc, out, _ = status(capsys, tmp_path)
     lines = out.splitlines()
     assert rc == 0 and lines[1].startswith("  vm\\x1b[2J2/vdb (/img/b.img): held 1M/3M in 2 "), out
-    assert lines[2].startswith("vm4/sda (/img/one.img): held 2M/3M in 1 region, source trace, "
+    assert lines[2] == "  vm3/hdc: skipped: cache=none", lines
+    assert lines[3].startswith("vm4/sda (/img/one.img): held 2M/3M in 1 region, source trace, "
                                f"cycle 3, pid {os.getpid()}, v0-test, "), lines
-    assert lines[2].endswith(" LIVE") and len(lines) == 3, lines
+    assert lines[3].endswith(" LIVE") and len(lines) == 4, lines
 
 
 def test_a_host_file_of_the_old_shape_is_still_shown(tmp_path, capsys):
@@ -304,3 +306,20 @@ def test_the_budget_advice_follows_the_host_line_and_the_disk_lines(tmp_path, ca
     write(tmp_path, "host.json", doc)
     rc, out, _ = status(capsys, tmp_path)
     assert rc == 0 and "max_hold" not in out and "its share" not in out
+
+
+def test_each_skipped_disk_is_listed_with_its_reason(tmp_path, capsys):
+    """Issue 45, part 3: not only "2 skipped": each one, with why (its code and reason)."""
+    skipped = [{"domain": "vm3", "target": "hdc", "code": "read_only",
+                "reason": "read-only cdrom: the host budget is for the disks guests work on"},
+               {"domain": "test-1", "target": "vda", "code": "excluded",
+                "reason": "excluded by [scope] exclude 'test-*'"}]
+    write(tmp_path, "host.json", host([A], skipped=skipped))
+    rc, out, err = status(capsys, tmp_path)
+    assert rc == 0 and err == "", err
+    lines = out.splitlines()
+    assert ", 2 skipped, " in lines[0]
+    assert lines[2:] == [
+        "  test-1/vda: skipped (excluded): excluded by [scope] exclude 'test-*'",
+        "  vm3/hdc: skipped (read_only): read-only cdrom: the host budget is for the disks "
+        "guests work on"]

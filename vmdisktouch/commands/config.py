@@ -43,7 +43,7 @@ def check(path: str) -> list[str]:
     """The warnings of ``path`` as ``run --config path`` reads it; ConfigError if refused."""
     config, warnings = configfile.resolve_run_config(
         {s.key: None for s in settings.SETTINGS}, path)
-    configfile.load_overrides(path)
+    configfile.load_rules(path)
     served.check_outputs(config, [SAMPLE_IMAGE], served.config_protected(path))
     warnings = list(warnings)
     try:

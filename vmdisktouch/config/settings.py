@@ -27,6 +27,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vmdisktouch.config import overrides
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.sizes import MAX_SIZE, format_size, parse_duration, parse_size
 from vmdisktouch.system.libc import PAGE_SIZE     # read once, there
@@ -583,7 +584,7 @@ def configuration_doc() -> str:
             "durations take `ms`, `s`, `m`, "
             "`h` (plain numbers are seconds). Sizes are at most `1E` (1 EiB). Paths are "
             f"non-empty, at most {MAX_PATH_BYTES} bytes, without NUL bytes or line breaks.\n\n"
-            + markdown_table() + "\n")
+            + markdown_table() + "\n\n" + overrides.DOC)
 
 
 if __name__ == "__main__":

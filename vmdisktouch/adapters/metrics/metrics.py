@@ -61,7 +61,7 @@ from vmdisktouch.adapters.systemd import listen_fds
 from vmdisktouch.adapters.metrics.metrics_http import Endpoint, listen
 from vmdisktouch.adapters.outputs import OUTPUT_KEYS
 from vmdisktouch.errors import ConfigError
-from vmdisktouch.report import CODES, DiskReport, HostReport
+from vmdisktouch.report import CODES, UNSERVED, DiskReport, HostReport
 from vmdisktouch.system import files
 
 log = logging.getLogger("vmdisktouch")
@@ -198,11 +198,27 @@ class Collector:
         yield from (limited, holding, info)
         yield from _curve_families(disks.values())
         if host is not None:
+            yield _unserved_family(host.skipped or ())
             for name, text, key in HOST_GAUGES:
                 v = getattr(host, key)
                 v = len(v) if isinstance(v, list) else v
                 if v is not None:
                     yield GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(v))
+
+
+def _unserved_family(skipped):
+    """Each disk of a running domain not served (``HostReport.skipped``): 1, its reason a
+    code of ``report.UNSERVED`` ("other" for any else), so the series stay as few as the
+    disks."""
+    from prometheus_client.core import GaugeMetricFamily
+    g = GaugeMetricFamily("vmdisktouch_disk_unserved", "A disk of a running libvirt domain "
+                          "the host service does not serve, with why (1 per disk).",
+                          labels=["domain", "target", "reason"])
+    for s in skipped:
+        code = s.get("code")
+        g.add_metric([str(s["domain"]), str(s["target"]),
+                      code if code in UNSERVED else "other"], 1)
+    return g
 
 
 def _curve_families(disks):

@@ -157,6 +157,20 @@ class Unserved:
     gain: str | None = None
 
 
+def unserved_rows(skipped: list[dict] | None, advice: dict | None) -> list[Unserved]:
+    """A row per disk of the report's ``skipped`` (ineligible, excluded, out of scope), in
+    its order, with its reason; what it would gain where the last ``advise`` report
+    (``advice_file.load_advice``) says it would."""
+    from vmdisktouch.adapters import advice_file
+    out = []
+    for s in skipped or ():
+        a = advice_file.advice_of(advice, s["domain"], s["target"])
+        gains = a is not None and a.get("verdict") == "hold"
+        out.append(Unserved(f"{s['domain']}/{s['target']}", s["reason"],
+                            advice_file.advice_cell(a) if gains else None))
+    return out
+
+
 def disk_key(d: DiskBand) -> str:
     """The disk's identity: ``domain/target`` under libvirt, else the image path."""
     return f"{d.domain}/{d.target}" if d.domain else d.name
