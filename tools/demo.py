@@ -163,7 +163,17 @@ class Demo:
 
     def end_phase(self) -> None:
         if self.daemon:
+            last = {}                 # the daemon removes its PNGs at its stop: kept for the reader
+            for name in ("map.png", "heat.png"):
+                try:
+                    with open(os.path.join(self.out, name), "rb") as f:
+                        last[name] = f.read()
+                except FileNotFoundError:
+                    pass
             self.daemon.stop()
+            for name, data in last.items():
+                with open(os.path.join(self.out, name), "wb") as f:
+                    f.write(data)
         if self.cgroup:
             self.cgroup.cleanup()
         self.cgroup = None
