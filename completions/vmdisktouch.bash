@@ -18,6 +18,8 @@ _shtab_vmdisktouch_option_strings=(-h --help --version --debug)
 
 
 
+_shtab_vmdisktouch_run___access_source_choices=(auto trace mincore)
+_shtab_vmdisktouch_run___carry_heat_choices=(auto on off)
 _shtab_vmdisktouch_advise___cache_choices=(auto none writethrough)
 _shtab_vmdisktouch_pos_0_choices=(snapshot run discover unit-name status advise config)
 

@@ -251,16 +251,16 @@ def test_close_removes_a_stale_metrics_file_and_nothing_else(tmp_path):
 
 
 def test_close_never_removes_a_protected_file(tmp_path):
-    from vmdisktouch.adapters.metrics.metrics import remove_textfile
-    from vmdisktouch.adapters.outputs import Protected
+    from vmdisktouch.adapters.outputs import Protected, remove
     image = tmp_path / "disk.raw"
     image.write_text("# HELP an image whose first bytes look like metrics\n")
     prom = tmp_path / "vmdisktouch.prom"
     os.link(image, prom)              # the metrics path a hard link to the image served
-    assert not remove_textfile(str(prom), [Protected.of_path(str(image), "the disk image")])
+    assert not remove(str(prom), "metrics_file",
+                      [Protected.of_path(str(image), "the disk image")])
     assert prom.exists() and image.exists()
-    assert remove_textfile(str(prom), [])            # unprotected, it would go
-    assert not remove_textfile(str(tmp_path / "gone" / "x.prom"), [])   # no directory
+    assert remove(str(prom), "metrics_file", [])            # unprotected, it would go
+    assert not remove(str(tmp_path / "gone" / "x.prom"), "metrics_file", [])   # no directory
 
 
 def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():

@@ -47,7 +47,7 @@ from typing import Any
 
 from vmdisktouch.config import read as configread
 from vmdisktouch.errors import ConfigError
-from vmdisktouch.sizes import parse_size
+from vmdisktouch.sizes import counted, parse_size
 
 TABLE = "domain"
 KEYS = ("weight", "cap", "exclude", "carry_heat")
@@ -80,8 +80,8 @@ def parse(data: Any, path: str, warnings: list[str] | None = None) -> Overrides:
         shown = unknown[:configread.SHOWN_UNKNOWN_KEYS]
         warnings += [configread.unknown_keys_warning(where, keys, KEYS) for where, keys in shown]
         if len(unknown) > len(shown):
-            warnings.append(f"{path}: unknown keys in {len(unknown) - len(shown)} more "
-                            f"[{TABLE}...] tables; ignored")
+            more = counted(len(unknown) - len(shown), f"more [{TABLE}...] table")
+            warnings.append(f"{path}: unknown keys in {more}; ignored")
     return out
 
 

@@ -190,6 +190,7 @@ def one_of(*choices):
         if isinstance(v, str) and v.lower() in choices:
             return v.lower()
         raise ValueError("expected one of " + ", ".join(choices))
+    parse.choices = choices          # for the help's metavar and the shell's completion
     return parse
 
 
@@ -298,6 +299,11 @@ class Setting:
     @property
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The words it is one of (``one_of``), or none."""
+        return getattr(self.parse, "choices", ())
 
     def default_text(self) -> str:
         if self.required:
@@ -465,6 +471,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         metavar = {"size": "SIZE", "duration": "SECONDS", "path": "FILE"}.get(s.kind, "N")
         metavar = "DIR" if s.key.endswith("_dir") else metavar
+        metavar = "{" + ",".join(s.choices) + "}" if s.choices else metavar
         unit = f" [{s.unit}]" if s.unit else ""
         parser.add_argument(s.flag, dest=s.key, default=None, metavar=metavar,
                             help=f"{s.help}{unit} Default: {s.default_text()}.")

@@ -56,7 +56,7 @@ from vmdisktouch.daemon.host import Host
 from vmdisktouch.daemon.membership import GivenPaths, Member, RunningDomains
 from vmdisktouch.daemon.record import Recorder
 from vmdisktouch.errors import ConfigError, ImageError, VmdtError
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.system import meminfo
 
 log = logging.getLogger("vmdisktouch")
@@ -190,7 +190,8 @@ class Service:
         if not self.single:
             log.info("serving %s under one budget of %s",
                      "libvirt's running domains" if self.members.retry
-                     else f"{len(self.host.watchers)} images", format_size(self.config.max_hold))
+                     else counted(len(self.host.watchers), "image"),
+                     format_size(self.config.max_hold))
 
     def _close_disk(self, w) -> None:
         self.follower.closed(w)
@@ -310,8 +311,9 @@ class Service:
             return f"held 0/{format_size(self.host.budget)}, cycle 0"
         held = f"held {format_size(r.held_bytes)}/{format_size(r.budget_bytes)}"
         if len(r.lines) == 1 and r.disks:
-            return f"{held}, rewritten {r.disks[0].rewritten_blocks} blocks, cycle {r.cycle}"
-        return f"{held} over {len(r.lines)} disks, cycle {r.cycle}"
+            rewritten = counted(r.disks[0].rewritten_blocks, "block")
+            return f"{held}, rewritten {rewritten}, cycle {r.cycle}"
+        return f"{held} over {counted(len(r.lines), 'disk')}, cycle {r.cycle}"
 
     def _overview(self) -> bytes:
         from vmdisktouch.adapters.pictures import host_render, render
