@@ -13,6 +13,7 @@ cachestat(2) (Linux >= 6.5, syscall 451 on x86_64 and arm64).
 from __future__ import annotations
 
 import ctypes
+import errno
 import ctypes.util
 import mmap as _mmap
 import os
@@ -146,11 +147,14 @@ class CacheStatCaller:
         self._stat_ref = ctypes.byref(self._stat)
         self._nr = _CACHESTAT_NR.get(platform.machine())
         self.available = self._nr is not None
+        # Why not, when not: the errno of the probe (ENOSYS, EPERM), or the machine.
+        self.unavailable = "" if self.available else f"no syscall number on {platform.machine()}"
         if self.available:
             try:
                 self.nr_cache(0, PAGE_SIZE)
-            except SyscallError:
+            except SyscallError as exc:
                 self.available = False
+                self.unavailable = errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
     def nr_cache(self, offset: int, length: int) -> int:
         """Number of pages of [offset, offset+length) present in the page cache."""

@@ -46,6 +46,7 @@ mappings (VMAs) far below ``vm.max_map_count``.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ import numpy as np
 
 from vmdisktouch.core.runs import blocks_of
 from vmdisktouch.system import libc
+
+log = logging.getLogger("vmdisktouch")
 
 DEFAULT_BLOCK_SIZE = 1 << 20
 FANOUT = 16
@@ -239,8 +242,27 @@ def scan(fd: int, size: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
     if cs is not None and cs.available:
         _scan_cachestat(fd, size, block_size, cs, col)
         return col.result(used_cachestat=True, partial_view=partial_view)
+    if cs is not None:
+        _say_fallback_once(cs.unavailable)
     _scan_mincore(fd, size, col)
     return col.result(partial_view=partial_view)
+
+
+_FALLBACK_SAID: set[str] = set()
+
+
+def _say_fallback_once(why: str) -> None:
+    """One log line per process and reason when cachestat(2) cannot serve: every scan is
+    then a mincore(2) of the whole image, which an operator on an older kernel should
+    know once, not each cycle."""
+    if why in _FALLBACK_SAID:
+        return
+    _FALLBACK_SAID.add(why)
+    detail = {"ENOSYS": f"this kernel ({os.uname().release}) has no cachestat(2), added in "
+                        "Linux 6.5",
+              "EPERM": "cachestat(2) refused the image (EPERM: the caller may not write it)"}
+    log.info("residency: %s; scanning with mincore(2) instead",
+             detail.get(why, f"cachestat(2) is unavailable ({why})"))
 
 
 def _scan_mincore(fd: int, size: int, col: Collector) -> None:
