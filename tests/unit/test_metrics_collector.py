@@ -282,3 +282,17 @@ def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
     assert v[("vmdisktouch_miss_cost_seconds", "/t")] == 0.000122
     assert v[("vmdisktouch_read_seconds_saved_per_second", "/t")] == 0.11
     assert len(gains) == 7 and not any(d == "/m" for (n, d) in v if n in gains)
+
+
+# -- the build (issue 45, part 3) -------------------------------------------------------------
+
+def test_build_info_is_one_gauge_at_1_labelled_with_the_version_and_python():
+    import platform
+    from vmdisktouch import __version__
+    c = Collector()
+    for report in (None, host([disk_status("/a", "web", "vda")])):   # before a cycle, too
+        if report is not None:
+            c.update(report)
+        [fam] = [f for f in c.collect() if f.name == "vmdisktouch_build_info"]
+        assert fam.type == "gauge" and [(s.labels, s.value) for s in fam.samples] == [
+            ({"version": __version__, "python": platform.python_version()}, 1.0)]

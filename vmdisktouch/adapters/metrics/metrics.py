@@ -53,9 +53,11 @@ import errno
 import gzip
 import logging
 import os
+import platform
 import socket
 import threading
 
+from vmdisktouch import __version__
 from vmdisktouch.adapters import atomic
 from vmdisktouch.adapters.systemd import listen_fds
 from vmdisktouch.adapters.metrics.metrics_http import Endpoint, listen
@@ -169,6 +171,10 @@ class Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         with self._lock:
             disks, totals, host = dict(self._disks), dict(self._totals), self._host
+        build = GaugeMetricFamily("vmdisktouch_build_info", "The daemon's version and "
+                                  "Python's (1).", labels=["version", "python"])
+        build.add_metric([__version__, platform.python_version()], 1)
+        yield build
         for name, text, key in GAUGES:
             g = GaugeMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS)
             for d in disks.values():
@@ -338,8 +344,12 @@ class Metrics:
         self._page = (cycle, text, gz)
         return gz if packed else text
 
-    def render(self, head: str) -> tuple[bytes, list[str]]:
-        """The exposition and its headers, for a request whose header lines are ``head``."""
+    def render(self, head: str) -> tuple[bytes, list[str]] | None:
+        """The exposition and its headers, for a request whose header lines are ``head``;
+        None before the first cycle is published, since a page without samples would be a
+        scrape that succeeded with no series (the endpoint answers 503)."""
+        if self._cycle == 0:
+            return None
         body = self.page()
         headers = [f"Content-Type: {self.pc.CONTENT_TYPE_LATEST}"]
         for line in head.split("\r\n")[1:]:
