@@ -296,3 +296,19 @@ def test_build_info_is_one_gauge_at_1_labelled_with_the_version_and_python():
         [fam] = [f for f in c.collect() if f.name == "vmdisktouch_build_info"]
         assert fam.type == "gauge" and [(s.labels, s.value) for s in fam.samples] == [
             ({"version": __version__, "python": platform.python_version()}, 1.0)]
+
+
+# -- lost trace events: the total and when (issue 45, part 3) --------------------------------
+
+def test_lost_events_are_a_counter_of_the_total_and_the_time_of_the_last_loss():
+    c = Collector()
+    never = disk("/never", events_lost=0, trace={"lost": 0, "lost_at": None})
+    once = disk("/once", events_lost=149130, trace={"lost": 0, "lost_at": 1.7e9})
+    c.update(host([never, once]))
+    v = values(c)
+    assert v[("vmdisktouch_events_lost_total", "/once")] == 149130
+    assert v[("vmdisktouch_events_lost_total", "/never")] == 0
+    assert v[("vmdisktouch_events_lost_timestamp_seconds", "/once")] == 1.7e9
+    assert ("vmdisktouch_events_lost_timestamp_seconds", "/never") not in v   # never: none
+    [fam] = [f for f in c.collect() if f.name == "vmdisktouch_events_lost_timestamp_seconds"]
+    assert fam.type == "gauge"

@@ -98,8 +98,9 @@ COUNTERS = (
      "spill.read_bytes"),
 )
 # the source keeps this total itself: taken as it is, not summed
-EVENTS_LOST = ("events_lost", "Trace events the kernel lost (each forces a mincore "
-               "reconciliation).", "events_lost")
+EVENTS_LOST = ("events_lost", "Trace events lost (each forces a mincore reconciliation): "
+               "the kernel's count, and an estimate of those a buffer resize dropped.",
+               "events_lost")
 # every disk's series: its image path (``disk``), and its libvirt domain and target
 # ("" when libvirt does not know the disk)
 LABELS = ["disk", "domain", "target"]
@@ -187,6 +188,14 @@ class Collector:
             for path, d in disks.items():
                 c.add_metric(_labels(d), totals[path][name])
             yield c
+        lost_at = GaugeMetricFamily("vmdisktouch_events_lost_timestamp_seconds", "When a "
+                                    "cycle last lost trace events (Unix time; no sample: "
+                                    "never since the disk was served).", labels=LABELS)
+        for d in disks.values():
+            at = d.value("trace.lost_at")
+            if at is not None:
+                lost_at.add_metric(_labels(d), float(at))
+        yield lost_at
         limited = GaugeMetricFamily("vmdisktouch_limited", "Why the disk holds less than it "
                                     "wants (limited_by): 1 for the reason now, else 0.",
                                     labels=LABELS + ["reason"])
