@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from benchmarks.report import provenance
 from tests.support.common import GiB, MiB
 from tests.support.stats import first_time_at_or_above
+from vmdisktouch.sizes import counted
 
 SCENARIOS = ("none", "whole", "oracle", "vmdisktouch", "tuned", "rev")
 DAEMONS = ("vmdisktouch", "tuned", "rev")      # the scenarios that run the daemon
@@ -299,9 +300,10 @@ def report(b, results: dict[str, Result], command: str, chart_rel: str) -> tuple
                          f"{cycles} cycles (budget {b.budget / MiB:.0f} MiB).")
         st = results[n].status or {}
         if st:
-            lines.append(f"- at the end: {st.get('cycle')} cycles, held "
-                         f"{st.get('held_bytes', 0) / MiB:.0f} MiB in {len(st.get('regions', []))} "
-                         f"regions, last cycle {st.get('cycle_seconds', 0):.3f} s; trace "
+            lines.append(f"- at the end: {counted(st.get('cycle', 0), 'cycle')}, held "
+                         f"{st.get('held_bytes', 0) / MiB:.0f} MiB in "
+                         f"{counted(len(st.get('regions', [])), 'region')}, "
+                         f"last cycle {st.get('cycle_seconds', 0):.3f} s; trace "
                          f"events lost in the run: {st.get('events_lost')}.")
         lines.append("")
     lines += compare_lines(a, results, steady_from)

@@ -9,7 +9,7 @@ _shtab_vmdisktouch_subparsers=(snapshot run discover unit-name status advise con
 
 _shtab_vmdisktouch_snapshot_option_strings=(-h --help --debug --json --png --blocks-per-pixel --width --scale --block-size)
 _shtab_vmdisktouch_run_option_strings=(-h --help --debug --libvirt --max-hold --min-free --interval --block-size --amp-resident --sigma-resident --amp-rewritten --sigma-rewritten --decay --threshold --rewritten-seconds --load-rate --foreign-share --spill --access-source --checksum-share --status --heat-png --map-png --host-png --metrics-file --metrics-listen --state-dir --state-save-interval --carry-heat --carry-interval --blocks-per-pixel --width --aspect --scale --config --uri --force)
-_shtab_vmdisktouch_discover_option_strings=(-h --help --debug --uri --json --advice --eligible)
+_shtab_vmdisktouch_discover_option_strings=(-h --help --debug --uri --json --advice --eligible --config)
 _shtab_vmdisktouch_unit_name_option_strings=(-h --help --debug --instance)
 _shtab_vmdisktouch_status_option_strings=(-h --help --debug --all --json --dir)
 _shtab_vmdisktouch_advise_option_strings=(-h --help --debug --libvirt --duration --cache --json --png --save)
@@ -18,6 +18,8 @@ _shtab_vmdisktouch_option_strings=(-h --help --version --debug)
 
 
 
+_shtab_vmdisktouch_run___access_source_choices=(auto trace mincore)
+_shtab_vmdisktouch_run___carry_heat_choices=(auto on off)
 _shtab_vmdisktouch_advise___cache_choices=(auto none writethrough)
 _shtab_vmdisktouch_pos_0_choices=(snapshot run discover unit-name status advise config)
 

@@ -102,7 +102,23 @@ def man_page() -> str:
 
 def completion() -> str:
     import shtab
-    return shtab.complete(parser(), shell="bash")
+    return shtab.complete(with_choices(parser()), shell="bash")
+
+
+def with_choices(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``p`` with each setting's words (``Setting.choices``) as its flag's choices, which
+    shtab completes; only here, because argparse would check them case-sensitively before
+    the setting's own parser, which takes ``TRACE`` too."""
+    from vmdisktouch.config import settings
+    words = {s.key: list(s.choices) for s in settings.SETTINGS if s.choices}
+    parsers = [p]
+    while parsers:
+        for action in parsers.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.dest in words:
+                action.choices = words[action.dest]
+    return p
 
 
 def main(argv=None) -> int:

@@ -39,7 +39,7 @@ from tests.support.fio import FioJob, FioRun, Interval, start_neighbour
 from tests.support.images import evict, make_image, resident_bytes
 from tests.support.stats import steady_median
 from vmdisktouch.errors import VmdtError
-from vmdisktouch.sizes import parse_size
+from vmdisktouch.sizes import counted, parse_size
 
 
 def say(msg: str = "") -> None:
@@ -163,7 +163,17 @@ class Demo:
 
     def end_phase(self) -> None:
         if self.daemon:
+            last = {}                 # the daemon removes its PNGs at its stop: kept for the reader
+            for name in ("map.png", "heat.png"):
+                try:
+                    with open(os.path.join(self.out, name), "rb") as f:
+                        last[name] = f.read()
+                except FileNotFoundError:
+                    pass
             self.daemon.stop()
+            for name, data in last.items():
+                with open(os.path.join(self.out, name), "wb") as f:
+                    f.write(data)
         if self.cgroup:
             self.cgroup.cleanup()
         self.cgroup = None
@@ -209,8 +219,9 @@ class Demo:
         else:
             say(f"  vmdisktouch: median {a:7.0f} IOPS (last third; it never held 90 % of the hot zone)")
         say(f"  ratio:       {a / b:.2f}x")
-        say(f"  daemon: {st.get('cycle', 0)} cycles, held {st.get('held_bytes', 0) / MiB:.0f} MiB "
-            f"in {len(st.get('regions', []))} regions at the end")
+        say(f"  daemon: {counted(st.get('cycle', 0), 'cycle')}, held "
+            f"{st.get('held_bytes', 0) / MiB:.0f} MiB in "
+            f"{counted(len(st.get('regions', [])), 'region')} at the end")
         say(f"  cgroup: OOM kills {c1['oom_kills']} / {c2['oom_kills']}; held pages charged to the "
             f"workload's group (unevictable) {c2['unevictable'] / MiB:.0f} MiB of its "
             f"{self.limit / MiB:.0f} MiB limit")

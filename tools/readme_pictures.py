@@ -97,6 +97,8 @@ def main(argv=None) -> int:
                    "--heat-png", out["heat"]])
     try:
         guest(img, args.seconds)
+        for k in ("map", "heat"):      # copied before the stop, which removes them
+            shutil.copy(out[k], os.path.join(ROOT, "docs", "img", f"readme-{k}.png"))
     finally:
         ok = stop(proc)
     if not ok:
@@ -115,8 +117,7 @@ def main(argv=None) -> int:
         ok = stop(proc)
     if not ok:
         return 1
-    for k, path in out.items():
-        shutil.copy(path, os.path.join(ROOT, "docs", "img", f"readme-{k}.png"))
+    shutil.copy(out["host"], os.path.join(ROOT, "docs", "img", "readme-host.png"))
     shutil.rmtree(tmp, ignore_errors=True)
     print("wrote docs/img/readme-map.png, docs/img/readme-heat.png and docs/img/readme-host.png")
     return 0

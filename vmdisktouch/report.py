@@ -139,6 +139,21 @@ def _known(cls, d: dict) -> dict:
     return out
 
 
+# Why a disk of a running domain is not served (``HostReport.skipped``'s ``code``, the
+# metric ``vmdisktouch_disk_unserved``'s ``reason``): the verdict's
+# (``libvirt_disks.assess``) and the host service's scope (``config.overrides``).
+UNSERVED = {
+    "not_local": "not a local file or block device (network, volume...)",
+    "no_source": "no source: an empty drive",
+    "passthrough": "device=lun: SCSI commands passed through (SG_IO)",
+    "o_direct": "opened with O_DIRECT (cache=none/directsync, io=native)",
+    "read_only": "read-only: a CD-ROM, a floppy, <readonly/>",
+    "excluded": "excluded by the config file ([scope] exclude or exclude_labels, or "
+                "[domain...] exclude = true)",
+    "not_included": "[scope] has includes and none matches the domain",
+}
+
+
 @dataclass
 class HostReport:
     """The host's last cycle: its figures and its disks (docs/status.md, "The host")."""
@@ -156,7 +171,7 @@ class HostReport:
     disks: list[DiskReport] = field(default_factory=list)
     lines: list[DiskLine] = field(default_factory=list)  # every disk served, reported or not
     failed: list[dict] = field(default_factory=list)     # {path, error}
-    skipped: list[dict] | None = None                    # {domain, target, reason}: libvirt
+    skipped: list[dict] | None = None          # {domain, target, code, reason}: libvirt
     budget_advice: dict | None = None     # max_hold too small, too large or right (``core.advice``)
 
     def to_json(self) -> dict:

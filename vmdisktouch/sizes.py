@@ -1,4 +1,5 @@
-"""Human byte sizes and durations: ``256M``, ``4G``, ``1.5GiB``, ``4GB``, ``30s``, ``2m``.
+"""Human byte sizes, durations and counts: ``256M``, ``4G``, ``1.5GiB``, ``4GB``, ``30s``,
+``2m``, ``1 region``.
 
 Sizes are read as written, as dd(1) and coreutils read them: a bare letter or
 the IEC form is binary (``4G`` = ``4GiB`` = 4 × 2^30 bytes), the SI form with
@@ -131,3 +132,8 @@ def parse_duration(text: str | float | int) -> float:
     if seconds > MAX_DURATION:
         raise ValueError(too_large)
     return seconds
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 region``, ``2 regions``: a count an operator reads agrees with its number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -5,10 +5,18 @@ it may be passed for its HTTP metrics, `systemd-analyze verify` clean beside it.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shlex
+import time
+
+import pytest
+from PIL import Image
 
 from tests.e2e.test_unit import SHIPPED_EXE, U as TEMPLATE, verify
+from tests.support.daemon_proc import DaemonProc
+from tests.support.libvirt_env import URI, disk_xml, domains, libvirt_daemons  # noqa: F401
+from tests.support.pagecache import data_image
 from tests.support.sandbox_exec import parse_unit
 from tests.support.host_unit import TEMPLATE as TEMPLATE_PATH, host_unit
 from vmdisktouch.commands import cli
@@ -99,6 +107,7 @@ def test_exec_start_is_the_libvirt_following_mode():
     assert args.map_png == "/run/vmdisktouch/{disk}.map.png"
     assert args.heat_png == "/run/vmdisktouch/{disk}.heat.png"
     assert args.state_dir == "/var/lib/vmdisktouch"
+    assert args.host_png == "/run/vmdisktouch/host.png"      # the picture docs/unit.md shows
 
 
 def test_the_example_host_config_is_accepted():
@@ -117,3 +126,40 @@ def test_the_example_metrics_line_uncommented_is_node_exporter_s_directory(tmp_p
     assert warnings == []
     assert config.metrics_file == "/var/lib/prometheus/node-exporter/vmdisktouch.prom"
     assert "-" + str(pathlib.Path(config.metrics_file).parent) in U["Service"]["ReadWritePaths"]
+
+
+@pytest.mark.timeout(180)
+def test_the_unit_s_command_line_draws_the_host_png(tmp_path, domains):  # noqa: F811
+    """The ExecStart as shipped, its directories moved under ``tmp_path`` and the shipped
+    examples/host.toml as its config, serves a libvirt domain and writes the host PNG."""
+    img = data_image(tmp_path / "vm.raw", 16 << 20)
+    name = domains.define([disk_xml("vda", img)], tag="hostunit")
+    [exec_start] = U["Service"]["ExecStart"]
+    argv = shlex.split(exec_start[1:])
+    assert argv[:2] == [SHIPPED_EXE, "run"]
+    moved = {"/run/vmdisktouch/": f"{tmp_path}/run/", "/var/lib/vmdisktouch": f"{tmp_path}/state",
+             "/etc/vmdisktouch/host.toml": str(ROOT / "examples" / "host.toml")}
+    args = []
+    for a in argv[2:]:
+        for old, new in moved.items():
+            a = a.replace(old, new)
+        args.append(a)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "state").mkdir()
+    d = DaemonProc(tmp_path, [], *args, "--uri", URI, "--interval", "0.5", "--min-free", "0",
+                   status=None)
+    png = tmp_path / "run" / "host.png"
+    status = tmp_path / "run" / "host.json"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (png.exists() and status.exists()):
+            assert d.alive(), d.output()[-3000:]
+            time.sleep(0.2)
+        assert status.exists() and png.exists(), d.output()[-3000:]
+        st = json.loads(status.read_text())
+        assert f"{name}/vda" in [f"{x['domain']}/{x['target']}" for x in st["host"]["disks"]]
+        with Image.open(png) as im:
+            im.verify()
+            assert im.format == "PNG" and im.size[0] >= 760, im.size
+    finally:
+        assert d.stop() == 0, d.output()[-3000:]

@@ -6,6 +6,8 @@ the resync finds a change without any event; a second daemon is refused on a ser
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -15,6 +17,8 @@ from tests.support.libvirt_env import (URI, VmLck, disk_xml, domain_state,  # no
 from tests.support.pagecache import data_image
 from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt.libvirt_watch import LibvirtWatch, wanted
+from vmdisktouch.system import image_lock
+from vmdisktouch.unitname import escape_path
 
 MiB = 1 << 20
 INTERVAL = 1.0
@@ -147,3 +151,56 @@ def test_per_domain_and_per_disk_overrides_from_the_config(domains, tmp_path):  
         assert 0 < [x for x in st["host"]["disks"] if x["path"] == c1][0]["held_bytes"] <= 4 * MiB
     finally:
         assert d.stop() == 0, d.output()[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_disk_no_longer_served_takes_its_pictures_and_lock_along(domains, tmp_path):  # noqa: F811
+    """Unplugged, its domain destroyed, excluded at a reload: a disk's PNGs and its lock
+    file go with it; at the daemon's stop every disk's PNGs go, the status file stays."""
+    a1, a2, b1, plug = (data_image(tmp_path / f"{n}.raw", 16 * MiB)
+                        for n in ("a1", "a2", "b1", "plug"))
+    dom_a = domains.define([disk_xml("vda", a1), disk_xml("vdb", a2)], tag="picsA")
+    dom_b = domains.define([disk_xml("vda", b1)], tag="picsB")
+    conf = tmp_path / "host.toml"
+    conf.write_text('max_hold = "24M"\n')
+    pngs = tmp_path / "png"
+    pngs.mkdir()
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", URI, "--min-free", "0",
+                   "--interval", str(INTERVAL), "--config", conf, "--map-png",
+                   pngs / "{disk}.map.png", "--heat-png", pngs / "{disk}.heat.png",
+                   status="host.json")
+
+    def pictures(path) -> list:
+        return [pngs / f"{escape_path(path)}.{k}.png" for k in ("map", "heat")]
+
+    def locks(path) -> list:
+        return [n for n in os.listdir(image_lock.lock_dir())
+                if n == image_lock.lock_name(os.stat(path))]
+
+    def drawn(*paths):
+        return lambda s: (set(paths) <= served(s)
+                          and all(p.exists() for x in paths for p in pictures(x)))
+
+    try:
+        d.wait_status(drawn(a1, a2, b1), "every disk drawn", timeout=60)
+        assert all(locks(x) for x in (a1, a2, b1))
+        virsh("attach-disk", dom_a, plug, "sdb", "--targetbus", "usb", "--driver", "qemu",
+              "--subdriver", "raw", "--cache", "writethrough", "--live")
+        d.wait_status(drawn(plug), "the hot-plugged disk drawn", timeout=30)
+        virsh("detach-disk", dom_a, "sdb", "--live")
+        d.wait_status(lambda s: plug not in served(s), "the unplugged disk", timeout=30)
+        assert [p for p in pictures(plug) if p.exists()] == [] and locks(plug) == []
+
+        virsh("destroy", dom_b)
+        d.wait_status(lambda s: b1 not in served(s), "domain B destroyed", timeout=30)
+        assert [p for p in pictures(b1) if p.exists()] == [] and locks(b1) == []
+
+        conf.write_text(f'max_hold = "24M"\n[domain."{dom_a}".vdb]\nexclude = true\n')
+        d.signal(signal.SIGHUP)
+        d.wait_status(lambda s: a2 not in served(s), "vdb excluded at the reload", timeout=30)
+        assert [p for p in pictures(a2) if p.exists()] == [] and locks(a2) == []
+        assert all(p.exists() for p in pictures(a1))
+    finally:
+        assert d.stop() == 0, d.output()[-3000:]
+    assert sorted(os.listdir(pngs)) == [] and locks(a1) == []
+    assert d.read_status() is not None                    # the status file stays

@@ -32,10 +32,11 @@ def curves_drawn(png_path, st: dict, d: DaemonProc) -> None:
     import numpy as np
 
     from vmdisktouch.adapters.pictures.host_render import (CHART, CURVES, LEGEND, LINE, PAD,
-                                                           DiskBand, band_top, disk_colour)
+                                                           DiskBand, band_top)
+    from vmdisktouch.adapters.pictures.host_render import colours as disk_colours
     n = len(st["disks"])
-    colours = [disk_colour(DiskBand(disk["path"], 0, np.zeros(0), np.zeros(0, bool)))
-               for disk in st["disks"][:2]]              # the two read
+    colours = disk_colours([DiskBand(disk["path"], 0, np.zeros(0), np.zeros(0, bool))
+                            for disk in st["disks"]])[:2]   # the two read, of all three
     deadline = time.monotonic() + 15
     while True:                       # the PNG follows the status by up to a cycle
         with Image.open(png_path) as png:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import configparser
 import io
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -98,6 +99,18 @@ def test_the_files_an_operator_needs_are_where_debian_puts_them(deb: Path):
     assert not [p for p in files if p.startswith(("/var/", "/run/"))]
 
 
+def test_the_man_page_is_installed_once(deb: Path):
+    # not also under /usr/share/doc/vmdisktouch/docs/ (debian/vmdisktouch.docs ships docs/)
+    pages = [p for p in _members(deb) if re.search(r"/vmdisktouch\.1(\.gz)?$", p)]
+    assert pages == ["/usr/share/man/man1/vmdisktouch.1.gz"], pages
+
+
+def test_the_licence_is_in_the_python_metadata(deb: Path):
+    # pyproject.toml's licence, as Debian 12's setuptools 66 builds it (setup.cfg)
+    [meta] = [p for p in _members(deb) if p.endswith(".dist-info/METADATA")]
+    assert "\nLicense: GPL-2.0-or-later\n" in _file(deb, meta)
+
+
 def test_host_toml_is_the_one_conffile(deb: Path):
     assert _control(deb, "conffiles").split() == ["/etc/vmdisktouch/host.toml"]
 
@@ -111,8 +124,11 @@ def test_every_unit_of_the_tree_is_installed_running_usr_bin(deb: Path):
         parser = configparser.ConfigParser(strict=False, interpolation=None)
         parser.optionxform = str
         parser.read_string(text)
-        execs = [line for line in text.splitlines() if line.startswith("Exec")]
-        assert not [line for line in execs if "/usr/local/bin" in line], unit
+        assert "/usr/local" not in text, unit      # Exec lines and comments alike
+        if "# Install:" in text:
+            install = text.split("# Install:", 1)[1].split("\n\n", 1)[0]
+            assert "the Debian package vmdisktouch" in install and "/usr/bin/vmdisktouch" \
+                in install, (unit, install)
         if unit.endswith(".service"):
             start = parser["Service"]["ExecStart"]
             assert start.startswith(":/usr/bin/vmdisktouch run "), (unit, start)

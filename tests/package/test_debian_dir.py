@@ -3,6 +3,7 @@ and every lintian override says why it is there."""
 
 from __future__ import annotations
 
+import configparser
 import re
 import subprocess
 
@@ -55,3 +56,16 @@ def test_every_lintian_override_is_in_the_packaging_doc():
         # [package[ type]: ]tag [context]
         tag = re.match(r"(?:[\w.+-]+(?: \w+)?: )?(\S+)", line.strip()).group(1)
         assert f"`{tag}`" in doc, f"{name}:{n}: {tag} is not explained in docs/packaging.md"
+
+
+def test_the_licence_is_stated_as_both_setuptools_read_it_without_a_warning():
+    """setuptools >= 77 (what pip fetches for `pip install -e .`) prints a deprecation
+    block for a ``project.license`` table and for licence classifiers; Debian 12's 66
+    refuses the SPDX string that replaces them. So the licence is dynamic, in setup.cfg,
+    which both read without a word."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert "license" not in project and "license" in project.get("dynamic", [])
+    assert not [c for c in project.get("classifiers", []) if c.startswith("License ::")]
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    assert cfg["metadata"]["license"] == "GPL-2.0-or-later"

@@ -45,7 +45,8 @@ HEADER = """\
 """
 
 EXEC = ("ExecStart=:/usr/local/bin/vmdisktouch run --libvirt --config "
-        "/etc/vmdisktouch/host.toml --status /run/vmdisktouch/host.json --map-png "
+        "/etc/vmdisktouch/host.toml --status /run/vmdisktouch/host.json --host-png "
+        "/run/vmdisktouch/host.png --map-png "
         "/run/vmdisktouch/{disk}.map.png --heat-png /run/vmdisktouch/{disk}.heat.png "
         "--state-dir /var/lib/vmdisktouch")
 
@@ -66,15 +67,17 @@ def host_unit(template: str) -> str:
         elif line.startswith("ExecStart="):
             while out and out[-1].startswith("#"):
                 out.pop()
-            out += ["# The ':' prefix turns off $VARIABLE expansion. One status file for the",
-                    "# host; a map and a heat PNG per disk, {disk} being the image's escaped",
-                    "# path (as in vmdisktouch@<instance>.service)."]
+            out += ["# The ':' prefix turns off $VARIABLE expansion. One status file and one",
+                    "# host PNG (every disk, who got the budget and why) for the host; a map",
+                    "# and a heat PNG per disk, {disk} being the image's escaped path (as in",
+                    "# vmdisktouch@<instance>.service)."]
             line = EXEC
         elif line.startswith("After="):
             line = "After=local-fs.target remote-fs.target libvirtd.service virtqemud.service"
         line = line.replace("vmdisktouch@%i", "vmdisktouch@<escaped image path>")
-        out.append(line.replace("%i.json (status), %i.map.png and %i.heat.png",
-                                "host.json (status), <disk>.map.png and <disk>.heat.png"))
+        out.append(line.replace("%i.json (status), %i.map.png and %i.heat.png,",
+                                "host.json (status), host.png, <disk>.map.png and\n"
+                                "# <disk>.heat.png,"))
     return "\n".join(out) + "\n"
 
 

@@ -171,3 +171,118 @@ def test_lock_files_are_private_and_the_holder_is_shown_printable(tmp_path, lock
 def fcntl_flock(f) -> None:
     import fcntl
     fcntl.flock(f, fcntl.LOCK_EX)
+
+
+# -- issue 45: lock files come and go with their locks -----------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def holder(image, locks) -> subprocess.Popen:
+    """A child holding ``image``'s lock until killed."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(image), locks], stdout=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    assert p.stdout.readline().strip() == "locked"
+    return p
+
+
+def test_a_released_lock_leaves_no_file(tmp_path, locks):
+    path = make_image(tmp_path / "disk.img", MiB)
+    with open_image(str(path)) as img:
+        lock = image_lock.acquire(img, locks)
+        assert os.listdir(locks) == [os.path.basename(lock.path)]
+        lock.release()
+        assert os.listdir(locks) == []
+        with image_lock.acquire(img, locks):                 # and it is taken again
+            pass
+    assert os.listdir(locks) == []
+
+
+def test_stale_lock_files_are_swept_and_held_ones_kept(tmp_path, locks):
+    """A killed daemon's file goes at the next lock taken in the directory; a live one's
+    stays, as do files that are not this project's locks."""
+    a, b, c = (make_image(tmp_path / f"{n}.img", MiB) for n in "abc")
+    live, killed = holder(a, locks), holder(b, locks)
+    try:
+        killed.kill()
+        killed.wait(10)
+        with open(os.path.join(locks, "blk-7:99.lock"), "w") as f:   # an older daemon's
+            f.write("pid 1 /dev/loop99\n")
+        with open(os.path.join(locks, "notes.txt"), "w") as f:
+            f.write("keep")
+        with open_image(str(c)) as img, image_lock.acquire(img, locks) as lock:
+            assert sorted(os.listdir(locks)) == sorted(
+                [lock_path("", a), os.path.basename(lock.path), "notes.txt"])
+    finally:
+        live.kill()
+        live.wait()
+
+
+RACE = """
+import os, sys, time
+from vmdisktouch.system import image_lock
+from vmdisktouch.system.image import open_image
+image, locks, marks, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+img = open_image(image)
+mark = os.path.join(marks, os.path.basename(image) + ".held")
+taken = busy = overlap = errors = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        lock = image_lock.acquire(img, locks)
+    except image_lock.ImageBusyError:
+        busy += 1
+        continue
+    except image_lock.ConfigError as exc:
+        errors += 1                      # the lock file vanished under it, say
+        print(exc, file=sys.stderr)
+        continue
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        overlap += 1                     # another process holds the same image's lock
+    else:
+        os.unlink(mark)
+    lock.release()
+    taken += 1
+print(taken, busy, overlap, errors, flush=True)
+"""
+
+
+def race(tmp_path, locks, images, per_image: int, seconds: float = 4.0) -> list:
+    """``per_image`` processes looping on each image's lock for ``seconds``: their
+    (taken, busy, overlap, errors) counts."""
+    marks = tmp_path / "marks"
+    marks.mkdir(exist_ok=True)
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(image), locks, str(marks),
+                               str(seconds)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+             for image in images for _ in range(per_image)]
+    try:
+        return [tuple(map(int, p.communicate(timeout=seconds + 60)[0].split()))
+                for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_one_holder_at_a_time_while_lock_files_come_and_go(tmp_path, locks):
+    """Four processes take and release one image's lock as fast as they can: a release
+    unlinks the file while another has it open, and that one must not hold the old inode
+    while a third makes a new one."""
+    path = make_image(tmp_path / "disk.img", MiB)
+    counts = race(tmp_path, locks, [path], per_image=4)
+    assert sum(c[0] for c in counts) > 100, counts
+    assert [c[2:] for c in counts] == [(0, 0)] * 4, f"two holders at once, or errors: {counts}"
+    assert os.listdir(locks) == []
+
+
+def test_a_sweep_never_makes_another_image_look_busy(tmp_path, locks):
+    """Daemons of different images sweep each other's directory as they lock: none of
+    them is ever refused its own image."""
+    images = [make_image(tmp_path / f"{n}.img", MiB) for n in "ab"]
+    counts = race(tmp_path, locks, images, per_image=1)
+    assert all(c[0] > 50 for c in counts), counts
+    assert [c[1:] for c in counts] == [(0, 0, 0)] * 2, f"refused as busy: {counts}"
+    assert os.listdir(locks) == []

@@ -47,3 +47,26 @@ def test_an_output_directory_that_is_a_symlink_is_refused(tmp_path):
     for key, name in (("status", "s.json"), ("map_png", "map.png")):
         got = outputs.path_problem(str(tmp_path / "link" / name), key, [])
         assert got and "is a symbolic link" in got, got
+
+
+def test_a_png_is_removed_only_when_it_is_one_the_daemon_writes(tmp_path):
+    """A disk no longer served takes its PNG along; a file of another kind at that path,
+    a link, or the image itself stays."""
+    out = outputs.Outputs([])
+    png = tmp_path / "vm.map.png"
+    assert out.write("map_png", str(png), b"\x89PNG\r\n\x1a\n" + b"x" * 100)
+    out.remove("map_png", str(png))
+    assert not png.exists()
+    png.write_text("an operator's notes")
+    out.remove("map_png", str(png))
+    assert png.read_text() == "an operator's notes"
+    image = tmp_path / "vm.raw"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n")
+    link = tmp_path / "link.png"
+    link.symlink_to(image)
+    out.remove("map_png", str(link))
+    assert link.is_symlink()
+    out = outputs.Outputs([outputs.Protected.of_path(str(image), "the disk image")])
+    out.remove("map_png", str(image))
+    assert image.exists()
+    out.remove("map_png", str(tmp_path / "gone" / "x.png"))      # no directory: nothing

@@ -413,3 +413,37 @@ def test_sweep_removes_only_the_instances_nobody_holds(scratch, reader, tracefs_
         os.close(held)
         os.close(fd)
         os.rmdir(os.path.join(inst, prefix + "held"))
+
+
+# Run in a mount namespace of its own: tracefs bound read-only over its own mount point,
+# as systemd 252's ProtectKernelTunables= leaves it, and (argv[2] "bound") bound a
+# second time, writable, where the units' BindPaths= puts it.
+SANDBOXED_TRACEFS = textwrap.dedent("""
+    set -e
+    if [ "$2" = bound ]; then mkdir -p "$3" && mount --bind "$1" "$3"; fi
+    mount -o remount,bind,ro "$1"
+    exec "$4" -c 'from vmdisktouch.system.trace import tracefs
+try:
+    print("root", tracefs.find_root())
+except tracefs.TraceUnavailable as exc:
+    print("refused", exc)'
+""")
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["read-only", "bound-writable"])
+def test_a_read_only_tracefs_is_named_as_such_and_a_writable_bind_is_used(tmp_path,
+                                                                          tracefs_root, bound):
+    """Under systemd 252, ProtectKernelTunables= leaves /sys/kernel/tracing read-only
+    whatever ReadWritePaths= says (tests/vm): the refusal says "read-only", not "needs
+    root", and the writable bind the units add (BindPaths=) is the root found."""
+    target = tmp_path / "tracefs"
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          SANDBOXED_TRACEFS, "sh", tracefs_root,
+                          "bound" if bound else "plain", str(target), sys.executable],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    if bound:
+        assert out.stdout.strip() == f"root {target}", out.stdout
+    else:
+        assert out.stdout.startswith(f"refused tracefs at {tracefs_root} is mounted read-only"), \
+            out.stdout

@@ -47,3 +47,13 @@ def test_bash_completes_commands_and_options():
     assert complete("vmdisktouch", "run", "--max") == ["--max-hold"]
     assert "--metrics-listen" in complete("vmdisktouch", "run", "--metrics")
     assert complete("vmdisktouch", "config", "--ch") == ["--check"]
+
+
+def test_bash_completes_the_values_of_a_setting_with_choices():
+    """Every setting read as one of a few words offers them, from the setting itself."""
+    chosen = [s for s in settings.SETTINGS if s.choices]
+    assert {s.key for s in chosen} >= {"access_source", "carry_heat"}
+    for s in chosen:
+        assert complete("vmdisktouch", "run", s.flag, "") == list(s.choices), s.flag
+    assert complete("vmdisktouch", "run", "--access-source", "t") == ["trace"]
+    assert complete("vmdisktouch", "run", "--carry-heat", "o") == ["on", "off"]

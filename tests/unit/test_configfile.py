@@ -502,7 +502,10 @@ def test_config_prints_the_example_and_checks_files(tmp_path):
     odd = write(tmp_path, 'max_hold = "1G"\ntreshold = 1\n', "odd.toml")
     r = config_cmd("--check", odd)
     assert r.returncode == 0 and "did you mean 'threshold'" in r.stderr
-    assert r.stdout == f"{odd}: ok (1 warnings)\n"
+    assert r.stdout == f"{odd}: ok (1 warning)\n"
+    odder = write(tmp_path, 'max_hold = "1G"\ntreshold = 1\n[domain.vm1]\nwieght = 2\n',
+                  "odder.toml")
+    assert config_cmd("--check", odder).stdout == f"{odder}: ok (2 warnings)\n"
 
 
 @pytest.mark.parametrize("text,needle", [

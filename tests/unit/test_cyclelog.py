@@ -88,3 +88,18 @@ def test_the_same_skip_every_cycle_is_logged_once(caplog):
         cl.log(rep(k, skipped=skipped), CFG, why, 5.0 * k)
     assert [lvl for lvl, _ in levels(caplog)] == [logging.INFO, logging.DEBUG, logging.DEBUG,
                                                  logging.INFO, logging.DEBUG]
+
+
+def test_one_of_a_kind_is_said_in_the_singular(caplog):
+    """"in 1 regions" read wrong to an operator: every count of the line and of the summary
+    agrees with its number."""
+    caplog.set_level(logging.DEBUG, logger="vmdisktouch")
+    cl = CycleLog()
+    cl.log(rep(1, held=32 * MiB, regions=[(0, 32 * MiB)], rewritten=1), CFG, None, 0.0)
+    [(_, msg)] = levels(caplog)
+    assert "in 1 region," in msg and "rewritten 1 block," in msg
+    cl.log(rep(2, held=32 * MiB, regions=[(0, 16 * MiB), (32 * MiB, 16 * MiB)], rewritten=2),
+           CFG, None, 1000.0)
+    [(_, msg), (_, summary)] = levels(caplog)
+    assert "in 2 regions," in msg and "rewritten 2 blocks," in msg
+    assert "2 cycles" in summary and "in 2 regions" in summary

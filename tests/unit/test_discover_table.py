@@ -102,3 +102,13 @@ def test_without_an_advise_report_discover_says_how_to_get_one(tmp_path):
     assert load_advice(str(tmp_path / "bad.json")) is None
     out = format_table([disk("vda", "/img/a.raw")])
     assert "ADVICE: none yet: run vmdisktouch advise --libvirt" in out
+
+
+def test_a_disk_the_host_service_s_scope_leaves_out_says_why_under_its_reason():
+    a, b = disk("vda", "/img/a.raw"), disk("vdb", "/img/b.raw")
+    why = "excluded by [scope] exclude 'web' (/etc/vmdisktouch/host.toml)"
+    lines = format_table([a, b], scope={("web", "vdb"): why}).splitlines()
+    ib = next(i for i, ln in enumerate(lines) if ln.endswith("/img/b.raw"))
+    assert lines[ib + 1].strip() == "why: buffered I/O"
+    assert lines[ib + 2].strip() == f"host service: out of scope: {why}"
+    assert sum("out of scope" in ln for ln in lines) == 1

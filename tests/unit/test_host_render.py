@@ -1,16 +1,18 @@
 """The host overview PNG: a header, the budget bar split by disk, a band per disk (its
 swatch, its allocation bar against the budget, its image strip) and a legend; a disk's
-colour comes from its name, never its place in the list."""
+colour is its own in the picture, first from its name, never its place in the list."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from vmdisktouch.adapters.pictures import render
 from vmdisktouch.adapters.pictures.host_render import (BAND, BAR, BG, HEAD, LABEL, LINE, MIN_STRIP, PAD,
-                                              PALETTE, ROW, SHARE, UNUSED, WIDTH, DiskBand,
-                                              band_top, colours, columns_x, disk_colour,
-                                              host_overview_image, strip_width, swatch_box)
+                                              PALETTE, ROW, SHARE, UNUSED, WIDTH, ColourBook,
+                                              DiskBand, band_top, colours, columns_x,
+                                              host_overview_image, palette, strip_width,
+                                              swatch_box)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -40,26 +42,16 @@ def swatch(img, k) -> tuple:
     return tuple(int(v) for v in values[counts.argmax()])
 
 
-def same_colour_as(d: DiskBand) -> DiskBand:
-    """Another libvirt disk that draws ``d``'s colour."""
-    for i in range(1000):
-        o = band("/other", 10, domain=f"vm{i}", target="vdb")
-        if disk_colour(o) == disk_colour(d):
-            return o
-    raise AssertionError("no colour twin in 1000 names")
-
-
 def test_the_budget_bar_shows_each_disk_s_held_bytes_in_its_colour():
     a = band("/a", 1000, (0, 500), (0, 500), 500 * MiB, domain="vm1", target="vda")
     b = band("/b", 1000, (0, 250), (0, 500), 250 * MiB, domain="vm2", target="vda")
-    if disk_colour(a) == disk_colour(b):
-        b = band("/b", 1000, (0, 250), (0, 500), 250 * MiB, domain="vm3", target="vda")
-    assert disk_colour(a) != disk_colour(b)
+    ca, cb = colours([a, b])
+    assert ca != cb
     img = pixels([a, b])
     bar = img[HEAD + BAR // 2, PAD:WIDTH - PAD]
     w = WIDTH - 2 * PAD                   # the bar is the budget
-    assert tuple(bar[5]) == disk_colour(a) and tuple(bar[w // 2 - 3]) == disk_colour(a)
-    assert tuple(bar[w // 2 + 3]) == disk_colour(b) and tuple(bar[3 * w // 4 - 3]) == disk_colour(b)
+    assert tuple(bar[5]) == ca and tuple(bar[w // 2 - 3]) == ca
+    assert tuple(bar[w // 2 + 3]) == cb and tuple(bar[3 * w // 4 - 3]) == cb
     assert tuple(bar[3 * w // 4 + 3]) == UNUSED and tuple(bar[w - 1]) == UNUSED
 
 
@@ -70,23 +62,18 @@ def test_a_disk_keeps_its_colour_when_the_list_order_changes():
     first = pixels(disks)
     again = pixels(disks[::-1])
     n = len(disks)
-    for k, d in enumerate(disks):
-        assert swatch(first, k) == swatch(again, n - 1 - k) == disk_colour(d)
-        assert disk_colour(d) in PALETTE
-    # the whole swatch, hatch included, does not depend on the order
-    for k in range(n):
-        x0, y0, x1, y1 = swatch_box(k)
-        x0b, y0b, x1b, y1b = swatch_box(n - 1 - k)
-        assert (first[y0:y1 + 1, x0:x1 + 1] == again[y0b:y1b + 1, x0b:x1b + 1]).all()
+    for k, c in enumerate(colours(disks)):
+        assert swatch(first, k) == swatch(again, n - 1 - k) == c
+        assert c in PALETTE                                  # five disks: the first six
 
 
 def test_the_colour_comes_from_domain_and_target_else_the_path():
     a = band("/img/a.raw", 10, domain="vm1", target="vda")
     moved = band("/elsewhere/a.raw", 10, domain="vm1", target="vda")   # same disk, new path
-    assert disk_colour(a) == disk_colour(moved)
-    assert disk_colour(band("/img/a.raw", 10)) == disk_colour(band("/img/a.raw", 99))
+    assert colours([a]) == colours([moved])
+    assert colours([band("/img/a.raw", 10)]) == colours([band("/img/a.raw", 99)])
     keys = [band("/x", 10, domain=f"vm{i}", target="vda") for i in range(60)]
-    assert {disk_colour(d) for d in keys} == set(PALETTE)   # the names spread over all
+    assert {colours([d])[0] for d in keys} == set(PALETTE)   # the names spread over all
 
 
 def test_the_disk_colours_are_none_of_the_block_map_s():
@@ -95,26 +82,28 @@ def test_the_disk_colours_are_none_of_the_block_map_s():
     for c in PALETTE:
         for t in theirs:
             assert np.linalg.norm(np.subtract(c, t, dtype=float)) > 60, (c, t)
-    assert len(set(PALETTE)) == len(PALETTE)
+    more = palette(40)
+    assert more[:len(PALETTE)] == tuple(PALETTE) and len(set(more)) == 40
+    far = np.linalg.norm(cie_lab(more)[:, None] - cie_lab(theirs)[None], axis=-1)
+    assert far.min() >= 20, far.min()
 
 
-def test_disks_sharing_a_colour_are_told_apart_by_a_hatch_whatever_the_order():
-    a = band("/a", 10, domain="vm-a", target="vda")
-    twin = same_colour_as(a)
-    first, second = sorted([a, twin], key=lambda d: f"{d.domain}/{d.target}")
-    assert colours([a, twin]) == [(disk_colour(a), int(a is second)),
-                                  (disk_colour(a), int(twin is second))]
-    assert colours([twin, a]) == colours([a, twin])[::-1]
-    img = pixels([first, second])
-    x0, y0, x1, y1 = swatch_box(0)
-    assert (img[y0:y1 + 1, x0:x1 + 1] == disk_colour(a)).all()          # solid
-    x0, y0, x1, y1 = swatch_box(1)
-    hatched = img[y0:y1 + 1, x0:x1 + 1].reshape(-1, 3)
-    assert (hatched == BG).all(axis=1).sum() > 10                       # dark stripes
-    assert swatch(img, 1) == disk_colour(a)                             # the same colour
-    alone = pixels([second])                                            # no twin: solid
-    x0, y0, x1, y1 = swatch_box(0)
-    assert (alone[y0:y1 + 1, x0:x1 + 1] == disk_colour(a)).all()
+def test_a_disk_keeps_its_colour_while_it_stays_and_gets_it_back_when_it_returns():
+    """The daemon's book: two disks whose names pick the same colour get two; a disk that
+    leaves takes nothing from the others, and finds its colour again when it returns."""
+    names = [f"vm{i}/vda" for i in range(40)]
+    pick = {k: colours([band("/x", 1, domain=k.split("/")[0], target="vda")])[0]
+            for k in names}
+    a, twin = next((x, y) for x in names for y in names if x < y and pick[x] == pick[y])
+    c = next(k for k in names if pick[k] != pick[a])
+    book = ColourBook()
+    first = dict(zip([a, twin, c], book.colours([a, twin, c])))
+    assert first[a] == pick[a] and first[twin] != pick[a]          # the first by name wins
+    assert len(set(first.values())) == 3
+    assert dict(zip([c, a], book.colours([c, a]))) == {k: first[k] for k in (c, a)}
+    assert book.colours([twin, c, a]) == [first[twin], first[c], first[a]]   # back, the same
+    assert book.colours([c]) == [first[c]]
+    assert ColourBook().colours([twin, c]) != [first[twin], first[c]]     # a fresh picture
 
 
 def test_the_header_prints_the_time_and_the_free_memory():
@@ -188,7 +177,7 @@ def test_the_allocation_bar_shows_held_wanted_and_the_share_against_the_budget()
     alloc_w = columns_x(WIDTH)[0]
     y = band_top(0) + 2 + ROW // 2
     row = img[y, LABEL:LABEL + alloc_w]
-    c = disk_colour(d)
+    [c] = colours([d])
     assert tuple(row[alloc_w // 5 - 3]) == c                            # held: 200M
     dim = tuple(row[alloc_w * 7 // 10])                                 # wanted: to 800M
     assert dim != c and dim != tuple(row[alloc_w - 3])
@@ -219,8 +208,7 @@ def test_the_curves_panel_draws_each_curve_in_its_disk_s_colour_with_a_dot_where
     from vmdisktouch.adapters.pictures.host_render import CHART, CURVES
     a = band("/a", 1024, held_bytes=64 * MiB, domain="vm1", target="vda", share=1024 * MiB)
     b = band("/b", 1024, domain="vm2", target="vda")
-    if disk_colour(a) == disk_colour(b):
-        b = band("/b", 1024, domain="vm3", target="vda")
+    ca, cb = colours([a, b])
     sizes = [MiB * 2 ** k for k in range(11)]                     # 1M ... 1G
     a = DiskBand(**{**a.__dict__, "curve": [[s, min(0.9, 0.9 * s / (64 * MiB))]
                                             for s in sizes]})
@@ -240,15 +228,15 @@ def test_the_curves_panel_draws_each_curve_in_its_disk_s_colour_with_a_dot_where
         assert ys, f"no {colour} at x={x}"
         return 1 - (sum(ys) / len(ys)) / (CHART - 1)
     right = int(x0 + (x1 - x0) * 0.95)                        # about 700M: both flat
-    assert abs(height_of(disk_colour(a), right) - 0.9) < 0.03
-    assert abs(height_of(disk_colour(b), right) - 0.1) < 0.03
+    assert abs(height_of(ca, right) - 0.9) < 0.03
+    assert abs(height_of(cb, right) - 0.1) < 0.03
     left = int(x0 + (x1 - x0) * 0.2)                          # 4M: a at 5.6 %
-    assert height_of(disk_colour(a), left) < 0.1
+    assert height_of(ca, left) < 0.1
     dot_x = int(x0 + (x1 - x0) * 0.6)                         # 64M = 2**6 of 2**10
     assert sum(1 for c in column(dot_x) if c == SHARE) >= 2    # the dot's white outline
     ring_x = x1 - 2                                           # a's share, 1G: its ring
     above = [c for c in column(ring_x)[:int(0.1 * CHART) + 6]]  # 90 % and above
-    assert above.count(disk_colour(a)) >= 4 and SHARE not in above
+    assert above.count(ca) >= 4 and SHARE not in above
 
 
 def test_disks_not_served_are_listed_with_why_and_those_that_would_gain_marked():
@@ -267,3 +255,85 @@ def test_disks_not_served_are_listed_with_why_and_those_that_would_gain_marked()
     # only one of the two is marked: the triangle's pixels sit in one row band
     ys = np.flatnonzero((rows[:, :20] == WOULD_GAIN).all(axis=2).any(axis=1))
     assert ys.max() - ys.min() < 16, ys
+
+
+def test_the_curves_size_labels_are_round_powers_of_4(monkeypatch):
+    """Curves from 3M (not round) to a 1.5G image: the size axis is labelled at powers of
+    4 (4M, 16M, ...), evenly spaced on the log axis, never at 3M x 4^k."""
+    from PIL import ImageDraw
+
+    from vmdisktouch.adapters.pictures.host_render import CHART
+    from vmdisktouch.sizes import parse_size
+    texts = []
+    real = ImageDraw.ImageDraw.text
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text",
+                        lambda self, xy, s, *a, **kw: (texts.append((xy, s)),
+                                                       real(self, xy, s, *a, **kw))[1])
+    d = band("/a", 1536, domain="vm1", target="vda")
+    d = DiskBand(**{**d.__dict__, "curve": [[3 * MiB << k, min(1.0, 0.1 * k)]
+                                            for k in range(9)]})
+    host_overview_image([d], GiB)
+    bottom = band_top(1) + LINE + 4 + CHART - 1
+    labels = [(xy[0], s) for xy, s in texts if xy[1] == bottom + 4]
+    sizes = [parse_size(s) for _, s in labels]
+    assert len(sizes) >= 3, labels
+    assert all(s & (s - 1) == 0 and (s.bit_length() - 1) % 2 == 0 for s in sizes), labels
+    ratios = {b // a for a, b in zip(sizes, sizes[1:])}
+    assert len(ratios) == 1, labels
+
+
+def cie_lab(rgb) -> np.ndarray:
+    """sRGB (D65) -> CIE L*a*b*, the textbook formulas (independent of the module's)."""
+    c = np.asarray(rgb, float) / 255
+    lin = np.where(c > 0.04045, ((c + 0.055) / 1.055) ** 2.4, c / 12.92)
+    m = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
+    t = (lin @ m.T) / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > (6 / 29) ** 3, np.cbrt(t), t / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]),
+                     200 * (f[..., 1] - f[..., 2])], axis=-1)
+
+
+def two_disks_each(n):
+    return [(f"vm{k // 2 + 1}", f"vd{'ab'[k % 2]}") for k in range(n)]
+
+
+@pytest.mark.parametrize("keys", [[(f"vm{k}", "vda") for k in range(1, 5)],   # issue 45
+                                  two_disks_each(2), two_disks_each(4), two_disks_each(6),
+                                  two_disks_each(8), two_disks_each(12), two_disks_each(24)],
+                         ids=["4 domains", "2", "4", "6", "8", "12", "24"])
+def test_every_disk_has_a_colour_of_its_own(keys):
+    """Four domains of one disk (the operator's host: two shared a colour), and n disks of
+    two a domain: every swatch is solid (no hatching) and any two disks' colours are at
+    least 20 apart in CIE Lab (Delta E 1976; 2.3 is a just-noticeable difference)."""
+    n = len(keys)
+    disks = [band(f"/img/{k}.raw", 10, domain=dom, target=t) for k, (dom, t) in enumerate(keys)]
+    img = pixels(disks)
+    got = []
+    for k in range(n):
+        x0, y0, x1, y1 = swatch_box(k)
+        px = img[y0:y1 + 1, x0:x1 + 1].reshape(-1, 3)
+        assert (px == px[0]).all(), f"disk {k}'s swatch is hatched"
+        got.append(tuple(int(v) for v in px[0]))
+    lab = cie_lab(got)
+    dist = np.linalg.norm(lab[:, None] - lab[None], axis=-1)[np.triu_indices(n, 1)]
+    assert dist.min() >= 20, (got, dist.min())
+
+
+def test_every_disk_not_served_is_a_row_with_its_reason_in_the_report_s_order():
+    """Issue 45, part 3: the host PNG's rows are the report's ``skipped`` (ineligible,
+    excluded, out of scope), each with its reason; advice marks only those it says gain."""
+    from vmdisktouch.adapters.pictures.host_render import Unserved, unserved_rows
+    skipped = [{"domain": "test-1", "target": "vda", "code": "excluded",
+                "reason": "excluded by [scope] exclude 'test-*'"},
+               {"domain": "web", "target": "vdb", "code": "o_direct", "reason": "cache=none"},
+               {"domain": "web", "target": "hdc", "code": "not_included",
+                "reason": "not in [scope] include"}]
+    advice = {"when": 0.0, "disks": {"web/vdb": {"verdict": "hold", "bytes": 1 << 30,
+                                                 "hit_ratio": 0.5},
+                                     "web/hdc": {"verdict": "no_reuse"}}}
+    rows = unserved_rows(skipped, advice)
+    assert [(u.key, u.reason) for u in rows] == [
+        ("test-1/vda", "excluded by [scope] exclude 'test-*'"), ("web/vdb", "cache=none"),
+        ("web/hdc", "not in [scope] include")]
+    assert [u.gain is not None for u in rows] == [False, True, False]
+    assert unserved_rows(None, None) == [] and isinstance(rows[0], Unserved)

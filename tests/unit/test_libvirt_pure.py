@@ -162,10 +162,10 @@ def test_non_local_disks_are_ineligible(disks, target, kind):
     assert d.reason == f"not a local file or block device (type={kind})"
 
 
-def test_cdrom_with_media_is_eligible_read_only_and_empty_drive_is_not(disks):
+def test_cdrom_with_media_is_not_eligible_read_only_nor_an_empty_drive(disks):
     iso, empty = disks["sda"], disks["sdb"]
-    assert iso.device == "cdrom" and iso.readonly and iso.eligible
-    assert "read-only" in iso.reason
+    assert iso.device == "cdrom" and iso.readonly and not iso.eligible
+    assert iso.reason.startswith("read-only cdrom") and iso.code == "read_only"
     assert iso.unit == unit_name("/srv/iso/debian 12.iso")
     assert empty.source is None and not empty.eligible
     assert empty.reason == "no source (empty drive)"

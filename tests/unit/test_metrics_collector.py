@@ -169,11 +169,15 @@ def test_every_metric_is_in_docs_metrics_md():
     import pathlib
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     c = Collector()
-    c.update(host([disk_status("/a", "web", "vda")]))
+    c.update(host([disk_status("/a", "web", "vda")], skipped=[
+        {"domain": "web", "target": "hdc", "code": "read_only", "reason": "read-only"}]))
     names = {s.name for f in c.collect() for s in f.samples}
-    assert len(names) > 20
+    assert len(names) > 20 and "vmdisktouch_disk_unserved" in names
     for name in names:
         assert f"`{name}`" in doc, name
+    from vmdisktouch.report import UNSERVED
+    for code in UNSERVED:
+        assert f"| `{code}` |" in doc, code
 
 
 # -- an info metric's labels never change; a stopped daemon leaves no file (issue 34) ----
@@ -247,16 +251,16 @@ def test_close_removes_a_stale_metrics_file_and_nothing_else(tmp_path):
 
 
 def test_close_never_removes_a_protected_file(tmp_path):
-    from vmdisktouch.adapters.metrics.metrics import remove_textfile
-    from vmdisktouch.adapters.outputs import Protected
+    from vmdisktouch.adapters.outputs import Protected, remove
     image = tmp_path / "disk.raw"
     image.write_text("# HELP an image whose first bytes look like metrics\n")
     prom = tmp_path / "vmdisktouch.prom"
     os.link(image, prom)              # the metrics path a hard link to the image served
-    assert not remove_textfile(str(prom), [Protected.of_path(str(image), "the disk image")])
+    assert not remove(str(prom), "metrics_file",
+                      [Protected.of_path(str(image), "the disk image")])
     assert prom.exists() and image.exists()
-    assert remove_textfile(str(prom), [])            # unprotected, it would go
-    assert not remove_textfile(str(tmp_path / "gone" / "x.prom"), [])   # no directory
+    assert remove(str(prom), "metrics_file", [])            # unprotected, it would go
+    assert not remove(str(tmp_path / "gone" / "x.prom"), "metrics_file", [])   # no directory
 
 
 def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
@@ -312,3 +316,20 @@ def test_lost_events_are_a_counter_of_the_total_and_the_time_of_the_last_loss():
     assert ("vmdisktouch_events_lost_timestamp_seconds", "/never") not in v   # never: none
     [fam] = [f for f in c.collect() if f.name == "vmdisktouch_events_lost_timestamp_seconds"]
     assert fam.type == "gauge"
+
+
+def test_each_disk_not_served_is_a_series_with_its_reason_code():
+    """Issue 45, part 3: skipped, ineligible and out-of-scope disks are in the metrics,
+    their reason a code of a small set (``report.UNSERVED``), so the series stay few."""
+    skipped = [{"domain": "web", "target": "hdc", "code": "read_only", "reason": "read-only"},
+               {"domain": "test-1", "target": "vda", "code": "excluded", "reason": "glob"},
+               {"domain": "odd", "target": "vdz", "code": "made-up", "reason": "?"}]
+    c = Collector()
+    c.update(host([disk()], skipped=skipped))
+    got = {(s.labels["domain"], s.labels["target"], s.labels["reason"]): s.value
+           for f in c.collect() for s in f.samples if s.name == "vmdisktouch_disk_unserved"}
+    assert got == {("web", "hdc", "read_only"): 1, ("test-1", "vda", "excluded"): 1,
+                   ("odd", "vdz", "other"): 1}
+    c.update(host([disk()], skipped=[]))
+    assert not [s for f in c.collect() for s in f.samples
+                if s.name == "vmdisktouch_disk_unserved"]

@@ -65,7 +65,7 @@ def test_the_config_file_checks_them_and_does_not_call_them_unknown(tmp_path):
     good.write_text('max_hold = "1G"\n[domain.db]\nweight = 2.0\n[domain.db.vdb]\ncap = "2G"\n')
     values, warnings = configfile.load(str(good))
     assert warnings == [] and values == {"max_hold": "1G"}
-    assert configfile.load_overrides(str(good))[("db", "vdb")] == {"cap": 2 * GiB}
+    assert configfile.load_rules(str(good)).per[("db", "vdb")] == {"cap": 2 * GiB}
     bad = tmp_path / "bad.toml"
     bad.write_text('max_hold = "1G"\n[domain.db]\nexclude = 1\n')
     with pytest.raises(ConfigError, match="exclude"):

@@ -30,7 +30,9 @@ def facts(a=None, holding=True, heat=1.0, refused=None, ceded=0):
     (rep(), facts(holding=False), "domain_off", "libvirt domain is not running"),
     (rep(), facts(allot(wanted=0), heat=0.0), "no_evidence", "no evidence of use yet"),
     (rep(), facts(allot(wanted=0), heat=0.03), "below_threshold",
-     "nothing is above the threshold (hottest block 0.03, threshold 0.05)"),
+     "nothing is above the threshold 0.05 (the hottest block has 60 % of it)"),
+    (rep(), facts(allot(wanted=0), heat=8.22e-15), "below_threshold",     # was "8.22e-15"
+     "nothing is above the threshold 0.05 (the hottest block has under 1 % of it)"),
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="budget", top="vm2/vda")), "budget",
      "the host budget went to hotter disks (most to vm2/vda)"),
     (rep(held=8 * MiB), facts(allot(share=8 * MiB, limit="budget")), "budget",

@@ -82,7 +82,8 @@ def test_a_host_file_is_a_host_line_then_one_line_per_disk_held_of_its_share(tmp
         "  vm1/vda (/img/a.img): held 5M/5M in 1 region",
         "  vm\\x1b[2J2/vdb (/img/b.img): held 3M/3M in 2 regions, wants 6M (the host budget "
         "went to hotter disks (most to vm1/vda))",
-        "  /img/gone.img: FAILED: deleted"]
+        "  /img/gone.img: FAILED: deleted",
+        "  vm3/hdc: skipped: cache=none"]
 
 
 def test_a_disk_line_shows_its_share_not_the_whole_budget(tmp_path, capsys):
@@ -99,9 +100,10 @@ def test_a_disk_line_shows_its_share_not_the_whole_budget(tmp_path, capsys):
     rc, out, _ = status(capsys, tmp_path)
     lines = out.splitlines()
     assert rc == 0 and lines[1].startswith("  vm\\x1b[2J2/vdb (/img/b.img): held 1M/3M in 2 "), out
-    assert lines[2].startswith("vm4/sda (/img/one.img): held 2M/3M in 1 region, source trace, "
+    assert lines[2] == "  vm3/hdc: skipped: cache=none", lines
+    assert lines[3].startswith("vm4/sda (/img/one.img): held 2M/3M in 1 region, source trace, "
                                f"cycle 3, pid {os.getpid()}, v0-test, "), lines
-    assert lines[2].endswith(" LIVE") and len(lines) == 3, lines
+    assert lines[3].endswith(" LIVE") and len(lines) == 4, lines
 
 
 def test_a_host_file_of_the_old_shape_is_still_shown(tmp_path, capsys):
@@ -325,3 +327,20 @@ def test_lost_events_are_said_with_this_cycle_s_the_total_and_how_long_ago(tmp_p
     assert lines[1].endswith(", 149130 events lost since start, the last 3 min ago"), lines
     assert lines[2].endswith(", 12 events lost in this cycle, 149142 since start"), lines
     assert lines[3].endswith(", 7 events lost since start"), lines
+
+
+def test_each_skipped_disk_is_listed_with_its_reason(tmp_path, capsys):
+    """Issue 45, part 3: not only "2 skipped": each one, with why (its code and reason)."""
+    skipped = [{"domain": "vm3", "target": "hdc", "code": "read_only",
+                "reason": "read-only cdrom: the host budget is for the disks guests work on"},
+               {"domain": "test-1", "target": "vda", "code": "excluded",
+                "reason": "excluded by [scope] exclude 'test-*'"}]
+    write(tmp_path, "host.json", host([A], skipped=skipped))
+    rc, out, err = status(capsys, tmp_path)
+    assert rc == 0 and err == "", err
+    lines = out.splitlines()
+    assert ", 2 skipped, " in lines[0]
+    assert lines[2:] == [
+        "  test-1/vda: skipped (excluded): excluded by [scope] exclude 'test-*'",
+        "  vm3/hdc: skipped (read_only): read-only cdrom: the host budget is for the disks "
+        "guests work on"]

@@ -215,6 +215,52 @@ def check_paths(config, protected: list[Protected]) -> None:
         seen[same] = _flag(key)
 
 
+def remove(path: str, key: str, protected: list[Protected]) -> bool:
+    """Remove ``path`` when it is an output ``key`` vmdisktouch writes: a regular file (not
+    a link: never followed), starting with that output's first bytes, none of
+    ``protected``; True if removed. Raises the ``OSError`` of a step.
+
+    Every step works in the directory ``files.open_dir`` opened (never reached through
+    a link another user could change), as ``atomic`` writes there: the name is checked
+    (``lstat``) before the file is opened (a device node or a FIFO is never opened), the
+    file opened must be the one checked, and the name must still be it just before the
+    unlink. An unlink never writes a file: at worst it drops one name of it.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+        dfd = files.open_dir(directory)
+    except FileNotFoundError:
+        return False                       # the file went with its directory
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        why = atomic.target_problem(st) or next(
+            (f"it is {p.what}" for p in protected if p.matches(st)), None)
+        if why is None:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=dfd)
+            try:
+                magic = OUTPUT_KEYS[key][1]
+                same = _same(os.fstat(fd), st)
+                if not same or os.read(fd, len(magic)) != magic:
+                    why = "it is not a file vmdisktouch writes"
+            finally:
+                os.close(fd)
+        if why is None and _same(os.stat(name, dir_fd=dfd, follow_symlinks=False), st):
+            os.unlink(name, dir_fd=dfd)
+            return True
+        log.warning("%s %s not removed: %s", _flag(key), path, why or "it was replaced")
+        return False
+    finally:
+        os.close(dfd)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class Outputs:
     """Writes the outputs of one daemon; a failure is logged once per streak and counted."""
 
@@ -242,6 +288,15 @@ class Outputs:
         if n:
             log.info("%s %s written again after %d failed writes", _flag(key), path, n)
         return True
+
+    def remove(self, key: str, path: str) -> None:
+        """Remove the output ``key`` at ``path`` (``remove``) when what it pictures is gone;
+        a failure is logged, never raised."""
+        try:
+            remove(path, key, self.protected)
+        except OSError as exc:
+            log.warning("cannot remove %s %s: %s", _flag(key), path, exc.strerror or exc)
+        self._written.pop(key, None)
 
     def _problem(self, key: str, path: str, st: os.stat_result) -> str | None:
         """Why the existing regular file ``st`` at ``path`` must not be replaced now."""

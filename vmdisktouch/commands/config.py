@@ -23,7 +23,7 @@ from vmdisktouch.config import file as configfile
 from vmdisktouch.config import settings
 from vmdisktouch.daemon import served
 from vmdisktouch.errors import VmdtError
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.system import meminfo
 
 
@@ -43,7 +43,7 @@ def check(path: str) -> list[str]:
     """The warnings of ``path`` as ``run --config path`` reads it; ConfigError if refused."""
     config, warnings = configfile.resolve_run_config(
         {s.key: None for s in settings.SETTINGS}, path)
-    configfile.load_overrides(path)
+    configfile.load_rules(path)
     served.check_outputs(config, [SAMPLE_IMAGE], served.config_protected(path))
     warnings = list(warnings)
     try:
@@ -67,5 +67,5 @@ def main(args) -> int:
     warnings = check(args.check)       # a ConfigError: one line, exit 78 (cli)
     for w in warnings:
         print(f"vmdisktouch: warning: {w}", file=sys.stderr)
-    print(f"{args.check}: ok" + (f" ({len(warnings)} warnings)" if warnings else ""))
+    print(f"{args.check}: ok" + (f" ({counted(len(warnings), 'warning')})" if warnings else ""))
     return 0

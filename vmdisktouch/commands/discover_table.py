@@ -12,8 +12,9 @@ CD-ROM with no medium) are left out, with a count. ``--eligible`` lists only
 the disks vmdisktouch can help. ``--json`` prints a JSON array with one
 object per disk (keys: see ``libvirt_disks.Disk``; at least ``domain``,
 ``state``, ``target``, ``source``, ``type``, ``format``, ``cache``, ``io``,
-``eligible``, ``reason`` and ``unit``, plus ``unit_enabled`` and
-``unit_active``). What is wrong with a domain's XML is said under each of
+``eligible``, ``reason``, ``code``, ``labels`` and ``unit``, plus ``unit_enabled``,
+``unit_active`` and ``out_of_scope``: why the host service's config file leaves an
+eligible disk out, or null). What is wrong with a domain's XML is said under each of
 its disks (``problem``: its metadata cannot be parsed, so the heat it
 carries is ignored); a domain whose XML cannot be read at all (over
 libvirt's 4 MiB message limit) is one row of its own (``unread``), its
@@ -71,11 +72,13 @@ def host_line(state: tuple[str, str] | None) -> str:
 
 
 def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0,
-                 advice: dict | None = None, now: float | None = None) -> str:
+                 advice: dict | None = None, now: float | None = None,
+                 scope: dict | None = None) -> str:
     """The human listing: the host service's line (when a disk is eligible), a table,
-    and under each disk its reason and its per-disk unit with the unit's state; the
+    and under each disk its reason, why the host service's scope leaves it out (``scope``:
+    (domain, target) -> why) and its per-disk unit with the unit's state; the
     count of empty drives left out; where ADVICE comes from (``load_advice``)."""
-    states = states or {}
+    states, scope = states or {}, scope or {}
     rows = [COLUMNS] + [_row(d, advice) for d in disks]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
 
@@ -89,6 +92,8 @@ def format_table(disks: list[Disk], states: dict | None = None, empty: int = 0,
     for d, r in zip(disks, rows[1:]):
         out.append(line(r).rstrip())
         out.append(f"    {'why' if d.eligible else 'why not'}: {d.reason}")
+        if (d.domain, d.target) in scope:
+            out.append(f"    host service: out of scope: {scope[(d.domain, d.target)]}")
         if d.problem and d.problem != d.reason:
             out.append(f"    problem: {d.problem}")
         if d.eligible and d.unit:

@@ -50,7 +50,7 @@ from vmdisktouch.config import settings
 from vmdisktouch.system.observe import residency
 from vmdisktouch.errors import ConfigError, ImageError, UsageError, VmdtError
 from vmdisktouch.system.image import open_image
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 
 QCOW2_NOTE = ("qcow2 image: offsets are host-file offsets, not guest offsets "
               "(the qcow2 layer maps guest blocks to clusters of the file)")
@@ -174,7 +174,7 @@ def format_json(records: list[dict]) -> str:
 
 def format_png_line(path: str, width: int, height: int, blocks_per_pixel: int) -> str:
     return (f"{'Map:':>{LABEL_WIDTH}} {path} ({width}x{height} pixels, "
-            f"{blocks_per_pixel} block{'s' if blocks_per_pixel != 1 else ''} per pixel)")
+            f"{counted(blocks_per_pixel, 'block')} per pixel)")
 
 
 # ---------------------------------------------------------------------------

@@ -351,7 +351,8 @@ def line_of(d: DiskReport) -> DiskLine:
 
 
 def host_lines(item: dict) -> list[str]:
-    """A host status file: its host line, then one indented line per disk and per failure."""
+    """A host status file: its host line, then one indented line per disk, per failure and
+    per disk skipped (its code and reason; not under ``status PATH``, which is about PATH)."""
     r = item["report"]
     disks = host_disks(r)
     counts = [f"{len(disks)} disk{'' if len(disks) == 1 else 's'} served"]
@@ -367,7 +368,12 @@ def host_lines(item: dict) -> list[str]:
             + (f", max_hold {advice_said(r.budget_advice)}" if advised(r.budget_advice) else ""))
     return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
-               for f in r.failed])
+               for f in r.failed]
+            + [f"  {sanitise(str(s['domain']))}/{sanitise(str(s['target']))}: skipped"
+               + (f" ({sanitise(s['code'])})" if s.get("code") else "")
+               + f": {sanitise(s['reason'])}"
+               for s in ([] if item.get("cut") else sorted(
+                   r.skipped or (), key=lambda s: (str(s["domain"]), str(s["target"]))))])
 
 
 def lines_of(item: dict) -> list[str]:
@@ -399,7 +405,7 @@ def main(args) -> int:
     items = read_files(args.dir)
     if args.path:
         bad = sum("error" in i for i in items)
-        items = [{**i, "doc": d, "report": model(d)} for i in items if "doc" in i
+        items = [{**i, "doc": d, "report": model(d), "cut": True} for i in items if "doc" in i
                  for d in [serving(i["doc"], args.path)] if d is not None]
         if not items:
             also = f" ({bad} unreadable or malformed file(s) there)" if bad else ""

@@ -78,6 +78,7 @@ _KINDS = {
     "path": ("a path", lambda v: isinstance(v, str) and v != ""),
     "error": ("a message", lambda v: isinstance(v, str)),
     "reason": ("a message", lambda v: isinstance(v, str)),
+    "code": ("a code", lambda v: isinstance(v, str)),
     "version": ("a version", lambda v: isinstance(v, str)),
     "access_source": ("a source name", lambda v: isinstance(v, str)),
     "domain": ("a domain name or null", _text_or_null),
@@ -146,7 +147,8 @@ def check(doc) -> None:
         for i, f in enumerate(_list(doc["host"], "failed", "host.")):
             _keys(f, f"host.failed[{i}]", ("path", "error"), ("path", "error"))
         for i, s in enumerate(_list(doc["host"], "skipped", "host.")):
-            _keys(s, f"host.skipped[{i}]", ("domain", "target", "reason"))
+            _keys(s, f"host.skipped[{i}]", ("domain", "target", "code", "reason"),
+                  ("domain", "target", "reason"))
         for i, d in enumerate(_list(doc, "disks", "")):
             _keys(d, f"disks[{i}]", DISK_KEYS, ("path",))
     else:

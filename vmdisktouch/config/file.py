@@ -72,7 +72,7 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
     by ``settings.resolve``); every one has been checked with the setting's
     parser, so a bad value fails here even if the command line overrides it.
     ``warnings`` has one line naming the unknown keys at the top level, then
-    one per ``[domain...]`` table with unknown keys (``overrides.parse``). Only a
+    one per ``[domain...]`` or ``[scope]`` table with unknown keys (``overrides``). Only a
     regular file of at most ``MAX_CONFIG_BYTES`` is read (``configread``).
     """
     data = configread.parse_toml(path, configread.read_text(path))
@@ -82,6 +82,9 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
     for key, value in data.items():
         if key == overrides.TABLE:          # the host service's per-domain settings
             overrides.parse(value, path, table_warnings)
+            continue
+        if key == overrides.SCOPE:          # ... and which domains it serves
+            overrides.parse_scope(value, path, table_warnings)
             continue
         setting = BY_KEY.get(key)
         if setting is None:
@@ -93,12 +96,14 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
     return values, warnings + table_warnings
 
 
-def load_overrides(path: str | None) -> overrides.Overrides:
-    """The ``[domain...]`` tables of the config file (``overrides``); none without a file."""
+def load_rules(path: str | None) -> overrides.Rules:
+    """The ``[domain...]`` tables and the ``[scope]`` of the config file (``overrides``);
+    none without a file."""
     if not path:
-        return {}
+        return overrides.Rules({})
     data = configread.parse_toml(path, configread.read_text(path))
-    return overrides.parse(data.get(overrides.TABLE), path)
+    return overrides.Rules(overrides.parse(data.get(overrides.TABLE), path),
+                           overrides.parse_scope(data.get(overrides.SCOPE), path))
 
 
 def _where(path: str, key: str) -> str:

@@ -22,20 +22,41 @@ unknown key is treated as one at the top of the file is (``configfile.load``):
 a warning naming the table and the key, with the closest known key, and
 ignored, so a mistyped key never stops a daemon but is seen in the journal and
 in ``vmdisktouch config --check``.
+
+Which domains the host service serves at all (``[scope]``), because operators
+share hosts::
+
+    [scope]
+    include = ["web-*"]            # domain-name globs (fnmatch, whole name, case-sensitive)
+    exclude = ["web-test*"]
+    include_labels = ["vmdisktouch"]   # globs over the labels in the domain's metadata
+    exclude_labels = ["tenant-b"]
+
+A domain is out of scope when it matches an exclude (a name glob, a label glob, or its
+``[domain...] exclude = true``), else when there are includes and it matches none:
+exclude wins. A label is a word in the domain's ``<label>`` element of the namespace
+``LABEL_NS`` (``virsh metadata``; docs/configuration.md). ``Rules.out_of_scope``
+is the one verdict, used by the host service and by ``discover``.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
 from vmdisktouch.config import read as configread
 from vmdisktouch.errors import ConfigError
-from vmdisktouch.sizes import parse_size
+from vmdisktouch.sizes import counted, parse_size
 
 TABLE = "domain"
 KEYS = ("weight", "cap", "exclude", "carry_heat")
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
+SCOPE = "scope"
+# the operator's labels for a domain, which [scope] matches: the words of the <label>
+# element in this namespace of its <metadata> (``libvirt_disks.labels_of``)
+LABEL_NS = "http://vmdisktouch.org/xmlns/label/1"
+SCOPE_KEYS = ("include", "exclude", "include_labels", "exclude_labels")
 
 
 @dataclass(frozen=True)
@@ -59,8 +80,8 @@ def parse(data: Any, path: str, warnings: list[str] | None = None) -> Overrides:
         shown = unknown[:configread.SHOWN_UNKNOWN_KEYS]
         warnings += [configread.unknown_keys_warning(where, keys, KEYS) for where, keys in shown]
         if len(unknown) > len(shown):
-            warnings.append(f"{path}: unknown keys in {len(unknown) - len(shown)} more "
-                            f"[{TABLE}...] tables; ignored")
+            more = counted(len(unknown) - len(shown), f"more [{TABLE}...] table")
+            warnings.append(f"{path}: unknown keys in {more}; ignored")
     return out
 
 
@@ -116,3 +137,119 @@ def for_disk(overrides: Overrides, domain: str, target: str) -> Override:
     """The override of one disk: its domain's keys, then its own."""
     merged = {**overrides.get((domain, None), {}), **overrides.get((domain, target), {})}
     return Override(**merged)
+
+
+# docs/configuration.md's section on these tables (``settings.configuration_doc``)
+DOC = f"""## The host service's domains: `[domain...]` and `[scope]`
+
+In the host service's file (`/etc/vmdisktouch/host.toml`, `run --libvirt`), and
+read by any `run` whose disks a libvirt domain uses.
+`[domain.NAME]` and `[domain.NAME.TARGET]` set, for a domain or one of its
+disks, `weight` (0.01 to 100, default 1: its heat counts this many times when
+regions are ranked), `cap` (a size: the most it may hold), `exclude` (true:
+never served) and `carry_heat` (true or false; unset: the daemon's
+`carry_heat`). A disk's own keys win over its domain's.
+
+`[scope]` says which domains the service serves at all, because operators share
+hosts. Each key is a list of glob patterns (`*`, `?`, `[...]`, matched against
+the whole string, case-sensitive):
+
+| key | matches |
+|---|---|
+| `include` | domain names to serve; with any include (or include_labels), a domain that matches none is not served (`not_included`) |
+| `exclude` | domain names never to serve (`excluded`) |
+| `include_labels` | labels of domains to serve, as `include` |
+| `exclude_labels` | labels of domains never to serve, as `exclude` |
+
+Exclude wins over include; `[domain.NAME] exclude = true` is an exclude too. A
+label is a word of the `<label>` element a domain carries in its metadata under
+the namespace `{LABEL_NS}`, which the operator sets (`--live` for the running
+domain, `--config` for its next boots):
+
+```sh
+virsh metadata web-1 {LABEL_NS} --key vmdt --set '<label>tenant-a shared</label>' --live --config
+```
+
+A label changed on a running domain is followed: the service lists every
+domain's live XML each cycle, and libvirt's metadata-change event wakes it at
+once; a domain that leaves the scope is released within a cycle, one that
+enters it is served. A change of the file itself takes effect at a reload
+(`systemctl reload vmdisktouch`). `vmdisktouch discover` says which eligible
+disks the file leaves out and why (`--config`, default the host file), `vmdisktouch
+status` lists each disk not served with its code and reason, and the metric
+`vmdisktouch_disk_unserved` has one series per such disk (docs/metrics.md).
+A bad value (not a list of non-empty strings) stops the start with one line
+naming the file and the key (exit 78; at a reload, the current settings stay).
+"""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The ``[scope]`` table: globs over domain names and over their labels."""
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    include_labels: tuple[str, ...] = ()
+    exclude_labels: tuple[str, ...] = ()
+
+
+def parse_scope(data: Any, path: str, warnings: list[str] | None = None) -> Scope:
+    """The ``[scope]`` table, checked: each key a list of non-empty strings (ConfigError
+    naming the file and the key); unknown keys are a warning, as in ``parse``."""
+    if data is None:
+        return Scope()
+    where = f"{path}: [{SCOPE}]"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: key {SCOPE} must be a table: [{SCOPE}] with "
+                          f"{', '.join(SCOPE_KEYS)}")
+    got: dict[str, tuple[str, ...]] = {}
+    for key, value in data.items():
+        if key not in SCOPE_KEYS:
+            continue
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: {key} must be a list of glob patterns "
+                              f"([\"web-*\"]), not {value!r}")
+        for v in value:
+            if not isinstance(v, str) or not v:
+                raise ConfigError(f"{where}: {key} must hold non-empty strings (glob "
+                                  f"patterns), not {v!r}")
+        got[key] = tuple(value)
+    mistyped = [k for k in data if k not in SCOPE_KEYS]
+    if warnings is not None and mistyped:
+        warnings.append(configread.unknown_keys_warning(where, mistyped, SCOPE_KEYS))
+    return Scope(**got)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the config file says of libvirt's domains: the ``[domain...]`` overrides and
+    the ``[scope]``."""
+    per: Overrides
+    scope: Scope = Scope()
+
+    def for_disk(self, domain: str, target: str) -> Override:
+        return for_disk(self.per, domain, target)
+
+    def out_of_scope(self, domain: str, target: str,
+                     labels: tuple[str, ...]) -> tuple[str, str] | None:
+        """(code, reason) when the host service leaves the disk out (the module docstring:
+        exclude wins over include), else None."""
+        s = self.scope
+        if self.for_disk(domain, target).exclude:
+            return "excluded", "excluded by the config file"
+        pattern = _first(s.exclude, (domain,))
+        if pattern is not None:
+            return "excluded", f"excluded by [scope] exclude {pattern!r}"
+        pattern = _first(s.exclude_labels, labels)
+        if pattern is not None:
+            return "excluded", (f"excluded by [scope] exclude_labels {pattern!r} (labels: "
+                                f"{' '.join(labels)})")
+        if (s.include or s.include_labels) and _first(s.include, (domain,)) is None \
+                and _first(s.include_labels, labels) is None:
+            return "not_included", ("not in [scope] include or include_labels (labels: "
+                                    f"{' '.join(labels) or 'none'})")
+        return None
+
+
+def _first(patterns: tuple[str, ...], names) -> str | None:
+    """The first pattern that matches one of ``names`` whole (``fnmatchcase``), or None."""
+    return next((p for p in patterns for n in names if fnmatch.fnmatchcase(n, p)), None)

@@ -27,6 +27,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vmdisktouch.config import overrides
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.sizes import MAX_SIZE, format_size, parse_duration, parse_size
 from vmdisktouch.system.libc import PAGE_SIZE     # read once, there
@@ -189,6 +190,7 @@ def one_of(*choices):
         if isinstance(v, str) and v.lower() in choices:
             return v.lower()
         raise ValueError("expected one of " + ", ".join(choices))
+    parse.choices = choices          # for the help's metavar and the shell's completion
     return parse
 
 
@@ -297,6 +299,11 @@ class Setting:
     @property
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The words it is one of (``one_of``), or none."""
+        return getattr(self.parse, "choices", ())
 
     def default_text(self) -> str:
         if self.required:
@@ -464,6 +471,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         metavar = {"size": "SIZE", "duration": "SECONDS", "path": "FILE"}.get(s.kind, "N")
         metavar = "DIR" if s.key.endswith("_dir") else metavar
+        metavar = "{" + ",".join(s.choices) + "}" if s.choices else metavar
         unit = f" [{s.unit}]" if s.unit else ""
         parser.add_argument(s.flag, dest=s.key, default=None, metavar=metavar,
                             help=f"{s.help}{unit} Default: {s.default_text()}.")
@@ -583,7 +591,7 @@ def configuration_doc() -> str:
             "durations take `ms`, `s`, `m`, "
             "`h` (plain numbers are seconds). Sizes are at most `1E` (1 EiB). Paths are "
             f"non-empty, at most {MAX_PATH_BYTES} bytes, without NUL bytes or line breaks.\n\n"
-            + markdown_table() + "\n")
+            + markdown_table() + "\n\n" + overrides.DOC)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.adapters.libvirt.domain_heat import DiskHeat
 from vmdisktouch.adapters.warm_state import Saved
 from vmdisktouch.errors import VmdtError
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 
 log = logging.getLogger("vmdisktouch")
 
@@ -50,8 +50,8 @@ def arrive(watcher, carried: DiskHeat | str | None, local_saved_at: float | None
     watcher.restore(Saved(hr, np.zeros_like(hr), [], carried.saved_at), 0.0)
     hot = int(np.count_nonzero(hr >= p.threshold))
     log.info("%s: arrived with the heat carried in the domain's metadata (written %.0f s "
-             "ago): %d regions, %s above the threshold", label,
-             max(0.0, now_wall - carried.saved_at), len(carried.regions),
+             "ago): %s, %s above the threshold", label,
+             max(0.0, now_wall - carried.saved_at), counted(len(carried.regions), "region"),
              format_size(hot * watcher.block_size))
     return True
 
@@ -104,8 +104,8 @@ class Carrier:
             if self.failing.pop(domain, None) is not None:
                 log.info("libvirt: %s: its heat written into its metadata again", domain,
                          extra=journal.fields(domain=domain))
-            log.debug("libvirt: %s: heat written into its metadata (%d regions)", domain,
-                      sum(len(s.regions) for s in sums))
+            log.debug("libvirt: %s: heat written into its metadata (%s)", domain,
+                      counted(sum(len(s.regions) for s in sums), "region"))
             self.written[domain] = (now, shape)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import statistics
 
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 
 log = logging.getLogger("vmdisktouch")
 
@@ -60,10 +60,11 @@ class CycleLog:
                        f"{format_size(r.relocked_bytes)} relocked)")
         if r.spill_read_bytes:
             loaded += f", spilled {format_size(r.spill_read_bytes)} unlocked"
-        log.log(level, "%scycle %d: held %s/%s in %d regions, resident %s, rewritten %d blocks, "
+        log.log(level, "%scycle %d: held %s/%s in %s, resident %s, rewritten %s, "
                 "loaded %s, released %s, MemAvailable %s, %.3fs%s",
                 self.label, r.cycle, format_size(r.held_bytes), format_size(r.share_bytes),
-                len(r.regions), format_size(r.resident_bytes), r.rewritten_blocks, loaded,
+                counted(len(r.regions), "region"), format_size(r.resident_bytes),
+                counted(r.rewritten_blocks, "block"), loaded,
                 format_size(r.released_bytes), format_size(r.mem_available_bytes),
                 r.cycle_seconds, f"; not holding more: {why}" if why else "")
         self._summary(r, c, now)
@@ -77,10 +78,10 @@ class CycleLog:
         p, self._period, minutes = self._period, [], (now - self._since) / 60
         self._since = now
         secs = [x.cycle_seconds for x in p]
-        log.info("%slast %.0f min: %d cycles (median %.3fs, max %.3fs), loaded %s, released "
-                 "%s, rewritten %d blocks; now held %s/%s in %d regions",
-                 self.label, minutes, len(p), statistics.median(secs), max(secs),
-                 format_size(sum(x.loaded_bytes for x in p)),
+        log.info("%slast %.0f min: %s (median %.3fs, max %.3fs), loaded %s, released "
+                 "%s, rewritten %s; now held %s/%s in %s",
+                 self.label, minutes, counted(len(p), "cycle"), statistics.median(secs),
+                 max(secs), format_size(sum(x.loaded_bytes for x in p)),
                  format_size(sum(x.released_bytes for x in p)),
-                 sum(x.rewritten_blocks for x in p), format_size(r.held_bytes),
-                 format_size(r.share_bytes), len(r.regions))
+                 counted(sum(x.rewritten_blocks for x in p), "block"), format_size(r.held_bytes),
+                 format_size(r.share_bytes), counted(len(r.regions), "region"))

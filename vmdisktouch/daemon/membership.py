@@ -42,12 +42,14 @@ class Member:
     arriving: str = ""               # QEMU has not activated its disks yet: starting,
     #                                  incoming, landed (``domain_state.arriving``)
     activated: bool = True           # QEMU has activated them for certain (running, restored)
+    labels: tuple[str, ...] = ()     # its domain's labels (``libvirt_disks.labels_of``)
 
 
 @dataclass
 class Want:
     serve: dict[str, Member]                                # image path -> member
-    skipped: dict[tuple[str, str], str] = field(default_factory=dict)  # (dom, target) -> why
+    # (domain, target) -> (code, why): ``report.UNSERVED``'s code, the reason in words
+    skipped: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
 
 class GivenPaths:
@@ -86,7 +88,7 @@ class GivenPaths:
         why = {o.arriving for o in found if o.active}
         return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried,
                       next((a for a in ("incoming", "landed", "starting") if a in why), ""),
-                      any(o.activated for o in found if o.active))
+                      any(o.activated for o in found if o.active), d.labels)
 
     def close(self) -> None:
         if self.watch is not None:
@@ -109,8 +111,8 @@ class RunningDomains:
         if listed is None:
             return None
         w = libvirt_watch.wanted(listed)
-        return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving, d.activated)
-                     for p, d in w.serve.items()},
+        return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving, d.activated,
+                            d.labels) for p, d in w.serve.items()},
                     dict(w.skipped))
 
     def close(self) -> None:

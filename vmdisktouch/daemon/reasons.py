@@ -102,8 +102,8 @@ def why_not_held(r, c, f: Facts) -> tuple[str, str] | None:
         hottest = f.heat_max()
         if hottest <= 0:
             return "no_evidence", "no evidence of use yet"
-        return "below_threshold", (f"nothing is above the threshold (hottest block "
-                                   f"{hottest:.3g}, threshold {f.threshold:g})")
+        return "below_threshold", (f"nothing is above the threshold {f.threshold:g} (the "
+                                   f"hottest block has {share_of(hottest, f.threshold)} of it)")
     holder = _holder_reason(r, c, f)
     if holder is not None:
         return holder
@@ -134,3 +134,10 @@ def advice_said(v: dict) -> str:
     return {TOO_SMALL: f"too small: {n} more would pay",
             TOO_LARGE: f"too large: {n} of it buys almost nothing"}.get(v.get("verdict"),
                                                                         "right")
+
+
+def share_of(heat: float, threshold: float) -> str:
+    """``60 %``, ``under 1 %``: a heat below the threshold as its share of it, because a
+    decayed heat printed as such read ``8.22e-15``."""
+    pct = 100 * heat / threshold
+    return f"{pct:.0f} %" if pct >= 1 else "under 1 %"

@@ -155,7 +155,9 @@ class Served:
             k.maybe_save(w)
 
     def close(self, w) -> None:
-        """Save, release and close one disk (``Host``'s ``close``)."""
+        """Save, release and close one disk (``Host``'s ``close``), and remove its PNGs: they
+        picture holds that are gone, whether the disk was unplugged, its domain went or the
+        daemon stops (docs/reference.md)."""
         k = self.keepers.pop(id(w), None)
         self.saved.pop(id(w), None)
         try:
@@ -163,6 +165,9 @@ class Served:
                 k.save(w)
             w.close()
         finally:
+            for key in PER_DISK_OUTPUTS:
+                if w.config.get(key):
+                    w.outputs.remove(key, w.config.get(key))
             w.image.close()
             lock = self.locks.pop(id(w), None)
             if lock is not None:

@@ -56,7 +56,7 @@ from vmdisktouch.daemon.host import Host
 from vmdisktouch.daemon.membership import GivenPaths, Member, RunningDomains
 from vmdisktouch.daemon.record import Recorder
 from vmdisktouch.errors import ConfigError, ImageError, VmdtError
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.system import meminfo
 
 log = logging.getLogger("vmdisktouch")
@@ -142,12 +142,13 @@ class Service:
                          may_be_empty=self.members.retry, spill_factor=config.spill,
                          recorder=Recorder.from_env())
         self.out = outputs.Outputs(self.served.protected)
-        self.overrides = configfile.load_overrides(config_path)
+        self.rules = configfile.load_rules(config_path)
         self.skipped: dict = {}
         self.refused: dict[str, str] = {}     # path -> why it cannot be served (said once)
         self._first_error: VmdtError | None = None
         self.metrics = None
         self.last_report = None               # the last cycle's ``report.HostReport``
+        self.colour_book = None               # the host PNG's disk colours, frame to frame
         self.budget_log = BudgetLog()
         watch = getattr(self.members, "watch", None)
         self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
@@ -189,7 +190,8 @@ class Service:
         if not self.single:
             log.info("serving %s under one budget of %s",
                      "libvirt's running domains" if self.members.retry
-                     else f"{len(self.host.watchers)} images", format_size(self.config.max_hold))
+                     else counted(len(self.host.watchers), "image"),
+                     format_size(self.config.max_hold))
 
     def _close_disk(self, w) -> None:
         self.follower.closed(w)
@@ -213,22 +215,25 @@ class Service:
         want = self.members.want()
         if want is None:                       # libvirt unreachable: keep what is served
             return
+        left: dict[str, str] = {}              # path -> why it is out of scope now
         for path, m in list(want.serve.items()):
-            ov = (overrides.for_disk(self.overrides, m.domain, m.target) if m.domain
-                  else overrides.Override())
-            if ov.exclude:
+            out = self.rules.out_of_scope(m.domain, m.target, m.labels) if m.domain else None
+            if out is not None:
                 del want.serve[path]
-                want.skipped[(m.domain, m.target)] = "excluded by the config file"
+                want.skipped[(m.domain, m.target)] = out
+                left[path] = out[1]
             else:
+                ov = (self.rules.for_disk(m.domain, m.target) if m.domain
+                      else overrides.Override())
                 self.host.set_override(path, ov.weight, ov.cap)
-        for key, why in want.skipped.items():
-            if self.skipped.get(key) != why:
+        for key, (_, why) in want.skipped.items():
+            if self.skipped.get(key, (None, None))[1] != why:
                 log.info("libvirt: %s %s skipped: %s", key[0], key[1], why,
                          extra=journal.fields(domain=key[0], target=key[1]))
         self.skipped = dict(want.skipped)
         served = {w.image.path: w for w in self.host.watchers}
         for path in sorted(set(served) - set(want.serve)):
-            self.host.remove(path, "no running domain uses it any more")
+            self.host.remove(path, left.get(path, "no running domain uses it any more"))
         for path, m in sorted(want.serve.items()):
             w = served.get(path)
             if w is None:
@@ -241,7 +246,7 @@ class Service:
         domain's or the daemon's; auto: with ``--libvirt``)."""
         if not domain:
             return False
-        ov = overrides.for_disk(self.overrides, domain, target or "")
+        ov = self.rules.for_disk(domain, target or "")
         if ov.carry_heat is not None:
             return ov.carry_heat
         c = self.config.carry_heat
@@ -282,8 +287,8 @@ class Service:
         self.sync()
         reports = self.host.tick()
         c = self.config
-        skipped = ([{"domain": d, "target": t, "reason": why}
-                    for (d, t), why in sorted(self.skipped.items())]
+        skipped = ([{"domain": d, "target": t, "code": code, "reason": why}
+                    for (d, t), (code, why) in sorted(self.skipped.items())]
                    if self.members.retry else None)
         self.last_report = self.host.report(c.interval, c.min_free, skipped)
         if c.status:
@@ -307,11 +312,14 @@ class Service:
             return f"held 0/{format_size(self.host.budget)}, cycle 0"
         held = f"held {format_size(r.held_bytes)}/{format_size(r.budget_bytes)}"
         if len(r.lines) == 1 and r.disks:
-            return f"{held}, rewritten {r.disks[0].rewritten_blocks} blocks, cycle {r.cycle}"
-        return f"{held} over {len(r.lines)} disks, cycle {r.cycle}"
+            rewritten = counted(r.disks[0].rewritten_blocks, "block")
+            return f"{held}, rewritten {rewritten}, cycle {r.cycle}"
+        return f"{held} over {counted(len(r.lines), 'disk')}, cycle {r.cycle}"
 
     def _overview(self) -> bytes:
         from vmdisktouch.adapters.pictures import host_render, render
+        if self.colour_book is None:
+            self.colour_book = host_render.ColourBook()
         bands = []
         for w in self.host.watchers:
             resident, held = w.last_maps()
@@ -326,23 +334,17 @@ class Service:
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1],
-            unserved=self._unserved()))
+            unserved=self._unserved(), book=self.colour_book))
 
     def _unserved(self) -> list:
-        """The disks libvirt has that are not served, with why; those the last ``advise``
-        says would gain, with what (``advice_file``)."""
+        """The disks libvirt has that are not served, with why (the report's ``skipped``);
+        those the last ``advise`` says would gain, with what (``advice_file``)."""
         from vmdisktouch.adapters import advice_file
-        from vmdisktouch.adapters.pictures.host_render import Unserved
-        if not self.skipped:
+        from vmdisktouch.adapters.pictures.host_render import unserved_rows
+        skipped = self.last_report.skipped if self.last_report is not None else None
+        if not skipped:
             return []
-        advice = advice_file.load_advice(advice_file.ADVICE_FILE)
-        out = []
-        for (domain, target), why in sorted(self.skipped.items()):
-            a = advice_file.advice_of(advice, domain, target)
-            gains = a is not None and a.get("verdict") == "hold"
-            out.append(Unserved(f"{domain}/{target}", why,
-                                advice_file.advice_cell(a) if gains else None))
-        return out
+        return unserved_rows(skipped, advice_file.load_advice(advice_file.ADVICE_FILE))
 
     # -- reload --------------------------------------------------------------
 
@@ -355,7 +357,7 @@ class Service:
             served_mod.check_placeholders(new, not self.single)
             served_mod.check_outputs(new, [w.image.path for w in self.host.watchers],
                                      served_mod.config_protected(path) + self.served.images())
-            ovr = configfile.load_overrides(path)
+            rules = configfile.load_rules(path)
         except ConfigError as exc:
             log.error("reload rejected, keeping the current settings: %s", exc)
             sdnotify.ready()
@@ -366,7 +368,7 @@ class Service:
         self.served.set_config(new, path)
         released = sum(self.host.each(lambda w: w.reconfigure(
             served_mod.disk_config(new, w.image.path))))
-        self.overrides = ovr
+        self.rules = rules
         if self.carrier is not None:
             self.carrier.interval = new.carry_interval
         released += self.host.set_budget(new.max_hold)

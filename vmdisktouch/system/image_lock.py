@@ -9,7 +9,17 @@ block device every node of it (``/dev/vg/lv``, ``/dev/mapper/vg-lv``,
 ``/dev/dm-3``: its device number, ``st_rdev``). The lock file holds the pid
 and path of the daemon that has it, for the refusal's message; the lock
 itself goes with the daemon's open file, so a SIGKILLed daemon leaves no
-stale lock behind (the file stays, unlocked, and is reused).
+stale lock behind.
+
+A lock file lives as long as its lock, or a directory fills with one per
+image ever served (224 seen on a host): ``release`` unlinks it while still
+holding the lock, and ``acquire`` checks, once it has the lock, that the
+name still names the file it locked (a holder may have unlinked it between
+the open and the lock), else starts again. A killed daemon's file is
+removed by the next ``acquire`` in the directory (``sweep``: the files
+nobody holds), which takes the directory's own ``flock`` for its sweep and
+its lock, so that one daemon's sweep never locks a file another has just
+made and refuses it its image.
 
 The lock files live in ``LOCK_DIR`` (/run/vmdisktouch/locks, made on first
 use; the units' ``RuntimeDirectory=vmdisktouch``), or for a user other than
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import stat
 
 from vmdisktouch.errors import ConfigError, file_kind
@@ -75,7 +86,14 @@ class ImageLock:
         self.path = path
 
     def release(self) -> None:
+        """Unlink the file while still holding its lock, then drop the lock: whoever opened
+        the file meanwhile sees it gone once it locks it, and starts again (``acquire``)."""
         if self.fd >= 0:
+            try:
+                if _names(self.path, self.fd):
+                    os.unlink(self.path)
+            except OSError:
+                pass                     # left for the next sweep
             os.close(self.fd)            # the flock goes with the open file
             self.fd = -1
 
@@ -101,21 +119,11 @@ def acquire(image, directory: str | None = None) -> ImageLock:
         raise ConfigError(f"cannot make the lock of {image.path} in {directory}: "
                           f"{hint}") from None
     try:
-        fd = _open_lock(name, dfd, path)
+        fcntl.flock(dfd, fcntl.LOCK_EX)          # no other daemon sweeps or locks meanwhile
+        sweep(dfd, directory)
+        fd = _lock(name, dfd, path, image.path)
     finally:
         os.close(dfd)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise ImageBusyError(
-            f"{image.path} is already served by another vmdisktouch ({holder}; lock {path}): "
-            "one daemon per image, or each would take the other's holds for the guest's "
-            "use") from None
-    except OSError as exc:
-        os.close(fd)
-        raise ConfigError(f"cannot lock {path}: {exc.strerror}") from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} {image.path}\n".encode(errors="surrogateescape"), 0)
@@ -123,6 +131,68 @@ def acquire(image, directory: str | None = None) -> ImageLock:
         os.close(fd)
         raise ConfigError(f"cannot write the lock file {path}: {exc.strerror}") from None
     return ImageLock(fd, path)
+
+
+def _lock(name: str, dfd: int, path: str, image: str) -> int:
+    """The locked descriptor of the file ``name`` names once it is locked: a file unlinked
+    by its last holder between the open and the lock is not the lock any more."""
+    while True:
+        fd = _open_lock(name, dfd, path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise ImageBusyError(
+                f"{image} is already served by another vmdisktouch ({holder}; lock {path}): "
+                "one daemon per image, or each would take the other's holds for the guest's "
+                "use") from None
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError(f"cannot lock {path}: {exc.strerror}") from None
+        if _names(name, fd, dfd):
+            return fd
+        os.close(fd)
+
+
+def _names(name: str, fd: int, dfd: int | None = None) -> bool:
+    """Whether ``name`` (in ``dfd``) still names the file open as ``fd``."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+LOCK_FILE = re.compile(r"(file-\d+:\d+-\d+|blk-\d+:\d+)\.lock")
+
+
+def sweep(dfd: int, directory: str) -> list[str]:
+    """Remove the lock files nobody holds (their daemons were killed), under the directory's
+    own lock (``acquire``): a sweep that locked a file a starting daemon had just made
+    would refuse that daemon its image. Files that are not locks this project made, or that
+    ``_open_lock`` would refuse, are left alone."""
+    gone = []
+    for name in os.listdir(dfd):
+        if not LOCK_FILE.fullmatch(name):
+            continue
+        try:
+            if _lock_file_problem(os.stat(name, dir_fd=dfd, follow_symlinks=False)):
+                continue
+            fd = os.open(name, LOCK_FLAGS, dir_fd=dfd)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _names(name, fd, dfd) and not _lock_file_problem(os.fstat(fd)):
+                os.unlink(name, dir_fd=dfd)
+                gone.append(os.path.join(directory, name))
+        except OSError:
+            pass                                 # held: a live daemon's
+        finally:
+            os.close(fd)
+    return gone
 
 
 LOCK_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
@@ -137,7 +207,7 @@ def _open_lock(name: str, dfd: int, path: str) -> int:
     try:
         if st is not None and (problem := _lock_file_problem(st)):
             raise ConfigError(f"refusing the lock file {path}: {problem}; remove it")
-        fd = os.open(name, LOCK_FLAGS | (os.O_CREAT if st is None else 0), 0o600, dir_fd=dfd)
+        fd = os.open(name, LOCK_FLAGS | os.O_CREAT, 0o600, dir_fd=dfd)
     except OSError as exc:
         why = too_many_files() if exc.errno in EMFILE else exc.strerror
         raise ConfigError(f"cannot open the lock file {path}: {why}") from None

@@ -28,8 +28,13 @@ so it only helps a disk that QEMU reads and writes through that cache:
   (storage-pool reference), ``nvme``, ``vhostuser`` and ``dir`` disks are
   ineligible, as are empty drives and ``device='lun'`` (SCSI passthrough:
   the guest's commands go to the device with SG_IO, not through the cache).
-* Read-only disks and CD-ROM/floppy images with media are eligible: the guest
-  reads them through the page cache, and read-only means no write can collide.
+* Read-only disks (``<readonly/>``) and CD-ROM/floppy images are ineligible:
+  the host budget is for the disks guests work on, and each disk served costs
+  a trace instance, a lock and a share of a cycle.
+
+``assess`` is the one verdict, with a reason and a code (``report.UNSERVED``): ``discover``
+shows it, the host service serves by it (``libvirt_watch.wanted``) and the per-disk check
+refuses by it (``libvirt_watch.require_eligible``), so they never disagree.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 
 from vmdisktouch.adapters.libvirt.domain_state import domain_state
+from vmdisktouch.config.overrides import LABEL_NS  # noqa: F401 - where labels_of looks
 from vmdisktouch.errors import VmdtError
 
 log = logging.getLogger("vmdisktouch")
@@ -57,6 +63,7 @@ DIRECT_CACHE_MODES = ("none", "directsync")
 O_DIRECT_CONSEQUENCE = ("the guest bypasses the host page cache, so holding pages helps "
                         "nothing and can collide with direct writes")
 HOST_OFFSETS_CAVEAT = "offsets are host-file offsets, not guest offsets"
+READ_ONLY_CONSEQUENCE = "the host budget is for the disks guests work on"
 
 class LibvirtError(VmdtError):
     """libvirt-python is missing, the daemon is unreachable, or a call failed."""
@@ -80,6 +87,7 @@ class Disk:
     backing: list[str] = field(default_factory=list)   # backing-chain file/device paths
     eligible: bool = False
     reason: str = ""
+    code: str = ""             # why not eligible (``report.UNSERVED``); "" when eligible
     unit: str | None = None    # the systemd unit to enable, for a local source
     uuid: str = ""
     # QEMU has not activated its disks yet: an incoming migration or restore runs
@@ -93,6 +101,8 @@ class Disk:
     # What is wrong with its domain's XML (its metadata unreadable, or the XML itself: then
     # this is its last known listing), or None (``Memo``).
     problem: str | None = field(default=None, compare=False)
+    # The labels of its domain (``labels_of``), for the host service's scope.
+    labels: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -113,31 +123,31 @@ def unit_name(path: str) -> str | None:
         return None   # e.g. longer than systemd's 255-character limit, or a '..' component
 
 
-def assess(disk: Disk) -> tuple[bool, str]:
-    """(eligible, reason) for one disk; see the module docstring for the rules."""
+def assess(disk: Disk) -> tuple[bool, str, str]:
+    """(eligible, reason, code) for one disk: the one verdict (the module docstring)."""
     if disk.type not in ("file", "block"):
-        return False, f"not a local file or block device (type={disk.type})"
+        return False, f"not a local file or block device (type={disk.type})", "not_local"
     if not disk.source:
-        return False, "no source (empty drive)"
+        return False, "no source (empty drive)", "no_source"
     if disk.device == "lun":
         return False, ("device=lun passes SCSI commands through to the device (SG_IO), "
-                       "bypassing the host page cache")
+                       "bypassing the host page cache"), "passthrough"
     direct = []
     if disk.cache in DIRECT_CACHE_MODES:
         direct.append(f"cache={disk.cache}")
     if disk.io == "native":
         direct.append("io=native")
     if direct:
-        return False, f"{' and '.join(direct)} use O_DIRECT: {O_DIRECT_CONSEQUENCE}"
+        return False, f"{' and '.join(direct)} use O_DIRECT: {O_DIRECT_CONSEQUENCE}", "o_direct"
+    if disk.readonly or disk.device in ("cdrom", "floppy"):
+        return False, (f"read-only {disk.device}: {READ_ONLY_CONSEQUENCE}"), "read_only"
     cache = f"cache={disk.cache}" + (" (QEMU default)" if disk.cache_default else "")
     notes = [f"buffered I/O through the host page cache ({cache}, io={disk.io})"]
-    if disk.readonly:
-        notes.append("read-only")
     if disk.format != "raw":
         notes.append(f"{disk.format}: {HOST_OFFSETS_CAVEAT}")
     if disk.backing:
         notes.append(f"backing files are separate images: {', '.join(disk.backing)}")
-    return True, "; ".join(notes)
+    return True, "; ".join(notes), ""
 
 
 def _source_path(elem: ET.Element | None, dtype: str) -> str | None:
@@ -182,6 +192,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
     name = root.findtext("name") or "?"
     uuid = root.findtext("uuid") or ""
     carried = problem or _carried(root)
+    labels = labels_of(root)
     disks = []
     for el in root.findall("./devices/disk"):
         dtype = el.get("type", "file")
@@ -204,10 +215,10 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
             io=QEMU_DEFAULT_IO if io_default else io_attr,
             io_default=io_default,
             readonly=el.find("readonly") is not None,
-            backing=_backing_chain(el), problem=problem,
+            backing=_backing_chain(el), problem=problem, labels=labels,
         )
         disk.carried = carried if isinstance(carried, str) else carried.get(disk.target)
-        disk.eligible, disk.reason = assess(disk)
+        disk.eligible, disk.reason, disk.code = assess(disk)
         if with_units and source and dtype in ("file", "block"):
             disk.unit = unit_name(source)
         disks.append(disk)
@@ -225,6 +236,13 @@ def _without_metadata(xml: str, exc: ET.ParseError) -> ET.Element:
         return ET.fromstring(METADATA.sub("", xml, count=1))
     except ET.ParseError:
         raise LibvirtError(f"cannot parse domain XML: {exc}") from None
+
+
+def labels_of(root: ET.Element) -> tuple[str, ...]:
+    """The words of the domain's ``<label>`` element in ``LABEL_NS``, in order; () without
+    one."""
+    elem = root.find(f"./metadata/{{{LABEL_NS}}}label")
+    return tuple((elem.text or "").split()) if elem is not None else ()
 
 
 def _carried(root: ET.Element) -> dict | str:

@@ -39,7 +39,7 @@ reconnects.
 
 The pure rules over the listing live here too: which disks a host service
 serves (``wanted``), which domains own an image path (``owners``) and
-whether libvirt opens it with O_DIRECT (``require_eligible``).
+whether a domain uses it as an ineligible disk (``require_eligible``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ log = logging.getLogger("vmdisktouch")
 
 
 class IneligibleDiskError(VmdtError):
-    """libvirt opens the disk with O_DIRECT: holding it helps nothing (override: --force)."""
+    """A domain uses the disk in a way ``libvirt_disks.assess`` finds ineligible (O_DIRECT,
+    read-only...): the per-disk check refuses what the host service skips (override: --force)."""
 
     exit_code = EX_CONFIG
 
@@ -65,26 +66,22 @@ class IneligibleDiskError(VmdtError):
 @dataclass(frozen=True)
 class Wanted:
     """The disks to serve (by path) and those left out, with their reasons."""
-    serve: dict[str, Disk]                 # image path -> its disk
-    skipped: dict[tuple[str, str], str]    # (domain, target) -> why not
+    serve: dict[str, Disk]                                # image path -> its disk
+    skipped: dict[tuple[str, str], tuple[str, str]]       # (domain, target) -> (code, why)
 
 
 def wanted(disks: list[Disk]) -> Wanted:
-    """The running domains' disks a host budget is for: eligible (buffered, local) and
-    writable; CD-ROMs and read-only disks are listed with their reason."""
+    """The running domains' disks a host budget is for: those ``libvirt_disks.assess``
+    finds eligible, the others listed with its reason (the one verdict)."""
     serve: dict[str, Disk] = {}
-    skipped: dict[tuple[str, str], str] = {}
+    skipped: dict[tuple[str, str], tuple[str, str]] = {}
     for d in disks:
         if not d.active:
             continue
-        if not d.eligible:
-            why = d.reason
-        elif d.readonly or d.device in ("cdrom", "floppy"):
-            why = f"read-only {d.device}: a host budget is for the disks guests work on"
-        else:
+        if d.eligible:
             serve.setdefault(d.source, d)
-            continue
-        skipped[(d.domain, d.target)] = why
+        else:
+            skipped[(d.domain, d.target)] = (d.code, d.reason)
     return Wanted(serve, skipped)
 
 
@@ -98,8 +95,8 @@ def owners(disks: list[Disk], path: str) -> list[Disk]:
 
 
 def require_eligible(found: list[Disk], path: str, force: bool = False) -> None:
-    """Raise ``IneligibleDiskError`` when a domain of ``found`` (``owners``) opens ``path``
-    with O_DIRECT, unless ``force`` (then a warning)."""
+    """Raise ``IneligibleDiskError`` when a domain of ``found`` (``owners``) uses ``path`` as
+    a disk ``libvirt_disks.assess`` finds ineligible, unless ``force`` (then a warning)."""
     bad = next((d for d in found if not d.eligible), None)
     if bad is None:
         return
@@ -269,6 +266,12 @@ class LibvirtWatch:
         if self.wake is not None:
             self.wake.set()
 
+    def _on_metadata(self, conn, dom, mtype, nsuri, opaque) -> None:
+        """In libvirt's event thread: a domain's labels changed (``LABEL_NS``) wake the loop;
+        the daemon's own heat writes (another namespace) do not."""
+        if nsuri == libvirt_disks.LABEL_NS:
+            self._on_event(conn, dom, mtype, nsuri, opaque)
+
     # -- the worker's side: every libvirt call
 
     def _run(self) -> None:
@@ -348,6 +351,8 @@ class LibvirtWatch:
                           libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED):
                 self._callbacks.append(
                     conn.domainEventRegisterAny(None, event, self._on_event, None))
+            self._callbacks.append(conn.domainEventRegisterAny(
+                None, libvirt.VIR_DOMAIN_EVENT_ID_METADATA_CHANGE, self._on_metadata, None))
         except libvirt.libvirtError as exc:
             log.warning("libvirt at %s: no events (%s); changes are seen by the resync of "
                         "each cycle", self.uri, libvirt_disks.libvirt_message(exc))

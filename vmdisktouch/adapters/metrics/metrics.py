@@ -58,13 +58,11 @@ import socket
 import threading
 
 from vmdisktouch import __version__
-from vmdisktouch.adapters import atomic
+from vmdisktouch.adapters import outputs
 from vmdisktouch.adapters.systemd import listen_fds
 from vmdisktouch.adapters.metrics.metrics_http import Endpoint, listen
-from vmdisktouch.adapters.outputs import OUTPUT_KEYS
 from vmdisktouch.errors import ConfigError
-from vmdisktouch.report import CODES, DiskReport, HostReport
-from vmdisktouch.system import files
+from vmdisktouch.report import CODES, UNSERVED, DiskReport, HostReport
 
 log = logging.getLogger("vmdisktouch")
 
@@ -213,11 +211,27 @@ class Collector:
         yield from (limited, holding, info)
         yield from _curve_families(disks.values())
         if host is not None:
+            yield _unserved_family(host.skipped or ())
             for name, text, key in HOST_GAUGES:
                 v = getattr(host, key)
                 v = len(v) if isinstance(v, list) else v
                 if v is not None:
                     yield GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(v))
+
+
+def _unserved_family(skipped):
+    """Each disk of a running domain not served (``HostReport.skipped``): 1, its reason a
+    code of ``report.UNSERVED`` ("other" for any else), so the series stay as few as the
+    disks."""
+    from prometheus_client.core import GaugeMetricFamily
+    g = GaugeMetricFamily("vmdisktouch_disk_unserved", "A disk of a running libvirt domain "
+                          "the host service does not serve, with why (1 per disk).",
+                          labels=["domain", "target", "reason"])
+    for s in skipped:
+        code = s.get("code")
+        g.add_metric([str(s["domain"]), str(s["target"]),
+                      code if code in UNSERVED else "other"], 1)
+    return g
 
 
 def _curve_families(disks):
@@ -378,52 +392,7 @@ class Metrics:
             self.server = None
         if self.path:
             try:
-                remove_textfile(self.path, self.outputs.protected)
+                outputs.remove(self.path, "metrics_file", self.outputs.protected)
             except OSError as exc:
                 log.warning("cannot remove --metrics-file %s: %s; node_exporter shows its "
                             "last figures until it is removed", self.path, exc.strerror or exc)
-
-
-def remove_textfile(path: str, protected: list) -> bool:
-    """Remove ``path`` when it is a metrics file vmdisktouch writes: a regular file (not
-    a link: never followed), starting ``# HELP ``, none of ``protected``; True if removed.
-
-    Every step works in the directory ``files.open_dir`` opened (never reached through
-    a link another user could change), as ``atomic`` writes there: the name is checked
-    (``lstat``) before the file is opened (a device node or a FIFO is never opened), the
-    file opened must be the one checked, and the name must still be it just before the
-    unlink. An unlink never writes a file: at worst it drops one name of it.
-    """
-    directory, name = os.path.split(os.path.abspath(path))
-    try:
-        dfd = files.open_dir(directory)
-    except FileNotFoundError:
-        return False                       # the file went with its directory
-    try:
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        why = atomic.target_problem(st) or next(
-            (f"it is {p.what}" for p in protected if p.matches(st)), None)
-        if why is None:
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=dfd)
-            try:
-                magic = OUTPUT_KEYS["metrics_file"][1]
-                same = _same(os.fstat(fd), st)
-                if not same or os.read(fd, len(magic)) != magic:
-                    why = "it is not a file vmdisktouch writes"
-            finally:
-                os.close(fd)
-        if why is None and _same(os.stat(name, dir_fd=dfd, follow_symlinks=False), st):
-            os.unlink(name, dir_fd=dfd)
-            return True
-        log.warning("--metrics-file %s not removed: %s", path, why or "it was replaced")
-        return False
-    finally:
-        os.close(dfd)
-
-
-def _same(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

@@ -1,8 +1,8 @@
 """The picture of ``vmdisktouch advise``: each disk's curve and the size advised on it.
 
 Layout, top to bottom: a header (what was watched, when, for how long); a
-line per disk, its swatch in its own colour (``host_render.disk_colour``, the
-same as in the host PNG), its name and its advice; then the host PNG's
+line per disk, its swatch in its own colour (``host_render.colours``: each
+disk its own, first from its name as in the host PNG), its name and its advice; then the host PNG's
 curves panel (``host_render.curves_panel``) with each disk's curve, a ring
 where the size advised meets it. A disk with no size advised (no reads, no
 re-reads) has no ring; a disk without a curve, or not read, is left out of the
@@ -73,9 +73,9 @@ def advise_image(report: dict, width: int = WIDTH) -> Image.Image:
     for k, line in enumerate(head):
         draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
     marks = colours(disks)
-    for k, (d, r, (colour, rank)) in enumerate(zip(report["disks"], disks, marks)):
+    for k, (d, r, colour) in enumerate(zip(report["disks"], disks, marks)):
         y = top + k * ROW
-        fill_box(img, (PAD, y + 2, PAD + SWATCH - 1, y + 1 + SWATCH), colour, rank)
+        fill_box(img, (PAD, y + 2, PAD + SWATCH - 1, y + 1 + SWATCH), colour)
         x, room = PAD + SWATCH + 6, width - 2 * PAD - SWATCH - 6
         name = f"{d['name']} (cache={d['cache']}, {format_size(d['image_bytes'])} image)"
         draw.text((x, y), fit_text(draw, name, room, font), fill=TEXT, font=font)

@@ -1,10 +1,11 @@
 """A map PNG an operator can read: the grid of ``render`` with a header, an axis and a legend.
 
 Layout, top to bottom: a header (what, when, held / budget, resident,
-cycle), the grid with an offset axis on its left (the offset of the first
-block of a pixel row, in human units: 0, 256M, 1.5G, ...), then a legend of
-the colours, or for the heat map a colour bar on its fixed scale with the
-threshold marked. The canvas is at least ``MIN_WIDTH`` (512) pixels wide: a
+cycle), the grid with an offset axis on its left (round offsets evenly
+spaced, ``offset_ticks``: 0, 0.5G, 1G, 1.5G, ... each beside the pixel row that
+holds it), then a legend of the colours, or for the heat map a colour bar on
+its fixed scale with the threshold marked (``colorbar_ticks``: a log scale has
+no 0, so its first label is its floor). The canvas is at least ``MIN_WIDTH`` (512) pixels wide: a
 small grid is scaled up by a whole factor (``fit_scale``) rather than drawn
 in a corner. Text uses PIL's default font (FreeType when Pillow has it).
 ``Figure.boxes`` names where each legend swatch was drawn (the tests read
@@ -14,6 +15,7 @@ those pixels).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +32,8 @@ PAD = 8
 AXIS = 64             # px left of the grid for the offset labels
 LINE = 16             # px per line of text
 SWATCH = 12
+NICE = (1, 2, 5, 10)  # a tick step is one of these times a power of ten, of one unit
+UNITS = (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40), ("P", 1 << 50))
 
 MAP_LEGEND = (("held by vmdisktouch", render.HELD),
               ("held, rewritten lately", render.REWRITTEN),
@@ -118,17 +122,50 @@ def compose(grid: Image.Image, layout: render.Layout, block_size: int, header: l
     return fig
 
 
+def offset_ticks(size: int, most: int) -> list[tuple[float, str]]:
+    """(offset in bytes, label) from 0 up to ``size``, at most ``most`` steps: the step is
+    1, 2 or 5 x 10^e of the largest binary unit ``size`` reaches, so the labels are round,
+    evenly spaced and in one unit (a 3G image: 0, 0.5G, 1G, ..., 2.5G)."""
+    name, unit = "", 1
+    for n, u in UNITS:
+        if size >= u:
+            name, unit = n, u
+    span = size / unit
+    if span <= 0:
+        return [(0.0, "0")]
+    raw = span / max(1, most)
+    e = math.floor(math.log10(raw))
+    m = next(m for m in NICE if m * 10.0 ** e >= raw * (1 - 1e-9))
+    digits = max(0, -e if m < 10 else -e - 1)
+    out = []
+    for i in range(int(span / (m * 10.0 ** e) + 1e-9) + 1):
+        v = round(i * m * 10.0 ** e, digits)
+        out.append((v * unit, "0" if i == 0 else f"{v:.{digits}f}{name}"))
+    return out
+
+
 def _axis(d, font, layout: render.Layout, block_size: int, top: int, gh: int) -> None:
-    """Offset labels down the left: the first byte of every few pixel rows."""
-    k = layout.scale
-    rows = layout.height
-    every = max(1, -(-(LINE * 3) // k))               # a label at most every 3 lines
+    """Offset labels down the left (``offset_ticks``), at most one every 3 lines, each
+    beside the pixel row holding its offset."""
     row_bytes = layout.width * layout.blocks_per_pixel * block_size
-    for r in range(0, rows, every):
-        y = top + r * k
+    for offset, label in offset_ticks(layout.nblocks * block_size, gh // (LINE * 3)):
+        y = top + int(round(offset / row_bytes * layout.scale))
+        if offset and y > top + gh - LINE // 2:     # clear of the "offset" below the grid
+            continue
         d.line((AXIS - 5, y, AXIS - 1, y), fill=DIM)
-        d.text((PAD, y - 6), format_size(r * row_bytes), fill=DIM, font=font)
+        d.text((PAD, y - 6), label, fill=DIM, font=font)
     d.text((PAD, top + gh + 2), "offset", fill=DIM, font=font)
+
+
+def colorbar_ticks(vmax: float, threshold: float) -> list[float]:
+    """The colour bar's tick values: on the log scale (``threshold`` > 0) its floor, a
+    tenth of the threshold, the powers of ten between and ``vmax``, never 0 (a log scale
+    has none); on the linear scale 0 and ``vmax``."""
+    if not 0 < threshold / 10 < vmax:
+        return [0.0, vmax]
+    vmin = threshold / 10
+    decades = range(math.floor(math.log10(vmin)) + 1, math.ceil(math.log10(vmax)))
+    return [vmin, *(10.0 ** k for k in decades if vmin < 10.0 ** k < vmax), vmax]
 
 
 def _colorbar(d, font, fig: Figure, colorbar, y: int, width: int) -> None:
@@ -146,18 +183,22 @@ def _colorbar(d, font, fig: Figure, colorbar, y: int, width: int) -> None:
     def at(v: float) -> int:
         return x0 + int(round(float(render.heat_fraction(np.array([v]), vmax, vmin)[0]) * span))
 
-    ticks = [v for v in (0.01, 0.1, 1.0) if vmin is not None and vmin < v < vmax]
-    last = -100
-    for v in [0.0, *ticks, vmax]:
+    ticks = colorbar_ticks(vmax, threshold)
+    placed = []                                       # (value, x, label x, label width)
+    for k, v in enumerate(ticks):
         x = at(v) if v > 0 else x0
         label = f"{v:g}"
         w = d.textlength(label, font=font)
         lx = min(max(x0, x - w / 2), x1 - w)
-        if lx < last + 6:
-            continue
+        while placed and lx < placed[-1][2] + placed[-1][3] + 6:
+            if k < len(ticks) - 1 or len(placed) == 1:    # the two ends stay
+                break
+            placed.pop()                              # the last end wins over a middle one
+        else:
+            placed.append((v, x, lx, w))
+    for v, x, lx, _ in placed:
         d.line((x, y + 14, x, y + 17), fill=DIM)
-        d.text((lx, y + 17), label, fill=DIM, font=font)
-        last = lx + w
+        d.text((lx, y + 17), f"{v:g}", fill=DIM, font=font)
     if vmin is not None and threshold < vmax:
         xt = at(threshold)
         d.line((xt, y - 3, xt, y + 16), fill=render.OUTLINE, width=2)

@@ -34,7 +34,8 @@ band per disk, so the height grows with the disks):
 * when a disk has a miss-ratio curve (the trace source), a *curves* panel:
   every disk's curve (``core.mrc``: the share of its reads an LRU cache of
   each size would serve) as a line in the disk's colour, over one log axis
-  of sizes from the smallest point of any curve to the largest image, hit
+  of sizes from the smallest point of any curve to the largest image
+  (labelled at round sizes, the powers of 4: 1M, 4M, 16M, ...), hit
   ratio from 0 to 100 % up; a dot on each line where the disk holds now, a
   ring in its colour at its share of the budget.
   Where a line still climbs past its dot, more memory would pay there; where
@@ -58,25 +59,34 @@ light blue, teal, mint and greens (near sky blue or bluish green), olive,
 sand, pear and pale yellow (near yellow or vermillion), the greys (near
 the free budget's grey or the share's white outline).
 
-A disk's colour comes from its identity, never its position:
-``PALETTE[blake2b(key) % 6]`` with ``key`` = ``domain/target`` when known,
-else the image path (``disk_key``): a fixed hash, not Python's salted
-``hash``, so it is the same in every frame and every process, and a domain
-that restarts (and moves in the list) keeps its colour. Not CRC-32: it is
-linear, so names one character apart (vm1/vda, vm2/vda, ...) crowd onto a
-few colours. Two disks of one frame can draw the same colour: then, among
-the disks sharing a colour, the one whose key sorts first is solid and the
-others are hatched (dark stripes over their colour, always a minority of
-its pixels; their rank in that sorted order picks the pattern: diagonal,
-the other diagonal, vertical, crossed), in the swatch, the budget bar and
-the allocation bar. The hatching depends only on which disks share the
-colour in the frame, never on the list's order; the colour itself never
-changes.
+Every disk of a picture has a colour of its own. The six above come
+first; a host with more disks takes more by one rule (``palette``): each
+next colour is the candidate farthest in CIE Lab from every colour taken
+so far (a farthest-point sequence over the sRGB cube in steps of 8), among
+those bright enough on the dark background (L* 50 to 82), coloured
+(chroma 30 to 90) and at least 25 from the block map's four colours and
+the picture's greys and white. The sequence is fixed, so the 7th colour is
+the same on every host: the first 24 stay at least 23 apart (Delta E 1976,
+2.3 is just noticeable; the six are the closest pair), 40 at least 22, 100
+at least 14: each further one is as far from the others as the cube allows.
+Past the six they are told apart by normal vision only.
+
+A disk keeps its colour while it stays in the picture (``ColourBook``, one
+per daemon): it never follows the disk's position, so a domain that
+restarts, and moves to the end of the list, keeps it. A disk new to the
+picture takes the colour its name picks, ``blake2b(key) % 6`` with ``key``
+= ``domain/target`` when known, else the image path (``disk_key``; a fixed
+hash, not Python's salted ``hash``, so the same in every process), or the
+next of the six that no disk of the picture has, and once the six are
+taken the first free colour past them. A disk that leaves and comes back
+gets its old colour again unless another disk has taken it meanwhile.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -113,14 +123,14 @@ WOULD_GAIN = (255, 255, 255)  # the triangle of a disk not served that would gai
 # Okabe-Ito orange, blue, reddish purple; Tol light pink, bright red, bright purple
 PALETTE = [(230, 159, 0), (0, 114, 178), (204, 121, 167), (255, 170, 187),
            (238, 102, 119), (170, 51, 119)]
+# what a disk's colour must stay away from: the block map's four, greys, white, the background
+RESERVED = [render.HELD, render.CACHED, render.REWRITTEN, render.THRASHING, UNUSED, TRACK, BG,
+            SHARE, NEUTRAL]
 REASONS = {"domain_off": "domain off", "no_evidence": "no reads yet",
            "below_threshold": "the threshold", "budget": "budget", "cap": "its cap",
            "weight": "its weight", "curve": "its curve share", "floor": "the memory floor",
            "cgroup": "its cgroup",
            "lock_limit": "the lock limit", "not_loaded": "a load error"}
-# the hatch of the 1st, 2nd, ... other disk of a shared colour: True = a dark pixel
-PATTERNS = (lambda x, y: (x + y) % 4 == 0, lambda x, y: (x - y) % 4 == 0,
-            lambda x, y: x % 3 == 0, lambda x, y: ((x + y) % 4 == 0) | ((x - y) % 4 == 0))
 
 
 @dataclass(frozen=True)
@@ -147,26 +157,90 @@ class Unserved:
     gain: str | None = None
 
 
+def unserved_rows(skipped: list[dict] | None, advice: dict | None) -> list[Unserved]:
+    """A row per disk of the report's ``skipped`` (ineligible, excluded, out of scope), in
+    its order, with its reason; what it would gain where the last ``advise`` report
+    (``advice_file.load_advice``) says it would."""
+    from vmdisktouch.adapters import advice_file
+    out = []
+    for s in skipped or ():
+        a = advice_file.advice_of(advice, s["domain"], s["target"])
+        gains = a is not None and a.get("verdict") == "hold"
+        out.append(Unserved(f"{s['domain']}/{s['target']}", s["reason"],
+                            advice_file.advice_cell(a) if gains else None))
+    return out
+
+
 def disk_key(d: DiskBand) -> str:
     """The disk's identity: ``domain/target`` under libvirt, else the image path."""
     return f"{d.domain}/{d.target}" if d.domain else d.name
 
 
-def disk_colour(d: DiskBand) -> tuple[int, int, int]:
-    """Its colour: the same in every frame and process (BLAKE2b of ``disk_key``)."""
-    h = hashlib.blake2b(disk_key(d).encode(), digest_size=8).digest()
-    return PALETTE[int.from_bytes(h, "big") % len(PALETTE)]
+def cie_lab(rgb) -> np.ndarray:
+    """sRGB colours (..., 3) as CIE L*a*b* (D65), where distance is what eyes see."""
+    c = np.asarray(rgb, np.float64) / 255
+    c = np.where(c > 0.04045, ((c + 0.055) / 1.055) ** 2.4, c / 12.92)
+    xyz = c @ np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
+                        [0.0193, 0.1192, 0.9505]]).T / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]),
+                     200 * (f[..., 1] - f[..., 2])], axis=-1)
 
 
-def colours(disks: list[DiskBand]) -> list[tuple[tuple[int, int, int], int]]:
-    """Per disk, (colour, rank): rank 0 is solid; rank r > 0, the r-th other disk of the
-    frame with that colour in key order, is hatched with ``PATTERNS[r - 1]``."""
-    cs = [disk_colour(d) for d in disks]
-    out = []
-    for d, c in zip(disks, cs):
-        keys = sorted({disk_key(o) for o, oc in zip(disks, cs) if oc == c})
-        out.append((c, keys.index(disk_key(d))))
-    return out
+@functools.lru_cache(maxsize=None)
+def palette(n: int) -> tuple[tuple[int, int, int], ...]:
+    """The first ``n`` (at least 6) disk colours: ``PALETTE``, then each next the candidate
+    farthest from all before it (the module's theory), so any n stay as far apart as they
+    can."""
+    out = [tuple(c) for c in PALETTE]
+    steps = list(range(0, 256, 8)) + [255]
+    cand = np.array(list(itertools.product(steps, repeat=3)))
+    lab = cie_lab(cand)
+    chroma = np.hypot(lab[:, 1], lab[:, 2])
+    near = np.linalg.norm(lab[:, None] - cie_lab(RESERVED)[None], axis=-1).min(axis=1)
+    ok = (lab[:, 0] >= 50) & (lab[:, 0] <= 82) & (chroma >= 30) & (chroma <= 90) & (near >= 25)
+    cand, lab = cand[ok], lab[ok]
+    far = np.linalg.norm(lab[:, None] - cie_lab(out)[None], axis=-1).min(axis=1)
+    while len(out) < n:
+        j = int(far.argmax())
+        out.append(tuple(int(v) for v in cand[j]))
+        far = np.minimum(far, np.linalg.norm(lab - lab[j], axis=-1))
+    return tuple(out)
+
+
+class ColourBook:
+    """Each disk's colour by its key: distinct within a picture, kept while the disk stays
+    in it, and given back when it returns if still free (the module's theory)."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, int] = {}          # key -> index into ``palette``
+
+    def colours(self, keys: list[str]) -> list[tuple[int, int, int]]:
+        """The colour of each of ``keys`` (the picture's disks), in their order."""
+        present = sorted(set(keys))
+        owner: dict[int, str] = {}
+        for k in present:                        # kept, where no disk took it first
+            i = self.given.get(k)
+            if i is not None and i not in owner:
+                owner[i] = k
+        placed = set(owner.values())
+        for k in present:
+            if k in placed:
+                continue
+            h = int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "big")
+            first = [(h + j) % len(PALETTE) for j in range(len(PALETTE))]
+            owner[next(i for i in itertools.chain(first, itertools.count(len(PALETTE)))
+                       if i not in owner)] = k
+        index = {k: i for i, k in owner.items()}
+        left = {i: k for k, i in self.given.items() if k not in index and i not in owner}
+        self.given = {**{k: i for i, k in left.items()}, **index}
+        pal = palette(max(owner, default=0) + 1)
+        return [pal[index[k]] for k in keys]
+
+
+def colours(disks: list[DiskBand], book: ColourBook | None = None) -> list[tuple[int, int, int]]:
+    """Each disk's colour from ``book`` (a new one: a picture of its own)."""
+    return (book or ColourBook()).colours([disk_key(d) for d in disks])
 
 
 def band_top(k: int) -> int:
@@ -224,17 +298,13 @@ def _strip(d: DiskBand, w: int, h: int) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(np.repeat(row[None], h, axis=0)))
 
 
-def fill_box(img: Image.Image, box, colour, rank: int = 0) -> None:
-    """``box`` (inclusive) in ``colour``, hatched by ``rank`` (0: solid); the pattern is
-    anchored to the picture, so neighbouring boxes line up."""
+def fill_box(img: Image.Image, box, colour) -> None:
+    """``box`` (inclusive) in ``colour``."""
     x0, y0, x1, y1 = (int(v) for v in box)
     if x1 < x0 or y1 < y0:
         return
     a = np.empty((y1 - y0 + 1, x1 - x0 + 1, 3), np.uint8)
     a[:] = colour
-    if rank:
-        yy, xx = np.mgrid[y0:y1 + 1, x0:x1 + 1]
-        a[PATTERNS[(rank - 1) % len(PATTERNS)](xx, yy)] = BG
     img.paste(Image.fromarray(a), (x0, y0))
 
 
@@ -274,10 +344,12 @@ def header(disks: list[DiskBand], budget: int, when: float | None,
 
 def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, *,
                         when: float | None = None, above_floor: int | None = None,
-                        unserved: list[Unserved] = ()) -> Image.Image:
+                        unserved: list[Unserved] = (),
+                        book: ColourBook | None = None) -> Image.Image:
     """The overview of ``disks`` under ``budget`` bytes at time ``when``, with
     ``above_floor`` bytes of MemAvailable above the free-memory floor, and the
-    ``unserved`` disks listed below them."""
+    ``unserved`` disks listed below them; the colours from ``book`` (the daemon's, so a
+    disk keeps its colour from frame to frame)."""
     font = load_font()
     width = max(MIN_WIDTH, width)
     legend_h = PAD + LEGEND * LINE + PAD
@@ -288,7 +360,7 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
     draw = ImageDraw.Draw(img)
     for k, line in enumerate(header(disks, budget, when, above_floor)):
         draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
-    marks = colours(disks)
+    marks = colours(disks, book)
     _budget_bar(img, disks, marks, budget, width)
     alloc_w, strip_x, span = columns_x(width)
     y = HEAD + BAR + 6
@@ -297,9 +369,9 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
                            (strip_x, span, "the image: held, cached blocks")):
         draw.text((x, y), fit_text(draw, title, room, font, False), fill=DIM, font=font)
     largest = max((d.size_bytes for d in disks), default=0)
-    for k, (d, (colour, rank)) in enumerate(zip(disks, marks)):
+    for k, (d, colour) in enumerate(zip(disks, marks)):
         y = band_top(k)
-        fill_box(img, swatch_box(k), colour, rank)
+        fill_box(img, swatch_box(k), colour)
         x = PAD + SWATCH + 6
         draw.text((x, y), fit_text(draw, disk_key(d), LABEL - x - 8, font), fill=TEXT, font=font)
         info = f"{short_size(d.size_bytes)} image"
@@ -307,7 +379,7 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
             info += f", limited by {REASONS.get(d.limited_by, d.limited_by)}"
         draw.text((x, y + LINE), fit_text(draw, info, LABEL - x - 8, font, False), fill=DIM,
                   font=font)
-        _allocation(img, draw, font, d, colour, rank, budget, (LABEL, y + 2, alloc_w))
+        _allocation(img, draw, font, d, colour, budget, (LABEL, y + 2, alloc_w))
         w = strip_width(d.size_bytes, largest, span)
         draw.rectangle([strip_x - 1, y, strip_x + w, y + 2 * LINE - 1], outline=FRAME)
         img.paste(_strip(d, w, 2 * LINE - 2), (strip_x, y + 1))
@@ -366,8 +438,8 @@ def curves_panel(img, draw, font, disks: list[DiskBand], marks, y: int, width: i
         yy = at(lo, r)[1]
         draw.line([x0, yy, x1, yy], fill=(60, 60, 60))
         draw.text((PAD, yy - LINE // 2), f"{r:.0%}", fill=DIM, font=font)
-    size, last_x = lo, -1e9
-    while size <= hi * 1.001:                      # labels a factor of 4 apart, at least
+    size, last_x = 4.0 ** math.ceil(math.log(lo, 4) - 1e-9), -1e9
+    while size <= hi * 1.001:                      # round sizes: the powers of 4 (1M, 4M, ...)
         xx = at(size, 0)[0]
         label = short_size(int(size))
         if xx - last_x >= draw.textlength(label, font=font) + 12:
@@ -377,32 +449,17 @@ def curves_panel(img, draw, font, disks: list[DiskBand], marks, y: int, width: i
                       font=font)
             last_x = xx
         size *= 4
-    for d, (colour, rank) in zip(disks, marks):
+    for d, colour in zip(disks, marks):
         pts = [at(b, h) for b, h in (d.curve or ()) if b > 0]
         if len(pts) < 2:
             continue
-        for p, q in zip(pts, pts[1:]):
-            if rank:                               # a disk sharing a colour: dashed
-                _dashed(draw, p, q, colour)
-            else:
-                draw.line([p, q], fill=colour, width=2)
+        draw.line(pts, fill=colour, width=2, joint="curve")
         if d.share_bytes:
             sx, sy = at(d.share_bytes, _hit_at(d.curve, d.share_bytes))
             draw.ellipse([sx - 6, sy - 6, sx + 6, sy + 6], outline=colour, width=2)
         if d.held_bytes > 0:
             hx, hy = at(d.held_bytes, _hit_at(d.curve, d.held_bytes))
             draw.ellipse([hx - 4, hy - 4, hx + 4, hy + 4], fill=colour, outline=SHARE)
-
-
-def _dashed(draw, p, q, colour, on: float = 6.0, off: float = 4.0) -> None:
-    """A dashed line from ``p`` to ``q``: ``on`` px drawn, ``off`` px left, measured along it."""
-    length = math.dist(p, q)
-    t = 0.0
-    while t < length:
-        a, b = t / length, min(t + on, length) / length
-        draw.line([(p[0] + (q[0] - p[0]) * a, p[1] + (q[1] - p[1]) * a),
-                   (p[0] + (q[0] - p[0]) * b, p[1] + (q[1] - p[1]) * b)], fill=colour, width=2)
-        t += on + off
 
 
 def _hit_at(curve: list, size: int) -> float:
@@ -417,23 +474,23 @@ def _budget_bar(img, disks, marks, budget: int, width: int) -> None:
     fill_box(img, (PAD, HEAD, width - PAD - 1, HEAD + BAR - 1), UNUSED)
     w = width - 2 * PAD
     x = float(PAD)
-    for d, (colour, rank) in zip(disks, marks):
+    for d, colour in zip(disks, marks):
         dx = w * min(d.held_bytes, budget) / budget if budget > 0 else 0.0
         if dx > 0:
             x1 = min(width - PAD - 1, max(int(x), int(x + dx) - 2))
-            fill_box(img, (int(x), HEAD, x1, HEAD + BAR - 1), colour, rank)
+            fill_box(img, (int(x), HEAD, x1, HEAD + BAR - 1), colour)
             fill_box(img, (x1 + 1, HEAD, x1 + 1, HEAD + BAR - 1), BG)
         x += dx
 
 
-def _allocation(img, draw, font, d: DiskBand, colour, rank, budget, at) -> None:
+def _allocation(img, draw, font, d: DiskBand, colour, budget, at) -> None:
     """The allocation bar at ``at`` = (x, y, width), scaled to the budget: wanted dim,
     held solid, the share outlined; the numbers below."""
     x, y, w = at
     fill_box(img, (x, y, x + w - 1, y + ROW - 1), TRACK)
     wanted = _px(d.wanted_bytes, budget, w)
     fill_box(img, (x, y, x + wanted - 1, y + ROW - 1), _dim(colour))
-    fill_box(img, (x, y, x + _px(d.held_bytes, budget, w) - 1, y + ROW - 1), colour, rank)
+    fill_box(img, (x, y, x + _px(d.held_bytes, budget, w) - 1, y + ROW - 1), colour)
     if d.share_bytes is not None:
         share = _px(d.share_bytes, budget, w)
         draw.rectangle([x, y - 1, x + max(1, share) - 1, y + ROW], outline=SHARE)
@@ -457,7 +514,7 @@ def _legend(img, draw, font, y: int, width: int) -> None:
                 fill_box(img, box, TRACK)
                 draw.rectangle(box, outline=colour)
             elif kind:
-                fill_box(img, box, colour, 1 if kind == "hatch" else 0)
+                fill_box(img, box, colour)
                 if kind != "plain":
                     draw.rectangle(box, outline=DIM)
             if kind:
@@ -468,13 +525,12 @@ def _legend(img, draw, font, y: int, width: int) -> None:
     entries(y, [("solid", NEUTRAL, "held, in the disk's colour (each bar is the budget)"),
                 ("plain", _dim(NEUTRAL), "wanted: all it would hold"),
                 ("outline", SHARE, "share: given + free budget it could take")])
-    entries(y + LINE, [("plain", UNUSED, "top bar: budget not held"),
-                       ("hatch", NEUTRAL, "hatched: shares its colour (solid: first by name)")])
+    entries(y + LINE, [("plain", UNUSED, "top bar: budget not held")])
     entries(y + 2 * LINE, [("solid", render.HELD, "image: held blocks"),
                            ("solid", render.CACHED, "cached (brighter = more)"),
                            ("solid", render.UNCACHED, "not cached"),
                            (None, None, "(the block map's colours)")])
-    entries(y + 3 * LINE, [(None, None, "a disk's colour comes from its name (domain/target, "
-                            "else the path): the same in every frame")])
+    entries(y + 3 * LINE, [(None, None, "each disk its own colour, first from its name "
+                            "(domain/target, else the path), kept while it stays")])
     entries(y + 4 * LINE, [(None, None, "an image strip's width grows with the log of the "
                             "image's size: the largest is the widest")])

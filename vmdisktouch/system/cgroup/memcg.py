@@ -160,12 +160,13 @@ class MemcgReader:
         probe = bytearray(b"\1" * 2 * PAGE_SIZE)     # written: its pages are present
         addr = np.frombuffer(probe, np.uint8).ctypes.data
         page = -(-addr // PAGE_SIZE) * PAGE_SIZE
-        entry = self._pagemap(page, 1)
+        # A Python int: numpy 1.24 (Debian 12) refuses uint64 & int, numpy 2 does not.
+        entry = int(self._pagemap(page, 1)[0])
         del probe
-        if not entry[0] & PRESENT:
+        if not entry & PRESENT:
             self.close()
             return "pagemap reports a written page as not present"
-        if not entry[0] & PFN_MASK:
+        if not entry & PFN_MASK:
             self.close()
             return ("pagemap hides page frame numbers (PFN 0): reading page charges "
                     "needs root with CAP_SYS_ADMIN")

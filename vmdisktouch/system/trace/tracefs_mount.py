@@ -41,6 +41,13 @@ def _has_instances(root: str) -> bool:
         return False
 
 
+def _read_only(root: str) -> bool:
+    try:
+        return bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def find_root(mounts: str = "/proc/self/mounts", default: str = DEFAULT_ROOT) -> str:
     """The tracefs mount point: a ``tracefs`` line of ``mounts``, else ``default`` if it has
     ``instances``, else tracefs mounted at ``default`` now (mount(2))."""
@@ -55,6 +62,9 @@ def find_root(mounts: str = "/proc/self/mounts", default: str = DEFAULT_ROOT) ->
         if _has_instances(root):
             return root
     for root in mounted:
+        if _read_only(root):
+            raise TraceUnavailable(f"tracefs at {root} is mounted read-only (a systemd unit's "
+                                   "ProtectKernelTunables= does this: see docs/unit.md)")
         if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
             raise TraceUnavailable(f"permission denied on {root}: kernel tracing needs root")
     if mounted:
@@ -82,11 +92,7 @@ def check_root(root: str) -> None:
             not os.path.isdir(os.path.join(root, "events")):
         raise TraceUnavailable(f"{root} is not a tracefs mount (no instances and events "
                                "directories)")
-    try:
-        read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    if read_only:
+    if _read_only(root):
         raise TraceUnavailable(f"tracefs at {root} is mounted read-only")
     if not os.access(os.path.join(root, "instances"), os.W_OK):
         raise TraceUnavailable(f"permission denied on {root}/instances: kernel tracing needs root")
