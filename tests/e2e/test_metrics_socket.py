@@ -73,6 +73,24 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
+def queued_scrape(port: int) -> socket.socket:
+    """A scrape sent before the daemon runs: it waits in the socket's backlog, as a
+    Prometheus scrape that made systemd start the service does, and is the first answered."""
+    c = socket.create_connection(("127.0.0.1", port), timeout=60)
+    c.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    return c
+
+
+def answer(c: socket.socket) -> tuple[int, list[str]]:
+    """The status code of the response on ``c``, and its sample lines."""
+    data = b""
+    while chunk := c.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = body.decode().splitlines()
+    return int(head.split()[1]), [x for x in lines if x and not x.startswith("#")]
+
+
 def netns(pid: int | str) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
@@ -127,7 +145,11 @@ def test_systemd_socket_activate_passes_a_socket_the_daemon_serves(tmp_path):
                    prefix=(exe, "--listen", f"127.0.0.1:{port}", f"--fdname={NAME}"))
     try:
         d.wait_output(f"Listening on 127.0.0.1:{port}")
-        assert "vmdisktouch_held_bytes" in scrape(port)   # the daemon starts and answers
+        with contextlib.closing(queued_scrape(port)) as first:    # it starts the daemon
+            code, lines = answer(first)
+        assert code == 503 or (code == 200 and lines), (code, lines)   # before a cycle: 503
+        d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
+        assert "vmdisktouch_held_bytes" in scrape(port)   # the daemon answers
         d.wait_status(lambda s: s["held_bytes"] > 0, "a hold", timeout=30,
                       drive=lambda: read_range(img, 0, 16 * MiB))
         st, m, _ = agreeing_scrape(d, lambda: scrape(port), img)
@@ -135,6 +157,31 @@ def test_systemd_socket_activate_passes_a_socket_the_daemon_serves(tmp_path):
         assert "(a socket passed by systemd)" in d.output()
     finally:
         assert d.stop() == 0, d.output()[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_the_first_scrape_through_a_passed_socket_has_samples_or_fails(tmp_path):
+    """Issue 45, part 3: the scrape that starts the service came before the first cycle and
+    got 200 with HELP and TYPE lines only; Prometheus took it for a target with no disks.
+    It must fail (503: the target is down) or have the samples."""
+    listener = loopback_listener()
+    port = listener.getsockname()[1]
+    img = data_image(tmp_path / "disk.raw", 4 * MiB)
+    first = queued_scrape(port)
+    try:
+        with inheriting(listener.fileno()):
+            d = DaemonProc(tmp_path, img, "--uri", "", "--min-free", "0", max_hold="1M",
+                           interval=0.3, env=env_without_systemd(),
+                           prefix=(sys.executable, LAUNCHER, "--listen-fd",
+                                   f"{listener.fileno()}:{NAME}", "--"))
+        code, lines = answer(first)
+        assert code == 503 or (code == 200 and lines), (code, lines)
+        d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
+        assert any(x.startswith("vmdisktouch_held_bytes{") for x in scrape(port).splitlines())
+        assert d.stop() == 0, d.output()[-3000:]
+    finally:
+        first.close()
+        listener.close()
 
 
 # -- the controls: --metrics-listen under the sandbox -----------------------------------------

@@ -288,6 +288,36 @@ def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
     assert len(gains) == 7 and not any(d == "/m" for (n, d) in v if n in gains)
 
 
+# -- the build (issue 45, part 3) -------------------------------------------------------------
+
+def test_build_info_is_one_gauge_at_1_labelled_with_the_version_and_python():
+    import platform
+    from vmdisktouch import __version__
+    c = Collector()
+    for report in (None, host([disk_status("/a", "web", "vda")])):   # before a cycle, too
+        if report is not None:
+            c.update(report)
+        [fam] = [f for f in c.collect() if f.name == "vmdisktouch_build_info"]
+        assert fam.type == "gauge" and [(s.labels, s.value) for s in fam.samples] == [
+            ({"version": __version__, "python": platform.python_version()}, 1.0)]
+
+
+# -- lost trace events: the total and when (issue 45, part 3) --------------------------------
+
+def test_lost_events_are_a_counter_of_the_total_and_the_time_of_the_last_loss():
+    c = Collector()
+    never = disk("/never", events_lost=0, trace={"lost": 0, "lost_at": None})
+    once = disk("/once", events_lost=149130, trace={"lost": 0, "lost_at": 1.7e9})
+    c.update(host([never, once]))
+    v = values(c)
+    assert v[("vmdisktouch_events_lost_total", "/once")] == 149130
+    assert v[("vmdisktouch_events_lost_total", "/never")] == 0
+    assert v[("vmdisktouch_events_lost_timestamp_seconds", "/once")] == 1.7e9
+    assert ("vmdisktouch_events_lost_timestamp_seconds", "/never") not in v   # never: none
+    [fam] = [f for f in c.collect() if f.name == "vmdisktouch_events_lost_timestamp_seconds"]
+    assert fam.type == "gauge"
+
+
 def test_each_disk_not_served_is_a_series_with_its_reason_code():
     """Issue 45, part 3: skipped, ineligible and out-of-scope disks are in the metrics,
     their reason a code of a small set (``report.UNSERVED``), so the series stay few."""

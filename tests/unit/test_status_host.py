@@ -308,6 +308,27 @@ def test_the_budget_advice_follows_the_host_line_and_the_disk_lines(tmp_path, ca
     assert rc == 0 and "max_hold" not in out and "its share" not in out
 
 
+# -- lost trace events: this cycle's, the total, and when (issue 45, part 3) -----------------
+
+def test_lost_events_are_said_with_this_cycle_s_the_total_and_how_long_ago(tmp_path, capsys):
+    """149130 events lost once, shown for ever with no time, read as a loss going on."""
+    now = time.time()
+    trace = {"lost": 0, "lost_at": now - 185, "lost_why": "the buffer overflowed"}
+    old = disk("/img/a.img", held_bytes=MiB, regions=[[0, MiB]], events_lost=149130,
+               trace=trace, time=now)
+    new = disk("/img/b.img", held_bytes=MiB, regions=[[0, MiB]], events_lost=149142,
+               trace={**trace, "lost": 12, "lost_at": now}, time=now)
+    garbled = disk("/img/c.img", held_bytes=MiB, regions=[[0, MiB]], events_lost=7,
+                   trace={"lost": "x", "lost_at": "yesterday"}, time=now)
+    write(tmp_path, "host.json", host([old, new, garbled]))
+    rc, out, _ = status(capsys, tmp_path)
+    lines = out.splitlines()
+    assert rc == 0
+    assert lines[1].endswith(", 149130 events lost since start, the last 3 min ago"), lines
+    assert lines[2].endswith(", 12 events lost in this cycle, 149142 since start"), lines
+    assert lines[3].endswith(", 7 events lost since start"), lines
+
+
 def test_each_skipped_disk_is_listed_with_its_reason(tmp_path, capsys):
     """Issue 45, part 3: not only "2 skipped": each one, with why (its code and reason)."""
     skipped = [{"domain": "vm3", "target": "hdc", "code": "read_only",

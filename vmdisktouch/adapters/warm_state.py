@@ -302,11 +302,10 @@ class Keeper:
         self.last = clock()
         self.failing = False
 
-    def restore(self, watcher) -> float | None:
-        """Start ``watcher`` from its saved state; the wall time of that save (None:
-        none)."""
+    def restore(self, watcher, saved: Saved | None) -> float | None:
+        """Start ``watcher`` from ``saved``, its state ``load`` read when it was opened;
+        the wall time of that save (None: none)."""
         now = self.wall()
-        saved = load(self.directory, watcher.image, watcher.block_size, now)
         if saved is None:
             return None
         away = max(0.0, now - saved.saved_at)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import os
 import stat
 import sys
@@ -263,8 +264,34 @@ def disk_part(line: DiskLine, d: DiskReport | None) -> str:
     if advised(line.budget_advice):
         out += f", its share {advice_said(line.budget_advice)}"
     if d is not None and d.events_lost:
-        out += f", {d.events_lost} events lost"
+        out += lost_part(d)
     return out
+
+
+def lost_part(d: DiskReport) -> str:
+    """Lost trace events: this cycle's and the total when the cycle lost some, else the
+    total and how long before the cycle the last were lost, since a total alone read as
+    a loss going on long after it stopped (issue 45)."""
+    t = d.trace if isinstance(d.trace, dict) else {}
+    now, at = t.get("lost"), t.get("lost_at")
+    if isinstance(now, int) and not isinstance(now, bool) and now > 0:
+        return f", {now} events lost in this cycle, {d.events_lost} since start"
+    out = f", {d.events_lost} events lost since start"
+    if isinstance(at, (int, float)) and not isinstance(at, bool) and \
+            isinstance(d.time, (int, float)) and math.isfinite(d.time - at):
+        out += f", the last {ago(d.time - at)}"
+    return out
+
+
+def ago(seconds: float) -> str:
+    """``12 s ago``, ``3 min ago``, ``5 h ago``, ``2 days ago``."""
+    s = max(0.0, seconds)
+    if s >= 2 * 86400:
+        return f"{s / 86400:.0f} days ago"
+    for unit, size in (("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.0f} {unit} ago"
+    return f"{s:.0f} s ago"
 
 
 def _pct(v) -> str:

@@ -50,8 +50,10 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
           mem_available: Callable[[], int] = meminfo.mem_available,
           sleep: Callable[[float], object] = time.sleep,
           out: outputs_mod.Outputs | None = None, memcg="auto",
-          mem_free: Callable[[], int] = meminfo.mem_free) -> DiskWatcher:
-    """A ``DiskWatcher`` for ``image`` with ``config``, every part made and connected."""
+          mem_free: Callable[[], int] = meminfo.mem_free,
+          foreseen_bytes: int = 0) -> DiskWatcher:
+    """A ``DiskWatcher`` for ``image`` with ``config``, every part made and connected;
+    ``foreseen_bytes``: what a restored heat may spill at once (``sources.choose``)."""
     bs = config.block_size
     residency.validate_block_size(bs)
     # Unreadable MemAvailable reads as 0: nothing is loaded and, with a
@@ -65,7 +67,7 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
                     mem_available=mem_available, load_rate=config.load_rate, sleep=sleep)
     charges = ChargeTracker(memcg_reader(memcg), bs, nblocks)
     source = sources.choose(image, config, ResidencyTracker(image, bs),
-                            lambda: BlockChecksums(image, bs), nblocks)
+                            lambda: BlockChecksums(image, bs), nblocks, foreseen_bytes)
     return DiskWatcher(
         image, config,
         policy=Policy(nblocks, PolicyParams.of(config), sparse_file=image.is_regular),

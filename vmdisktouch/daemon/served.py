@@ -23,6 +23,7 @@ import time
 
 from vmdisktouch.adapters import outputs
 from vmdisktouch.daemon import carry
+from vmdisktouch.daemon.sources import restored_spill
 from vmdisktouch.errors import ConfigError, ImageError
 from vmdisktouch.system import image_lock
 from vmdisktouch.system.image import open_image
@@ -79,6 +80,7 @@ class Served:
         self.protected = config_protected(config_path)   # the live list every writer shares
         self.locks: dict[int, image_lock.ImageLock] = {}     # id(watcher) ->
         self.keepers: dict[int, object] = {}
+        self.saved: dict[int, object] = {}                   # id(watcher) -> its state read
         self.keys: dict[str, str] = {}                       # lock name -> path served
         self._images: dict[int, outputs.Protected] = {}
 
@@ -91,9 +93,11 @@ class Served:
         self.config = config
         self.protected[:] = config_protected(config_path) + self.images()
 
-    def open(self, path: str):
+    def open(self, path: str, carried: bool = False):
         """A watcher serving ``path``, its heat not started (``warm``); VmdtError (one
-        line) when it cannot be served."""
+        line) when it cannot be served. Its warm state is read now, and with it or heat
+        its domain carries (``carried``) the trace buffer is made for the restored
+        selection's spill (``sources.restored_spill``), not grown while it records."""
         from vmdisktouch.daemon.build import build
         self.check(path)
         img = open_image(path)
@@ -105,11 +109,16 @@ class Served:
             lock = image_lock.acquire(img)
             mine = outputs.Protected.of_fd(img.fd, f"the disk image {img.path}")
             check_outputs(self.config, [img.path], self.protected + [mine])
+            saved = None
             if self.config.state_dir:          # closed to other users
                 from vmdisktouch.adapters import warm_state
                 warm_state.check_directory(self.config.state_dir)
-            w = build(img, disk_config(self.config, img.path), sleep=self.pace,
-                      out=outputs.Outputs(self.protected))
+                saved = warm_state.load(self.config.state_dir, img, self.config.block_size,
+                                        time.time())
+            cfg = disk_config(self.config, img.path)
+            foreseen = restored_spill(cfg, img.size) if saved is not None or carried else 0
+            w = build(img, cfg, sleep=self.pace, out=outputs.Outputs(self.protected),
+                      foreseen_bytes=foreseen)
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -118,6 +127,7 @@ class Served:
         if img.format == "qcow2":
             log.warning("%s is qcow2: blocks are host-file offsets, not guest offsets", img.path)
         self.keys[key] = path
+        self.saved[id(w)] = saved
         self.locks[id(w)] = lock
         self._images[id(w)] = mine
         self.protected.append(mine)
@@ -132,7 +142,7 @@ class Served:
             from vmdisktouch.adapters import warm_state
             k = warm_state.Keeper(self.config.state_dir, self.config.state_save_interval,
                                   w.clock, time.time)
-            local = k.restore(w)
+            local = k.restore(w, self.saved.pop(id(w), None))
             self.keepers[id(w)] = k
             w.warmed_from = None if local is None else "state"
         if carry.arrive(w, carried, local, time.time(), label or w.image.path):
@@ -149,6 +159,7 @@ class Served:
         picture holds that are gone, whether the disk was unplugged, its domain went or the
         daemon stops (docs/reference.md)."""
         k = self.keepers.pop(id(w), None)
+        self.saved.pop(id(w), None)
         try:
             if k is not None:
                 k.save(w)

@@ -257,7 +257,8 @@ class Service:
             return None                        # a path given is tried once
         with journal.disk_context(path, m.domain, m.target):     # its lines carry its fields
             try:
-                w = self.served.open(path)
+                w = self.served.open(path, carried=m.carried is not None
+                                     and self.carries(m.domain, m.target))
             except VmdtError as exc:
                 self._first_error = self._first_error or exc
                 said = re.sub(r"\d+", "N", str(exc))     # counts that move are the same why

@@ -62,6 +62,7 @@ log = logging.getLogger("vmdisktouch")
 RECONCILE_EVERY = 12          # cycles between mincore passes of the trace source
 NAME_LIMIT = 200              # bytes of an instance name (a directory name: at most 255)
 WARN_EVERY = 600.0            # seconds: a changed instance warns at most this often
+LOST_WARN_EVERY = 60.0        # seconds: lost events warn at most this often (else info)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,9 @@ class TraceSource:
         self.cycles = 0
         self.events_lost = 0
         self.lost_at: float | None = None    # Unix time of the last cycle that lost events
+        self.lost_why: str | None = None     # why, as the reader said
+        self._lost_warned_ns: int | None = None   # the last warning of lost events
+        self._lost_quiet = 0                 # cycles that lost events since that warning
         self.last: dict = {}
         self.last_access = None              # the last cycle's Access (exact pages: tests)
         self.shift = ReadShift()
@@ -239,7 +243,9 @@ class TraceSource:
         self.mrc.decay(cycle_seconds)
         acc = self.last_access = self.log.take(held.size, now_ns=now)
         self.events_lost += acc.lost
-        self.lost_at = time.time() if acc.lost else self.lost_at
+        if acc.lost:
+            self.lost_at, self.lost_why = time.time(), getattr(self.reader, "lost_why", None)
+            self._say_lost(acc.lost, now)
         if probing and not missed and acc.lost == 0 and self.reader.probe_seen is False:
             missed = self._unseen()
         elif probing and not missed:     # a pid filter may hide the guest, not the probe
@@ -270,6 +276,23 @@ class TraceSource:
                     # evidence of use; under a shared budget it took budget from disks the
                     # guests read. The trace source waits for reads.
                     reconcile=acc.lost > 0 or missed)
+
+    def _say_lost(self, lost: int, now: int) -> None:
+        """A warning for a cycle that lost events, at most one each ``LOST_WARN_EVERY``
+        seconds (the cycles between at INFO, counted in the next warning), since a busy
+        guest may lose some every cycle and the log must not be a line a cycle of them."""
+        quiet = self._lost_warned_ns is not None and \
+            now - self._lost_warned_ns < LOST_WARN_EVERY * 1e9
+        since = (f"; {self._lost_quiet} cycles since the last warning lost events too"
+                 if self._lost_quiet and not quiet else "")
+        log.log(logging.INFO if quiet else logging.WARNING,
+                "trace: %s: %d events lost in this cycle (%d since start%s): %s; this cycle's "
+                "residency taken from a mincore pass", self.reader.name if self.reader else
+                "-", lost, self.events_lost, since, self.lost_why or "why is not known")
+        if quiet:
+            self._lost_quiet += 1
+        else:
+            self._lost_warned_ns, self._lost_quiet = now, 0
 
     def _gain(self, acc, kinds, held: np.ndarray, seconds: float) -> dict:
         """What memory served the guest in the cycle, and what a GiB more would (the
@@ -394,6 +417,7 @@ class TraceSource:
                           "buffer_kb": r.buffer_kb if r else 0,
                           "reads_counted_in_kernel": bool(r and r.counting),
                           "early_cycles": self.early_cycles, "lost_at": self.lost_at,
+                          "lost_why": self.lost_why,
                           **self.last},
                 **self.mrc.status(self.nblocks * self.block_size, self.page_size),
                 "gain": self.gain}
@@ -412,10 +436,14 @@ def instance_name(path: str) -> str:
     return name
 
 
-def choose(image, config, tracker, make_sums, nblocks: int):
+def choose(image, config, tracker, make_sums, nblocks: int, foreseen_bytes: int = 0):
     """The source ``config.access_source`` asks for; ``auto`` falls back to polling.
 
     ``make_sums()`` makes the checksums (a descriptor of their own), for polling only.
+    The trace buffer is sized when it is made, before its events are enabled, for the
+    deletes ``brace`` would size it for after the first cycle: one per page of the image
+    cached now, and per page of ``foreseen_bytes`` (``restored_spill``); sized later,
+    while it records, the resize would drop events uncounted (``TraceReader``).
     """
     want = config.access_source
     if want != "mincore":
@@ -423,10 +451,12 @@ def choose(image, config, tracker, make_sums, nblocks: int):
         sweep_instances()
         tid, name = threading.get_native_id(), instance_name(image.path)
 
-        def make_reader():
-            return trace_reader.TraceReader(image.fd, name=name, exclude_tid=tid)
+        def make_reader(foreseen: int = 0):
+            return trace_reader.TraceReader(image.fd, name=name, exclude_tid=tid,
+                                            foreseen=foreseen)
         try:
-            reader = make_reader()
+            now = tracker.scan(image.size)
+            reader = make_reader(now.resident_pages + foreseen_bytes // now.page_size)
         except trace_reader.TraceUnavailable as exc:
             if want == "trace":
                 raise ConfigError(f"access_source trace: tracing is not usable: {exc}") from None
@@ -445,6 +475,13 @@ def choose(image, config, tracker, make_sums, nblocks: int):
         log.info("access source: mincore (as configured); checksums of %.3g of the held "
                  "bytes per cycle", config.checksum_share)
     return PollingSource(tracker, make_sums())
+
+
+def restored_spill(config, size: int) -> int:
+    """Bytes a restored heat's first selection may spill at once (``spill`` x ``max_hold``,
+    at most the image), cached unlocked and so deleted in one burst by a cache drop: the
+    trace buffer is sized for them when it is made (``choose``)."""
+    return min(int(size), int(config.spill * config.max_hold))
 
 
 def sweep_instances() -> list[str]:

@@ -53,9 +53,11 @@ import errno
 import gzip
 import logging
 import os
+import platform
 import socket
 import threading
 
+from vmdisktouch import __version__
 from vmdisktouch.adapters import outputs
 from vmdisktouch.adapters.systemd import listen_fds
 from vmdisktouch.adapters.metrics.metrics_http import Endpoint, listen
@@ -94,8 +96,9 @@ COUNTERS = (
      "spill.read_bytes"),
 )
 # the source keeps this total itself: taken as it is, not summed
-EVENTS_LOST = ("events_lost", "Trace events the kernel lost (each forces a mincore "
-               "reconciliation).", "events_lost")
+EVENTS_LOST = ("events_lost", "Trace events lost (each forces a mincore reconciliation): "
+               "the kernel's count, and an estimate of those a buffer resize dropped.",
+               "events_lost")
 # every disk's series: its image path (``disk``), and its libvirt domain and target
 # ("" when libvirt does not know the disk)
 LABELS = ["disk", "domain", "target"]
@@ -167,6 +170,10 @@ class Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         with self._lock:
             disks, totals, host = dict(self._disks), dict(self._totals), self._host
+        build = GaugeMetricFamily("vmdisktouch_build_info", "The daemon's version and "
+                                  "Python's (1).", labels=["version", "python"])
+        build.add_metric([__version__, platform.python_version()], 1)
+        yield build
         for name, text, key in GAUGES:
             g = GaugeMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS)
             for d in disks.values():
@@ -179,6 +186,14 @@ class Collector:
             for path, d in disks.items():
                 c.add_metric(_labels(d), totals[path][name])
             yield c
+        lost_at = GaugeMetricFamily("vmdisktouch_events_lost_timestamp_seconds", "When a "
+                                    "cycle last lost trace events (Unix time; no sample: "
+                                    "never since the disk was served).", labels=LABELS)
+        for d in disks.values():
+            at = d.value("trace.lost_at")
+            if at is not None:
+                lost_at.add_metric(_labels(d), float(at))
+        yield lost_at
         limited = GaugeMetricFamily("vmdisktouch_limited", "Why the disk holds less than it "
                                     "wants (limited_by): 1 for the reason now, else 0.",
                                     labels=LABELS + ["reason"])
@@ -352,8 +367,12 @@ class Metrics:
         self._page = (cycle, text, gz)
         return gz if packed else text
 
-    def render(self, head: str) -> tuple[bytes, list[str]]:
-        """The exposition and its headers, for a request whose header lines are ``head``."""
+    def render(self, head: str) -> tuple[bytes, list[str]] | None:
+        """The exposition and its headers, for a request whose header lines are ``head``;
+        None before the first cycle is published, since a page without samples would be a
+        scrape that succeeded with no series (the endpoint answers 503)."""
+        if self._cycle == 0:
+            return None
         body = self.page()
         headers = [f"Content-Type: {self.pc.CONTENT_TYPE_LATEST}"]
         for line in head.split("\r\n")[1:]:

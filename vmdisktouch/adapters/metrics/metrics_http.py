@@ -32,6 +32,10 @@ thread and one ``selectors`` loop, bounded whatever its clients do:
   waits behind at most a backlog's worth (128) of them: well under a second.
 
 The page itself is rendered once per cycle by ``render`` (``metrics.Metrics.page``).
+Before the daemon's first cycle there is no page (``render`` gives None) and a
+request is answered 503: a 200 of HELP and TYPE lines alone would be a scrape
+that succeeded with no series, and Prometheus would record the target up with
+no disks (issue 45: the scrape that made systemd start the service did).
 
 Dropped connections are logged at most once a minute, with their count. Any
 path, GET or HEAD, answers the text format of ``generate_latest`` (gzipped
@@ -60,6 +64,7 @@ ACCEPT_REST = 1.0        # the listener rests this long after accept failed (EMF
 ACCEPT_RATE = 1000.0     # connections accepted a second, at most (the rest wait in the backlog)
 ACCEPT_TOKENS = 256.0    # ... and at once, after a quiet while
 WARN_EVERY = 60.0        # seconds between two lines about dropped connections
+NOT_YET = b"no cycle yet: the daemon is starting\n"   # the body of a 503
 
 
 class _Conn:
@@ -86,8 +91,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 class Endpoint:
     """The HTTP endpoint (see the module docstring) on the listening socket ``sock``, which
-    it owns: ``render(head)`` gives the body and headers of a GET; ``close()`` stops the
-    thread and closes every socket (a passed socket's copy only: systemd keeps its own)."""
+    it owns: ``render(head)`` gives the body and headers of a GET (None, before the first
+    cycle: 503); ``close()`` stops the thread and closes every socket (a passed socket's
+    copy only: systemd keeps its own)."""
 
     def __init__(self, sock: socket.socket, render):
         self.sock = sock
@@ -214,10 +220,15 @@ class Endpoint:
         if method not in ("GET", "HEAD"):
             return self._respond(conn, "405 Method Not Allowed", b"", ["Allow: GET, HEAD"])
         try:
-            body, headers = self.render(head)
+            page = self.render(head)
         except Exception as exc:    # noqa: BLE001 - a scrape never ends the endpoint
             log.warning("metrics_listen: cannot render the metrics: %s", exc)
             return self._respond(conn, "500 Internal Server Error", b"", [])
+        if page is None:
+            return self._respond(conn, "503 Service Unavailable",
+                                 b"" if method == "HEAD" else NOT_YET, ["Retry-After: 5"],
+                                 length=len(NOT_YET))
+        body, headers = page
         self._respond(conn, "200 OK", b"" if method == "HEAD" else body, headers,
                       length=len(body))
 

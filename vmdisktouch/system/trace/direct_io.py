@@ -499,14 +499,12 @@ class DirectIOTracer:
         new = ringbuf.grown_kb(self.buffer_kb, want_kb, self.max_buffer_kb)
         if new <= self.buffer_kb:
             return
-        t0 = time.monotonic_ns()
         try:
-            self._inst.resize(new)
+            self._blind = self._inst.grow(new, rate)
         except TraceUnavailable as exc:
             log.warning("trace: %s: %s; cannot grow the buffer: %s", self.name, why, exc)
             self.max_buffer_kb = self.buffer_kb
             return
-        self._blind = round(rate * (time.monotonic_ns() - t0))
         log.info("trace: %s: %s; per-CPU buffer %d -> %d KiB (about %d events lost while it "
                  "grew)", self.name, why, self.buffer_kb, new, self._blind)
         self.buffer_kb = new

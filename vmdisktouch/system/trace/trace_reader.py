@@ -44,7 +44,14 @@ counters and as the "missed events" of the next page read; per CPU the
 larger of the two running totals is taken, so nothing is counted twice.
 When events were lost the buffer doubles, up to ``max_buffer_kb``; so it does
 when one CPU's drain found it half full, before the next burst overflows it.
-``reserve(events)`` grows it ahead of a burst the caller foresees.
+``reserve(events)`` grows it ahead of a burst the caller foresees. A resize
+while the instance records drops what is recorded meanwhile (6.18: 15-30 ms
+of events, whatever the sizes) and no counter shows it: the last drain's rate
+times the resize's time is added to the next drain's ``lost``, as
+``direct_io`` does. So what a start foresees (``foreseen``: a restored
+state's spill, the image's cached pages) sizes the buffer when the instance
+is made, before its events are enabled, where nothing is lost; ``lost_why``
+says why the last drain lost events.
 ``pending()`` tells, without reading, whether a ``drain`` has anything to give:
 one poll(2) of every CPU's ``trace_pipe_raw`` with timeout 0, which says
 readable as soon as that CPU holds one event because ``tracefs.Instance``
@@ -112,11 +119,16 @@ class TraceReader:
     """The page-cache events of the image open as ``fd`` (module docstring)."""
 
     def __init__(self, fd: int, *, name: str, buffer_kb: int = 1024, max_buffer_kb: int = 65536,
-                 exclude_tid: int | None = None, root: str | None = None):
+                 exclude_tid: int | None = None, root: str | None = None, foreseen: int = 0):
         self.name = name
         self.page_size = libc.PAGE_SIZE    # the unit of the events' page indices
         self.buffer_kb = int(buffer_kb)
         self.max_buffer_kb = max(int(max_buffer_kb), self.buffer_kb)
+        self._blind = 0                    # events a resize lost, estimated (``_grow``)
+        self._overflowed = 0               # of a drain's lost, those the kernel counted
+        self._rate = 0.0                   # events a ns at the last drain
+        self._collected_ns = time.monotonic_ns()
+        self.lost_why: str | None = None   # why the last drain lost events
         self.exclude_tid = exclude_tid
         self._fds: dict[int, int] = {}
         self._closed = False
@@ -144,6 +156,9 @@ class TraceReader:
         self._block, self._rdev = stat.S_ISBLK(st.st_mode), st.st_rdev
         self.bdi = bdi.name_of(st)     # what the writeback event names (None: not known)
         self.target = self._describe()
+        root = tracefs.find_root() if root is None else root
+        self.buffer_kb = max(self.buffer_kb, _foreseen_kb(root, foreseen))   # before enabled
+        self.max_buffer_kb = max(self.max_buffer_kb, self.buffer_kb)
         self._inst = tracefs.Instance.create(name, self._filters(exclude=False),
                                              buffer_kb=self.buffer_kb, root=root)
         try:
@@ -398,7 +413,17 @@ class TraceReader:
             sdevs += s
         # Nothing buffered on any CPU: nothing can have been lost since the last look (an
         # overrun leaves a full buffer behind), so the stats files are not read.
-        lost = self._account_lost() if self.last_bytes else 0
+        counted = self._account_lost() if self.last_bytes else 0
+        lost, blind, self._blind = counted + self._blind, self._blind, 0
+        self._overflowed += counted
+        if lost:
+            self.lost_why = "; ".join(
+                ([f"the buffer of {self.buffer_kb} KiB per CPU overflowed"] if counted else [])
+                + ([f"about {blind} while it grew (a resize drops what is recorded meanwhile)"]
+                   if blind else []))
+        now = time.monotonic_ns()
+        self._rate = sum(len(p) for p in parts) / max(now - self._collected_ns, 1)
+        self._collected_ns = now
         events = concat_events(parts, lost)
         if not extra:
             return events
@@ -427,14 +452,15 @@ class TraceReader:
         if new <= self.buffer_kb:
             return
         try:
-            self._inst.resize(new)
+            blind = self._inst.grow(new, self._rate)
         except VmdtError as exc:
             log.warning("trace: %s: %s; cannot grow the buffer to %d KiB: %s",
                         self.name, why, new, exc)
             self.max_buffer_kb = self.buffer_kb
             return
-        log.info("trace: %s: %s; per-CPU buffer %d -> %d KiB", self.name, why,
-                 self.buffer_kb, new)
+        self._blind += blind
+        log.info("trace: %s: %s; per-CPU buffer %d -> %d KiB (about %d events lost while it "
+                 "grew)", self.name, why, self.buffer_kb, new, blind)
         self.buffer_kb = new
 
     def reserve(self, events: int) -> None:
@@ -442,7 +468,7 @@ class TraceReader:
         (at most ``RESERVE_KB``): a burst the caller foresees (``sources``: one fadvise
         DONTNEED deletes every unheld cached page of the image) comes in one system call
         on one CPU, faster than any drain; only the buffer's size keeps it."""
-        want_kb = min(ringbuf.buffer_kb_for(events, self._formats.values()), RESERVE_KB)
+        want_kb = reserve_kb(events, self._formats.values())
         if want_kb > self.buffer_kb:
             self._grow(f"{int(events)} events foreseen", want_kb)
 
@@ -481,8 +507,9 @@ class TraceReader:
         counted = self.take_counted()
         if counted is not None:
             events = dataclasses.replace(events, counted=counted)
-        if events.lost:
-            self._grow(f"{events.lost} events lost")
+        overflowed, self._overflowed = self._overflowed, 0
+        if overflowed:             # not an estimate of a resize's: a resize is no overflow
+            self._grow(f"{overflowed} events lost")
         elif self.last_bytes * 2 >= self.buffer_kb * 1024:
             # Half full at a drain: the next burst a little larger would be lost.
             self._grow(f"{self.last_bytes >> 10} KiB buffered on one CPU at a drain")
@@ -506,6 +533,29 @@ class TraceReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def reserve_kb(events: int, formats) -> int:
+    """KiB per CPU that hold ``events`` events of ``formats`` on one CPU, at most
+    ``RESERVE_KB``."""
+    return min(ringbuf.buffer_kb_for(events, formats), RESERVE_KB)
+
+
+def _foreseen_kb(root: str, events: int) -> int:
+    """``reserve_kb`` of ``events`` of the four events, from the formats of the tracefs
+    at ``root`` (every instance's are these); 0 for none."""
+    if events <= 0:
+        return 0
+    try:
+        formats = [ringbuf.parse_format(tracefs.read_text(os.path.join(root, "events", ev,
+                                                                         "format")))
+                   for ev in KINDS]
+    except OSError as exc:
+        raise TraceUnavailable(f"cannot read the events' formats in {root}: "
+                               f"{os.strerror(exc.errno) if exc.errno else exc}") from None
+    except (ValueError, KeyError) as exc:
+        raise TraceUnavailable(f"cannot read the events' formats in {root}: {exc}") from None
+    return reserve_kb(events, formats)
 
 
 def _fd_path(fd: int) -> str:
