@@ -5,14 +5,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps deps39 test test-unit test-system test-e2e test-package test39 demo deb bench clean
+.PHONY: deps deps39 test test-unit test-system test-e2e test-package test-vm test39 demo deb bench clean
 
 deps:
 	@bash scripts/install-deps.sh
 
 # The tiers (docs/architecture.md#tests), each on its own and all of them by `make test`;
 # each prints its own time.
-TIERS := test-unit test-system test-e2e test-package
+TIERS := test-unit test-system test-e2e test-package test-vm
 
 test: deps deps39
 	@for t in $(TIERS) test39; do $(MAKE) --no-print-directory $$t || exit $$?; done
@@ -28,6 +28,12 @@ test-e2e: deps
 
 test-package: deps
 	$(call timed,package,$(PY) -m pytest $(PYTEST_ARGS) tests/package)
+
+# A Debian 12 booted under QEMU (KVM, or TCG where nested KVM runs no guest code) with the
+# package under its own systemd: the operator's path (tests/vm, docs/unit.md). The
+# guest's image is cached in /var/cache/vmdisktouch-tests/vm, keyed by its package list.
+test-vm: deps
+	$(call timed,vm,$(PY) -m pytest $(PYTEST_ARGS) tests/vm)
 
 # $(call timed,NAME,COMMAND): the command, then the tier's wall time on one line.
 timed = @s=$$(date +%s); $(2); rc=$$?; echo "tier $(1): $$(( $$(date +%s) - s )) s (exit $$rc)"; exit $$rc
