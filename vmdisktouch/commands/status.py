@@ -271,7 +271,7 @@ def disk_part(line: DiskLine, d: DiskReport | None) -> str:
 def lost_part(d: DiskReport) -> str:
     """Lost trace events: this cycle's and the total when the cycle lost some, else the
     total and how long before the cycle the last were lost, since a total alone read as
-    a loss going on long after it stopped (issue 45)."""
+    a loss going on long after it stopped."""
     t = d.trace if isinstance(d.trace, dict) else {}
     now, at = t.get("lost"), t.get("lost_at")
     if isinstance(now, int) and not isinstance(now, bool) and now > 0:

@@ -35,7 +35,7 @@ The page itself is rendered once per cycle by ``render`` (``metrics.Metrics.page
 Before the daemon's first cycle there is no page (``render`` gives None) and a
 request is answered 503: a 200 of HELP and TYPE lines alone would be a scrape
 that succeeded with no series, and Prometheus would record the target up with
-no disks (issue 45: the scrape that made systemd start the service did).
+no disks (the scrape that makes systemd start the service through its socket would).
 
 Dropped connections are logged at most once a minute, with their count. Any
 path, GET or HEAD, answers the text format of ``generate_latest`` (gzipped
