@@ -546,6 +546,7 @@ def _foreseen_kb(root: str, events: int) -> int:
     at ``root`` (every instance's are these); 0 for none."""
     if events <= 0:
         return 0
+    tracefs.check_events(root, KINDS)      # a missing tracepoint is said as such
     try:
         formats = [ringbuf.parse_format(tracefs.read_text(os.path.join(root, "events", ev,
                                                                          "format")))
