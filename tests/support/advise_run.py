@@ -9,6 +9,7 @@ import time
 
 from tests.support.common import ROOT
 from vmdisktouch.core.mrc import MissRatioCurve
+from vmdisktouch.system.image import open_image
 from vmdisktouch.system.trace.direct_io import DirectIOTracer
 
 PAGE = 4096
@@ -21,8 +22,9 @@ def advise_traced(image: str, *argv) -> tuple[subprocess.CompletedProcess, MissR
     or ``--libvirt``."""
     exact = MissRatioCurve(rate=1.0, max_pages=None, half_life=0.0, steady=True)
     lost = 0
-    with DirectIOTracer(image, name=f"vmdisktouch@test-exact-{os.getpid()}",
-                        buffer_kb=8192) as tr:
+    with open_image(image) as img, \
+            DirectIOTracer(img, name=f"vmdisktouch@test-exact-{os.getpid()}",
+                           buffer_kb=8192) as tr:
         p = subprocess.Popen([sys.executable, "-m", "vmdisktouch", "advise",
                               *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -13,6 +13,9 @@ from tests.support.blockdev import loop_device, read_throttle
 from tests.support.common import stop_process
 from tests.support.images import evict, make_image, resident_bytes
 from tests.support.pagecache import read_range
+from vmdisktouch.errors import SyscallError
+from vmdisktouch.system import files
+from vmdisktouch.system.image import open_image
 from vmdisktouch.system.observe import miss_cost as mc
 from vmdisktouch.system.observe.miss_cost import PROBES, MissCost
 
@@ -23,6 +26,20 @@ BS = MiB
 def digest(path) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def cost_of(path, **kw) -> MissCost:
+    """A ``MissCost`` of the image at ``path``, opened and verified; ``close()`` closes
+    both."""
+    image = open_image(str(path))
+    try:
+        cost = MissCost(image, BS, **kw)
+    except BaseException:
+        image.close()
+        raise
+    own = cost.close
+    cost.close = lambda: (own(), image.close())
+    return cost
 
 
 def probed(cost: MissCost, resident: np.ndarray, size: int, cycles: int,
@@ -42,7 +59,7 @@ def test_probes_time_reads_past_the_cache_and_change_nothing(tmp_path, monkeypat
     evict(path)
     before = digest(path)
     evict(path)
-    cost = MissCost(str(path), BS, seed=1)
+    cost = cost_of(path, seed=1)
     try:
         assert cost.seconds is None and cost.status()["seconds"] is None
         offsets = probed(cost, np.zeros(64, np.float32), 64 * MiB, 8, monkeypatch)
@@ -67,7 +84,7 @@ def test_only_blocks_not_cached_and_holding_data_are_probed(tmp_path, monkeypatc
     resident = np.zeros(16, np.float32)
     resident[9] = 0.5                              # partly cached: not a miss for sure
     resident[12] = 1.0
-    cost = MissCost(str(path), BS, seed=2)
+    cost = cost_of(path, seed=2)
     try:
         offsets = probed(cost, resident, 16 * MiB, 20, monkeypatch)
         assert offsets and {off // MiB for off in offsets} == {3}
@@ -84,7 +101,7 @@ def test_the_cost_is_the_mean_wait_so_a_device_holding_a_third_of_its_reads_cost
     evict(path)
     waits = [100_000, 100_000, 100_000_000] * 4
     ticks = iter(np.cumsum([x for w in waits for x in (0, w)]))
-    cost = MissCost(str(path), BS, seed=1, clock=lambda: int(next(ticks)))
+    cost = cost_of(path, seed=1, clock=lambda: int(next(ticks)))
     try:
         for _ in range(3):
             cost.probe(np.zeros(8, np.float32), 8 * MiB)
@@ -96,7 +113,7 @@ def test_the_cost_is_the_mean_wait_so_a_device_holding_a_third_of_its_reads_cost
 
 def test_every_block_cached_gives_no_figure_and_says_why(tmp_path):
     path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
-    cost = MissCost(str(path), BS)
+    cost = cost_of(path)
     try:
         assert cost.probe(np.ones(8, np.float32), 8 * MiB) == 0
         st = cost.status()
@@ -124,8 +141,8 @@ def test_a_throttled_device_costs_more_than_one_served_from_memory(tmp_path):
             load = subprocess.Popen(["dd", f"if={slow}", "of=/dev/null", "bs=4k",
                                      "iflag=direct"], stderr=subprocess.DEVNULL)
             try:
-                for path, regular in ((fast, False), (slow, False), (str(disk), True)):
-                    cost = MissCost(path, BS, regular=regular, seed=3)
+                for path in (fast, slow, str(disk)):
+                    cost = cost_of(path, seed=3)
                     costs.append(cost)
                     for _ in range(6):
                         cost.probe(np.zeros(64, np.float32), 64 * MiB)
@@ -145,7 +162,7 @@ def test_a_throttled_device_costs_more_than_one_served_from_memory(tmp_path):
 def test_a_failing_read_gives_up_with_its_reason(tmp_path, monkeypatch, errno_name):
     import errno
     path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
-    cost = MissCost(str(path), BS)
+    cost = cost_of(path)
 
     def fail(fd, bufs, off):
         raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)))
@@ -154,3 +171,55 @@ def test_a_failing_read_gives_up_with_its_reason(tmp_path, monkeypatch, errno_na
     assert cost.fd is None and "O_DIRECT read fails" in cost.status()["none"]
     assert cost.probe(np.zeros(8, np.float32), 8 * MiB) == 0      # no more tries
     cost.close()
+
+
+def fd_flags(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return int(f.read().split("flags:")[1].split()[0], 8)
+
+
+def test_the_probe_reads_the_verified_file_whatever_its_path_names_now(tmp_path):
+    """The image's path renamed over by another file after the image was opened: the
+    probe's descriptor is the verified file's (reopened, not the path again), read-only,
+    O_DIRECT and O_NOATIME; the other file is never read (its atime, set two days back,
+    stays: relatime would move it at the first read)."""
+    path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
+    other = make_image(tmp_path / "other.raw", 8 * MiB, sparse=False)
+    evict(path)
+    evict(other)
+    old = os.stat(other).st_atime_ns - 2 * 86400 * 10**9
+    os.utime(other, ns=(old, os.stat(other).st_mtime_ns))
+    image = open_image(str(path))
+    try:
+        verified = os.fstat(image.fd)
+        os.rename(other, path)
+        cost = MissCost(image, BS, seed=4)
+        try:
+            st = os.fstat(cost.fd)
+            assert (st.st_dev, st.st_ino) == (verified.st_dev, verified.st_ino)
+            flags = fd_flags(cost.fd)
+            assert flags & os.O_DIRECT and flags & os.O_NOATIME
+            assert flags & os.O_ACCMODE == os.O_RDONLY
+            assert cost.probe(np.zeros(8, np.float32), 8 * MiB) == PROBES
+        finally:
+            cost.close()
+    finally:
+        image.close()
+    assert os.stat(path).st_atime_ns == old          # the other file, now at ``path``
+
+
+def test_a_reopen_that_lands_on_another_inode_is_refused(tmp_path, monkeypatch):
+    path = make_image(tmp_path / "disk.raw", 8 * MiB, sparse=False)
+    other = make_image(tmp_path / "other.raw", 8 * MiB, sparse=False)
+    image = open_image(str(path))
+    try:
+        real = files.open_noatime
+        monkeypatch.setattr(files, "open_noatime", lambda p, flags: real(str(other), flags))
+        with pytest.raises(SyscallError, match="Stale file handle") as err:
+            image.reopen_direct()
+        assert "not the image's" in str(err.value) and "\n" not in str(err.value)
+        cost = MissCost(image, BS)
+        assert cost.fd is None and "cannot be opened with O_DIRECT" in cost.status()["none"]
+        cost.close()
+    finally:
+        image.close()

@@ -122,11 +122,11 @@ def _watch(disk: dict, k: int, buffer_kb: int = DIRECT_BUFFER_KB) -> IOWatch:
             if why is not None and mode == "direct":
                 raise direct_io.DirectIOUnavailable(why)
             if why is None:
-                direct = direct_io.DirectIOTracer(disk["path"], name=name + "-d",
+                direct = direct_io.DirectIOTracer(image, name=name + "-d",
                                                   buffer_kb=buffer_kb)
         if mode in ("paged", None):
             paged = paged_tracer(image, name + "-p")
-            probe = MissCost(disk["path"], 1 << 20, regular=image.is_regular)
+            probe = MissCost(image, 1 << 20)
     except BaseException:
         for x in (direct, paged, probe, image):
             if x is not None:

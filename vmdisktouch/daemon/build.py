@@ -80,7 +80,7 @@ def build(image: Image, config, *, clock: Callable[[], float] = time.monotonic,
         spiller=Spiller(image, bs, mem_free=meminfo.FailSafe(mem_free),
                         own_room=own_room(charges.reader), load_rate=config.load_rate,
                         sleep=sleep),
-        miss_cost=MissCost(image.path, bs, regular=image.is_regular))
+        miss_cost=MissCost(image, bs))
 
 
 def own_room(reader) -> Callable[[], int | None]:

@@ -4,7 +4,10 @@
 pieces, ``DONTNEED``, ``RANDOM``, ``NORMAL``), ``pread``/``preadv``,
 ``fstat`` and the ``O_NOATIME`` open of the OS layer are called here and
 nowhere else (the adapters stat their own output files); the calls through
-ctypes are in ``libc``. A failure becomes a
+ctypes are in ``libc``. An image is opened once by path (``image.open_image``
+through ``open_noatime``); every other descriptor on it, the ``O_DIRECT`` one
+of the miss probe and the direct-I/O tracer's included, is ``reopen`` of the
+verified one (``tests/unit/test_image_opens.py`` holds the rule). A failure becomes a
 project exception (``errors.syscall_error``) here, once; advice is advice
 only, and its failure is ignored.
 
@@ -124,17 +127,36 @@ def open_noatime(path: str, flags: int) -> int:
         return os.open(path, flags)
 
 
+def reopen(fd: int, flags: int) -> int:
+    """The file open on ``fd`` (an image ``open_image`` verified), on a new descriptor
+    opened with ``flags`` (``O_NOATIME`` added where permitted): through
+    ``/proc/self/fd/N``, so the same inode whatever its path names now (renamed over,
+    a symlink planted, deleted). Its (device, inode) is checked against ``fd``'s all
+    the same: a mismatch is refused (``SyscallError``, ESTALE), never read."""
+    path = f"/proc/self/fd/{fd}"
+    try:
+        new = open_noatime(path, flags)
+    except OSError as exc:
+        raise _raise("open", exc, path) from None
+    try:
+        was, now = fstat(fd), fstat(new)
+        if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino):
+            raise syscall_error("open", errno.ESTALE,
+                                f"{path} names inode {now.st_ino}, not the image's "
+                                f"{was.st_ino}")
+    except BaseException:
+        os.close(new)
+        raise
+    return new
+
+
 def reopen_random(fd: int) -> int:
-    """The same open file, read-only, on a new descriptor with readahead off.
+    """The same open file, read-only, on a new descriptor with readahead off (``reopen``).
 
     ``O_NOATIME`` where permitted: reads after a guest's write would
     otherwise update the image's atime (relatime), a metadata write.
     """
-    path = f"/proc/self/fd/{fd}"
-    try:
-        new = open_noatime(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _raise("open", exc, path) from None
+    new = reopen(fd, os.O_RDONLY | os.O_CLOEXEC)
     advise(new, 0, 0, os.POSIX_FADV_RANDOM)
     return new
 

@@ -14,7 +14,9 @@ Hazards handled (see FIELD-NOTES): block devices report ``st_size == 0`` so
 their size comes from ``ioctl(BLKGETSIZE64)``; files on pseudo filesystems
 (/proc, /sys) are refused; FIFOs are never opened (opening one blocks); the
 image is opened ``O_RDONLY`` (plus ``O_NOATIME`` where allowed), so nothing,
-not even atime, is written to it.
+not even atime, is written to it. It is opened by path once, here: a second
+descriptor (the miss probe's and the direct-I/O tracer's ``O_DIRECT`` ones:
+``reopen_direct``) is the verified one reopened, never the path again.
 """
 
 from __future__ import annotations
@@ -142,6 +144,13 @@ class Image:
             out.append((start, stop))
             pos = stop * bs
         return out
+
+    def reopen_direct(self) -> int:
+        """A new ``O_DIRECT`` descriptor, read-only, on this very file: the verified one
+        reopened (``files.reopen``, ``O_NOATIME`` where permitted), never the path again,
+        which may name another file by now. Raises ``SyscallError`` (EINVAL where the
+        file system has no ``O_DIRECT``)."""
+        return files.reopen(self.fd, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
 
     def check_identity(self) -> None:
         """Raise ImageGoneError if the path was deleted or now names another file."""

@@ -55,6 +55,7 @@ _mlock_fn = _bind("mlock", _void_p, _size_t)
 _munlock_fn = _bind("munlock", _void_p, _size_t)
 _madvise_fn = _bind("madvise", _void_p, _size_t, _int)
 _fstatfs_fn = _bind("fstatfs", _int, _void_p)
+_statfs_fn = _bind("statfs", ctypes.c_char_p, _void_p)
 _syscall_fn = _libc.syscall
 _syscall_fn.restype = ctypes.c_long
 
@@ -112,6 +113,15 @@ def fs_type(fd: int) -> int | None:
     """``f_type`` of the filesystem ``fd`` is on (statfs(2)); None when fstatfs fails."""
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86_64
     if _fstatfs_fn(fd, buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value
+
+
+def fs_type_at(path: str) -> int | None:
+    """``f_type`` of the filesystem ``path`` is on (statfs(2): the file is not opened);
+    None when statfs fails."""
+    buf = ctypes.create_string_buffer(256)
+    if _statfs_fn(os.fsencode(path), buf) != 0:
         return None
     return ctypes.c_long.from_buffer(buf).value
 

@@ -10,7 +10,9 @@ a network volume in milliseconds, and the host budget should know it
 
 It is measured, not configured. Each cycle ``probe`` makes up to ``PROBES``
 reads of one 4 KiB page each, one at a time (queue depth 1, as a guest's sync
-read), with ``O_DIRECT`` on a descriptor of its own: past the page cache, so
+read), with ``O_DIRECT`` on a descriptor of its own (the verified image's
+reopened, ``Image.reopen_direct``: the file the daemon checked, whatever its
+path names now, and ``O_NOATIME`` where permitted): past the page cache, so
 they cache nothing and evict nothing, and never a write. The pages are drawn at
 random from the blocks the cycle's residency says are not cached at all, and
 from data only (a hole of a sparse file reads as zeros without the device). The
@@ -39,6 +41,8 @@ import time
 
 import numpy as np
 
+from vmdisktouch.errors import SyscallError
+
 PROBES = 4              # probe reads per cycle, at most
 WINDOW = 64             # the probes the mean is taken over
 PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
@@ -47,9 +51,10 @@ PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
 class MissCost:
     """Times reads of uncached pages of one image (see the module's theory)."""
 
-    def __init__(self, path: str, block_size: int, *, regular: bool = True,
-                 seed: int | None = None, clock=time.perf_counter_ns):
-        self.block_size, self.regular = int(block_size), regular
+    def __init__(self, image, block_size: int, *, seed: int | None = None,
+                 clock=time.perf_counter_ns):
+        """``image``: the open, verified ``system.image.Image`` to probe."""
+        self.block_size, self.regular = int(block_size), image.is_regular
         self.clock = clock
         self.rng = np.random.default_rng(seed)
         self.samples: collections.deque = collections.deque(maxlen=WINDOW)
@@ -57,9 +62,9 @@ class MissCost:
         self.fd: int | None = None
         self.buf = mmap.mmap(-1, PROBE_BYTES)          # page-aligned, as O_DIRECT needs
         try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
-        except OSError as exc:
-            self.reason = f"the image cannot be opened with O_DIRECT: {exc.strerror or exc}"
+            self.fd = image.reopen_direct()
+        except SyscallError as exc:
+            self.reason = f"the image cannot be opened with O_DIRECT: {os.strerror(exc.errno)}"
 
     @property
     def seconds(self) -> float | None:

@@ -1,8 +1,8 @@
 """The O_DIRECT reads and writes of one disk image (QEMU ``cache=none``), from tracepoints.
 
 Theory of operation. Direct I/O passes none of ``trace_reader``'s page-cache
-tracepoints. ``DirectIOTracer(path, name=...)`` makes a private tracefs instance
-(``tracefs.Instance``) recording a submission and a completion event per I/O,
+tracepoints. ``DirectIOTracer(image, name=...)`` (an open ``Image``) makes a private
+tracefs instance (``tracefs.Instance``) recording a submission and a completion event per I/O,
 filtered in the kernel, and ``drain()`` pairs them:
 
 * a file on ext4 or xfs (``kind`` "iomap"): ``iomap:iomap_dio_rw_begin`` and
@@ -38,7 +38,8 @@ synchronous one completes in its submitting task: a write if that task's
 event before it is a write iter; a block completion has ``rwbs``.
 
 The start reads 4 KiB at offset 0 with O_DIRECT (never a write, nothing
-cached) and refuses (``DirectIOUnavailable``) unless that submission comes
+cached, through ``Image.reopen_direct``: the verified file, ``O_NOATIME`` where
+permitted) and refuses (``DirectIOUnavailable``) unless that submission comes
 back; what was submitted before is dropped: at a traced offset it completes as
 ``unpaired``.
 ``drain()`` reads every CPU's ``trace_pipe_raw`` without blocking, parses the
@@ -66,8 +67,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.errors import ClosedError, ImageError, file_kind
-from vmdisktouch.system import libc
+from vmdisktouch.errors import ClosedError, ImageError, SyscallError, file_kind
+from vmdisktouch.system import files, libc
 from vmdisktouch.system.trace import ringbuf, tracefs
 from vmdisktouch.system.trace.tracefs import PREFIX
 from vmdisktouch.system.trace.bdi import kernel_dev
@@ -139,21 +140,25 @@ def _sysfs(dev: str, name: str) -> str:
         return f.read().strip()
 
 
-def _plan(path: str, every: int = LATENCY_EVERY) -> _Plan:
-    """What to trace for ``path``: ``ImageError`` for a bad path, ``DirectIOUnavailable``
-    where these tracepoints cannot see its direct I/O. Submissions only at the offsets
-    whose bits 12 and up, modulo ``every`` (a power of two), are 0."""
+def _plan(image, every: int = LATENCY_EVERY) -> _Plan:
+    """What to trace for ``image`` (an open ``system.image.Image``: its descriptor's
+    device and inode; or, for ``support`` only, a path, stat'ed, never opened):
+    ``ImageError`` for a bad path, ``DirectIOUnavailable`` where these tracepoints
+    cannot see its direct I/O. Submissions only at the offsets whose bits 12 and up,
+    modulo ``every`` (a power of two), are 0."""
     pos_bits = f" && !(pos & {(every - 1) << 12})" if every > 1 else ""
     sector_bits = f" && !(sector & {(every - 1) << 3})" if every > 1 else ""
+    path = image if isinstance(image, str) else image.path
     try:
-        st = os.stat(path)
-        fs = None
-        if stat.S_ISREG(st.st_mode):
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            fs = libc.fs_type(fd)
-            os.close(fd)
+        if isinstance(image, str):
+            st = os.stat(path)
+            fs = libc.fs_type_at(path) if stat.S_ISREG(st.st_mode) else None
+        else:
+            st, fs = files.fstat(image.fd), libc.fs_type(image.fd)
     except OSError as exc:
         raise ImageError(f"{path}: {reason(exc)}") from None
+    except SyscallError as exc:
+        raise ImageError(f"{path}: {exc}") from None
     if stat.S_ISREG(st.st_mode):
         if fs not in IOMAP_FS:
             raise DirectIOUnavailable(
@@ -205,11 +210,13 @@ def _tracing(root: str | None, plan: _Plan, path: str) -> str:
     return root
 
 
-def support(path: str, *, root: str | None = None) -> str | None:
-    """None when the direct I/O of ``path`` can be traced here, else one line saying why
-    not. Makes no I/O (``DirectIOTracer`` checks the rest)."""
+def support(image, *, root: str | None = None) -> str | None:
+    """None when the direct I/O of ``image`` (an open ``Image``, or a path) can be traced
+    here, else one line saying why not. Makes no I/O and opens nothing
+    (``DirectIOTracer`` checks the rest, on the open image)."""
+    path = image if isinstance(image, str) else image.path
     try:
-        _tracing(root, _plan(path), path)
+        _tracing(root, _plan(image), path)
     except (ImageError, TraceUnavailable) as exc:
         return str(exc)
     return None
@@ -265,14 +272,17 @@ def writes(subs: np.ndarray, iters: np.ndarray) -> np.ndarray:
 
 
 class DirectIOTracer:
-    """The direct I/O of the image at ``path`` (module docstring). ``name``: the tracefs
-    instance's, ``PREFIX`` put in front when missing (``tracefs.sweep`` removes it if a
-    killed process leaves it). Raises ``ImageError`` or ``DirectIOUnavailable``."""
+    """The direct I/O of ``image`` (an open, verified ``system.image.Image``; module
+    docstring): its device and inode are traced, and its start reads it through
+    ``Image.reopen_direct``, never by path. ``name``: the tracefs instance's,
+    ``PREFIX`` put in front when missing (``tracefs.sweep`` removes it if a killed
+    process leaves it). Raises ``ImageError`` or ``DirectIOUnavailable``."""
 
-    def __init__(self, path: str, *, name: str, buffer_kb: int = 1024,
+    def __init__(self, image, *, name: str, buffer_kb: int = 1024,
                  max_buffer_kb: int = 65536, root: str | None = None,
                  latency_every: int = LATENCY_EVERY):
-        self.path = path
+        self.image = image
+        path = self.path = image.path
         if latency_every < 1 or latency_every & (latency_every - 1):
             raise ValueError(f"latency_every must be a power of two, not {latency_every}")
         self.latency_every = latency_every
@@ -281,7 +291,7 @@ class DirectIOTracer:
         self.max_buffer_kb = max(int(max_buffer_kb), self.buffer_kb)
         self._fds: dict[int, int] = {}
         self._closed = False
-        plan = _plan(path, latency_every)
+        plan = _plan(image, latency_every)
         self.kind, self.target, self._first = plan.kind, plan.target, plan.first_sector
         root = _tracing(root, plan, path)
         try:
@@ -334,14 +344,15 @@ class DirectIOTracer:
         me, t0 = threading.get_native_id(), time.monotonic_ns()
         buf = mmap.mmap(-1, PROBE)
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+            fd = self.image.reopen_direct()
             try:
                 os.preadv(fd, [buf], 0)
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except (OSError, SyscallError) as exc:
             raise DirectIOUnavailable(f"cannot read {self.path} with O_DIRECT: "
-                                      f"{reason(exc)}") from None
+                                      f"{reason(exc) if isinstance(exc, OSError) else exc}"
+                                      ) from None
         finally:
             buf.close()
         for _ in range(CONFIRM_TRIES):
