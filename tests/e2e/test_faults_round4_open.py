@@ -70,7 +70,7 @@ def descriptors_on(pid: int, st: os.stat_result) -> list[str]:
        "renamed aside, another renamed over the path, then back) while the daemon makes the "
        "disk's parts, after it opened and verified the image",
        "the miss probe reads the verified file, never the other one",
-       "the probe made its reads (`miss_cost.probes` > 0); the other file's atime (set 2 "
+       "the probe made its reads (`miss_cost.probes` at least 8); the other file's atime (set 2 "
        "days back, so any read moves it) is unchanged and the daemon holds no descriptor "
        "on it", case=CASE)
 def _(tmp_path, image):
