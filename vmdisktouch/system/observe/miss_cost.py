@@ -64,7 +64,9 @@ class MissCost:
         try:
             self.fd = image.reopen_direct()
         except SyscallError as exc:
-            self.reason = f"the image cannot be opened with O_DIRECT: {os.strerror(exc.errno)}"
+            self.reason = (f"the image cannot be opened with O_DIRECT: {os.strerror(exc.errno)}"
+                           if exc.errno != errno.ESTALE else
+                           f"the image cannot be opened again as the same file: {exc}")
 
     @property
     def seconds(self) -> float | None:
