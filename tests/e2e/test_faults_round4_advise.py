@@ -139,8 +139,8 @@ def _save_refused(tmp_path, image, make, needle: str) -> None:
 
 
 @fault("advise-save-missing-dir", "`advise IMG --save DIR/new/sub/a.json`, `DIR/new` missing",
-       "no directory is made (advise runs as root: `--save /nonexist/dir/a.json` made "
-       "`/nonexist/dir`); refused before the watch, as `run` refuses `--status` there",
+       "no directory is made (advise runs as root: it made whatever directories the path "
+       "named, anywhere); refused before the watch, as `run` refuses `--status` there",
        "exit 78 within 10 s naming `does not exist`; `DIR/new` still missing", case=CASE_SAVE)
 def _(tmp_path, image):
     target = tmp_path / "new" / "sub" / "a.json"
