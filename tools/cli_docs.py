@@ -50,8 +50,8 @@ the disk image went away or was replaced while served
 \fB78\fR
 a refused setup: a bad value of a setting, given as a flag of any command or in the config file; the config file; an output path; the lock limit; \fBadvise\fR: a kernel without the tracepoints a disk needs
 .TP
-\fB130\fR
-\fBadvise\fR stopped by Ctrl\-C (SIGINT): what was measured is still printed
+\fB130\fR, \fB143\fR, \fB129\fR
+\fBadvise\fR stopped by Ctrl\-C (SIGINT), SIGTERM or SIGHUP (128 + the signal's number): what was measured is still printed
 .SH FILES
 .TP
 \fI/etc/vmdisktouch/host.toml\fR

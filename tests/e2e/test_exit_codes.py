@@ -158,8 +158,8 @@ def test_missing_input_is_66_for_every_command_that_reads_one(tmp_path, image):
     one_line(vmdt("snapshot", missing), errors.EX_NOINPUT, f"{missing}: no such file")
     one_line(vmdt("run", missing, "--max-hold", "8M", *RUN), errors.EX_NOINPUT,
              f"{missing}: no such file")
-    one_line(vmdt("status", "--dir", "/nonexistent"), errors.EX_NOINPUT,
-             "/nonexistent: no such directory")
+    gone = tmp_path / "gone"                  # the test's own: never a path the machine may have
+    one_line(vmdt("status", "--dir", gone), errors.EX_NOINPUT, f"{gone}: no such directory")
     empty = tmp_path / "run"
     empty.mkdir()
     one_line(vmdt("status", "--dir", empty, image), errors.EX_NOINPUT,
@@ -254,9 +254,9 @@ def test_a_closed_output_is_1_in_one_line(tmp_path, image, argv):
                                 "cut short"], err
 
 
-def test_libvirt_unreachable_is_1_in_one_line():
+def test_libvirt_unreachable_is_1_in_one_line(tmp_path):
     """No libvirtd is asked: the socket does not exist."""
-    r = vmdt("discover", "--uri", "qemu+unix:///system?socket=/nonexistent/libvirt-sock")
+    r = vmdt("discover", "--uri", f"qemu+unix:///system?socket={tmp_path}/gone/libvirt-sock")
     one_line(r, errors.EX_ERROR)
 
 

@@ -642,11 +642,11 @@ def _(tmp_path, image):
                          for line in lines), lines
 
 
-@fault("libvirt-unreachable", "`--uri qemu+unix:///system?socket=/nonexistent`", SERVE +
+@fault("libvirt-unreachable", "`--uri qemu+unix:///system?socket=TMP/gone`", SERVE +
        " as a disk outside libvirt", "holds, exits 0 on SIGTERM")
 def _(tmp_path, image):
     d = DaemonProc(tmp_path, image, "--max-hold", "16M", *FAST[2:],
-               "--uri", "qemu+unix:///system?socket=/nonexistent")
+               "--uri", f"qemu+unix:///system?socket={tmp_path}/gone")
     try:
         hold(d, image)
     finally:

@@ -229,7 +229,8 @@ def _(tmp_path, image):
 
 # -- 6. outputs that cannot be written ----------------------------------------------
 
-@fault("output-dir-missing", "`--status /missing/dir/s.json`", START,
+@fault("output-dir-missing", "`--status TMP/missing/s.json`, a directory that does not "
+       "exist", START,
        "exit 78, `its directory ... does not exist`", "6")
 def _(tmp_path, image):
     r = run(image, "--max-hold", "8M", "--status", tmp_path / "missing" / "s.json")

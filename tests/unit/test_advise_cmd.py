@@ -36,3 +36,22 @@ def test_the_cache_mode_comes_from_the_openers_else_from_the_reads():
     assert advise.cache_seen(None, True, 10) == "writethrough"
     assert advise.cache_seen(None, False, 10) == "none"
     assert advise.cache_seen(None, False, 0) == "-"
+
+
+def test_a_duration_of_no_time_is_refused_in_the_one_place_that_reads_it():
+    import pytest
+    from vmdisktouch.errors import ConfigError
+    assert advise.watch_duration("2m") == 120.0
+    assert advise.watch_duration("500ms") == 0.5
+    for text in ("0", "0s", "0ms", "0.0", "-1", "x"):
+        with pytest.raises(ConfigError, match=f"bad value '{text}' for --duration"):
+            advise.watch_duration(text)
+
+
+def test_the_picture_says_the_seconds_watched_and_of_how_many_when_interrupted():
+    from vmdisktouch.adapters.pictures.advise_render import header
+    report = {"disks": [{}], "duration_seconds": 60.0, "watched_seconds": 14.71,
+              "interrupted": True, "when": 0.0, "kernel": "6.18"}
+    assert header(report)[0] == "advise: 1 disk watched 14.7 s of 60 s (interrupted)"
+    report.update(interrupted=False, watched_seconds=60.02, disks=[{}, {}])
+    assert header(report)[0] == "advise: 2 disks watched 60.0 s"

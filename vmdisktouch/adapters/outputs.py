@@ -7,7 +7,9 @@ Theory of operation
 whatever the path names, so a wrong path loses data: ``--status victim.img``
 once replaced the very disk image being served with a 529-byte JSON file.
 So an output path is checked at start and on every reload
-(``check_paths``), and refused, with the option named, when:
+(``check_paths``; ``advise`` checks its ``--save`` report and ``--png``
+with the same ``path_problem`` before it watches), and refused, with the
+option named, when:
 
 * it is the image, or any alias of it: a hard link (same device and inode),
   a symlink to it, or a device node of the same block device (same
@@ -16,7 +18,8 @@ So an output path is checked at start and on every reload
   socket): an output is never written through a symlink;
 * it exists and does not look like this kind of output (a status file is
   one JSON object with the daemon's fields, ``cycle``, ``version`` or
-  ``host``: a first byte ``{`` alone let one random image in 256 through; a
+  ``host``, an advise report one with ``duration_seconds``: a first byte
+  ``{`` alone let one random image in 256 through; a
   PNG starts with the PNG signature; an empty file is fine):
   the daemon replaces only what it could have written itself, so another
   VM's image named by mistake is refused too;
@@ -63,7 +66,8 @@ OUTPUT_KEYS = {"status": ("--status", b"{"),
                "map_png": ("--map-png", b"\x89PNG\r\n\x1a\n"),
                "heat_png": ("--heat-png", b"\x89PNG\r\n\x1a\n"),
                "host_png": ("--host-png", b"\x89PNG\r\n\x1a\n"),
-               "metrics_file": ("--metrics-file", b"# HELP ")}
+               "metrics_file": ("--metrics-file", b"# HELP "),
+               "advise": ("--save", b"{")}      # ``advise``'s report, not ``run``'s
 
 
 @dataclass(frozen=True)
@@ -127,24 +131,28 @@ def path_problem(path: str, key: str, protected: list[Protected], *,
         if head and magic and not head.startswith(magic[:len(head)]):
             return (f"it exists and is not a file vmdisktouch writes (it does not start with "
                     f"{magic!r}); remove it or choose another path")
-        if head and key == "status" and not _is_status_file(path, lst.st_size):
+        if head and key in JSON_FIELDS and not _is_json_output(path, lst.st_size,
+                                                               JSON_FIELDS[key][1]):
             return ("it exists and is not a file vmdisktouch writes (not a JSON object with "
-                    "a status's fields); remove it or choose another path")
+                    f"{JSON_FIELDS[key][0]}'s fields); remove it or choose another path")
     return _directory_problem(path, key) if probe_dir else None
 
 
 STATUS_FIELDS = ("cycle", "version", "host")   # one of them in every status file written
-MAX_STATUS_BYTES = 64 << 20                     # a status file is far smaller
+ADVISE_FIELDS = ("duration_seconds",)           # in every advise report (and no status)
+JSON_FIELDS = {"status": ("a status", STATUS_FIELDS), "advise": ("an advise report",
+                                                                 ADVISE_FIELDS)}
+MAX_STATUS_BYTES = 64 << 20                     # a status file (or report) is far smaller
 
 
-def _is_status_file(path: str, size: int) -> bool:
-    """Whether ``path`` holds one JSON object with a status file's fields."""
+def _is_json_output(path: str, size: int, fields: tuple[str, ...]) -> bool:
+    """Whether ``path`` holds one JSON object with one of ``fields``."""
     data = _head(path, MAX_STATUS_BYTES) if size <= MAX_STATUS_BYTES else None
     try:
         doc = json.loads(data) if data is not None else None
     except ValueError:                  # UnicodeDecodeError and JSONDecodeError included
         return False
-    return isinstance(doc, dict) and any(k in doc for k in STATUS_FIELDS)
+    return isinstance(doc, dict) and any(k in doc for k in fields)
 
 
 def _head(path: str, n: int) -> bytes | None:

@@ -9,10 +9,21 @@ changes (``system.observe.io_watch``).
 
 The disks are the PATHs given, or with ``--libvirt`` every disk of every
 running domain (its cache mode tells which path its I/O takes). Each is
-watched for ``--duration`` seconds; Ctrl-C ends the watch early and still
-reports what was seen. The report is a table, ``--json``, and with ``--png`` a
-picture of the curves. Every report is also kept at ``ADVICE_FILE`` for
-``discover``'s ADVICE column.
+watched for ``--duration`` seconds (more than 0: ``watch_duration``);
+Ctrl-C, SIGTERM or SIGHUP ends the watch early, removes its trace instances
+and still reports what was seen (exit 128 + the signal's number: 130, 143,
+129). The report is a table, ``--json``, and with ``--png`` a picture of the
+curves. Every report is also kept at ``ADVICE_FILE`` for ``discover``'s
+ADVICE column.
+
+Its two files are outputs like ``run``'s (``adapters.outputs.path_problem``),
+checked before the watch starts and again when written: never a disk image
+(those watched, and with ``--libvirt`` every disk of every domain libvirt
+knows), a symlink, a FIFO or any other file that is not what advise writes
+(an advise report: a JSON object with its fields; a PNG), never in a
+directory that does not exist. The one directory advise makes is the
+default report's, ``/run/vmdisktouch`` (the project's runtime directory,
+which the daemon's lock makes too), 0755, root's.
 """
 
 from __future__ import annotations
@@ -20,11 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
 from vmdisktouch.adapters import atomic
 from vmdisktouch.adapters import advice_file
+from vmdisktouch.adapters import outputs
 from vmdisktouch.adapters.advice_file import ADVICE_FILE
 from vmdisktouch.core import what_if
 from vmdisktouch.system.trace.tracefs import PREFIX
@@ -32,18 +45,20 @@ import numpy as np
 
 from vmdisktouch.errors import ConfigError, NotPermitted, UsageError, VmdtError
 from vmdisktouch.sizes import parse_duration
+from vmdisktouch.system import files
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.observe import io_watch
-from vmdisktouch.system.observe.io_watch import (IOWatch, openers, page_cache_read_time,
-                                                 paged_tracer)
+from vmdisktouch.system.observe.io_watch import (IOWatch, page_cache_read_time, paged_tracer,
+                                                 scan_openers)
 from vmdisktouch.system.observe.miss_cost import MissCost
+from vmdisktouch.system.signals import LoopSignals
 
 TICK = 2.0                                # s between drains (Ctrl-C ends a sleep at once)
 EX_INACTIVE = 3                           # no disk was read in the window
 DIRECT_MODES = ("none", "directsync")
 DIRECT_BUFFER_KB = 8192       # per CPU: a second of 10k I/O a second without growing (which
 BUFFERS_KB = 65536            # loses events); at most this over all the disks
-
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # each ends the watch early
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +72,8 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help="every disk of every running domain (default URI: "
                              "qemu:///system)")
     parser.add_argument("--duration", default="60", metavar="SECONDS",
-                        help="how long to watch (default 60; 30s, 2m...)")
+                        help="how long to watch, more than 0 (default 60; 30s, 2m...); "
+                             "Ctrl-C, SIGTERM or SIGHUP ends it early with what was seen")
     parser.add_argument("--cache", choices=("auto", "none", "writethrough"), default="auto",
                         help="how QEMU opens the PATHs: none (O_DIRECT), writethrough "
                              "(the page cache), auto: read from the processes that have "
@@ -66,38 +82,94 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", metavar="FILE", help="also draw the curves into FILE")
     parser.add_argument("--save", default=ADVICE_FILE, metavar="FILE",
                         help=f"keep the report in FILE for discover's ADVICE column "
-                             f"(default: {ADVICE_FILE}; '' keeps none)")
+                             f"(default: {ADVICE_FILE}; '' keeps none); FILE must be new "
+                             f"or an earlier report, in a directory that exists")
 
 
-def _disks(args) -> list[dict]:
-    """The disks to watch: ``path``, ``name`` and ``cache`` (None: read it from the openers)."""
+def watch_duration(text: str) -> float:
+    """``--duration`` in seconds: a duration (``sizes.parse_duration``) of more than 0, else
+    ``ConfigError`` (78): a window of no time is no evidence."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"bad value {text!r} for --duration: {exc}") from None
+    if seconds <= 0:
+        raise ConfigError(f"bad value {text!r} for --duration: the watch needs more than 0 s")
+    return seconds
+
+
+def _disks(args) -> tuple[list[dict], list[outputs.Protected]]:
+    """The disks to watch: ``path``, ``name`` and ``cache`` (None: read it from the
+    openers); and the files no output may replace: the PATHs, or every disk of every
+    domain libvirt knows (running or not)."""
     if bool(args.paths) == bool(args.libvirt):
         raise UsageError("give PATHs or --libvirt, not " + ("both" if args.paths else
                                                              "neither"))
     if args.paths:
         cache = None if args.cache == "auto" else args.cache
-        return [{"path": p, "name": p, "cache": cache} for p in args.paths]
+        return ([{"path": p, "name": p, "cache": cache} for p in args.paths],
+                [outputs.Protected.of_path(p, f"the disk image {p}") for p in args.paths])
     from vmdisktouch.adapters.libvirt import libvirt_disks
     conn = libvirt_disks.connect(args.libvirt)
     try:
         disks = libvirt_disks.list_disks(conn, with_units=False)
     finally:
         conn.close()
-    return [{"path": d.source, "name": f"{d.domain}/{d.target}", "cache": d.cache,
-             "domain": d.domain, "target": d.target}
-            for d in disks if d.active and d.source and d.type in ("file", "block")
-            and d.device == "disk"]
+    return ([{"path": d.source, "name": f"{d.domain}/{d.target}", "cache": d.cache,
+              "domain": d.domain, "target": d.target}
+             for d in disks if d.active and d.source and d.type in ("file", "block")
+             and d.device == "disk"],
+            [outputs.Protected.of_path(d.source, f"the disk {d.target} of domain {d.domain}")
+             for d in disks if d.source])
+
+
+def check_outputs(args, protected: list) -> None:
+    """Refuse (``ConfigError``, 78) a ``--png`` or ``--save`` path that must not be written
+    (``outputs.path_problem``: a disk, a link, a FIFO, a file advise does not write, a
+    missing directory), or both naming one file; the default report's directory
+    (``/run/vmdisktouch``) is made when missing."""
+    protected = [p for p in protected if p]
+    given = [(flag, key, path) for flag, key, path in (("--png", "map_png", args.png),
+                                                        ("--save", "advise", args.save))
+             if path]
+    if len(given) == 2 and _same_file(args.png, args.save):
+        raise ConfigError(f"refusing --save {args.save}: --png names the same file")
+    if args.save == ADVICE_FILE:
+        try:
+            os.close(files.open_dir(os.path.dirname(ADVICE_FILE), create=0o755))
+        except OSError:
+            pass                                    # path_problem says why, in one line
+    for flag, key, path in given:
+        problem = outputs.path_problem(path, key, protected)
+        if problem:
+            raise ConfigError(f"refusing {flag} {path}: {problem}")
+
+
+def _same_file(a: str, b: str) -> bool:
+    where = []
+    for path in (a, b):
+        directory, name = os.path.split(os.path.abspath(path))
+        try:
+            st = os.stat(directory)
+            where.append((st.st_dev, st.st_ino, name))
+        except OSError:
+            where.append((directory, name))
+    return where[0] == where[1]
 
 
 def _mode(disk: dict) -> str | None:
-    """"direct", "paged", or None (nobody has it open: watch both)."""
+    """"direct", "paged", or None (nobody has it open: watch both). A disk the daemon
+    serves (``daemon_pid``) and nobody else has open is watched through the page cache
+    only: the daemon's own miss probe's ``O_DIRECT`` reads are the only direct ones."""
     cache = disk["cache"]
     if cache is not None:
         return "direct" if cache in DIRECT_MODES else "paged"
-    who = openers(disk["path"])
-    if not who:
-        return None
-    return "direct" if any(who.values()) else "paged"
+    seen = scan_openers(disk["path"])
+    if seen.daemon is not None:
+        disk["daemon_pid"] = seen.daemon
+    if not seen.pids:
+        return None if seen.daemon is None else "paged"
+    return "direct" if any(seen.pids.values()) else "paged"
 
 
 def cache_seen(mode: str | None, buffered: bool, reads: int) -> str:
@@ -136,20 +208,22 @@ def _watch(disk: dict, k: int, buffer_kb: int = DIRECT_BUFFER_KB) -> IOWatch:
 
 
 def main(args) -> int:
-    try:
-        duration = parse_duration(args.duration)
-    except ValueError as exc:
-        raise ConfigError(f"bad value {args.duration!r} for --duration: {exc}") from None
-    disks = _disks(args)
+    duration = watch_duration(args.duration)
+    disks, protected = _disks(args)
     if os.geteuid() != 0:
         raise NotPermitted("advise reads the kernel's tracepoints: run it as root")
-    if args.png is not None:
-        from vmdisktouch.adapters import outputs
-        images = [outputs.Protected.of_path(d["path"], f"the disk image {d['path']}")
-                  for d in disks]
-        problem = outputs.path_problem(args.png, "map_png", [p for p in images if p])
-        if problem:
-            raise ConfigError(f"refusing --png {args.png}: {problem}")
+    check_outputs(args, protected)
+    # from here a stop signal only sets a flag: the watch ends, its instances are removed
+    stop = LoopSignals(stop_signals=STOP_SIGNALS, reload_signal=None,
+                       keep_ignored=True).install()
+    try:
+        return _advise(args, disks, duration, stop, protected)
+    finally:
+        stop.restore()
+
+
+def _advise(args, disks: list[dict], duration: float, stop: LoopSignals,
+            protected: list) -> int:
     watches, failed = [], {}
     try:
         for k, d in enumerate(disks):
@@ -165,37 +239,31 @@ def main(args) -> int:
                   "watch", file=sys.stderr)
             return EX_INACTIVE
         hit = page_cache_read_time()
-        interrupted = _wait(watches, duration, failed)
+        interrupted = _wait(watches, duration, failed, stop)
     finally:
         for _, w in watches:
             w.close()
     report = _report(watches, failed, hit, duration, interrupted)
-    _output(report, args)
-    if args.png is not None:
-        from vmdisktouch.adapters.pictures.advise_render import advise_image
-        atomic.write_png(args.png, advise_image(report))
+    kept = _output(report, args, protected)
     if interrupted:
-        return 130
+        return 128 + stop.stop_signal
+    if not kept:
+        return 1
     if watches and not any(d["reads_per_second"] > 0 for d in report["disks"]):
         print("vmdisktouch: advise: no disk was read during the window", file=sys.stderr)
         return EX_INACTIVE
     return 1 if failed or not watches else 0
 
 
-def _wait(watches: list, duration: float, failed: dict) -> bool:
-    """Drain every ``TICK`` until ``duration`` has passed; True when Ctrl-C ended it. A disk
-    whose drain fails (its image gone, its instance removed) leaves ``watches`` for
-    ``failed``, with why; the others go on."""
+def _wait(watches: list, duration: float, failed: dict, stop: LoopSignals) -> bool:
+    """Drain every ``TICK`` until ``duration`` has passed; True when a stop signal
+    (``STOP_SIGNALS``) ended it. A disk whose drain fails (its image gone, its instance
+    removed) leaves ``watches`` for ``failed``, with why; the others go on."""
     end = time.monotonic() + duration
-    try:
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(TICK, left))
-            drain_all(watches, failed)
-    except KeyboardInterrupt:
+    while (left := end - time.monotonic()) > 0 and not stop.wait(min(TICK, left)):
         drain_all(watches, failed)
-        return True
     drain_all(watches, failed)
-    return False
+    return stop.stopping
 
 
 def drain_all(watches: list, failed: dict) -> None:
@@ -225,6 +293,7 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
         out.append({
             "name": d["name"], "path": d["path"],
             **({"domain": d["domain"], "target": d["target"]} if "domain" in d else {}),
+            **({"daemon_pid": d["daemon_pid"]} if d.get("daemon_pid") else {}),
             "cache": d["cache"] or cache_seen(d["mode"], m.buffered, t.reads),
             "seen_by": ("page cache" if m.buffered else "direct I/O"),
             "image_bytes": m.image_bytes, "seconds": round(t.seconds, 2),
@@ -241,23 +310,40 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
             **curve, "window_curve": window, "advice": {**f.to_json(),
                                 "advice": advice_file.sentence(f, m.image_bytes)}})
     return {"duration_seconds": duration, "interrupted": interrupted,
+            "watched_seconds": max([d["seconds"] for d in out] or [0.0]),
             "kernel": os.uname().release, "when": time.time(),
             "disks": out, "failed": failed}
 
 
-def _output(report: dict, args) -> None:
+def _keep(path: str, key: str, data: bytes, protected: list, what: str) -> bool:
+    """Write an output (``--save``, ``--png``) checked again as it is replaced (someone may
+    have put a file there during the watch); False, said in one line, when it failed."""
+    try:
+        atomic.write_bytes(path, data, check=lambda st: outputs.path_problem(
+            path, key, [p for p in protected if p], probe_dir=False))
+        return True
+    except OSError as exc:
+        print(f"vmdisktouch: advise: {what} not written to {path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return False
+
+
+def _output(report: dict, args, protected: list) -> bool:
+    """Save, print and draw the report; False when the PNG asked for was not written."""
     if args.save:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(args.save)), mode=0o755,
-                        exist_ok=True)
-            atomic.write_json(args.save, report)
-        except (OSError, VmdtError) as exc:
-            print(f"vmdisktouch: advise: the report is not kept at {args.save}: {exc}",
-                  file=sys.stderr)
+        _keep(args.save, "advise", (json.dumps(report, indent=2) + "\n").encode(), protected,
+              "the report is")
+    drawn = True
+    if args.png is not None:
+        import io
+        from vmdisktouch.adapters.pictures.advise_render import advise_image
+        buf = io.BytesIO()
+        advise_image(report).save(buf, format="PNG")
+        drawn = _keep(args.png, "map_png", buf.getvalue(), protected, "the picture is")
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return
+        return drawn
     rows = [("DISK", "CACHE", "READS/S", "WRITES/S", "FROM MEMORY", "MISS", "ADVICE")]
     for d in report["disks"]:
         miss = d["miss_latency_us"]
@@ -269,6 +355,11 @@ def _output(report: dict, args) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     for name, why in sorted(report["failed"].items()):
         print(f"{name}: not watched: {why}")
+    for d in report["disks"]:
+        if d.get("daemon_pid"):
+            print(f"{d['name']}: served by vmdisktouch (pid {d['daemon_pid']}): its own "
+                  "descriptors are not taken for a guest's")
     if report["interrupted"]:
-        print(f"(interrupted: {max([d['seconds'] for d in report['disks']] or [0]):.1f} s "
-              f"watched of {report['duration_seconds']:g})")
+        print(f"(interrupted: {report['watched_seconds']:.1f} s watched of "
+              f"{report['duration_seconds']:g})")
+    return drawn

@@ -23,6 +23,12 @@ set either way), and prints nothing.
 Requests are coalesced: any number of SIGHUPs before the loop looks is one
 reload (``take_reload``); the first SIGTERM or SIGINT is the stop, and the
 later ones change nothing.
+
+``vmdisktouch advise`` takes the same handlers with SIGHUP a stop too (a
+closed terminal ends its watch as Ctrl-C does) and no reload, and
+``keep_ignored``: a signal ignored when it starts stays ignored, as Python
+leaves an inherited ignored SIGINT (``nohup`` ignores SIGHUP, a background
+job of a non-interactive shell SIGINT).
 """
 
 from __future__ import annotations
@@ -45,8 +51,12 @@ class LoopSignals:
     handlers and wake-up fd back and closes the pipe.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *,
+                 stop_signals: tuple = STOP_SIGNALS, reload_signal: int | None = RELOAD_SIGNAL,
+                 keep_ignored: bool = False) -> None:
         self.clock = clock
+        self.stop_signals, self.reload_signal = stop_signals, reload_signal
+        self.keep_ignored = keep_ignored       # a signal ignored at install stays ignored
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stop_signal: int | None = None   # the first stop signal received
         self._reload = False
@@ -66,11 +76,17 @@ class LoopSignals:
     # -- set up and tear down ---------------------------------------------------
 
     def install(self) -> "LoopSignals":
-        for sig in STOP_SIGNALS:
-            self._saved[sig] = signal.signal(sig, self._on_stop)
-        self._saved[RELOAD_SIGNAL] = signal.signal(RELOAD_SIGNAL, self._on_reload)
+        for sig in self.stop_signals:
+            self._take(sig, self._on_stop)
+        if self.reload_signal is not None:
+            self._take(self.reload_signal, self._on_reload)
         self._saved_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
         return self
+
+    def _take(self, sig: int, handler) -> None:
+        if self.keep_ignored and signal.getsignal(sig) == signal.SIG_IGN:
+            return
+        self._saved[sig] = signal.signal(sig, handler)
 
     def restore(self) -> None:
         if self._saved_fd is not None:

@@ -1,6 +1,7 @@
 """The picture of ``vmdisktouch advise``: each disk's curve and the size advised on it.
 
-Layout, top to bottom: a header (what was watched, when, for how long); a
+Layout, top to bottom: a header (what was watched, for how long: the seconds
+actually watched, when a signal cut the window short, and when); a
 line per disk, its swatch in its own colour (``host_render.colours``: each
 disk its own, first from its name as in the host PNG), its name and its advice; then the host PNG's
 curves panel (``host_render.curves_panel``) with each disk's curve, a ring
@@ -54,6 +55,18 @@ def wrap(draw, text: str, room: float, font, lines: int) -> list[str]:
     return out
 
 
+def header(report: dict) -> list[str]:
+    """The picture's two header lines: the disks and the seconds actually watched (of the
+    ``--duration`` asked, when a signal ended the watch early), then when and the kernel."""
+    n = len(report["disks"])
+    watched = f"{report['watched_seconds']:.1f} s"
+    if report.get("interrupted"):
+        watched += f" of {report['duration_seconds']:g} s (interrupted)"
+    return [f"advise: {n} disk{'' if n == 1 else 's'} watched {watched}",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["when"]))
+            + f"  kernel {report['kernel']}"]
+
+
 def advise_image(report: dict, width: int = WIDTH) -> Image.Image:
     """The picture of an ``advise`` report (``commands.advise``)."""
     font = load_font()
@@ -64,13 +77,7 @@ def advise_image(report: dict, width: int = WIDTH) -> Image.Image:
     panel_y = top + len(disks) * ROW + PAD
     img = Image.new("RGB", (width, panel_y + (CURVES if shown else LINE) + PAD), BG)
     draw = ImageDraw.Draw(img)
-    n = len(disks)
-    head = [f"advise: {n} disk{'' if n == 1 else 's'} watched "
-            f"{report['duration_seconds']:g} s"
-            + (" (interrupted)" if report.get("interrupted") else ""),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["when"]))
-            + f"  kernel {report['kernel']}"]
-    for k, line in enumerate(head):
+    for k, line in enumerate(header(report)):
         draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
     marks = colours(disks)
     for k, (d, r, colour) in enumerate(zip(report["disks"], disks, marks)):

@@ -14,6 +14,13 @@ A disk reaches the host in one of two ways, and each has its own tracepoints:
 Which one a disk uses is read from the processes that have it open
 (``openers``: ``/proc/PID/fdinfo`` flags, ``O_DIRECT`` or not), or told by
 the caller (libvirt's cache mode); when nobody has it open both are watched.
+vmdisktouch's own descriptors are not a guest's: the caller's, and those of
+the daemon that serves the image (``scan_openers``: the process that holds
+the image's lock, ``image_lock``, as the ``lock:`` line of its lock file's
+fdinfo shows) are left out. The daemon keeps an ``O_DIRECT`` descriptor of
+every image it serves for its miss probe (``MissCost``), which made a disk
+a guest read through the page cache at 40 MB/s look ``cache=none`` and
+unread.
 
 Every read's pages feed a miss-ratio curve (``core.mrc``, the daemon's own
 code, without decay: the window is the evidence; ``steady``: the first
@@ -45,7 +52,7 @@ from vmdisktouch.core.access import ADD, READ, WRITE
 from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
 from vmdisktouch.core.what_if import Watched, cache_hit_ratio
 from vmdisktouch.errors import VmdtError
-from vmdisktouch.system import files, libc
+from vmdisktouch.system import files, image_lock, libc
 from vmdisktouch.system.image import first_page_cached
 from vmdisktouch.system.observe import residency
 from vmdisktouch.system.observe.miss_cost import MissCost
@@ -89,16 +96,33 @@ class Tally:
         return self.direct_read_bytes + self.pages_read * libc.PAGE_SIZE
 
 
+@dataclass(frozen=True)
+class Openers:
+    """Who has an image open: ``pids``, pid -> whether any of its descriptors of it is
+    ``O_DIRECT``, vmdisktouch's own left out; ``daemon``, the pid of the daemon that serves
+    it (it holds the image's lock), or None."""
+    pids: dict
+    daemon: int | None = None
+
+
 def openers(path: str) -> dict[int, bool]:
     """The processes that have ``path`` open: pid -> whether any of its descriptors of it
-    is ``O_DIRECT`` (from ``/proc/PID/fdinfo``); the caller's own are left out."""
+    is ``O_DIRECT`` (from ``/proc/PID/fdinfo``); the caller's own and the serving
+    daemon's are left out (``scan_openers``)."""
+    return scan_openers(path).pids
+
+
+def scan_openers(path: str) -> Openers:
+    """Who has ``path`` open (``Openers``), from ``/proc/PID/fd`` and ``fdinfo``."""
     try:
         target = os.stat(path)
     except OSError:
-        return {}
+        return Openers({})
     key = (target.st_rdev, 0) if stat.S_ISBLK(target.st_mode) else (target.st_dev,
                                                                       target.st_ino)
+    lock = image_lock.lock_name(target)
     out: dict[int, bool] = {}
+    daemon = None
     me = os.getpid()
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         if pid == me:
@@ -108,6 +132,7 @@ def openers(path: str) -> dict[int, bool]:
             fds = os.listdir(fd_dir)
         except OSError:
             continue
+        direct, files_open = None, []
         for fd in fds:
             try:
                 st = os.stat(os.path.join(fd_dir, fd))
@@ -115,15 +140,42 @@ def openers(path: str) -> dict[int, bool]:
                 continue
             mine = ((st.st_rdev, 0) if stat.S_ISBLK(st.st_mode) else (st.st_dev, st.st_ino))
             if mine != key or (stat.S_ISBLK(st.st_mode) != stat.S_ISBLK(target.st_mode)):
+                if stat.S_ISREG(st.st_mode):
+                    files_open.append(fd)
                 continue
-            try:
-                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                    m = re.search(r"^flags:\s*([0-7]+)", f.read(), re.M)
-            except OSError:
+            info = _fdinfo(pid, fd)
+            if info is None:
                 continue
-            direct = bool(m and int(m.group(1), 8) & os.O_DIRECT)
-            out[pid] = out.get(pid, False) or direct
-    return out
+            m = re.search(r"^flags:\s*([0-7]+)", info, re.M)
+            direct = bool(direct) or bool(m and int(m.group(1), 8) & os.O_DIRECT)
+        if direct is None:
+            continue
+        if any(_holds_lock(pid, fd, lock) for fd in files_open):
+            daemon = pid
+        else:
+            out[pid] = direct
+    return Openers(out, daemon)
+
+
+def _fdinfo(pid: int, fd: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _holds_lock(pid: int, fd: str, name: str) -> bool:
+    """Whether descriptor ``fd`` of ``pid`` is an image lock file ``name`` it holds locked
+    (its fdinfo lists the ``flock``: this open file's own locks, granted ones only)."""
+    try:
+        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return False
+    if os.path.basename(link.removesuffix(" (deleted)")) != name:
+        return False
+    info = _fdinfo(pid, fd)
+    return bool(info and re.search(r"^lock:\s*\d+: FLOCK\s+ADVISORY\s+WRITE ", info, re.M))
 
 
 def paged_tracer(image, name: str):
