@@ -63,7 +63,7 @@ NOT_AN_IMAGE = {
     ("system/meminfo.py", "_descriptor"): "/proc/meminfo",
     ("system/meminfo.py", "_read"): "a /proc file",
     ("system/meminfo.py", "memlock_allowance"): "/proc/self/status",
-    ("system/observe/io_watch.py", "openers"): "/proc/PID/fdinfo",
+    ("system/observe/io_watch.py", "_fdinfo"): "/proc/PID/fdinfo",
     ("system/observe/residency.py", "_has_capability"): "/proc/self/status",
     ("system/trace/bdi.py", "_whole_disk"): "a sysfs file",
     ("system/trace/bpf_reads.py", "possible_cpus"): "/sys/devices/system/cpu/possible",
