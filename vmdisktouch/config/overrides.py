@@ -189,9 +189,11 @@ domain, `--config` for its next boots):
 virsh metadata web-1 {LABEL_NS} --key vmdt --set '<label>tenant-a shared</label>' --live --config
 ```
 
-A label changed on a running domain is followed: the service lists every
-domain's live XML each cycle, and libvirt's metadata-change event wakes it at
-once; a domain that leaves the scope is released within a cycle, one that
+A label changed on a running domain is followed: libvirt's metadata-change
+event makes the service read that domain's live XML again and wakes it at once
+(a domain's XML is read when it arrives, on libvirt's events and at least every
+minute, not each cycle: other applications' metadata there costs nothing per
+cycle); a domain that leaves the scope is released within a cycle, one that
 enters it is served. A change of the file itself takes effect at a reload
 (`systemctl reload vmdisktouch`). `vmdisktouch discover` says which eligible
 disks the file leaves out and why (`--config`, default the host file), `vmdisktouch
