@@ -51,7 +51,7 @@ from vmdisktouch.errors import VmdtError
 from vmdisktouch.daemon.act import Acted, Recharger
 from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.report import DiskReport
 from vmdisktouch.core.shares import Demand, heat_curve
 from vmdisktouch.system.hold.spill import SpillResult
@@ -339,15 +339,24 @@ class DiskWatcher:
         return resident, self.policy.held_after
 
     def restore(self, saved, away_seconds: float) -> None:
-        """Start from saved heat (``warm_state.Saved``), decayed over ``away_seconds``.
+        """Start from saved heat (``warm_state.Saved``: the state file's, or a domain's
+        summary's), each block's capped by ``heat.cap_loaded`` (one WARNING line when it
+        was over), decayed over ``away_seconds``.
 
         The first selection made while holding is loaded unpaced, as a cold disk's
         first loads are: it is what the guest read just before it went away (a
         restart, a reboot, a restore, a migration), so each second paced is a
         second the guest waits on the disk for it (docs/benchmarks.md,
         warm-restart-reboot)."""
-        k = np.float32(heat.decay_factor(self.policy.params.heat.decay, max(0.0, away_seconds)))
-        self.policy.state = heat.HeatState(saved.heat_resident * k, saved.heat_rewritten * k)
+        params = self.policy.params.heat
+        loaded, capped = heat.cap_loaded(heat.HeatState(saved.heat_resident,
+                                                        saved.heat_rewritten), params)
+        if capped:
+            log.warning("%s: the heat loaded for %s was above %g, the most reads make; "
+                        "capped to it", self.image.path, counted(capped, "block"),
+                        heat.loaded_most(params))
+        k = np.float32(heat.decay_factor(params.decay, max(0.0, away_seconds)))
+        self.policy.state = heat.HeatState(loaded.heat_resident * k, loaded.heat_rewritten * k)
         # decayed to now: the next cycle's step counts from now, not from the last cycle (a
         # disk that waited for its domain's arrival would lose that wait's decay twice)
         self.policy.last_time = self.clock()
