@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "curve",
          "floor", "cgroup", "lock_limit", "not_loaded")
 
+# Why nothing is held in the file a clean stop leaves (``HostReport.stopped_at``).
+STOPPED_REASON = "the daemon stopped: every hold released"
+
 # One disk's keys kept at the top level of a single disk's status file, for one release.
 LEGACY_TOP = True
 
@@ -173,6 +176,19 @@ class HostReport:
     failed: list[dict] = field(default_factory=list)     # {path, error}
     skipped: list[dict] | None = None          # {domain, target, code, reason}: libvirt
     budget_advice: dict | None = None     # max_hold too small, too large or right (``core.advice``)
+    stopped: bool = False                 # the daemon stopped cleanly: nothing held (``stopped``)
+
+    def stopped_at(self, when: float) -> "HostReport":
+        """The report a clean stop leaves behind: this one, with every hold released
+        (nothing held, no region), ``stopped`` and the time of the stop; what only a
+        running daemon can say (the gain of its holds, the budget's advice) left out."""
+        def off(x, **more):
+            return dataclasses.replace(x, held_bytes=0, limited_by=None,
+                                       not_held_reason=STOPPED_REASON, **more)
+        return dataclasses.replace(
+            self, time=when, held_bytes=0, stopped=True, budget_advice=None,
+            lines=[off(x, budget_advice=None) for x in self.lines],
+            disks=[off(d, regions=[], time=when, gain=None) for d in self.disks])
 
     def to_json(self) -> dict:
         """The status file: ``host`` and ``disks``, for one disk as for many (one disk also
@@ -184,6 +200,8 @@ class HostReport:
         head.update(disks=[_shallow(x) for x in self.lines], failed=self.failed)
         if self.skipped is not None:
             head["skipped"] = self.skipped
+        if self.stopped:
+            head["stopped"] = True
         disks = [d.to_json() for d in self.disks]
         out = {"host": head, "disks": disks}
         if LEGACY_TOP and len(disks) == 1 and len(self.lines) == 1:

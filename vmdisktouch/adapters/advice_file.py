@@ -18,6 +18,15 @@ ADVISE_HINT = "vmdisktouch advise --libvirt"
 ADVICE_FILE = "/run/vmdisktouch/advise.json"   # the last ``advise`` report (it writes it)
 
 
+def is_report(doc) -> bool:
+    """Whether the JSON document ``doc`` is an ``advise`` report: an object with its
+    ``when``, ``duration_seconds`` and list of ``disks``, and no status file's ``host`` or
+    ``path`` (``status`` leaves it out of the daemons it lists)."""
+    return (isinstance(doc, dict) and "host" not in doc and "path" not in doc
+            and "when" in doc and "duration_seconds" in doc
+            and isinstance(doc.get("disks"), list))
+
+
 def load_advice(path: str) -> dict | None:
     """The last ``advise`` report (``ADVICE_FILE``), None when there is none or it
     cannot be read: ``{"when": ..., "disks": {key: advice}}``, each disk under its path

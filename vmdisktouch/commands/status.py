@@ -51,6 +51,7 @@ import stat
 import sys
 import time
 
+from vmdisktouch.adapters import advice_file, runtime_dir
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
 from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL
 from vmdisktouch.errors import ImageError, file_kind
@@ -58,7 +59,7 @@ from vmdisktouch.daemon.reasons import advice_said
 from vmdisktouch.report import DiskLine, DiskReport, HostReport
 from vmdisktouch.sizes import format_size
 
-STATUS_DIR = "/run/vmdisktouch"
+STATUS_DIR = runtime_dir.RUNTIME_DIR     # or $VMDISKTOUCH_RUNTIME_DIR (``default_dir``)
 STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 15.0
 EX_LIVE = 0                 # as ``systemctl is-active``: some daemon is live
@@ -71,8 +72,15 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help="only the daemon(s) serving this disk image")
     parser.add_argument("--all", action="store_true", help="every status file (the default)")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--dir", default=STATUS_DIR,
-                        help=f"where the status files are (default {STATUS_DIR})")
+    parser.add_argument("--dir", default=None,
+                        help=f"where the status files are (default {STATUS_DIR}, or "
+                             f"${runtime_dir.ENV})")
+
+
+def default_dir() -> str:
+    """Where the daemons write their status files: ``STATUS_DIR``, or the runtime
+    directory the environment names (``adapters.runtime_dir``)."""
+    return os.environ.get(runtime_dir.ENV) or STATUS_DIR
 
 
 def pid_alive(pid) -> bool:
@@ -129,13 +137,16 @@ def read_file(path: str) -> tuple[bytes, float]:
 
 
 def parse(data: bytes):
-    """The checked document of ``data``; ``Malformed`` when it is not one to show."""
+    """The checked document of ``data``; ``Malformed`` when it is not one to show; None
+    for the report ``advise`` keeps beside the status files (not a daemon's)."""
     try:
         doc = json.loads(data)
     except RecursionError:
         raise Malformed("JSON nested too deep") from None
     except ValueError as exc:           # UnicodeDecodeError and JSONDecodeError included
         raise Malformed(f"not JSON: {exc}") from None
+    if advice_file.is_report(doc):
+        return None
     check(doc)
     return doc
 
@@ -158,6 +169,8 @@ def read_files(directory: str, clock=time.time) -> list[dict]:
         try:
             data, mtime = read_file(path)
             doc = parse(data)
+            if doc is None:                 # advise's report: no daemon
+                continue
         except Unreadable as exc:
             out.append({"file": path, "error": f"unreadable: {exc}", "stale": True})
             continue
@@ -191,7 +204,7 @@ def freshness(r: HostReport, mtime: float, now: float) -> dict:
     age = now - (mtime if r.time is None else r.time)
     if -limit <= age < 0:
         age = 0.0                       # the clock's granularity, or a small step back
-    stale = abs(age) > limit or not pid_alive(r.pid)
+    stale = r.stopped or abs(age) > limit or not pid_alive(r.pid)
     return {"age_seconds": round(age, 1), "stale": stale}
 
 
@@ -226,6 +239,8 @@ def _size(v) -> str:
 def _state(item: dict) -> str:
     age = item["age_seconds"]
     when = f"{age:.0f} s ago" if age >= 0 else "written in the future"
+    if "report" in item and item["report"].stopped:
+        return f"stopped {when}, STOPPED"
     return f"{when}, {'STALE' if item['stale'] else 'LIVE'}"
 
 
@@ -359,12 +374,12 @@ def host_lines(item: dict) -> list[str]:
     if r.skipped is not None:
         counts.append(f"{len(r.skipped)} skipped")
     counts.append(f"{len(r.failed)} failed")
-    floor = r.above_floor_bytes
+    floor = None if r.stopped else r.above_floor_bytes
     head = (f"host (pid {r.pid}, v{sanitise(r.version)}): held "
             f"{_size(r.held_bytes)} of {_size(r.budget_bytes)} budget, "
             + ("" if floor is None else f"{format_size(floor)} above the floor, ")
             + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}"
-            + best_next_gib(disks)
+            + ("" if r.stopped else best_next_gib(disks))
             + (f", max_hold {advice_said(r.budget_advice)}" if advised(r.budget_advice) else ""))
     return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
@@ -398,9 +413,12 @@ def json_of(item: dict) -> dict:
 
 
 def main(args) -> int:
-    if args.dir == STATUS_DIR and not os.path.isdir(STATUS_DIR):
+    default = default_dir()
+    if args.dir is None:
+        args.dir = default
+    if args.dir == default and not os.path.isdir(default):
         # The default directory exists once a daemon has run since boot: none has.
-        print(f"no status files in {STATUS_DIR} (no daemon has run since boot)")
+        print(f"no status files in {sanitise(default)} (no daemon has run since boot)")
         return EX_INACTIVE
     items = read_files(args.dir)
     if args.path:

@@ -35,6 +35,40 @@ PLACEHOLDER = "{disk}"
 PER_DISK_OUTPUTS = ("map_png", "heat_png")
 
 
+def say_direct_openers(path: str) -> list[int]:
+    """Warn, in one line, when processes open ``path`` with O_DIRECT (QEMU with cache=none,
+    qemu-nbd --cache=none): what they read never comes from the page cache, so holding
+    it serves them nothing. vmdisktouch's own processes are left out (the daemon's miss
+    probe opens the image O_DIRECT). Returns their pids."""
+    from vmdisktouch.system.observe.io_watch import openers
+    direct = [pid for pid, d in sorted(openers(path).items()) if d and not _ours(pid)]
+    if direct:
+        who = " and ".join(f"{_comm(pid)} (pid {pid})" for pid in direct)
+        log.warning("%s: %s open%s it with O_DIRECT: nothing %s reads comes from the page "
+                    "cache; see `vmdisktouch advise`", path, who,
+                    "s" if len(direct) == 1 else "", "it" if len(direct) == 1 else "they")
+    return direct
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` is a vmdisktouch process (``vmdisktouch ...`` or ``python -m
+    vmdisktouch ...``): a daemon's or advise's own O_DIRECT reads are not a guest's."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(a) == b"vmdisktouch" for a in argv[:3])
+
+
 def disk_config(config, path: str):
     """The settings of one disk: its own PNG paths, and no status file (the host's, written
     by the service, is the only one)."""
@@ -126,6 +160,7 @@ class Served:
             raise
         if img.format == "qcow2":
             log.warning("%s is qcow2: blocks are host-file offsets, not guest offsets", img.path)
+        say_direct_openers(img.path)
         self.keys[key] = path
         self.saved[id(w)] = saved
         self.locks[id(w)] = lock

@@ -45,7 +45,7 @@ import re
 import time
 
 from vmdisktouch.adapters.systemd import journal, sdnotify
-from vmdisktouch.adapters import outputs
+from vmdisktouch.adapters import outputs, runtime_dir
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
 from vmdisktouch.daemon import arrival, carry
@@ -153,6 +153,7 @@ class Service:
         watch = getattr(self.members, "watch", None)
         self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
         self.started = False
+        self.default_status: str | None = None    # ``runtime_dir``: written without --status
 
     def pace(self, seconds: float) -> bool:
         """The holder's sleep between paced loads: the watchdog is fed, a stop ends it."""
@@ -167,11 +168,14 @@ class Service:
         paths given before any is opened: a path that names one refuses the start."""
         if isinstance(self.members, GivenPaths):
             given = [outputs.Protected.of_path(p, f"the disk image {p}") for p in self.args.paths]
+            self._default_status(self.served.protected + [g for g in given if g])
             served_mod.check_outputs(self.config, self.args.paths,
                                      self.served.protected + [g for g in given if g])
             want = self.members.want()          # each one's domain, arriving or not
             for path in self.args.paths:        # in the order given, a path named twice too
                 self._open(path, want.serve.get(path, Member(path)))
+        else:
+            self._default_status(self.served.protected)
         self.sync()
         if isinstance(self.members, GivenPaths) and not self.host.watchers:
             if self.single:
@@ -193,6 +197,20 @@ class Service:
                      else counted(len(self.host.watchers), "image"),
                      format_size(self.config.max_hold))
 
+    def _default_status(self, protected) -> None:
+        """No ``--status``: one in the runtime directory, so ``status`` sees this daemon
+        (``adapters.runtime_dir``); where it cannot be written, said once, and none."""
+        if self.config.status:
+            return
+        path, why = runtime_dir.default_status(list(self.args.paths), bool(self.args.libvirt),
+                                               protected)
+        if path is None:
+            log.info("`vmdisktouch status` cannot see this daemon: %s (give --status FILE)",
+                     why)
+            return
+        self.default_status = path
+        self.config = with_status(self.config, path)
+
     def _close_disk(self, w) -> None:
         self.follower.closed(w)
         self.served.close(w)
@@ -207,6 +225,10 @@ class Service:
             self.members.close()
         if self.started:
             log.info("released all holds")
+            if self.config.status and self.last_report is not None:
+                # The last cycle's file would say what is held: it says it stopped.
+                self.out.write("status", self.config.status,
+                               status_bytes(self.last_report.stopped_at(time.time()).to_json()))
 
     # -- the membership ----------------------------------------------------
 
@@ -364,6 +386,8 @@ class Service:
             return
         for line in warns:
             log.warning("%s", line)
+        if not new.status and self.default_status:
+            new = with_status(new, self.default_status)
         log.info("%s", settings.in_force(new, path or ""))
         self.served.set_config(new, path)
         released = sum(self.host.each(lambda w: w.reconfigure(
@@ -378,6 +402,13 @@ class Service:
                  f" from {path}" if path else "", format_size(new.max_hold),
                  format_size(new.min_free), format_size(released))
         sdnotify.ready()
+
+
+def with_status(config, path: str):
+    """``config`` with the status file ``path`` (where its settings came from kept)."""
+    new = type(config)(config, status=path)
+    new.origins, new.file_name = {**config.origins, "status": "default"}, config.file_name
+    return new
 
 
 def serve(args, config, config_path, cli_values, sig) -> int:

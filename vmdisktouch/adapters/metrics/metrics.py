@@ -99,6 +99,8 @@ COUNTERS = (
 EVENTS_LOST = ("events_lost", "Trace events lost (each forces a mincore reconciliation): "
                "the kernel's count, and an estimate of those a buffer resize dropped.",
                "events_lost")
+EVENTS_LOST_AT_START = ("events_lost_at_start", "Trace events lost while the buffer was "
+                        "sized at start (expected; not in events_lost).", "trace.lost_at_start")
 # every disk's series: its image path (``disk``), and its libvirt domain and target
 # ("" when libvirt does not know the disk)
 LABELS = ["disk", "domain", "target"]
@@ -164,6 +166,7 @@ class Collector:
                 for name, _, key in COUNTERS:       # "cycles" (no key) counts one a cycle
                     t[name] += 1 if key is None else int(d.value(key) or 0)
                 t["events_lost"] = int(d.events_lost or 0)
+                t["events_lost_at_start"] = int(d.value("trace.lost_at_start") or 0)
             self._disks, self._host = live, report
 
     def collect(self):
@@ -181,7 +184,7 @@ class Collector:
                 if v is not None or key != "wanted_bytes":
                     g.add_metric(_labels(d), float(v or 0))
             yield g
-        for name, text, _ in COUNTERS + (EVENTS_LOST,):
+        for name, text, _ in COUNTERS + (EVENTS_LOST, EVENTS_LOST_AT_START):
             c = CounterMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS)
             for path, d in disks.items():
                 c.add_metric(_labels(d), totals[path][name])
