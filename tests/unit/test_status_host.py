@@ -246,6 +246,7 @@ def test_no_default_directory_is_nothing_running(tmp_path, capsys, monkeypatch):
     from vmdisktouch.commands import status as status_cmd
     missing = str(tmp_path / "run-vmdisktouch")
     monkeypatch.setattr(status_cmd, "STATUS_DIR", missing)
+    monkeypatch.delenv("VMDISKTOUCH_RUNTIME_DIR", raising=False)    # (tests/conftest.py's)
     rc, out, err = status(capsys, missing)
     assert rc == 3 and "no daemon has run since boot" in out and err == ""
     rc, out, err = status(capsys, tmp_path / "elsewhere")

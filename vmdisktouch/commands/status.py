@@ -2,8 +2,12 @@
 
 Each daemon writes its status JSON (``--status``; the units put it under
 ``/run/vmdisktouch/``: ``host.json`` for the host service, ``INSTANCE.json``
-per disk). This reads every ``*.json`` there (``--dir``), or only the
-entries that serve ``PATH``. A host's file is a **host line** (pid,
+per disk; a ``run`` without ``--status`` there too, ``adapters.runtime_dir``,
+which ``$VMDISKTOUCH_RUNTIME_DIR`` moves). This reads every ``*.json`` there
+(``--dir``), or only the entries that serve ``PATH``; ``advise``'s report
+kept there (``advice_file.is_report``) is no daemon's and is left out. A file
+a clean stop left (``host.stopped``: nothing held) ends ``STOPPED`` and is
+not live. A host's file is a **host line** (pid,
 version, held of the whole budget, MemAvailable above the floor, the disks
 served, skipped and failed, the cycle, the file's age, ``LIVE`` or
 ``STALE``), then one indented line per disk (``domain/target (path)``, or

@@ -96,7 +96,8 @@ COUNTERS = (
      "spill.read_bytes"),
 )
 # the source keeps this total itself: taken as it is, not summed
-EVENTS_LOST = ("events_lost", "Trace events lost (each forces a mincore reconciliation): "
+EVENTS_LOST = ("events_lost", "Trace events lost after the start's sizing of the buffer (each "
+               "forces a mincore reconciliation): "
                "the kernel's count, and an estimate of those a buffer resize dropped.",
                "events_lost")
 EVENTS_LOST_AT_START = ("events_lost_at_start", "Trace events lost while the buffer was "
