@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -102,10 +104,11 @@ def _(tmp_path, image):
 
 @fault("status-run-default", "two `vmdisktouch run IMG` on two images, neither with "
        "`--status`, then `vmdisktouch status`; a third where the runtime directory cannot be "
-       "made", "every running daemon is seen by `status`, whatever its options; one that "
+       "made; one as nobody", "every running daemon is seen by `status`, whatever its options; one that "
        "cannot write there still serves",
        "`status` exits 0 with one LIVE line per image, each from `RUNDIR/ESCAPED.json` (the "
-       "unit's `%i.json`); the third holds and says once `vmdisktouch status` cannot see it",
+       "unit's `%i.json`); the third, and one run as nobody beside a root-owned runtime "
+       "directory, hold and say once that `vmdisktouch status` cannot see them",
        f"{CASE} status-run")
 def _(tmp_path, image):
     run, env = runtime(tmp_path)
@@ -137,11 +140,43 @@ def _(tmp_path, image):
             assert len(said) == 1 and str(blocked) in said[0], d.output()[-2000:]
         finally:
             stop(d)
+        as_nobody(tmp_path)
     finally:
         for d in ds:
             stop(d)
     r = status_cmd(env)
     assert r.returncode == 3 and r.stdout.count("STOPPED") == 2, r.stdout
+
+
+def as_nobody(tmp_path) -> None:
+    """A daemon run as nobody, the runtime directory root's (0755, as /run/vmdisktouch):
+    it serves, and says once that ``status`` cannot see it."""
+    shared = tempfile.mkdtemp(prefix="vmdt-status-", dir="/var/tmp")
+    try:
+        os.chmod(shared, 0o755)
+        run = os.path.join(shared, "run")
+        os.mkdir(run, 0o755)
+        locks = os.path.join(shared, "locks")
+        os.mkdir(locks, 0o700)
+        os.chown(locks, 65534, 65534)
+        img = data_image(os.path.join(shared, "nobody.raw"), 16 * MiB)
+        os.chmod(img, 0o644)
+        env = dict(env_without_systemd(), VMDISKTOUCH_RUNTIME_DIR=run,
+                   VMDISKTOUCH_LOCK_DIR=locks)
+        d = DaemonProc(tmp_path, img, "--uri", "", "--min-free", "0", "--interval", "0.5",
+                       max_hold="2M", status=None, env=env, log="nobody.log",
+                       prefix=(require_tool("setpriv"), "--reuid=65534", "--regid=65534",
+                               "--clear-groups"))
+        try:
+            d.wait_output("cycle 1:", "the first cycle as nobody")
+            said = [x for x in d.output().splitlines()
+                    if "`vmdisktouch status` cannot see this daemon" in x]
+            assert len(said) == 1 and "Permission denied" in said[0], d.output()[-2000:]
+        finally:
+            stop(d)
+        assert os.listdir(run) == []
+    finally:
+        shutil.rmtree(shared)
 
 
 # -- an image a process opens with O_DIRECT ---------------------------------------------------
