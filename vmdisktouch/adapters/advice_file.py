@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 
+from vmdisktouch.adapters import outputs
 from vmdisktouch.core.what_if import Forecast
 from vmdisktouch.sizes import format_size
 
@@ -19,11 +20,12 @@ ADVICE_FILE = "/run/vmdisktouch/advise.json"   # the last ``advise`` report (it 
 
 
 def is_report(doc) -> bool:
-    """Whether the JSON document ``doc`` is an ``advise`` report: an object with its
-    ``when``, ``duration_seconds`` and list of ``disks``, and no status file's ``host`` or
-    ``path`` (``status`` leaves it out of the daemons it lists)."""
+    """Whether the JSON document ``doc`` is an ``advise`` report: an object with the
+    fields of one (``outputs.ADVISE_FIELDS``, as ``--save`` checks a file it replaces) and
+    a list of ``disks``, and no status file's ``host`` or ``path`` (``status`` leaves it
+    out of the daemons it lists)."""
     return (isinstance(doc, dict) and "host" not in doc and "path" not in doc
-            and "when" in doc and "duration_seconds" in doc
+            and all(k in doc for k in outputs.ADVISE_FIELDS)
             and isinstance(doc.get("disks"), list))
 
 
