@@ -69,6 +69,18 @@ def stop(d: DaemonProc) -> str:
     return out
 
 
+def launch(tmp_path, setup: str) -> str:
+    """An executable that runs ``python -m vmdisktouch ARGS`` after ``setup`` (Python, run
+    first in the daemon's process): ``DaemonProc(..., python=launch(...))``."""
+    path = tmp_path / "launch"
+    path.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                    + setup + "from vmdisktouch.commands import cli\n"
+                    "assert sys.argv[1:3] == ['-m', 'vmdisktouch'], sys.argv\n"
+                    "sys.exit(cli.main(sys.argv[3:]))\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 # -- advise's report beside the status files ------------------------------------------------
 
 @fault("status-advise-report", "`vmdisktouch advise IMG --save RUNDIR/advise.json` (its "
@@ -186,10 +198,11 @@ DIRECT = ("qemu-nbd (pid {pid}) opens it with O_DIRECT: nothing it reads comes f
 
 
 @fault("status-o-direct-opener", "`qemu-nbd --cache=none` serves the image (O_DIRECT), then "
-       "`vmdisktouch run IMG`", "the daemon says at start that holding serves that reader "
+       "`vmdisktouch run IMG`; and one started while the daemon runs", "the daemon says at start that holding serves that reader "
        "nothing, naming it, never itself",
        f"one WARNING `{DIRECT.format(pid='N')}` with qemu-nbd's pid, none naming the daemon's "
-       "pid; none when qemu-nbd opens it with the host cache", f"{CASE} status-o-direct")
+       "pid; the same once for a qemu-nbd started after the daemon; none when qemu-nbd opens "
+       "it with the host cache", f"{CASE} status-o-direct")
 def _(tmp_path, image):
     require_tool("qemu-nbd")
     run, env = runtime(tmp_path)
@@ -205,6 +218,20 @@ def _(tmp_path, image):
         assert len(said) == 1 and " WARNING " in said[0], out[-3000:]
         assert said[0].endswith(DIRECT.format(pid=nbd.pid)), said
         assert f"pid {d.pid}" not in said[0]
+    # one that comes later is said too (looked for every second here, not every 30 s)
+    d = DaemonProc(tmp_path, image, *FAST, max_hold="8M", env=env, log="later.log",
+                   python=launch(tmp_path, "from vmdisktouch.daemon import served\n"
+                                           "served.DIRECT_MIN_SECONDS = 1.0\n"))
+    try:
+        d.wait_output("cycle 1:", "the first cycle")
+        assert "O_DIRECT:" not in d.output(), d.output()[-3000:]
+        with QemuNbd(str(image), cache="none", aio="threads") as nbd:
+            d.wait_output(DIRECT.format(pid=nbd.pid), "qemu-nbd said", timeout=20)
+            time.sleep(2)
+        out = stop(d)
+    finally:
+        d.stop()
+    assert len([x for x in out.splitlines() if "O_DIRECT:" in x]) == 1, out[-3000:]
     with QemuNbd(str(image), cache="writethrough", aio="threads"):
         d = DaemonProc(tmp_path, image, *FAST, max_hold="8M", env=env, log="buffered.log")
         try:
@@ -251,16 +278,11 @@ def _(tmp_path, image):
 
 # -- lost trace events while the buffer grows at start -----------------------------------------
 
-LAUNCH = """\
-import sys
-sys.path.insert(0, {root!r})
+NO_BPF = """\
 from vmdisktouch.system.trace import bpf_reads
 def refused(*a, **k):
     raise bpf_reads.BpfUnavailable("refused by the test: reads stay events")
 bpf_reads.ReadCounter.create = refused
-from vmdisktouch.commands import cli
-assert sys.argv[1:3] == ["-m", "vmdisktouch"], sys.argv
-sys.exit(cli.main(sys.argv[3:]))
 """
 
 
@@ -296,16 +318,14 @@ def _(tmp_path, image):
     run, env = runtime(tmp_path)
     big = data_image(tmp_path / "big.raw", 64 * MiB)
     read_range(big, 0, 64 * MiB)                    # cached: the flood reads memory
-    launcher = tmp_path / "launch"
-    launcher.write_text(f"#!{sys.executable}\n" + LAUNCH.format(root=str(ROOT)))
-    launcher.chmod(0o755)
+    launcher = launch(tmp_path, NO_BPF)
     status = os.path.join(run, "s.json")
     flood = Flood(big)
     d = None
     try:
         time.sleep(0.5)
         d = DaemonProc(tmp_path, big, *FAST, max_hold="16M", status=status, env=env,
-                       python=str(launcher))
+                       python=launcher)
         d.wait_output("cycle 1:", "the first cycle", timeout=60)
         assert "refused by the test" in d.output(), d.output()[-2000:]
         time.sleep(6)

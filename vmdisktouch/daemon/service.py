@@ -322,6 +322,7 @@ class Service:
         if c.host_png:
             self.out.write("host_png", c.host_png, self._overview())
         self.host.each(self.served.maybe_save)
+        self.host.each(self.served.maybe_check_direct)
         if self.carrier is not None:
             self.carrier.maybe_write(self.host.watchers, lambda w: self.carries(w.domain,
                                                                                   w.target))
