@@ -45,8 +45,9 @@ class DirectOpeners:
     the image serves them nothing. Said in one warning when the disk is opened, and
     again for one that appears later: ``maybe_check`` looks again (a walk of
     ``/proc/*/fd``, ``io_watch.openers``: 3 ms here with 115 processes) after
-    ``DIRECT_MIN_SECONDS``, or a thousand times the last look's time when longer, so
-    looking costs at most ``DIRECT_COST`` of a core whatever the host. vmdisktouch's own
+    ``DIRECT_MIN_SECONDS``, or a thousand times the last look's time by the disks served
+    when longer, so looking costs the daemon at most ``DIRECT_COST`` of a core whatever the
+    host and however many disks it serves. vmdisktouch's own
     processes are left out (the daemon's miss probe opens the image O_DIRECT, and so
     may ``advise``'s)."""
 
@@ -56,11 +57,12 @@ class DirectOpeners:
         self.next = 0.0
         self.check()
 
-    def maybe_check(self) -> None:
+    def maybe_check(self, disks: int = 1) -> None:
+        """Look again when it is time; ``disks``: how many disks look, each as often."""
         if self.clock() >= self.next:
-            self.check()
+            self.check(disks)
 
-    def check(self) -> None:
+    def check(self, disks: int = 1) -> None:
         from vmdisktouch.system.observe.io_watch import openers
         t0 = self.clock()
         direct = {pid for pid, d in openers(self.path).items() if d and not _ours(pid)}
@@ -72,7 +74,7 @@ class DirectOpeners:
                         "page cache; see `vmdisktouch advise`", self.path, who,
                         "s" if len(new) == 1 else "", "it" if len(new) == 1 else "they")
         took = self.clock() - t0
-        self.next = self.clock() + max(DIRECT_MIN_SECONDS, took / DIRECT_COST)
+        self.next = self.clock() + max(DIRECT_MIN_SECONDS, took * disks / DIRECT_COST)
 
 
 def _comm(pid: int) -> str:
@@ -213,7 +215,7 @@ class Served:
         """Say a process that opens ``w``'s image with O_DIRECT now (``DirectOpeners``)."""
         d = self.direct.get(id(w))
         if d is not None:
-            d.maybe_check()
+            d.maybe_check(len(self.direct))
 
     def maybe_save(self, w) -> None:
         """Save ``w``'s warm state when it is due (``warm_state.Keeper``)."""
