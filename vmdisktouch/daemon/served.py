@@ -231,9 +231,11 @@ class Served:
         self.saved.pop(id(w), None)
         self.direct.pop(id(w), None)
         try:
-            if k is not None:
-                k.save(w)
-            w.close()
+            try:
+                if k is not None:
+                    k.save(w)
+            finally:
+                w.close()                  # released even when the save failed
         finally:
             for key in PER_DISK_OUTPUTS:
                 if w.config.get(key):
