@@ -18,8 +18,8 @@ def test_each_o_direct_opener_is_said_once_and_a_later_one_too(monkeypatch, capl
         now[0] += 0.003                                     # a look takes 3 ms
         return dict(seen[0])
     monkeypatch.setattr(io_watch, "openers", openers)
-    monkeypatch.setattr(served, "_ours", lambda pid: pid == 7)      # a vmdisktouch process
-    monkeypatch.setattr(served, "_comm", lambda pid: f"p{pid}")
+    monkeypatch.setattr(io_watch, "is_vmdisktouch", lambda pid: pid == 7)   # ours
+    monkeypatch.setattr(io_watch, "process_name", lambda pid: f"p{pid}")
     caplog.set_level(logging.INFO, "vmdisktouch")
     seen[0] = {7: True, 40: False}                 # ours, and a buffered reader: nothing said
     d = served.DirectOpeners("/img/a.raw", clock=lambda: now[0])

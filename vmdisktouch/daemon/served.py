@@ -63,37 +63,19 @@ class DirectOpeners:
             self.check(disks)
 
     def check(self, disks: int = 1) -> None:
-        from vmdisktouch.system.observe.io_watch import openers
+        from vmdisktouch.system.observe import io_watch
         t0 = self.clock()
-        direct = {pid for pid, d in openers(self.path).items() if d and not _ours(pid)}
+        direct = {pid for pid, d in io_watch.openers(self.path).items()
+                  if d and not io_watch.is_vmdisktouch(pid)}
         new = sorted(direct - self.said)
         self.said = direct               # one gone and back (a restart) is said again
         if new:
-            who = " and ".join(f"{_comm(pid)} (pid {pid})" for pid in new)
+            who = " and ".join(f"{io_watch.process_name(pid)} (pid {pid})" for pid in new)
             log.warning("%s: %s open%s it with O_DIRECT: nothing %s reads comes from the "
                         "page cache; see `vmdisktouch advise`", self.path, who,
                         "s" if len(new) == 1 else "", "it" if len(new) == 1 else "they")
         took = self.clock() - t0
         self.next = self.clock() + max(DIRECT_MIN_SECONDS, took * disks / DIRECT_COST)
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or "?"
-    except OSError:
-        return "?"
-
-
-def _ours(pid: int) -> bool:
-    """Whether ``pid`` is a vmdisktouch process (``vmdisktouch ...`` or ``python -m
-    vmdisktouch ...``): a daemon's or advise's own O_DIRECT reads are not a guest's."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    return any(os.path.basename(a) == b"vmdisktouch" for a in argv[:3])
 
 
 def disk_config(config, path: str):

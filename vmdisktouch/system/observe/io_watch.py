@@ -157,6 +157,27 @@ def scan_openers(path: str) -> Openers:
     return Openers(out, daemon)
 
 
+def process_name(pid: int) -> str:
+    """``/proc/PID/comm`` (``qemu-nbd``, ``qemu-system-x86``), ``?`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def is_vmdisktouch(pid: int) -> bool:
+    """Whether ``pid`` runs vmdisktouch (``vmdisktouch ...`` or ``python -m vmdisktouch
+    ...``, from ``/proc/PID/cmdline``): its O_DIRECT reads (a daemon's miss probe,
+    ``advise``'s) are not a guest's."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(a) == b"vmdisktouch" for a in argv[:3])
+
+
 def _fdinfo(pid: int, fd: str) -> str | None:
     try:
         with open(f"/proc/{pid}/fdinfo/{fd}") as f:
