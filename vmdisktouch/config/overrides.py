@@ -43,7 +43,7 @@ grow with the cycles: each list is compiled once, when the file is read (``Globs
 a set of the names without a wildcard, one regular expression of the others), and
 each name's match is memoised. Before, ``fnmatch`` compiled each glob on use and
 caches 32,768 of them: a list of 60,000 recompiled them all at every verdict, and a
-1 s cycle took 6 s of CPU (issue 54). A list is at most ``MAX_SCOPE_PATTERNS``
+1 s cycle took 6 s of CPU. A list is at most ``MAX_SCOPE_PATTERNS``
 globs (a ``ConfigError`` naming the key, at ``config --check``, at start, and at a
 reload, which keeps the current settings): a longer one is no list an operator
 keeps by hand, and its expression's cost grows faster than its length.

@@ -326,7 +326,7 @@ class Memo:
     when its run changed (its ID or state: a stop and start between two listings), while
     it cannot be read, and at least every ``REFRESH`` s: not at every listing. Reading
     it cost the host service 7-8 ms of CPU per cycle for a domain with 2.7 MB of another
-    application's metadata (issue 54), and libvirtd as much to format it. Without
+    application's metadata, and libvirtd as much to format it. Without
     ``events`` every listing reads every domain's XML."""
 
     REFRESH = 60.0          # seconds: a change no event told of is seen within this
