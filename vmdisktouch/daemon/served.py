@@ -65,8 +65,7 @@ class DirectOpeners:
     def check(self, disks: int = 1) -> None:
         from vmdisktouch.system.observe import io_watch
         t0 = self.clock()
-        direct = {pid for pid, d in io_watch.openers(self.path).items()
-                  if d and not io_watch.is_vmdisktouch(pid)}
+        direct = {pid for pid, d in io_watch.openers(self.path).items() if d}
         new = sorted(direct - self.said)
         self.said = direct               # one gone and back (a restart) is said again
         if new:

@@ -107,8 +107,8 @@ class Openers:
 
 def openers(path: str) -> dict[int, bool]:
     """The processes that have ``path`` open: pid -> whether any of its descriptors of it
-    is ``O_DIRECT`` (from ``/proc/PID/fdinfo``); the caller's own and the serving
-    daemon's are left out (``scan_openers``)."""
+    is ``O_DIRECT`` (from ``/proc/PID/fdinfo``); the caller's own, the serving
+    daemon's and any other vmdisktouch process's are left out (``scan_openers``)."""
     return scan_openers(path).pids
 
 
@@ -152,7 +152,7 @@ def scan_openers(path: str) -> Openers:
             continue
         if any(_holds_lock(pid, fd, lock) for fd in files_open):
             daemon = pid
-        else:
+        elif not is_vmdisktouch(pid):     # another advise's probe: not a guest's either
             out[pid] = direct
     return Openers(out, daemon)
 
