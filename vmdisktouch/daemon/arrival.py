@@ -39,6 +39,17 @@ rules to the disk:
   summary's fingerprint) use ``pread`` and never map or lock a page, so the
   drop removes what they read.
 
+The same rules serve an image given by path (``run IMG --uri``) that no domain
+used when it was opened, and is held (``active`` None). A domain that takes it
+later is said in one line ("libvirt domain D takes it", ``owner``) and from then
+on followed like any other: arriving, it releases the holds; running, it holds
+again. The host service never holds a disk before its domain runs, but such a
+daemon does, so it must see the domain before QEMU activates the disk, and a
+restore sends libvirt no event before it completes: every open of a given image
+that no domain uses wakes the loop (``membership.GivenPaths.opened``,
+``system.opens``), QEMU's included, and that cycle's listing finds the domain
+starting up or in its incoming.
+
 Only libvirt can see an arrival: ``run IMG`` without a URI cannot, so on
 storage that hosts share the host service (or ``run IMG --uri``) is the
 supported mode (docs/algorithm.md).

@@ -17,8 +17,9 @@ unreachable: the caller keeps what it serves). Both kinds ask the one
   migration) is followed from the cycle that sees it: while it arrives the
   disk holds nothing (``daemon.arrival``). That cycle must come before QEMU
   activates the disk and drops its page cache, and libvirt sends no event
-  before a restore completes: so every open of a path served wakes the loop
-  (``opened``; ``system.opens``, inotify), and QEMU opens the image first.
+  before a restore completes: so every open of a path served that no domain
+  uses wakes the loop (``opened``; ``system.opens``, inotify), and QEMU opens
+  the image first.
   A path that cannot be opened at start, or fails later, is not tried again
   (``retry`` False): systemd restarts a unit whose every disk failed.
 * ``RunningDomains`` (``run --libvirt``): the eligible, writable disks of
@@ -103,6 +104,9 @@ class GivenPaths:
         if listed is not None:
             self._last = {p: self._member(p, libvirt_watch.owners(listed, p))
                           for p in self.paths}
+        if self._opens is not None:       # held and no domain: one could take it unseen
+            for p, m in self._last.items():
+                self._opens.arm(p, m.active is None)
         return Want(dict(self._last))
 
     def _member(self, path: str, found) -> Member:

@@ -9,6 +9,12 @@ after the drop. ``OpenWatch`` wakes the loop at every open of a watched image
 (``wake.set()``) from a thread of its own; the cycle that follows asks libvirt who
 took it. An open tells nothing else: no pid, no flags; the resync decides.
 
+Only the opens of an image that is ``armed`` wake (the caller arms those a new
+domain could take unseen: held, no domain using them), and at most one wake every
+``GAP`` seconds: an open within it wakes at its end, so a process that opens the
+image in a loop costs at most ten cycles a second, and an arrival is seen at most
+``GAP`` later.
+
 inotify sees the opens made on this host through the watched inode (a symbolic link
 is followed when the watch is added; a block device through any of its aliases that
 resolve to the same device node), on any file system, network ones included. The
@@ -23,6 +29,7 @@ import os
 import select
 import struct
 import threading
+import time
 
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.system import libc
@@ -30,16 +37,19 @@ from vmdisktouch.system import libc
 log = logging.getLogger("vmdisktouch")
 
 _EVENT = struct.Struct("iIII")       # wd, mask, cookie, len (then len bytes of name)
+GAP = 0.1                            # seconds: the least time between two wakes
 
 
 class OpenWatch:
     """Wakes ``wake`` (``.set()``) at every open of a watched path (``add``)."""
 
-    def __init__(self, wake):
-        self.wake = wake
+    def __init__(self, wake, clock=time.monotonic):
+        self.wake, self.clock = wake, clock
         self._fd = libc.inotify_init1()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._paths: dict[int, str] = {}
+        self._armed: set[str] = set()    # the paths whose opens wake (``arm``)
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def add(self, path: str) -> bool:
@@ -49,24 +59,39 @@ class OpenWatch:
         except VmdtError as exc:
             log.debug("%s: opens not watched (%s)", path, exc)
             return False
-        self._paths[wd] = path
+        with self._lock:
+            self._paths[wd] = path
+            self._armed.add(path)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="image-opens", daemon=True)
             self._thread.start()
         return True
 
+    def arm(self, path: str, on: bool) -> None:
+        """Whether the opens of ``path`` (as given to ``add``) wake the loop."""
+        with self._lock:
+            (self._armed.add if on else self._armed.discard)(path)
+
     def _run(self) -> None:
+        last, pending = float("-inf"), False
         while True:
+            wait = max(0.0, last + GAP - self.clock()) if pending else None
             try:
-                ready, _, _ = select.select([self._fd, self._stop_r], [], [])
+                ready, _, _ = select.select([self._fd, self._stop_r], [], [], wait)
             except (OSError, ValueError):
                 return
             if self._stop_r in ready:
                 return
-            opened = self._read()
-            if opened:
-                log.debug("opened: %s", ", ".join(sorted(opened)))
+            if self._fd in ready:
+                opened = self._read()
+                with self._lock:
+                    opened &= self._armed
+                if opened:
+                    log.debug("opened: %s", ", ".join(sorted(opened)))
+                    pending = True
+            if pending and self.clock() - last >= GAP:
                 self.wake.set()
+                last, pending = self.clock(), False
 
     def _read(self) -> set[str]:
         """The paths of the events buffered now (all of them read)."""
