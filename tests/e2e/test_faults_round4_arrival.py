@@ -13,9 +13,12 @@ arrive: it keeps its pages locked through the drop.
 Each row runs a real libvirtd of its own (``PrivateLibvirtd``; two for the migration, one
 page cache), a real QEMU, and a real ``vmdisktouch run IMG --uri`` at the default
 interval holding the image hot (the test reads it, as ``test_faults_run`` does), then:
-the arrival completes with QEMU finding no page left, the daemon's log names the domain
-that took the image and says it released for it, and it holds the image again once the
-domain runs. The daemons run this checkout's code, or the tree in ``VDT_ARRIVAL_TREE``
+the arrival completes with QEMU finding no page left, the daemon locked nothing at least
+0.1 s before the domain ran (libvirt's "started" event of an incoming migration comes
+some 0.03 s before the ``cont`` that activates the disk: a daemon woken only by it
+releases by a hair, or too late), its log names the domain that took the image and says
+it released for it, and it holds the image again once the domain runs. The interval is
+30 s so that no scheduled cycle falls in the arrival by chance. The daemons run this checkout's code, or the tree in ``VDT_ARRIVAL_TREE``
 (a ``git worktree`` of the code before the fix, which each row fails on).
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 import uuid
 
@@ -40,6 +44,7 @@ from tests.support.private_libvirt import PrivateLibvirtd
 CASE = "54 broke 2"
 BUDGET = "32M"
 ZONE = (8 * MiB, 24 * MiB)         # read as the guest would, until 16 MiB of it is held
+MARGIN = 0.1                       # s: released at least this long before the domain ran
 INTERVAL = 30                      # s: no scheduled cycle falls in the arrival by chance
 TREE = os.environ.get("VDT_ARRIVAL_TREE", ROOT)
 
@@ -71,13 +76,54 @@ def held_again(d: DaemonProc, img: str, at_least: int, timeout: float = 30.0) ->
         time.sleep(0.2)
 
 
-def arrived_and_released(d: DaemonProc, dom: str, img: str, log: QemuLog, r, what: str):
+class Clock:
+    """A thread that notes, every 5 ms, when ``d`` first locks nothing and when ``dom``
+    first runs at ``uri`` (a read-only connection of its own); ``stop()`` ends it."""
+
+    def __init__(self, d: DaemonProc, uri: str, dom: str):
+        import libvirt
+        self.d, self.dom = d, dom
+        self.conn = libvirt.openReadOnly(uri)
+        self.released = self.running = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import libvirt
+        while not self._stop.wait(0.005):
+            now = time.monotonic()
+            if self.released is None and self.d.vmlck() == 0:
+                self.released = now
+            try:
+                states = {x.name(): x.state()[0] for x in self.conn.listAllDomains()}
+            except libvirt.libvirtError:
+                continue
+            if self.running is None and states.get(self.dom) == libvirt.VIR_DOMAIN_RUNNING:
+                self.running = now
+
+    def stop(self) -> str:
+        self._stop.set()
+        self.thread.join(5)
+        self.conn.close()
+        if self.released is None or self.running is None:
+            return f"released at {self.released}, running at {self.running}"
+        return f"released {self.running - self.released:.3f} s before the domain ran"
+
+
+def arrived_and_released(d: DaemonProc, dom: str, img: str, log: QemuLog, r, what: str,
+                         clock: Clock):
     """The arrival completed (``r``: virsh's result), QEMU found no page still cached, the
-    daemon named the domain that took its image and released for it, and holds again."""
+    daemon named the domain that took its image and released for it, at least
+    ``MARGIN`` before the domain ran (not by a hair: QEMU activates the disk before
+    libvirt reports it running), and holds again."""
+    when = clock.stop()
     out = log.new()
     assert r.returncode == 0 and STILL_IN_USE not in out, \
-        f"{what}: exit {r.returncode}: {r.stderr.strip()}; VmLck now {d.vmlck()}\n" \
+        f"{what}: exit {r.returncode}: {r.stderr.strip()}; VmLck now {d.vmlck()}; {when}\n" \
         f"QEMU:\n{out[-1500:]}\ndaemon:\n{d.log_tail(20)}"
+    assert clock.released is not None and clock.running is not None \
+        and clock.running - clock.released >= MARGIN, f"{what}: {when}\n{d.log_tail(20)}"
     said = d.output()
     assert f"libvirt domain {dom} takes it" in said, said[-3000:]
     assert f"libvirt domain {dom} is arriving" in said and "releasing" in said, said[-3000:]
@@ -92,8 +138,9 @@ def arrived_and_released(d: DaemonProc, dom: str, img: str, log: QemuLog, r, wha
        "the restore completes, ~0.3 s)",
        "nothing is locked when QEMU drops the image's page cache; the daemon names the "
        "domain and holds again once it runs",
-       "the restore completes and QEMU logs no \"page cache still in use\"; the log says "
-       "\"libvirt domain D takes it\" and \"is arriving ... releasing\"; VmLck back to 8 MiB",
+       "the restore completes and QEMU logs no \"page cache still in use\"; VmLck 0 at least "
+       "0.1 s before the domain runs; the log says \"libvirt domain D takes it\" and \"is "
+       "arriving ... releasing\"; VmLck back to 8 MiB",
        CASE)
 def _(tmp_path, image):
     cq = CheckedQemu()
@@ -110,9 +157,10 @@ def _(tmp_path, image):
         assert not vsh(lv.uri, "list", "--all", "--name").strip()
         d = running_given(tmp_path, img, lv.uri)
         log = QemuLog(dom, lv.qemu_log(dom))
+        clock = Clock(d, lv.uri, dom)
         r = subprocess.run(["virsh", "-c", lv.uri, "restore", str(saved), "--running"],
                            capture_output=True, text=True, timeout=120)
-        arrived_and_released(d, dom, img, log, r, "virsh restore")
+        arrived_and_released(d, dom, img, log, r, "virsh restore", clock)
     finally:
         if d is not None:
             d.stop()
@@ -126,9 +174,9 @@ def _(tmp_path, image):
        "no speed limit)",
        "nothing is locked when QEMU activates the disk at `cont` and drops its page cache; "
        "the daemon names the domain and holds again once it runs",
-       "the migration completes and QEMU there logs no \"page cache still in use\"; the "
-       "log says \"libvirt domain D takes it\" and \"is arriving ... releasing\"; VmLck back "
-       "to 8 MiB",
+       "the migration completes and QEMU there logs no \"page cache still in use\"; VmLck 0 "
+       "at least 0.1 s before the domain runs there; the log says \"libvirt domain D takes "
+       "it\" and \"is arriving ... releasing\"; VmLck back to 8 MiB",
        CASE)
 def _(tmp_path, image):
     cq = CheckedQemu()
@@ -142,12 +190,13 @@ def _(tmp_path, image):
         xml.write_text(checked_domain_xml(dom, [disk_xml("vda", img)], cq.path))
         vsh(src.uri, "create", str(xml))
         d = running_given(tmp_path, img, dst.uri)
+        clock = Clock(d, dst.uri, dom)
         r = subprocess.run(["virsh", "-c", src.uri, "migrate", "--live", "--unsafe", dom,
                             dst.uri, "--migrateuri", f"tcp://127.0.0.1:{free_port()}"],
                            capture_output=True, text=True, timeout=300)
         log = QemuLog(dom, dst.qemu_log(dom))
         log.start = 0
-        arrived_and_released(d, dom, img, log, r, "virsh migrate")
+        arrived_and_released(d, dom, img, log, r, "virsh migrate", clock)
     finally:
         if d is not None:
             d.stop()
