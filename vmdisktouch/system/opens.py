@@ -99,9 +99,7 @@ class OpenWatch:
         while True:
             try:
                 data = os.read(self._fd, 64 * 1024)
-            except BlockingIOError:
-                return opened
-            except OSError:
+            except OSError:                  # BlockingIOError: all read
                 return opened
             i = 0
             while i + _EVENT.size <= len(data):
