@@ -1,25 +1,27 @@
 """Fault table, round 4: a domain arrives on an image ``run IMG --uri`` holds (issue 54, 2).
 
-``run IMG --uri URI`` holds an image no domain uses (it is not under libvirt) and follows
-the domain that takes it. A domain arrives by a restore or an incoming live migration:
-QEMU starts with ``-incoming`` and, when the incoming completes (a restore) or at ``cont``
-(a migration: late block activation), drops the image's page cache and here checks the
-drop (``tests.support.arrival_env.CheckedQemu``: ``x-check-cache-dropped``; a page left
-makes QEMU log "page cache still in use!" and refuse ``cont``). A restore sends libvirt
-no event before it completes, and a 64 MiB paused guest's restore lasts about 0.3 s, so
-a daemon at its 5 s cycle that only listens to libvirt's events never sees the domain
-arrive: it keeps its pages locked through the drop.
+``run IMG --uri URI`` holds an image no domain uses (it is not under libvirt) and
+follows the domain that takes it. A domain arrives by a restore or an incoming live
+migration: QEMU starts with ``-incoming`` and, when the incoming completes (a restore)
+or at ``cont`` (a migration: late block activation), drops the image's page cache and
+here checks the drop (``tests.support.arrival_env.CheckedQemu``: ``x-check-cache-
+dropped``; a page left makes QEMU log "page cache still in use!" and refuse ``cont``). A
+restore sends libvirt no event before it completes, and a 64 MiB paused guest's restore
+lasts about 0.3 s, so a daemon at its 5 s cycle (the default) that only listens to
+libvirt's events never sees the domain arrive: it keeps its pages locked through the
+drop.
 
-Each row runs a real libvirtd of its own (``PrivateLibvirtd``; two for the migration, one
-page cache), a real QEMU, and a real ``vmdisktouch run IMG --uri`` at the default
-interval holding the image hot (the test reads it, as ``test_faults_run`` does), then:
+Each row runs a real libvirtd of its own (``PrivateLibvirtd``; two for the migration,
+one page cache), a real QEMU, and a real ``vmdisktouch run IMG --uri`` holding the
+image hot (the test reads it, as ``test_faults_run`` does), then:
 the arrival completes with QEMU finding no page left, the daemon locked nothing at least
 0.1 s before the domain ran (libvirt's "started" event of an incoming migration comes
 some 0.03 s before the ``cont`` that activates the disk: a daemon woken only by it
 releases by a hair, or too late), its log names the domain that took the image and says
 it released for it, and it holds the image again once the domain runs. The interval is
-30 s so that no scheduled cycle falls in the arrival by chance. The daemons run this checkout's code, or the tree in ``VDT_ARRIVAL_TREE``
-(a ``git worktree`` of the code before the fix, which each row fails on).
+30 s so that no scheduled cycle falls in the arrival by chance. The daemons run this
+checkout's code, or the tree in ``VDT_ARRIVAL_TREE`` (a ``git worktree`` of the code
+before the fix, which each row fails on).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ TREE = os.environ.get("VDT_ARRIVAL_TREE", ROOT)
 
 
 def running_given(tmp_path, img: str, uri: str) -> DaemonProc:
-    """``vmdisktouch run IMG --uri URI --max-hold 32M`` at the default interval, the image
+    """``vmdisktouch run IMG --uri URI --max-hold 32M`` (``INTERVAL``), the image
     made hot (read until 16 MiB of it is locked)."""
     work = tmp_path / "run"
     work.mkdir()
