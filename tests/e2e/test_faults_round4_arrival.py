@@ -217,3 +217,31 @@ ROWS = rows_of(__name__)
 @pytest.mark.parametrize("row", ROWS, ids=[f.id for f in ROWS])
 def test_arrival_fault(row, tmp_path, image, libvirt_daemons):
     row.check(tmp_path, image)
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_that_opens_the_image_often_adds_no_cycles(tmp_path, libvirt_daemons):
+    """Not a row (main had no open wake-ups): every open of a given image that no domain
+    uses wakes the daemon, which asks libvirt and runs a cycle only when the answer
+    changes what is held. A reader opening the image 50 times a second for 6 s (no
+    domain takes it) leaves the cycle at its interval and the zone held."""
+    from tests.support.libvirt_env import URI
+    img = data_image(tmp_path / "a.raw", 64 * MiB)
+    work = tmp_path / "run"
+    work.mkdir()
+    d = DaemonProc(work, img, "--uri", URI, "--min-free", "0", "--debug", max_hold=BUDGET,
+                   interval=2)
+    try:
+        held_again(d, img, 16 * MiB, timeout=60)
+        start = d.read_status()["cycle"]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 6:
+            read_range(img, *ZONE)                      # an open, and reads, each time
+            time.sleep(0.02)
+        cycles = d.read_status()["cycle"] - start
+        assert cycles <= 6 / 2 + 2, f"{cycles} cycles in 6 s at a 2 s interval\n" \
+                                    f"{d.log_tail(20)}"
+        assert d.vmlck() >= 8 * MiB and "opened: " in d.output(), d.log_tail(20)
+    finally:
+        d.stop()
+    assert_clean(d.output())

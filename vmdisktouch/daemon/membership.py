@@ -99,7 +99,13 @@ class GivenPaths:
             return
         self._opens.add(path)
 
+    def take_opened(self) -> bool:
+        """Whether an open of a path served woke the loop since the last ``want``."""
+        return self._opens is not None and self._opens.take()
+
     def want(self) -> Want:
+        if self._opens is not None:
+            self._opens.take()                # this listing answers every open before it
         listed = self.watch.disks() if self.watch is not None else None
         if listed is not None:
             self._last = {p: self._member(p, libvirt_watch.owners(listed, p))
@@ -140,6 +146,9 @@ class RunningDomains:
 
     def opened(self, path: str) -> None:
         """A disk is served only while its domain runs: no open to watch for."""
+
+    def take_opened(self) -> bool:
+        return False
 
     def want(self) -> Want | None:
         listed = self.watch.disks()

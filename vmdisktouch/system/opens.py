@@ -13,7 +13,10 @@ Only the opens of an image that is ``armed`` wake (the caller arms those a new
 domain could take unseen: held, no domain using them), and at most one wake every
 ``GAP`` seconds: an open within it wakes at its end, so a process that opens the
 image in a loop costs at most ten cycles a second, and an arrival is seen at most
-``GAP`` later.
+``GAP`` later. What woke the loop is told apart from libvirt's events (``take``):
+the loop asks libvirt at once, and runs a cycle only when the answer changes what is
+held (``service._wait_for_next_cycle``), so a reader that opens the image often adds
+listings, not cycles.
 
 inotify sees the opens made on this host through the watched inode (a symbolic link
 is followed when the watch is added; a block device through any of its aliases that
@@ -51,6 +54,7 @@ class OpenWatch:
         self._armed: set[str] = set()    # the paths whose opens wake (``arm``)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._woke = False               # a wake was for an open, not taken yet (``take``)
 
     def add(self, path: str) -> bool:
         """Watch ``path``'s opens; False (said at DEBUG) when it cannot be watched."""
@@ -66,6 +70,12 @@ class OpenWatch:
             self._thread = threading.Thread(target=self._run, name="image-opens", daemon=True)
             self._thread.start()
         return True
+
+    def take(self) -> bool:
+        """Whether an open woke the loop since the last ``take`` (and forget it)."""
+        with self._lock:
+            woke, self._woke = self._woke, False
+        return woke
 
     def arm(self, path: str, on: bool) -> None:
         """Whether the opens of ``path`` (as given to ``add``) wake the loop."""
@@ -90,6 +100,8 @@ class OpenWatch:
                     log.debug("opened: %s", ", ".join(sorted(opened)))
                     pending = True
             if pending and self.clock() - last >= GAP:
+                with self._lock:
+                    self._woke = True
                 self.wake.set()
                 last, pending = self.clock(), False
 
