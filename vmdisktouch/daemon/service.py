@@ -31,7 +31,10 @@ next cycle now (``core.shift``). While a disk's domain is arriving the next
 cycle comes after ``ARRIVAL_POLL`` seconds, not the interval: QEMU's resume
 can come a few milliseconds after the incoming started, before that
 cycle's listing could see it and after its event woke the loop, and the
-guest waits for what the carried heat would hold.
+guest waits for what the carried heat would hold. An open of an image given
+by path that no domain uses wakes the loop too (``membership.GivenPaths``:
+a domain may be taking it); libvirt is asked at once, and the cycle runs
+now only when the answer changes what is held, else at its time.
 
 Under systemd (``Type=notify``): ``READY=1`` after the first cycle, a
 ``STATUS=`` line every cycle, ``WATCHDOG=1`` at least every half watchdog
@@ -292,10 +295,22 @@ class Service:
                 return None
             self.refused.pop(path, None)
             self.host.add(w)
+            self.members.opened(path)          # its opens wake the loop (given paths)
             if self.members.retry:
                 log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
             self.follower.opened(w, m)
             return w
+
+    def settle_open(self) -> bool:
+        """After a wake-up: True when it came from an open of an image given by path
+        (``GivenPaths.opened``) and libvirt's answer, asked now (``sync``), changes nothing
+        held: the next cycle keeps its time. A domain that took the image (its disk holds
+        nothing from now) makes it False: the cycle that releases runs at once."""
+        if not self.members.take_opened():
+            return False
+        before = {id(w): w.hold_enabled for w in self.host.watchers}
+        self.sync()
+        return {id(w): w.hold_enabled for w in self.host.watchers} == before
 
     def _warm(self, w, m) -> None:
         """Start a disk's heat from the local state or its domain's summary (``Served.warm``)."""
@@ -448,6 +463,8 @@ def _wait_for_next_cycle(svc: Service, deadline: float) -> None:
             return
         if sig.wait(min(remaining, dog.slice, PUMP_SECONDS)):
             if not sig.take_reload():
+                if not sig.stopping and svc.settle_open():
+                    continue               # an open that changed nothing held
                 return                     # a stop, or libvirt woke us: act now
             svc.reload()
         if any(svc.host.each(lambda w: w.pump())):    # every disk drains
