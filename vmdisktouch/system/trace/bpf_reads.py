@@ -434,7 +434,7 @@ class ReadCounter:
         ranges = decode_ring(vals)
         pend = self._pend[:, :3].copy()
         taken = np.flatnonzero((pend[:, 0] != 0) & (pend == self._seen).all(axis=1))
-        self._seen = pend
+        self._seen = pend.copy()
         if taken.size:
             self._pend[taken, 0] = 0
             self._seen[taken] = 0
