@@ -51,7 +51,10 @@ def sampled(c, threshold: int = FULL) -> np.ndarray:
 def taken(reader):
     """Two drains' counted reads: a thread's last range waits for a take that saw it."""
     a, b = reader.drain().counted, reader.drain().counted
-    return dataclasses.replace(a, sampled=np.concatenate((a.sampled, b.sampled)),
+    blocks, inverse = np.unique(np.concatenate((a.blocks, b.blocks)), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate((a.counts, b.counts))).astype(int)
+    return dataclasses.replace(a, blocks=blocks, counts=counts,
+                               sampled=np.concatenate((a.sampled, b.sampled)),
                                pages=a.pages + b.pages, samples_lost=a.samples_lost
                                + b.samples_lost)
 
@@ -156,7 +159,8 @@ def test_a_long_read_of_large_folios_samples_every_page(scratch, reader, mib):  
     """A written file's folios are large (1 MiB here): one batch of 31 covers 31 MiB, and
     the kernel reports a 4 MiB read as one event. Every page of it is sampled, not the
     first ``SAMPLE_SPAN`` (issue 55: a 64 MiB zone read in 4 MiB requests looked a quarter
-    of its size); a thread that moved to another CPU mid-read still finds its range."""
+    of its size), and every block of it counts its reads, not the first ``span_blocks``
+    (a host service held 22 MiB of such a zone of 64)."""
     path = scratch(16 * PPB)
     fd = os.open(path, os.O_RDWR)
     try:
@@ -176,6 +180,9 @@ def test_a_long_read_of_large_folios_samples_every_page(scratch, reader, mib):  
         assert sampled(c).tolist() == want.tolist()
         assert c.pages == 3 * mib * PPB
         assert (c.sampled[:, 1] - c.sampled[:, 0] + 1).max() > bpf_reads.SAMPLE_SPAN
+        got = np.zeros(16, np.int64)                        # and every block it read counts
+        got[c.blocks] = c.counts
+        assert got[:mib].min() >= 3 and not got[mib:].any(), got
     finally:
         os.close(fd)
 
