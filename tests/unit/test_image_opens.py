@@ -69,7 +69,6 @@ NOT_AN_IMAGE = {
     ("system/observe/io_watch.py", "is_vmdisktouch"): "/proc/PID/cmdline",
     ("system/observe/residency.py", "_has_capability"): "/proc/self/status",
     ("system/trace/bdi.py", "_whole_disk"): "a sysfs file",
-    ("system/trace/bpf_reads.py", "possible_cpus"): "/sys/devices/system/cpu/possible",
     ("system/trace/direct_io.py", "_sysfs"): "a sysfs file",
     ("system/trace/trace_reader.py", "_foreseen_kb"): "a tracefs event format (tracefs.read_text)",
     ("system/trace/tracefs.py", "Instance.__init__"): "the tracefs instances directory",

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vmdisktouch.core.access import ADD, READ, AccessLog, EventResidency
-from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
+from vmdisktouch.core.mrc import Batches, MissRatioCurve
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.core.what_if import cache_hit_ratio
@@ -163,6 +163,7 @@ class TraceSource:
         self.mrc = MissRatioCurve.for_image(nblocks * block_size // self.page_size)
         self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the last cycle's end, last feed
         self._pages_read = 0                 # pages the guest read this cycle
+        self._batches = Batches()            # READ events -> the ranges read (ring buffer)
         self.gain: dict | None = None        # what memory served in the last cycle
         self._count_reads()
         self.early_cycles = 0                # cycles asked for early by a read shift
@@ -213,14 +214,14 @@ class TraceSource:
         now = self.clock_ns()
         seconds, self._mrc_fed_ns = (now - self._mrc_fed_ns) / 1e9, now
         if counted is not None:
-            self.mrc.feed(counted.sampled, counted.pages, counted.samples_lost, seconds)
+            self.mrc.feed_ranges(counted.sampled[:, 0], counted.sampled[:, 1], counted.pages,
+                                 counted.samples_lost, seconds)
             self._pages_read += counted.pages
         else:
             reads = ev.kind == READ
-            first = ev.first[reads]
-            pages = pages_read(first, batch_ends(first, ev.last[reads]))
-            self.mrc.feed(pages, seconds=seconds)
-            self._pages_read += pages.size
+            first, last = self._batches.ranges(ev.first[reads], ev.last[reads], ev.ts[reads])
+            self.mrc.feed_ranges(first, last, seconds=seconds)
+            self._pages_read += int((last - first + 1).sum())
         if self.reader is not None:
             self.reader.sample_below(self.mrc.threshold)
         return True

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vmdisktouch.core.access import ADD, READ, WRITE
-from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
+from vmdisktouch.core.mrc import Batches, MissRatioCurve, pages_read
 from vmdisktouch.core.what_if import Watched, cache_hit_ratio
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.system import files, image_lock, libc
@@ -244,6 +244,7 @@ class IOWatch:
                                             half_life=0.0, steady=True,
                                             max_per_second=SAMPLED_PER_SECOND)
         self.tally = Tally()
+        self._batches = Batches()           # the page cache's READ events -> ranges read
         self.block_reads = np.zeros(max(1, -(-image.size // BLOCK)), dtype=np.int64)
         self.clock = clock
         self._start = self._last_fed = self._last_probe = clock()
@@ -277,22 +278,22 @@ class IOWatch:
             t.lost += ev.lost
             first = ev.offset[r] // self.page_size
             last = (ev.offset[r] + np.maximum(ev.length[r], 1) - 1) // self.page_size
-            pages.append(pages_read(first, last))
+            pages.append((first, last))
         if self.paged is not None:
             ev = self.paged.drain()
             reads = ev.kind == READ
-            first = ev.first[reads]
-            got = pages_read(first, batch_ends(first, ev.last[reads]))
-            pages.append(got)
-            t.pages_read += int(got.size)
+            first, last = self._batches.ranges(ev.first[reads], ev.last[reads], ev.ts[reads])
+            pages.append((first, last))
+            t.pages_read += int((last - first + 1).sum())
             t.pages_added += int((ev.last[ev.kind == ADD] - ev.first[ev.kind == ADD] + 1).sum())
             t.paged_writes += int((ev.kind == WRITE).sum())
             t.paged_reads += int(reads.sum())
             t.lost += ev.lost
         if pages:
-            read = np.concatenate(pages)
-            self.mrc.feed(read, seconds=seconds)
-            blocks = read * self.page_size // BLOCK
+            first = np.concatenate([f for f, _ in pages])
+            last = np.concatenate([l for _, l in pages])
+            self.mrc.feed_ranges(first, last, seconds=seconds)
+            blocks = pages_read(first, last) * self.page_size // BLOCK
             self.block_reads += np.bincount(blocks[blocks < self.block_reads.size],
                                             minlength=self.block_reads.size)
         t.seconds = now - self._start
