@@ -147,8 +147,8 @@ RULES = (
          "Trace source: at most this many early cycles in a row.", "core.shift"),
     # -- the budget's advice: a curve's evidence and a steady verdict (core.advice) --
     Rule("CURVE_MIN_SECONDS", 120.0, "s",
-         "Trace source: a curve says no size (its wants, a verdict) before it has watched "
-         "the guest's reads this long: \"not enough reads yet\".", "core.advice"),
+         "Trace source: a curve says no size (a budget verdict, status's line) before it "
+         "has watched the guest's reads this long: \"not enough reads yet\".", "core.advice"),
     Rule("CURVE_MIN_REREADS", 4096, "re-reads",
          "Trace source: nor before it has seen this many re-reads (pages read again): the "
          "reuse it stands on.", "core.advice"),

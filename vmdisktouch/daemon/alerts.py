@@ -73,7 +73,7 @@ class HostAlerts:
     def _advice(self, watchers: list, budget: int) -> None:
         allotted = [w for w in watchers if w.allotment is not None]
         changed, host = self._said.note(self.clock(), budget, [
-            (w.image.path, w.allotment.share, w.allotment.curve_wants) for w in allotted])
+            (w.image.path, w.allotment.share, verdict_wants(w)) for w in allotted])
         self.verdicts = {w.image.path: self._said.said.get(w.image.path) for w in allotted}
         self.verdict = self._said.host
         said = dict(changed)
@@ -88,8 +88,7 @@ class HostAlerts:
                                    MESSAGE_ID=journal.BUDGET_ADVICE))
         v = host
         if v is not None and len(allotted) > 1:
-            wanted = [w.allotment.curve_wants for w in allotted
-                      if w.allotment.curve_wants is not None]
+            wanted = [x for x in map(verdict_wants, allotted) if x is not None]
             log.log(journal.NOTICE, "budget advice: max_hold %s is %s (the curves of %d of "
                     "%d disks want %s)", format_size(budget), advice_said(v.to_json()), len(wanted),
                     len(allotted), format_size(sum(wanted)),
@@ -133,6 +132,14 @@ class HostAlerts:
                         extra=dict(extra, MESSAGE_ID=journal.FLOOR_SHED))
         self.shedding = bool(shed) or (self.shedding and any(
             r.limited_by == "floor" for _, r in acted))
+
+
+def verdict_wants(w) -> int | None:
+    """What disk ``w``'s curve wants, for its budget verdict: its ``curve_wants``, once the
+    curve has enough reads to say a size (``advice.evidence``; a disk without a curve's
+    figures, as a test's, is taken as it is); None before: no verdict."""
+    ev = getattr(w, "curve_evidence", lambda: None)()
+    return w.allotment.curve_wants if ev is None or ev["enough"] else None
 
 
 def floor_took(r) -> int:

@@ -151,10 +151,10 @@ class DiskWatcher:
 
     def curve_wants(self, candidates: int) -> int | None:
         """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
-        a curve that is evidence yet (``_curve_seen``, and ``advice.evidence``'s minimum)."""
+        a curve that is evidence yet (``_curve_seen``). A budget verdict also waits for
+        ``advice.evidence``'s minimum (``alerts``)."""
         gain = getattr(self.source, "gain", None)
-        if self._curve_seen(candidates) is None or not gain or \
-                not self.curve_evidence()["enough"]:
+        if self._curve_seen(candidates) is None or not gain:
             return None
         return gain.get("wants_bytes")
 
@@ -342,8 +342,6 @@ class DiskWatcher:
             source["mrc"] = {**source["mrc"], "re_reads": ev["re_reads"],
                              "window_seconds": ev["window_seconds"],
                              "enough_reads": ev["enough"], "wait_seconds": ev["wait_seconds"]}
-            if not ev["enough"] and source.get("gain") is not None:
-                source["gain"] = {**source["gain"], "wants_bytes": None}   # no size yet
         return {**source, "miss_cost": cost,
                 "spill": {"target_bytes": sp.target_bytes, "read_bytes": sp.read_bytes,
                           "backed_off_bytes": sp.backed_off_bytes, "stopped": sp.stopped},

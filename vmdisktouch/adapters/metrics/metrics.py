@@ -135,15 +135,15 @@ CURVE_GAUGES = (
     ("next_gib_reads_per_second", "Reads a second one GiB more than what is held would "
      "serve from memory, from the curve.", "from_memory.more_reads_per_second"),
     ("curve_wants_bytes", "The memory that still pays, from the curve: past it a GiB more "
-     "serves less than 2 % of the reads more (none while the curve has not enough reads).",
+     "serves less than 2 % of the reads more (not to act on while curve_enough_reads is 0).",
      "gain.wants_bytes"),
     ("curve_reads", "The reads the curve stands on (decayed: a half-life of 10 minutes).",
      "mrc.reads"),
     ("curve_re_reads", "The re-reads among them: the reuse the curve has seen.",
      "mrc.re_reads"),
     ("curve_window_seconds", "The window those reads span.", "mrc.window_seconds"),
-    ("curve_enough_reads", "1 when the curve has enough reads to say a size (its wants, a "
-     "budget verdict), else 0: \"not enough reads yet\".", "mrc.enough_reads"),
+    ("curve_enough_reads", "1 when the curve has enough reads to say a size (a budget "
+     "verdict), else 0: \"not enough reads yet\".", "mrc.enough_reads"),
     ("miss_cost_seconds", "What a read the cache misses waits on this disk: the mean of "
      "timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
     ("read_seconds_saved_per_second", "Read time held blocks saved the guest a second, last "
