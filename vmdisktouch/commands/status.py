@@ -57,7 +57,7 @@ import time
 
 from vmdisktouch.adapters import advice_file, runtime_dir
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
-from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL
+from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL, not_enough
 from vmdisktouch.errors import ImageError, file_kind
 from vmdisktouch.daemon.reasons import advice_said
 from vmdisktouch.report import DiskLine, DiskReport, HostReport
@@ -319,13 +319,16 @@ def _pct(v) -> str:
 
 def gain_part(d: DiskReport | None) -> str:
     """What memory served the disk's reads in its last cycle, and what its next GiB would
-    (its curve: trace source only); "" without, or before its curve has a read."""
+    (``DiskReport.from_memory``: one definition, docs/status.md), what its curve stands on
+    and wants (trace source only); "" without, or before its curve has a read."""
     g = d.gain if d is not None and isinstance(d.gain, dict) else None
-    if not g or not (d.mrc or {}).get("reads"):      # no curve, or no read in it yet
+    mrc = d.mrc if d is not None and isinstance(d.mrc, dict) else {}
+    if not g or not mrc.get("reads"):      # no curve, or no read in it yet
         return ""
     parts = []
-    if g.get("cache_hit_ratio") is not None:
-        parts.append(f"reads {_pct(g['cache_hit_ratio'])} from memory")
+    fm = d.from_memory
+    if fm is not None:
+        parts.append(f"reads {_pct(fm['now'])} from memory")
     if g.get("held_read_share") is not None:
         parts.append(f"{_pct(g['held_read_share'])} on held blocks")
     cost = d.miss_cost.get("seconds") if isinstance(d.miss_cost, dict) else None
@@ -333,25 +336,46 @@ def gain_part(d: DiskReport | None) -> str:
         saved = g.get("read_seconds_saved_per_second")
         parts.append(f"a miss costs {cost * 1e6:,.0f} µs" +
                      (f", {saved:,.2f} s of reads saved a second" if saved else ""))
-    nxt = g.get("next_gib") or {}
-    if nxt and d.curve:
-        parts.append(f"+1G -> {_pct(nxt['hit_ratio'])} of reads, "
-                     f"+{nxt['more_reads_per_second']:,.0f} reads/s")
+    if fm is not None and fm["plus_gib"] is not None and d.curve:
+        parts.append(f"+1G -> {_pct(fm['plus_gib'])} of reads, "
+                     f"+{fm['more_reads_per_second']:,.0f} reads/s")
+    parts.append(curve_part(g, mrc))
+    return "; " + ", ".join(p for p in parts if p)
+
+
+def curve_part(g: dict, mrc: dict) -> str:
+    """What its curve says of a size, and what it stands on (docs/status.md,
+    "Confidence"): not enough reads yet, young, or what it wants."""
+    seen = (f" ({mrc['reads']:,} reads, {mrc['re_reads']:,} re-reads in "
+            f"{ago(mrc['window_seconds']).removesuffix(' ago')})"
+            if all(_count(mrc.get(k)) for k in ("reads", "re_reads", "window_seconds")) else "")
+    if mrc.get("enough_reads") is False:
+        return f"its curve: {not_enough(mrc)}{seen}"
     if g.get("curve_seen") is False:
-        parts.append("its curve is young: its heat decides how much")
-    elif g.get("wants_bytes") is not None:
-        parts.append(f"its curve wants {format_size(g['wants_bytes'])}")
-    return "; " + ", ".join(parts) if parts else ""
+        return "its curve is young: its heat decides how much"
+    if g.get("wants_bytes") is not None:
+        return f"its curve wants {format_size(g['wants_bytes'])}{seen}"
+    return ""
 
 
-def best_next_gib(disks: list[tuple[DiskLine, DiskReport | None]]) -> str:
-    """The host line's note: the disk whose next GiB would add the most reads a second."""
-    best = max(((d.gain["next_gib"]["more_reads_per_second"], x) for x, d in disks
-                if d is not None and isinstance(d.gain, dict) and d.gain.get("next_gib")),
-               key=lambda t: t[0], default=None)
-    if best is None or best[0] <= 0:
+def _count(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def best_next_gib(r: HostReport) -> str:
+    """The host line's figures (``HostReport.from_memory``): the share of reads from memory
+    over every disk, and with the next GiB given to the disk where it adds the most reads
+    a second, named: the same GiB, the same reads a second as that disk's line."""
+    fm = r.from_memory
+    if fm is None:
         return ""
-    return f", the next GiB would do most for {disk_name(best[1])} (+{best[0]:,.0f} reads/s)"
+    out = f", reads {_pct(fm['now'])} from memory"
+    more = fm["more_reads_per_second"]
+    if more is None or more <= 0:
+        return out
+    best = next((x for x, _ in host_disks(r) if x.path == fm["best"]), None)
+    return (out + f", +1G -> {_pct(fm['plus_gib'])} of reads: the next GiB would do most for "
+            f"{disk_name(best) if best else sanitise(fm['best'])} (+{more:,.0f} reads/s)")
 
 
 def host_disks(r: HostReport) -> list[tuple[DiskLine, DiskReport | None]]:
@@ -383,7 +407,7 @@ def host_lines(item: dict) -> list[str]:
             f"{_size(r.held_bytes)} of {_size(r.budget_bytes)} budget, "
             + ("" if floor is None else f"{format_size(floor)} above the floor, ")
             + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}"
-            + ("" if r.stopped else best_next_gib(disks))
+            + ("" if r.stopped else best_next_gib(r))
             + (f", max_hold {advice_said(r.budget_advice)}" if advised(r.budget_advice) else ""))
     return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"

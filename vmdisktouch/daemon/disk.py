@@ -53,6 +53,7 @@ from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.report import DiskReport
+from vmdisktouch.core.advice import evidence
 from vmdisktouch.core.shares import Demand, heat_curve
 from vmdisktouch.system.hold.spill import SpillResult
 
@@ -150,11 +151,21 @@ class DiskWatcher:
 
     def curve_wants(self, candidates: int) -> int | None:
         """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
-        a curve that is evidence yet (``_curve_seen``)."""
+        a curve that is evidence yet (``_curve_seen``). A budget verdict also waits for
+        ``advice.evidence``'s minimum (``alerts``)."""
         gain = getattr(self.source, "gain", None)
         if self._curve_seen(candidates) is None or not gain:
             return None
         return gain.get("wants_bytes")
+
+    def curve_evidence(self) -> dict | None:
+        """What its curve stands on (``advice.evidence``): the reads it has seen (decayed,
+        as its histogram), the re-reads among them and how long it has watched, and whether
+        that is enough to say a size; None without a curve."""
+        mrc = getattr(self.source, "mrc", None)
+        if mrc is None:
+            return None
+        return evidence(mrc.reads, mrc.reads * mrc.reuse_share, mrc.age)
 
     def _curve_seen(self, candidates: int):
         """The curve (``core.mrc``) once it has seen the guest's reads come back, else None:
@@ -326,6 +337,11 @@ class DiskWatcher:
                 None if not s else round(gain["held_reads_per_second"] * s, 4)),
                 "curve_seen": self.allotment is not None and
                 self.allotment.curve_wants is not None}
+        ev = self.curve_evidence()
+        if ev is not None and isinstance(source.get("mrc"), dict):
+            source["mrc"] = {**source["mrc"], "re_reads": ev["re_reads"],
+                             "window_seconds": ev["window_seconds"],
+                             "enough_reads": ev["enough"], "wait_seconds": ev["wait_seconds"]}
         return {**source, "miss_cost": cost,
                 "spill": {"target_bytes": sp.target_bytes, "read_bytes": sp.read_bytes,
                           "backed_off_bytes": sp.backed_off_bytes, "stopped": sp.stopped},

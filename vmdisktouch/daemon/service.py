@@ -344,11 +344,15 @@ class Service:
         return reports
 
     def status_line(self) -> str:
-        """systemd's STATUS= line, from the last report: one disk's rewrites, or the count."""
+        """systemd's STATUS= line, from the last report: one disk's rewrites, or the count;
+        the share of reads from memory as status says it (``HostReport.from_memory``)."""
         r = self.last_report
         if r is None:
             return f"held 0/{format_size(self.host.budget)}, cycle 0"
         held = f"held {format_size(r.held_bytes)}/{format_size(r.budget_bytes)}"
+        fm = r.from_memory
+        if fm is not None:
+            held += f", reads {100 * fm['now']:.0f} % from memory"
         if len(r.lines) == 1 and r.disks:
             rewritten = counted(r.disks[0].rewritten_blocks, "block")
             return f"{held}, rewritten {rewritten}, cycle {r.cycle}"
@@ -368,7 +372,8 @@ class Service:
                 share_bytes=None if a is None else a.share,
                 wanted_bytes=None if a is None else a.wanted,
                 limited_by=None if d is None else d.limited_by,
-                curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None))
+                curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None,
+                from_memory=None if d is None else d.from_memory))
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1],
