@@ -34,7 +34,7 @@ samples under the same threshold, and ``feed`` is told the pages read.
 Reads come as page ranges, one a batch of the kernel's (``batch_ends``, ``Batches``),
 and every page of a range is a read, however long it is (``feed_ranges``,
 ``sample_ranges``): a 64 MiB request is 16,384 reads in order, each sampled as a 4 KiB
-read's one page is. Until issue 55 only a range's first 256 pages were: a zone re-read
+read's one page is. Before, only a range's first 256 pages were: a zone re-read
 in 4 MiB requests (one range each) looked a quarter of its size, in 64 MiB requests
 (batches of 31 MiB) a 31st. Both trace paths feed ranges: the ring buffer's events, and
 the kernel's sample (its sampled pages, and the ranges too long for it, whole).
