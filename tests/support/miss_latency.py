@@ -47,6 +47,7 @@ class Reading:
     fio_median_us: float      # fio's clat over the probe window
     fio_mean_us: float
     fio_burst_us: float       # fio's mean clat while the burst ran (nan without one)
+    fio_quiet_mean_us: float  # fio's mean clat over the window but the burst
     fio_reads: int
     window_s: float
 
@@ -147,7 +148,8 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
     t_s = log[:, 0] / 1000.0
     inside = (t_s >= read_at - window) & (t_s <= read_at)
     us = log[inside, 1] / 1000.0
-    during = us[(t_s[inside] >= b0) & (t_s[inside] <= b1)] if burst else np.array([])
+    in_burst = (t_s[inside] >= b0) & (t_s[inside] <= b1) if burst else np.zeros(us.size, bool)
+    during = us[in_burst]
     cost = (st or {}).get("miss_cost") or {}
     if not cost.get("seconds"):
         raise RuntimeError(f"no miss cost in the status: {cost}")
@@ -155,4 +157,5 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
                    cost["seconds"] * 1e6, int(cost.get("probes", 0)),
                    float(np.median(us)), float(np.mean(us)),
                    float(np.mean(during)) if during.size else float("nan"),
+                   float(np.mean(us[~in_burst])),
                    int(us.size), window)

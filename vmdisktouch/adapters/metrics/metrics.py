@@ -123,10 +123,11 @@ CURVE_GAUGES = (
      "serve from memory, from the curve.", "gain.next_gib.more_reads_per_second"),
     ("curve_wants_bytes", "The memory that still pays, from the curve: past it a GiB more "
      "serves less than 2 % of the reads more.", "gain.wants_bytes"),
-    ("miss_cost_seconds", "What a read the cache misses waits on this disk: the mean of "
-     "timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
+    ("miss_cost_seconds", "What a read the cache misses waits on this disk: the median of "
+     "cycles' means of timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
     ("read_seconds_saved_per_second", "Read time held blocks saved the guest a second, last "
-     "cycle: reads on held blocks times the miss cost.", "gain.read_seconds_saved_per_second"),
+     "cycle: reads on held blocks times the miss cost, at most the guest's queue depth.",
+     "gain.read_seconds_saved_per_second"),
 )
 # FileDescriptorName= of systemd/vmdisktouch-metrics.socket
 PASSED_NAME = "metrics"

@@ -6,45 +6,56 @@ A guest read the page cache misses waits for the device under the image, and
 a byte held saves that wait each time it is read. The wait differs by disk: an
 image on an idle NVMe answers in tens of microseconds, one on a loaded array or
 a network volume in milliseconds, and the host budget should know it
-(``core.shares``: saved time is hit ratio x reads x this cost).
+(``core.shares``: saved time is hit ratio x reads x this cost, at most the
+guest's queue depth).
 
 It is measured, not configured. Each cycle ``probe`` makes up to ``PROBES``
-reads of one 4 KiB page each, one at a time (queue depth 1, as a guest's sync
-read), with ``O_DIRECT`` on a descriptor of its own (the verified image's
-reopened, ``Image.reopen_direct``: the file the daemon checked, whatever its
-path names now, and ``O_NOATIME`` where permitted): past the page cache, so
-they cache nothing and evict nothing, and never a write. The pages are drawn at
-random from the blocks the cycle's residency says are not cached at all, and
-from data only (a hole of a sparse file reads as zeros without the device).
+timed reads of one 4 KiB page each, one at a time (queue depth 1, as a
+guest's sync read), with ``O_DIRECT`` on a descriptor of its own (the
+verified image's reopened, ``Image.reopen_direct``: the file the daemon
+checked, whatever its path names now, and ``O_NOATIME`` where permitted):
+past the page cache, so they cache nothing and evict nothing, and never a
+write. The pages are drawn at random from the blocks the cycle's residency
+says are not cached at all, and from data only (a hole of a sparse file
+reads as zeros without the device). Before the first, ``WARMUP`` untimed
+reads of other pages of its block: the first reads after the daemon slept
+wait for the host to wake up, not for the device (here 186 us, then 47,
+then 30, where a reader that never idles waits 29), and a guest busy with
+its reads does not pay that.
 
-The cost is the median of the means of ``GROUP`` probes in turn, over the
-last ``WINDOW`` probes (a median of means, which is the mean where the waits
-are steady and leaves out a burst that fills less than half the window). The
-time a hit saves is the sum of the waits, so a mean: a loaded device's waits
-come in bursts (a loop device capped at 50 reads a second let half the reads
+The figure is the median of the means of ``GROUP`` probes in turn (a
+cycle's) over the last ``WINDOW`` probes: a median of means, which is the
+mean where the waits are steady and passes by a burst that fills less
+than half of the window's cycles. The time a hit saves is the sum of the
+waits, so each cycle's figure is a mean: a loaded device's waits come in
+bursts (a loop device capped at 50 reads a second let half the reads
 through at once, 0.1 ms, and held the rest for its next 100 ms slice: the
-median of the probes was either), and each group of ``GROUP`` holds a share
-of each. But the plain mean of the window followed one burst: a probe that
-met the host's other work once (a sequential reader, writeback, the
-daemon's own loads) at 40 ms beside 63 at 30 us made the mean 0.7 ms, and
+median of the probes was either). But the plain mean of the window followed
+each slow probe: the host's other work (a sequential reader, writeback, a
+wake-up) once in 64 probes at 40 ms beside 30 us moves it to 0.7 ms, and
 status said "a miss costs 719 us, 8.77 s of reads saved a second" for a
-guest at queue depth 1 whose own misses took 29 us (issue 55). A burst is
-in one or two groups of the window's ``WINDOW / GROUP``, and the median
-passes them by; a load that lasts half the window is the disk's cost now,
-and the figure follows it within ``WINDOW / PROBES / 2`` cycles. Measured
-beside fio's own completion latency at queue depth 1 on this machine's
-disk and behind a read throttle, with a sequential reader bursting
-through part of the window: docs/benchmarks/miss-cost.md.
+guest at queue depth 1 whose own misses took 29 us (issue 55). A load that
+lasts half the window is the disk's cost now, and the figure follows it
+within ``WINDOW / PROBES / 2`` cycles. At a 5 s interval that is under two
+reads a second.
+
+Measured beside fio's own completion latency at queue depth 1 with
+``O_DIRECT`` (every read a miss), the same seconds (docs/benchmarks/miss-cost.md):
+0.84-1.19 x fio's mean on this machine's disk idle and with another
+tenant's reads always queued, where the plain mean of the window was 5-19 x.
+Behind a throttle that lets reads through in slices the guest that fills
+them waits its share (2.5 ms a read at 400 a second) where a probe waits
+for the open slice only (0.1 ms after its untimed reads, half a slice
+without them): no probe times that; the figure is then the device's, and
+the saving too low.
 
 Why the probe and not the guest's own waits: the trace source's events say
-that a read needed a page added (``mm_filemap_add_to_page_cache``), not
-when that page's read came back; the wait is the block layer's
+that a read needed a page added (``mm_filemap_add_to_page_cache``), not when
+that page's read came back; that wait is the block layer's
 (``block_rq_issue`` to ``block_rq_complete``), whose events name a device
-and a sector, not the image's file, and on a guest that holds its hot pages
-few misses are left to time. The probe times the same kind of read (one
+and a sector, not the image's file, and a guest whose hot pages are held
+leaves few misses to time. The probe times the same kind of read (one
 page, queue depth 1, the same file) whether the guest misses or not.
-A device whose load changed shows within ``WINDOW / PROBES / 2`` cycles. At
-a 5 s interval that is under one read a second.
 
 The probe runs in the daemon's own I/O context, not the guest's: a guest whose
 cgroup throttles its I/O waits longer than the probe does.
@@ -111,9 +122,9 @@ class MissCost:
         return median_of_means(np.fromiter(self.samples, dtype=np.float64)) / 1e9
 
     def probe(self, resident: np.ndarray, size: int) -> int:
-        """Up to ``PROBES`` timed reads, after ``WARMUP`` untimed ones, in blocks
-        ``resident`` (per block, the fraction cached) says are not cached at all, of an
-        image of ``size`` bytes; the number timed."""
+        """Up to ``PROBES`` timed reads in blocks ``resident`` (per block, the fraction
+        cached) says are not cached at all, of an image of ``size`` bytes, the first after
+        ``WARMUP`` untimed ones in its block; the number timed."""
         if self.fd is None:
             return 0
         bs = self.block_size
@@ -123,30 +134,41 @@ class MissCost:
             if not self.samples:
                 self.reason = "every block is cached: no read goes to the device"
             return 0
-        pages = bs // PROBE_BYTES
-        made = warm = 0
-        n = min(PROBES + WARMUP, cold.size)
-        for b in self.rng.choice(cold, size=n, replace=False).tolist():
-            off = b * bs + int(self.rng.integers(pages)) * PROBE_BYTES
-            if self.regular and not self._is_data(off):
+        made, warmed = 0, False
+        for b in self.rng.choice(cold, size=min(PROBES, cold.size), replace=False).tolist():
+            off = self._page(b)
+            if off is None:
                 continue
-            t0 = self.clock()
             try:
-                got = os.preadv(self.fd, [self.buf], off)
+                if not warmed:                  # the host waking up, not the device: untimed
+                    warmed = True
+                    for w in (self._page(b) for _ in range(WARMUP)):
+                        if w is not None:
+                            self._read(w)
+                took = self._read(off)
             except OSError as exc:
                 self._give_up(f"an O_DIRECT read fails: {exc.strerror or exc}", exc)
                 return made
-            if got != PROBE_BYTES:
+            if took is None:
                 continue                                 # the image shrank: not a miss
-            t1 = self.clock()
-            if warm < WARMUP and n - warm > 1:           # the host waking up, not the device
-                warm += 1
-                continue
-            self.samples.append(t1 - t0)
+            self.samples.append(took)
             made += 1
         if made:
             self.reason = None
         return made
+
+    def _page(self, block: int) -> int | None:
+        """The offset of a page drawn at random in ``block``; None where it is a hole."""
+        off = block * self.block_size + \
+            int(self.rng.integers(self.block_size // PROBE_BYTES)) * PROBE_BYTES
+        return off if not self.regular or self._is_data(off) else None
+
+    def _read(self, off: int) -> int | None:
+        """One timed read of the page at ``off``: its ns, or None when short."""
+        t0 = self.clock()
+        if os.preadv(self.fd, [self.buf], off) != PROBE_BYTES:
+            return None
+        return self.clock() - t0
 
     def _is_data(self, off: int) -> bool:
         try:
