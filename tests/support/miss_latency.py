@@ -94,7 +94,7 @@ def clat_log(prefix: str) -> np.ndarray:
 
 
 def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles: int = 16,
-            burst_s: float = 1.5, cwd=None) -> Reading:
+            burst_s: float = 1.5, cwd=None, args=()) -> Reading:
     """Serve ``image``, read it with fio for the probe window and then some, burst in
     its middle (with ``burst``); the status's miss cost against fio's clat of the same
     seconds."""
@@ -104,7 +104,7 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
     window = window_cycles * INTERVAL          # WINDOW / PROBES cycles: the probe's window
     runtime = window + 4.0
     kw = {} if cwd is None else {"cwd": cwd}
-    d = DaemonProc(work, image, "--uri", "", max_hold="8M", interval=INTERVAL, **kw)
+    d = DaemonProc(work, image, "--uri", "", *args, max_hold="8M", interval=INTERVAL, **kw)
     job = load = None
     try:
         d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")

@@ -20,7 +20,7 @@ says are not cached at all, and from data only (a hole of a sparse file
 reads as zeros without the device). Before the first, ``WARMUP`` untimed
 reads of other pages of its block: the first reads after the daemon slept
 wait for the host to wake up, not for the device (here 186 us, then 47,
-then 30, where a reader that never idles waits 29), and a guest busy with
+36, 33, where a reader that never idles waits 29), and a guest busy with
 its reads does not pay that.
 
 The figure is the median of the means of ``GROUP`` probes in turn (a
@@ -78,7 +78,7 @@ import numpy as np
 from vmdisktouch.errors import SyscallError
 
 PROBES = 4              # timed probe reads per cycle, at most
-WARMUP = 2              # untimed reads before them each cycle (the host waking up)
+WARMUP = 3              # untimed reads before them each cycle (the host waking up)
 WINDOW = 64             # the probes the figure is taken over
 GROUP = PROBES          # probes in turn per mean (a cycle's); the figure is the median of the means
 PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
