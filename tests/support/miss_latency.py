@@ -48,11 +48,21 @@ class Reading:
     fio_mean_us: float
     fio_burst_us: float       # fio's mean clat while the burst ran (nan without one)
     fio_quiet_mean_us: float  # fio's mean clat over the window but the burst
+    fio_cpu_wait_us: float    # fio's run delay over the window, a read (its wait for a CPU)
     fio_reads: int
     window_s: float
 
     def ratio(self) -> float:
         return self.daemon_us / self.fio_median_us
+
+    @property
+    def fio_device_us(self) -> float:
+        """fio's mean clat less its wait for a CPU: what the daemon's figure counts."""
+        return self.fio_mean_us - self.fio_cpu_wait_us
+
+    @property
+    def fio_quiet_device_us(self) -> float:
+        return self.fio_quiet_mean_us - self.fio_cpu_wait_us
 
 
 @contextlib.contextmanager
@@ -93,6 +103,25 @@ def clat_log(prefix: str) -> np.ndarray:
     return np.array(sorted(rows), dtype=float).reshape(-1, 2)
 
 
+def run_delay_ns(pid: int) -> int:
+    """ns the tasks of ``pid`` and of its descendants waited on a run queue so far."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        for tid in os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else ():
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
 def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles: int = 16,
             burst_s: float = 1.5, cwd=None, args=()) -> Reading:
     """Serve ``image``, read it with fio for the probe window and then some, burst in
@@ -120,6 +149,8 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
         end = runtime - 1.0
         start = end - window
         b0 = b1 = float("nan")
+        time.sleep(max(0.0, t0 + start - time.monotonic()))
+        delay0 = run_delay_ns(job.pid)
         if burst:
             b0 = start + (window - burst_s) / 2
             time.sleep(max(0.0, t0 + b0 - time.monotonic()))
@@ -133,6 +164,7 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
         time.sleep(max(0.0, t0 + end - time.monotonic()))
         st = d.read_status()
         read_at = time.monotonic() - t0
+        delay1 = run_delay_ns(job.pid)
         if job.wait(timeout=runtime + 30) != 0:
             raise RuntimeError(f"fio exited {job.returncode}")
         job = None
@@ -158,4 +190,5 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
                    float(np.median(us)), float(np.mean(us)),
                    float(np.mean(during)) if during.size else float("nan"),
                    float(np.mean(us[~in_burst])),
+                   (delay1 - delay0) / 1000.0 / max(1, us.size),
                    int(us.size), window)

@@ -108,7 +108,7 @@ def test_a_device_holding_a_third_of_its_reads_costs_their_mean(tmp_path):
     each cycle's mean holds a share of each, and the figure is the cycles' median."""
     path = make_image(tmp_path / "disk.raw", 16 * MiB, sparse=False)
     evict(path)
-    pattern = [100_000, 100_000, 100_000_000] * 32
+    pattern = [100_000, 100_000, 100_000_000] * 48
     cycles = [pattern[i:i + PROBES] for i in range(0, 16 * PROBES, PROBES)]
     cost = cost_of(path, seed=1, clock=ticking(cycles), run_delay=lambda: 0)
     try:
@@ -124,7 +124,7 @@ def test_a_device_holding_a_third_of_its_reads_costs_their_mean(tmp_path):
 
 def test_one_burst_in_the_window_does_not_move_the_figure(tmp_path):
     """Issue 55: status said "a miss costs 719 us" where the guest's misses took 29 us:
-    the mean of 64 probes followed one burst. Here 3 cycles of 16 meet a burst (a
+    the mean of the window followed one burst. Here 3 cycles of 16 meet a burst (a
     sequential reader: 40 ms a read); the figure stays the steady 30 us."""
     path = make_image(tmp_path / "disk.raw", 16 * MiB, sparse=False)
     evict(path)
