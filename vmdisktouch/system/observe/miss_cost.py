@@ -48,9 +48,10 @@ reads leans to the median read (0.71 x fio's mean on the loaded disk with 4
 a cycle).
 
 Measured beside fio's own completion latency at queue depth 1 with
-``O_DIRECT`` (every read a miss), the same seconds (docs/benchmarks/miss-cost.md):
-0.84-1.19 x fio's mean on this machine's disk idle and with another
-tenant's reads always queued, where the plain mean of the window was 5-19 x.
+``O_DIRECT`` (every read a miss), less fio's own wait for a CPU, the same
+seconds (docs/benchmarks/miss-cost.md): 1.02-1.10 x on this machine's disk,
+0.74-0.92 x with another tenant's reads always queued on it, where the
+plain mean of the window was 1.6-21 x and 6-18 x.
 Behind a throttle that lets reads through in slices the guest that fills
 them waits its share (2.5 ms a read at 400 a second) where a probe waits
 for the open slice only (0.1 ms after its untimed reads, half a slice
