@@ -17,7 +17,7 @@ from vmdisktouch.errors import SyscallError
 from vmdisktouch.system import files
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.observe import miss_cost as mc
-from vmdisktouch.system.observe.miss_cost import PROBES, WARMUP, WINDOW, MissCost
+from vmdisktouch.system.observe.miss_cost import GROUP, PROBES, WARMUP, WINDOW, MissCost
 
 MiB = 1 << 20
 BS = MiB
@@ -136,7 +136,7 @@ def test_one_burst_in_the_window_does_not_move_the_figure(tmp_path):
             cost.probe(np.zeros(16, np.float32), 16 * MiB)
         assert cost.seconds == pytest.approx(30e-6)
         # A load that lasts the window is the disk's cost now: the figure follows it.
-        for _ in range(WINDOW // PROBES // 2 + 1):
+        for _ in range(WINDOW // PROBES // 2 + GROUP // PROBES):
             cost.clock = ticking([[2_000_000] * PROBES])
             cost.probe(np.zeros(16, np.float32), 16 * MiB)
         assert cost.seconds == pytest.approx(2e-3)

@@ -28,8 +28,8 @@ for a CPU (under a load of 7 on 2 cores: fio's reads 45 us on average, the
 probe's 76, 52 without its run delay), and a hit waits for a CPU as well:
 that is not what a hit saves.
 
-The figure is the median of the means of ``GROUP`` probes in turn (a
-cycle's) over the last ``WINDOW`` probes: a median of means, which is the
+The figure is the median of the means of ``GROUP`` probes in turn (two
+cycles') over the last ``WINDOW`` probes: a median of means, which is the
 mean where the waits are steady and passes by a burst that fills less
 than half of the window's cycles. The time a hit saves is the sum of the
 waits, so each cycle's figure is a mean: a loaded device's waits come in
@@ -41,11 +41,12 @@ wake-up) once in 64 probes at 40 ms beside 30 us moves it to 0.7 ms, and
 status said "a miss costs 719 us, 8.77 s of reads saved a second" for a
 guest at queue depth 1 whose own misses took 29 us (issue 55). A load that
 lasts half the window is the disk's cost now, and the figure follows it
-within ``WINDOW / PROBES / 2`` cycles. At a 5 s interval that is about two
-reads a second. A cycle's ``PROBES`` and a window of ``WINDOW`` (not 4 and
-64): the waits of a loaded device are skewed, and a median of means of few
-reads leans to the median read (0.71 x fio's mean on the loaded disk with 4
-a cycle).
+within ``WINDOW / PROBES / 2 + GROUP / PROBES`` cycles. At a 5 s interval that is
+about two reads a second. A cycle's ``PROBES``, a window of ``WINDOW`` and
+groups of ``GROUP`` (not 4, 64 and 4): the waits of a loaded device are
+skewed (another tenant's queue: a mean 1.8 x the median), and a median of
+means of few reads leans to the median read (0.71 x the guest's mean on the
+loaded disk with groups of 4).
 
 Measured beside fio's own completion latency at queue depth 1 with
 ``O_DIRECT`` (every read a miss), less fio's own wait for a CPU, the same
@@ -89,7 +90,7 @@ from vmdisktouch.errors import SyscallError
 PROBES = 8              # timed probe reads per cycle, at most
 WARMUP = 3              # untimed reads before them each cycle (the host waking up)
 WINDOW = 128            # the probes the figure is taken over (16 cycles)
-GROUP = PROBES          # probes in turn per mean (a cycle's); the figure is the median of the means
+GROUP = 2 * PROBES      # probes in turn per mean (two cycles'); the figure is their median
 PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
 
 
