@@ -50,9 +50,10 @@ loaded disk with groups of 4).
 
 Measured beside fio's own completion latency at queue depth 1 with
 ``O_DIRECT`` (every read a miss), less fio's own wait for a CPU, the same
-seconds (docs/benchmarks/miss-cost.md): 1.02-1.10 x on this machine's disk,
-0.74-0.92 x with another tenant's reads always queued on it, where the
-plain mean of the window was 1.6-21 x and 6-18 x.
+seconds (docs/benchmarks/miss-cost.md): 1.02-1.57 x on this machine's disk,
+0.72-1.00 x with another tenant's reads always queued on it (a heavy tail:
+the median of means leans to the median read), where the plain mean of the
+window was 1.6-21 x and 2.6-18 x.
 Behind a throttle that lets reads through in slices the guest that fills
 them waits its share (2.5 ms a read at 400 a second) where a probe waits
 for the open slice only (0.1 ms after its untimed reads, half a slice
