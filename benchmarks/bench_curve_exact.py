@@ -18,6 +18,15 @@ at random, the cycle's reads shuffled, a fixed seed) and fed a cycle at a
 time, its recorded interval apart, to both curves. ``--variants ''`` (the
 golden traces alone) writes section "curve-exact-golden".
 
+``--requests`` (64K,1M,4M,64M; '' for none) adds a reader that re-reads a 64 MiB zone
+of a 256 MiB image every half second in requests of those sizes, sequentially and at
+random request-aligned places of twice the zone (issue 55), its READ events made as the
+kernel makes them (batches of 31 folios of 1 MiB, each up to the request's end) and fed
+through both trace paths' code (the ring buffer's ``Batches`` and the eBPF program's
+output through ``bpf_reads.decode_ring``: ``tests/support/request_streams``) against the
+exact LRU of the same pages: target mean error ≤ 0.02 over the curve; with ``--doc``
+alone (``--variants '' --golden ''``) it writes section "curve-exact-requests".
+
 Reported per variant: the mean absolute error over the curve's 12 points (the
 status's sizes, the image down to 1/2048 of it), and the mean and the largest
 error at the sizes the host budget's split looks at (``shares.grid`` of
@@ -47,6 +56,7 @@ from benchmarks.hotzone_args import parse_args  # noqa: E402
 from benchmarks.source_common import fmt, machine, publish  # noqa: E402
 from tests.support.common import MiB, require_tool  # noqa: E402
 from tests.support.fio import FioJob, iolog_pages  # noqa: E402
+from tests.support import request_streams as rs  # noqa: E402
 from tests.support.replay import read_record  # noqa: E402
 from vmdisktouch.core.mrc import CURVE_POINTS, MissRatioCurve  # noqa: E402
 from vmdisktouch.core.shares import grid  # noqa: E402
@@ -56,6 +66,7 @@ VARIANTS = ("base", "move", "write50", "bigset")
 GOLDEN = tuple(f"trace-{v}" for v in VARIANTS)
 GOLDEN_DIR = os.path.join(ROOT, "tests", "golden", "policy")
 TARGET_CURVE, TARGET_BUDGET = 0.02, 0.03
+REQUESTS = ("64K", "1M", "4M", "64M")
 
 
 def reads_of(b: Bench, ios: int, tmp: str) -> np.ndarray:
@@ -135,6 +146,48 @@ def compare(variant: str, batches, size: int, budget_bytes: int) -> dict:
     return r
 
 
+def compare_requests(size: str, kind: str, path: str, exact) -> dict:
+    """The reader of a zone in requests of ``size`` through one path, against the exact."""
+    reqs = rs.requests(rs.SIZES[size], kind)
+    m = (rs.ring_path if path == "ring" else rs.bpf_path)(rs.events(reqs))
+    points = np.array([s for s, _ in m.status(rs.IMAGE, PAGE)["curve"]], dtype=float) / PAGE
+    err = np.abs(m.curve(points) - exact.curve(points))
+    r = {"variant": f"{size} {'sequential' if kind == 'seq' else 'random'}, {path}",
+         "reads": int(exact.reads), "sample_rate": m.rate, "sampled_pages": m.sampled_pages,
+         "curve_mae": float(err.mean()), "curve_max": float(err.max()),
+         "wants": m.wants(rs.IMAGE, PAGE), "exact_wants": exact.wants(rs.IMAGE, PAGE)}
+    print(f"  {r['variant']}: mean error {r['curve_mae']:.4f} (max {r['curve_max']:.4f}); "
+          f"wants {fmt(r['wants'])} (exact {fmt(r['exact_wants'])}); sample "
+          f"{r['sampled_pages']} pages at rate {r['sample_rate']:.4f}", flush=True)
+    return r
+
+
+def request_results(sizes: list[str]) -> list[dict]:
+    out = []
+    for size in sizes:
+        for kind in ("seq", "rand"):
+            exact = rs.exact_of(rs.requests(rs.SIZES[size], kind))
+            out += [compare_requests(size, kind, path, exact) for path in ("ring", "bpf")]
+    return out
+
+
+def report_requests(results: list[dict]) -> str:
+    lines = ["A reader re-reads a 64 MiB zone of a 256 MiB image every half second, "
+             f"{rs.PASSES} times, in requests of each size (sequentially, or at random "
+             "request-aligned places of twice the zone); the kernel's READ events (batches "
+             "of 31 folios of 1 MiB) fed through each trace path's code to the daemon's "
+             "curve, against the exact LRU of the same pages.", "",
+             "| requests, path | pages read | sample (pages, rate) | the curve's 12 points: "
+             "mean error (max) | wants (exact) | target |", "|---|---|---|---|---|---|"]
+    for r in results:
+        ok = r["curve_mae"] <= TARGET_CURVE
+        lines.append(f"| {r['variant']} | {r['reads']:,} | {r['sampled_pages']:,}, "
+                     f"{r['sample_rate']:.4f} | {r['curve_mae']:.4f} ({r['curve_max']:.4f}) "
+                     f"| {fmt(r['wants'])} ({fmt(r['exact_wants'])}) | {TARGET_CURVE} "
+                     f"{'✓' if ok else '✗'} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(results: list[dict], args) -> str:
     lines = [f"Each variant's guest (bench_hotzone's job, fio's null engine, {args.ios:,} I/Os a "
              f"phase), its reads fed at {args.rate:,} a second to the daemon's sampled curve "
@@ -160,6 +213,8 @@ def main() -> int:
                     help="golden traces (tests/golden/policy), '' for none")
     ap.add_argument("--ios", type=int, default=1_000_000, help="I/Os a phase (1,000,000)")
     ap.add_argument("--rate", type=int, default=20_000, help="reads a second fed (20,000)")
+    ap.add_argument("--requests", default=",".join(REQUESTS),
+                    help="request sizes of the zone reader (64K,1M,4M,64M), '' for none")
     ap.add_argument("--doc", action="store_true")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
@@ -171,8 +226,20 @@ def main() -> int:
     bad = [g for g in golden if g not in GOLDEN]
     if bad:
         ap.error(f"unknown golden trace {bad[0]} (known: {', '.join(GOLDEN)})")
+    sizes = [r.strip() for r in args.requests.split(",") if r.strip()]
+    bad = [r for r in sizes if r not in rs.SIZES]
+    if bad:
+        ap.error(f"unknown request size {bad[0]} (known: {', '.join(rs.SIZES)})")
     print(f"{machine()}; variants {', '.join(variants) or 'none'}; golden traces "
-          f"{', '.join(golden) or 'none'}", flush=True)
+          f"{', '.join(golden) or 'none'}; requests {', '.join(sizes) or 'none'}", flush=True)
+    if sizes:
+        req = request_results(sizes)
+        if not variants and not golden:
+            publish(report_requests(req), req, args, "curve-exact-requests",
+                    "The sampled curve against the exact one, a zone re-read in requests "
+                    "of 64 KiB to 64 MiB")
+            return 0
+        print(report_requests(req))
     tmp = tempfile.mkdtemp(prefix="bench-curve-exact-")
     try:
         results = [compare(v, *variant_batches(v, args.ios, args.rate, tmp)) for v in variants]

@@ -53,7 +53,8 @@ PAGE_TITLES = {
 # sections whose page is not the longest page name they start with
 SECTION_PAGES = {"cold-start": "hotzone", "budget-per-byte": "hotzone",
                  "redesign": "side-by-side", "one-runtime": "side-by-side",
-                 "curve-exact": "curve-accuracy", "curve-exact-golden": "curve-accuracy"}
+                 "curve-exact": "curve-accuracy", "curve-exact-golden": "curve-accuracy",
+                 "curve-exact-requests": "curve-accuracy"}
 
 LATEST, HISTORY = "## Latest reading", "## History"
 

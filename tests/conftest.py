@@ -12,6 +12,13 @@ import pytest
 from tests.support.common import require_tool
 from tests.support.images import make_image
 
+# A daemon started with no --status writes one in the runtime directory (/run/vmdisktouch):
+# every test's daemons write it here instead, never on the host's (adapters/runtime_dir.py).
+if not os.environ.get("VMDISKTOUCH_RUNTIME_DIR"):
+    import atexit
+    os.environ["VMDISKTOUCH_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="vmdt-runtime-")
+    atexit.register(shutil.rmtree, os.environ["VMDISKTOUCH_RUNTIME_DIR"], True)
+
 
 @pytest.fixture
 def loop_device_of(tmp_path):

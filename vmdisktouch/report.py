@@ -18,14 +18,51 @@ of the old keys go on working (docs/status.md says what changed).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 
 # Why a disk holds less than it wants (``limited_by``): docs/status.md has the table.
 CODES = ("domain_off", "no_evidence", "below_threshold", "budget", "cap", "weight", "curve",
          "floor", "cgroup", "lock_limit", "not_loaded")
 
+# Why nothing is held in the file a clean stop leaves (``HostReport.stopped_at``).
+STOPPED_REASON = "the daemon stopped: every hold released"
+
 # One disk's keys kept at the top level of a single disk's status file, for one release.
 LEGACY_TOP = True
+
+
+def _num(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def reads_from_memory(gain: dict | None) -> dict | None:
+    """The share of a disk's reads served from memory, now and with one GiB more held: the
+    one definition every output takes (docs/status.md, "Reads from memory").
+
+    * ``now``: measured, the last cycle's pages read that needed no page added to the
+      cache (``gain.cache_hit_ratio``);
+    * ``plus_gib``: ``now`` plus what its curve adds from what is held to one GiB more
+      (``gain.next_gib``: its more reads a second over the pages read a second), at
+      most 1. Never the curve's own height: an LRU curve counts every first read a miss
+      and tops out below what the page cache measured (readahead, the guest's own
+      cache), so "91 % now, 69 % with 1 GiB more" was two bases side by side;
+    * ``more_reads_per_second``: the reads a second that GiB adds (the curve's).
+
+    None without a measured share (no read in the cycle, the mincore source); no
+    ``plus_gib`` without a curve."""
+    g = gain if isinstance(gain, dict) else {}
+    now = g.get("cache_hit_ratio")
+    if not _num(now):
+        return None
+    out = {"now": round(float(now), 4), "plus_gib": None, "more_reads_per_second": None}
+    nxt = g.get("next_gib") if isinstance(g.get("next_gib"), dict) else {}
+    more, pages = nxt.get("more_reads_per_second"), g.get("pages_read_per_second")
+    if _num(more) and _num(pages) and pages > 0:
+        more = max(0.0, float(more))
+        out["plus_gib"] = round(min(1.0, float(now) + more / pages), 4)
+        out["more_reads_per_second"] = round(more, 1)
+    return out
 
 
 @dataclass
@@ -75,6 +112,12 @@ class DiskReport:
     miss_cost: dict | None = None     # what a read the cache misses costs (observe.miss_cost)
 
     @property
+    def from_memory(self) -> dict | None:
+        """The share of its reads from memory now and at one GiB more (``reads_from_memory``):
+        what status, the metrics, the PNG and the log say."""
+        return reads_from_memory(self.gain)
+
+    @property
     def title(self) -> str:
         """Its name in a picture or a line: ``domain/target  path``, or its path."""
         return f"{self.domain}/{self.target}  {self.path}" if self.domain else self.path
@@ -93,6 +136,7 @@ class DiskReport:
         d = _shallow(self)
         if d["trace"] is None:
             del d["trace"]
+        d["from_memory"] = self.from_memory
         return d
 
     @classmethod
@@ -173,6 +217,39 @@ class HostReport:
     failed: list[dict] = field(default_factory=list)     # {path, error}
     skipped: list[dict] | None = None          # {domain, target, code, reason}: libvirt
     budget_advice: dict | None = None     # max_hold too small, too large or right (``core.advice``)
+    stopped: bool = False                 # the daemon stopped cleanly: nothing held (``stopped``)
+
+    @property
+    def from_memory(self) -> dict | None:
+        """The host's share of reads from memory, from its disks' (``reads_from_memory``):
+        ``now`` their mean weighted by pages read a second; ``plus_gib`` with the GiB given
+        to the disk where it adds the most reads a second (``best``, its path), so the host
+        line and that disk's line say the same GiB. None when no disk has one."""
+        parts = [(d, d.from_memory, (d.gain or {}).get("pages_read_per_second"))
+                 for d in self.disks if isinstance(d.gain, dict)]
+        parts = [(d, f, p) for d, f, p in parts if f is not None and _num(p) and p > 0]
+        if not parts:
+            return None
+        pages = sum(p for _, _, p in parts)
+        now = sum(f["now"] * p for _, f, p in parts) / pages
+        best = max(((f["more_reads_per_second"], d.path) for d, f, _ in parts
+                    if f["more_reads_per_second"] is not None), default=None)
+        return {"now": round(now, 4),
+                "plus_gib": None if best is None else round(min(1.0, now + best[0] / pages), 4),
+                "more_reads_per_second": None if best is None else best[0],
+                "best": None if best is None else best[1]}
+
+    def stopped_at(self, when: float) -> "HostReport":
+        """The report a clean stop leaves behind: this one, with every hold released
+        (nothing held, no region), ``stopped`` and the time of the stop; what only a
+        running daemon can say (the gain of its holds, the budget's advice) left out."""
+        def off(x, **more):
+            return dataclasses.replace(x, held_bytes=0, limited_by=None,
+                                       not_held_reason=STOPPED_REASON, **more)
+        return dataclasses.replace(
+            self, time=when, held_bytes=0, stopped=True, budget_advice=None,
+            lines=[off(x, budget_advice=None) for x in self.lines],
+            disks=[off(d, regions=[], time=when, gain=None) for d in self.disks])
 
     def to_json(self) -> dict:
         """The status file: ``host`` and ``disks``, for one disk as for many (one disk also
@@ -181,9 +258,12 @@ class HostReport:
             "pid", "version", "interval_seconds", "time", "budget_bytes", "held_bytes",
             "mem_available_bytes", "min_free_bytes", "above_floor_bytes", "cycle",
             "cycle_seconds", "budget_advice")}
+        head["from_memory"] = None if self.stopped else self.from_memory
         head.update(disks=[_shallow(x) for x in self.lines], failed=self.failed)
         if self.skipped is not None:
             head["skipped"] = self.skipped
+        if self.stopped:
+            head["stopped"] = True
         disks = [d.to_json() for d in self.disks]
         out = {"host": head, "disks": disks}
         if LEGACY_TOP and len(disks) == 1 and len(self.lines) == 1:

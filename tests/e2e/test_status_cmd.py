@@ -50,7 +50,8 @@ def test_status_lists_live_daemons_and_says_stale_once_one_is_gone(tmp_path):
         head, line_a, line_b, line_one = lines
         assert re.fullmatch(rf"host \(pid {host.pid}, v[^)]+\): held [1-9][^ ]* of 8M budget, "
                             r"[^ ]+ above the floor, 2 disks served, 0 failed, cycle \d+, "
-                            r"\d+ s ago, LIVE(, the next GiB would do most for .+ reads/s\))?",
+                            r"\d+ s ago, LIVE(, reads \d+ % from memory(, \+1G -> \d+ % of "
+                            r"reads: the next GiB would do most for .+ reads/s\))?)?",
                             head), head
         assert line_a.startswith(f"  {a}: held ") and not line_a.startswith(f"  {a}: held 0/")
         share_b = re.match(rf"  {re.escape(b)}: held 0/([^ ]+) ", line_b)

@@ -78,3 +78,21 @@ def test_a_real_image_lock_names_this_process_s_daemon(tmp_path):
         assert out == f"{os.getpid()} {{}}\n", out
     finally:
         img.close()
+
+
+def test_another_vmdisktouch_process_is_left_out_unnamed(tmp_path):
+    """A vmdisktouch process without the lock (``advise``'s miss probe, O_DIRECT) is not a
+    guest's cache=none: left out, and not taken for the serving daemon either."""
+    image = make_image(tmp_path / "disk.raw", 4 * MiB, sparse=False)
+    script = tmp_path / "vmdisktouch"                      # as /usr/bin/vmdisktouch runs
+    script.write_text(HOLDER)
+    advise = subprocess.Popen([sys.executable, str(script), image, "", "1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert advise.stdout.readline() == "ready\n"
+    guest = holder(image, direct=True)                     # cache=none
+    try:
+        seen = scan_openers(image)
+        assert seen.daemon is None
+        assert seen.pids == {guest.pid: True}
+    finally:
+        done(advise, guest)

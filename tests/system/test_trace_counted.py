@@ -9,6 +9,7 @@ CAP_PERFMON and CAP_SYS_ADMIN.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 from tests.support.common import require_tool
 from tests.support.tracing import PAGE, instance_name, reader, scratch, tracefs_root  # noqa: F401
-from vmdisktouch.core.mrc import FULL, batch_ends, page_hash, pages_read
+from vmdisktouch.core.mrc import FULL, batch_ends, page_hash, pages_read, sample_ranges
 from vmdisktouch.system.trace import bpf_reads, tracefs
 from vmdisktouch.system.trace.trace_reader import GET_PAGES, READ, TraceReader
 
@@ -42,6 +43,22 @@ def reads_of(fd, offsets_and_lengths):
         os.pread(fd, n, off)
 
 
+def sampled(c, threshold: int = FULL) -> np.ndarray:
+    """The pages a take's sample stands for: its ranges' pages under the threshold."""
+    return sample_ranges(c.sampled[:, 0], c.sampled[:, 1], threshold)[0]
+
+
+def taken(reader):
+    """Two drains' counted reads: a thread's last range waits for a take that saw it."""
+    a, b = reader.drain().counted, reader.drain().counted
+    blocks, inverse = np.unique(np.concatenate((a.blocks, b.blocks)), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate((a.counts, b.counts))).astype(int)
+    return dataclasses.replace(a, blocks=blocks, counts=counts,
+                               sampled=np.concatenate((a.sampled, b.sampled)),
+                               pages=a.pages + b.pages, samples_lost=a.samples_lost
+                               + b.samples_lost)
+
+
 def pinned_reads_of(fd, offsets_and_lengths):
     """``reads_of`` on one CPU: the kernel takes a CPU's read range at its next read there,
     so a thread that moved would see its ranges taken out of order."""
@@ -57,7 +74,7 @@ def test_each_block_counts_the_read_events_that_touched_it_as_the_ring_buffer_sa
         counted = reader(fd)
         events = reader(fd)                                 # the same reads, one by one
         assert counted.count_reads(PPB, 16) and counted.counting and not events.counting
-        counted.drain(), events.drain()
+        taken(counted), events.drain()              # what was pending: taken
         rng = np.random.default_rng(3)
         plan = [(int(p) * PAGE, PAGE) for p in rng.integers(0, 16 * PPB, 3000)]
         plan += [(PPB * PAGE - PAGE, 2 * PAGE)] * 5         # across blocks 0 and 1
@@ -90,22 +107,22 @@ def test_the_pages_read_are_sampled_in_order_as_the_ring_buffer_saw_them(scratch
         rng = np.random.default_rng(5)
         for threshold, n in ((FULL, 2000), (FULL // 16, 3000), (FULL, bpf_reads.RING + 1808)):
             counted.sample_below(threshold)
-            counted.drain(), events.drain()
+            taken(counted), events.drain()          # what was pending: taken
             plan = [(int(p) * PAGE, PAGE) for p in rng.integers(0, 16 * PPB, n)]
             plan += [(7 * PPB * PAGE + 3 * PAGE, 40 * PAGE)] * (threshold < FULL)
             in_thread(pinned_reads_of, fd, plan)
-            c, ev = counted.drain().counted, events.drain()
+            c, ev = taken(counted), events.drain()
             r = ev.kind == READ
             read = pages_read(ev.first[r], batch_ends(ev.first[r], ev.last[r]))
             if n > bpf_reads.RING:         # more than the events' buffer holds: the plan's
                 read = np.array([off // PAGE for off, _ in plan])
             want = read[page_hash(read) < threshold]
-            # The last read's range waits on its CPU for the next read there: the take
+            # The last read's range waits for the thread's next read: the second take
             # takes it from there, not from the ring.
             lost = max(0, want.size - 1 - bpf_reads.RING)
-            assert c.samples_lost == lost and c.sampled.tolist() == want[lost:].tolist()
+            assert c.samples_lost == lost and sampled(c, threshold).tolist() == want[lost:].tolist()
             assert c.pages == read.size >= n
-            assert 0 < c.sampled.size < c.pages or threshold == FULL
+            assert 0 < c.sampled.shape[0] < c.pages or threshold == FULL
     finally:
         os.close(fd)
 
@@ -124,15 +141,48 @@ def test_a_long_read_samples_each_page_once_though_the_kernel_repeats_its_tail(
         # Read cold, the pages come in small folios (a written file's can be 2 MiB each,
         # and one batch then covers it all).
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        counted.drain(), events.drain()
+        taken(counted), events.drain()              # what was pending: taken
         in_thread(pinned_reads_of, fd, [(0, 8 * PPB * PAGE)] * 2)
-        c, ev = counted.drain().counted, events.drain()
+        c, ev = taken(counted), events.drain()
         r = ev.kind == READ
         assert r.sum() > 4                                  # the kernel's batches: several
         assert int((ev.last[r] - ev.first[r] + 1).sum()) > 3 * 2 * 8 * PPB
         once = np.arange(8 * PPB)
-        assert c.sampled.tolist() == np.concatenate((once, once)).tolist()
+        assert sampled(c).tolist() == np.concatenate((once, once)).tolist()
         assert c.pages == 2 * 8 * PPB
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("mib", [4, 16])
+def test_a_long_read_of_large_folios_samples_every_page(scratch, reader, mib):  # noqa: F811
+    """A written file's folios are large (1 MiB here): one batch of 31 covers 31 MiB, and
+    the kernel reports a 4 MiB read as one event. Every page of it is sampled, not the
+    first ``SAMPLE_SPAN`` (issue 55: a 64 MiB zone read in 4 MiB requests looked a quarter
+    of its size), and every block of it counts its reads, not the first ``span_blocks``
+    (a host service held 22 MiB of such a zone of 64)."""
+    path = scratch(16 * PPB)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for k in range(16):                                 # written in 1 MiB pieces
+            os.pwrite(fd, os.urandom(PPB * PAGE), k * PPB * PAGE)
+        os.fsync(fd)
+        counted, events = reader(fd), reader(fd)
+        assert counted.count_reads(PPB, 16)
+        counted.sample_below(FULL)
+        taken(counted), events.drain()              # what was pending: taken
+        in_thread(reads_of, fd, [(0, mib * PPB * PAGE)] * 3)
+        c, ev = taken(counted), events.drain()
+        r = ev.kind == READ
+        want = pages_read(ev.first[r], batch_ends(ev.first[r], ev.last[r]))
+        once = np.arange(mib * PPB)
+        assert want.tolist() == np.concatenate((once, once, once)).tolist()
+        assert sampled(c).tolist() == want.tolist()
+        assert c.pages == 3 * mib * PPB
+        assert (c.sampled[:, 1] - c.sampled[:, 0] + 1).max() > bpf_reads.SAMPLE_SPAN
+        got = np.zeros(16, np.int64)                        # and every block it read counts
+        got[c.blocks] = c.counts
+        assert got[:mib].min() >= 3 and not got[mib:].any(), got
     finally:
         os.close(fd)
 

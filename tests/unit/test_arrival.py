@@ -186,3 +186,30 @@ def test_a_daemon_started_after_a_paused_migration_waits_for_the_resume():
     assert w.hold_enabled is True and len(warmed) == 1
     f.follow(w, member(arriving="landed", activated=False))     # paused by the user again
     assert w.hold_enabled is True and len(warmed) == 1
+
+
+def test_a_domain_that_takes_a_given_image_is_said_once_and_followed(caplog):
+    """``run IMG --uri``: an image no domain uses is held; a domain restored onto it is
+    named in one line ("takes it"), the disk holds nothing while it arrives, and holds
+    again once it runs (issue 54, 2)."""
+    f = Follower(lambda w, m: None, single=True)
+    w = W()
+    caplog.set_level(logging.INFO, logger="vmdisktouch")
+    alone = Member("/images/a.raw")                  # no domain uses it: held
+    f.opened(w, alone)
+    f.follow(w, alone)
+    assert w.hold_enabled is True
+    f.follow(w, member(arriving="starting", activated=False))      # a restore's incoming
+    assert w.hold_enabled is False
+    f.follow(w, member(arriving="starting", activated=False))
+    f.follow(w, member())                            # restored, running
+    assert w.hold_enabled is True
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("libvirt domain vm1 takes it (disk vda, arriving)" in s for s in said) == 1, said
+    assert sum("libvirt domain vm1 is arriving" in s and "releasing the holds" in s
+               for s in said) == 1, said
+    assert sum("libvirt domain vm1 is running; holding again" in s for s in said) == 1, said
+    f.follow(w, Member("/images/a.raw", active=False))     # saved again: it left libvirt
+    assert w.hold_enabled is False
+    f.follow(w, member(arriving="starting", activated=False))      # and restored again
+    assert sum("takes it" in r.getMessage() for r in caplog.records) == 2

@@ -125,22 +125,35 @@ def test_a_release_the_floor_kept_from_being_taken_again_is_shedding_too(lines):
     assert [f["MESSAGE_ID"] for _, _, f in lines()] == [journal.FLOOR_SHED]
 
 
+class Clock:
+    """The alerts' clock: ``step`` seconds a cycle."""
+
+    def __init__(self, step: float = 5.0):
+        self.t, self.step = 1000.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
 def test_budget_advice_once_a_verdict_held_for_each_disk_and_the_host(lines):
-    """db's curve wants 60M of its 20M share for HOLD_CYCLES cycles: one line for db and
-    one for max_hold; web's young curve says nothing; no more lines while it lasts, one
-    each when db gets its 60M."""
-    from vmdisktouch.core.advice import HOLD_CYCLES
-    a = HostAlerts()
+    """db's curve wants 60M of its 20M share for VERDICT_CONFIRM_SECONDS: one line for db
+    and one for max_hold; web's young curve says nothing; no more lines while it lasts;
+    when db gets its 60M (its share moved: new evidence), one each once it held."""
+    from vmdisktouch.core.rules import VERDICT_CONFIRM_SECONDS
+    clock = Clock()
+    a = HostAlerts(clock=clock)
+    confirm = int(VERDICT_CONFIRM_SECONDS // clock.step) + 1
 
     def cycle(db_share):
         note(a, [disk("db/vdb", db_share, 60 * MiB, share=db_share, curve_wants=60 * MiB),
                  disk("web/vda", 20 * MiB, 40 * MiB)])
-    for _ in range(HOLD_CYCLES - 1):
+    for _ in range(confirm - 1):
         cycle(20 * MiB)
-    assert lines() == []
+    assert lines() == [] and a.verdicts["/img/db/vdb"] is None and a.verdict is None
+    cycle(20 * MiB)
     assert a.verdicts["/img/db/vdb"].verdict == "too_small" and a.verdicts["/img/web/vda"] \
         is None and a.verdict.bytes == 40 * MiB
-    cycle(20 * MiB)
     got = lines()
     assert [(lv, f) for lv, _, f in got] == [
         (journal.NOTICE, {"DISK": "/img/db/vdb", "DOMAIN": "db", "TARGET": "vdb",
@@ -150,20 +163,22 @@ def test_budget_advice_once_a_verdict_held_for_each_disk_and_the_host(lines):
                          "pay (its curve wants 60M)")
     assert got[1][1] == ("budget advice: max_hold 100M is too small: 40M more would pay (the "
                          "curves of 1 of 2 disks want 60M)")
-    for _ in range(3 * HOLD_CYCLES):
+    for _ in range(3 * confirm):
         cycle(20 * MiB)
     assert lines() == []
-    for _ in range(HOLD_CYCLES):
+    for _ in range(confirm):
         cycle(60 * MiB)
-    assert [m.split(" is ")[1] for _, m, _ in lines()] == ["right (its curve wants 60M)",
-                                                          "right (the curves of 1 of 2 disks "
-                                                          "want 60M)"]
+    got = [m for _, m, _ in lines()]
+    # the host has no verdict of its own while web's curve has none: only db's line
+    assert [m.split(" is ")[1] for m in got] == ["right (its curve wants 60M)"]
+    assert a.verdict is None
 
 
 def test_budget_advice_of_one_disk_is_its_line_alone(lines):
-    from vmdisktouch.core.advice import HOLD_CYCLES
-    a = HostAlerts()
-    for _ in range(HOLD_CYCLES):
+    from vmdisktouch.core.rules import VERDICT_CONFIRM_SECONDS
+    clock = Clock()
+    a = HostAlerts(clock=clock)
+    for _ in range(int(VERDICT_CONFIRM_SECONDS // clock.step) + 1):
         note(a, [disk("web/vda", 20 * MiB, 20 * MiB, share=BUDGET, curve_wants=20 * MiB)])
     [(_, msg, fields)] = lines()
     assert msg == ("budget advice: web/vda: its share 100M is too large: 80M of it buys "

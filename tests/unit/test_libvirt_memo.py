@@ -125,3 +125,75 @@ def test_a_gone_domain_is_forgotten():
 def test_without_a_memo_the_processes_own_is_kept():
     ld.list_disks(Conn(Dom("x", BAD)), with_units=False)
     assert [d[1][0].domain for d in ld.MEMO.parsed.values()] == ["x"]
+
+
+# -- issue 54: with events followed, a domain's XML is read when it may have changed ----------
+
+class Run(Dom):
+    """A domain with an ID (new at each start), as ``listAllDomains`` gives it."""
+
+    def __init__(self, name, meta="", fail=None, id_=1):
+        super().__init__(name, meta, fail)
+        self.id = id_
+
+    def ID(self):
+        return self.id
+
+
+def reads(*doms):
+    return [d.reads for d in doms]
+
+
+def test_with_events_the_xml_is_read_at_arrival_and_when_told_only():
+    now = [0.0]
+    memo = ld.Memo(say=lambda *a: None, events=True, clock=lambda: now[0])
+    a, b = Run("a", HEAT.format(inner="<x/>" * 1000)), Run("b")
+    conn = Conn(a, b)
+    for _ in range(5):
+        got = listing(conn, memo)
+        assert got["a", "vda"].state == "running" and ("b", "vda") in got
+    assert reads(a, b) == [1, 1]                       # at arrival only
+    memo.stale(a.UUIDString())                         # an event named a
+    listing(conn, memo)
+    assert reads(a, b) == [2, 1]
+    memo.stale()                                       # a reconnection
+    listing(conn, memo)
+    assert reads(a, b) == [3, 2]
+    b.id = 7                                           # stopped and started between listings
+    listing(conn, memo)
+    assert reads(a, b) == [3, 3]
+    c = Run("c")                                       # a domain that arrives
+    conn.doms.append(c)
+    listing(conn, memo)
+    assert reads(a, b, c) == [3, 3, 1]
+    now[0] += ld.Memo.REFRESH                          # the safety net
+    listing(conn, memo)
+    assert reads(a, b, c) == [4, 4, 2]
+
+
+def test_with_events_an_unreadable_xml_is_tried_each_listing_and_said_once():
+    said = []
+    memo = ld.Memo(say=lambda *a: said.append(a[0] % a[1:]), events=True)
+    big = Run("big")
+    conn = Conn(big)
+    listing(conn, memo)
+    big.fail = "Unable to encode message payload"
+    memo.stale(big.UUIDString())
+    for _ in range(3):
+        got = listing(conn, memo)
+        assert got["big", "vda"].problem.startswith("cannot read its XML")   # kept
+        assert "big" in memo.problems
+    assert big.reads == 4 and len(said) == 1
+    big.fail = None
+    assert listing(conn, memo)["big", "vda"].problem is None and big.reads == 5
+    listing(conn, memo)
+    assert big.reads == 5 and memo.problems == {}
+
+
+def test_with_events_a_problem_in_the_xml_is_listed_each_time_without_reading_it():
+    memo = ld.Memo(say=lambda *a: None, events=True)
+    bad = Run("bad", BAD)
+    for _ in range(3):
+        got = listing(Conn(bad), memo)
+        assert "not well-formed" in got["bad", "vda"].problem and "bad" in memo.problems
+    assert bad.reads == 1

@@ -266,11 +266,13 @@ def test_close_never_removes_a_protected_file(tmp_path):
 def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
     g = {"pages_read_per_second": 5000.0, "cache_hit_ratio": 0.84, "held_read_share": None,
          "held_reads_per_second": 900.0, "wants_bytes": 400 << 20,
-         "next_gib": {"bytes": 1 << 30, "hit_ratio": 0.91, "more_reads_per_second": 2300.0},
+         "next_gib": {"bytes": 1 << 30, "hit_ratio": 0.6, "more_reads_per_second": 350.0},
          "read_seconds_saved_per_second": 0.11}
     c = Collector()
     c.update(host([disk("/t", curve=[[1 << 20, 0.25], [1 << 30, 0.9]], gain=g,
-                        miss_cost={"seconds": 0.000122, "probes": 64}),
+                        miss_cost={"seconds": 0.000122, "probes": 64},
+                        mrc={"reads": 5000, "re_reads": 4000, "window_seconds": 130.0,
+                             "enough_reads": True}),
                    disk("/m", access_source="mincore")]))
     samples = [s for f in c.collect() for s in f.samples]
     curve = {(s.labels["disk"], s.labels["size_bytes"]): s.value for s in samples
@@ -278,14 +280,23 @@ def test_the_curve_is_a_gauge_by_size_and_the_gain_gauges_follow_the_status():
     assert curve == {("/t", str(1 << 20)): 0.25, ("/t", str(1 << 30)): 0.9}
     v = values(c)
     assert v[("vmdisktouch_cache_hit_ratio", "/t")] == 0.84
-    assert v[("vmdisktouch_next_gib_reads_per_second", "/t")] == 2300.0
+    assert v[("vmdisktouch_next_gib_reads_per_second", "/t")] == 350.0
+    # the share of reads from memory, one definition (report.reads_from_memory): the
+    # measured share, and with a GiB more that plus the curve's increment (350 / 5000)
+    assert v[("vmdisktouch_reads_from_memory_ratio", "/t")] == 0.84
+    assert v[("vmdisktouch_reads_from_memory_next_gib_ratio", "/t")] == 0.91
+    assert [v[(f"vmdisktouch_curve_{k}", "/t")] for k in (
+        "reads", "re_reads", "window_seconds", "enough_reads")] == [5000, 4000, 130.0, 1.0]
+    host_v = {s.name: s.value for f in c.collect() for s in f.samples if not s.labels}
+    assert host_v["vmdisktouch_host_reads_from_memory_ratio"] == 0.84
+    assert host_v["vmdisktouch_host_reads_from_memory_next_gib_ratio"] == 0.91
     assert v[("vmdisktouch_curve_wants_bytes", "/t")] == 400 << 20
     assert ("vmdisktouch_held_read_share", "/t") not in v          # null: no sample
     from vmdisktouch.adapters.metrics.metrics import CURVE_GAUGES
     gains = {f"vmdisktouch_{name}" for name, _, _ in CURVE_GAUGES}
     assert v[("vmdisktouch_miss_cost_seconds", "/t")] == 0.000122
     assert v[("vmdisktouch_read_seconds_saved_per_second", "/t")] == 0.11
-    assert len(gains) == 7 and not any(d == "/m" for (n, d) in v if n in gains)
+    assert len(gains) == 13 and not any(d == "/m" for (n, d) in v if n in gains)
 
 
 # -- the build (issue 45, part 3) -------------------------------------------------------------

@@ -126,10 +126,33 @@ def test_the_pages_behind_lost_samples_leave_the_total():
     assert part.hit_ratio(8192) == pytest.approx(whole.hit_ratio(8192), abs=0.05)
 
 
-def test_read_ranges_expand_to_their_pages_in_order_at_most_a_span_each():
-    from vmdisktouch.core.mrc import pages_read
+def test_read_ranges_expand_to_every_page_in_order_and_sample_in_chunks():
+    from vmdisktouch.core.mrc import FULL, pages_read, sample_ranges
     assert pages_read([5, 100, 7], [7, 100, 6]).tolist() == [5, 6, 7, 100]
-    assert pages_read([0], [999], span=4).tolist() == [0, 1, 2, 3]
+    assert pages_read([0], [999]).tolist() == list(range(1000))
+    first, last = [0, 5000, 7, 20000], [4999, 5000, 6, 29999]
+    every = pages_read(first, last)
+    for threshold in (FULL, FULL // 7):
+        pages, total = sample_ranges(first, last, threshold, chunk=1024)  # in pieces
+        assert total == every.size == 15001
+        assert pages.tolist() == every[page_hash(every) < threshold].tolist()
+
+
+def test_a_range_still_open_at_the_end_of_a_drain_waits_for_the_next():
+    """A 64 MiB read whose batches come in two drains: its first drain's last batch is
+    cut where the next drain's continues it, not counted up to the request's end; a range
+    held once and not continued is taken whole; a page alone, or a range older than the
+    drain's last quarter of a second, is never held."""
+    from vmdisktouch.core.mrc import Batches
+    b = Batches()
+    ms = 1_000_000
+    f, l = b.ranges([9, 0, 7936, 3], [9, 16383, 16383, 5], [0, 900 * ms, 901 * ms, 1 * ms])
+    assert list(zip(f.tolist(), l.tolist())) == [(9, 9), (0, 7935), (3, 5)]
+    f, l = b.ranges([15872], [16383], [1100 * ms])
+    assert list(zip(f.tolist(), l.tolist())) == [(7936, 15871)]
+    f, l = b.ranges([], [], [])
+    assert list(zip(f.tolist(), l.tolist())) == [(15872, 16383)]
+    assert b.ranges([], [], [])[0].size == 0
 
 
 def test_a_batch_ends_where_the_next_batch_of_its_request_starts():

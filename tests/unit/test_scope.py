@@ -105,3 +105,70 @@ def test_a_domain_s_labels_are_read_from_its_metadata():
     d, = ld.parse_domain_xml(LABELLED.replace(ld.LABEL_NS, "http://example.com/y"),
                              with_units=False)
     assert d.labels == ()
+
+
+# -- issue 54, break 3: the lists compiled once, capped --------------------------------------
+
+GLOBS = ["web-*", "db-[0-9]?", "exact", "*-test", "[!a-z]*", "a?c", "we*", "x[*]y", "[]]"]
+NAMES = ["web-1", "db-12", "db-1", "exact", "exactly", "db-test", "9lives", "abc", "aXc",
+         "we", "x*y", "xay", "]", "", "WEB-1", "é-test", "line\nbreak-test"]
+
+
+def test_the_compiled_globs_agree_with_fnmatchcase_and_name_the_first_pattern():
+    import fnmatch
+    g = overrides.Globs(GLOBS)
+    for name in NAMES:
+        want = next((p for p in GLOBS if fnmatch.fnmatchcase(name, p)), None)
+        assert g.first((name,)) == want, name
+    # the first in the list's order among several names, literal or glob
+    assert overrides.Globs(["b", "a*"]).first(("a1", "b")) == "b"
+    assert overrides.Globs(["a*", "b"]).first(("b", "a1")) == "a*"
+    assert overrides.Globs([]).first(("x",)) is None and not overrides.Globs([])
+
+
+def test_a_match_is_memoised_and_never_compiles_a_glob_again(monkeypatch):
+    import fnmatch
+    g = overrides.Globs([f"x{i}-*" for i in range(overrides.MAX_SCOPE_PATTERNS - 1)] + ["web-*"])
+    monkeypatch.setattr(fnmatch, "fnmatchcase", lambda *a: pytest.fail("fnmatch called"))
+    monkeypatch.setattr(fnmatch, "translate", lambda *a: pytest.fail("compiled again"))
+    assert g.first(("web-1",)) == "web-*"
+    calls = []
+    real = g._regex
+    g._regex = type("Counting", (), {"match": lambda self, n: calls.append(n) or real.match(n)})()
+    for _ in range(100):
+        assert g.first(("web-1",)) == "web-*" and g.first(("db",)) is None
+    assert calls == ["db"]                 # web-1 was memoised before; db once
+
+
+def test_the_memo_is_bounded():
+    g = overrides.Globs(["a*"])
+    for i in range(overrides.MEMO_NAMES * 2 + 5):
+        g.first((f"a{i}",))
+    assert len(g._memo) <= overrides.MEMO_NAMES
+
+
+def test_a_scope_compiled_from_tuples_and_equal_to_them():
+    s = overrides.Scope(include=("web-*",))
+    assert isinstance(s.include, overrides.Globs) and s.include == ("web-*",)
+    r = overrides.Rules({}, s)
+    assert why(r, "web-1") is None and why(r, "db") == "not_included"
+
+
+@pytest.mark.parametrize("key", overrides.SCOPE_KEYS)
+def test_a_list_over_the_cap_is_one_line_naming_the_key_and_the_cap(key):
+    n = overrides.MAX_SCOPE_PATTERNS
+    overrides.parse_scope({key: [f"g{i}*" for i in range(n)]}, "host.toml")     # at the cap
+    with pytest.raises(ConfigError) as err:
+        overrides.parse_scope({key: [f"g{i}*" for i in range(n + 1)]}, "host.toml")
+    msg = str(err.value)
+    assert msg.startswith("host.toml: [scope]: ") and "\n" not in msg
+    assert key in msg and f"{n + 1} patterns" in msg and f"more than {n}" in msg, msg
+
+
+def test_config_check_refuses_60000_globs(tmp_path, capsys):
+    big = tmp_path / "big.toml"
+    big.write_text('max_hold = "1G"\n[scope]\ninclude = [%s]\n'
+                   % ", ".join(f'"web-{i:05d}-*"' for i in range(60_000)))
+    assert cli.main(["config", "--check", str(big)]) == 78
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "include has 60000 patterns" in err, err

@@ -246,6 +246,7 @@ def test_no_default_directory_is_nothing_running(tmp_path, capsys, monkeypatch):
     from vmdisktouch.commands import status as status_cmd
     missing = str(tmp_path / "run-vmdisktouch")
     monkeypatch.setattr(status_cmd, "STATUS_DIR", missing)
+    monkeypatch.delenv("VMDISKTOUCH_RUNTIME_DIR", raising=False)    # (tests/conftest.py's)
     rc, out, err = status(capsys, missing)
     assert rc == 3 and "no daemon has run since boot" in out and err == ""
     rc, out, err = status(capsys, tmp_path / "elsewhere")
@@ -254,10 +255,12 @@ def test_no_default_directory_is_nothing_running(tmp_path, capsys, monkeypatch):
 
 def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path, capsys):
     """The gain of the trace source's disks (their ``gain``): the share of reads from
-    memory, on held blocks, the next GiB from the curve; the host line names the disk
-    whose next GiB adds the most reads a second; a young curve (``curve_seen`` false) says
-    so instead of what it wants. A mincore disk (``gain`` null), or one whose curve has no
-    read yet, says nothing of it."""
+    memory, on held blocks, with the next GiB (the measured share plus the curve's
+    increment: ``report.reads_from_memory``); the host line its share over every disk and
+    names the disk whose next GiB adds the most reads a second, with the same figures; a
+    young curve (``curve_seen`` false) says so instead of what it wants. A mincore disk
+    (``gain`` null), or one whose curve has no read yet, says nothing of it; one with no
+    measured share, no share."""
     def gain(hit, held, ratio, more, wants):
         return {"pages_read_per_second": 5000.0, "cache_hit_ratio": hit,
                 "held_read_share": held, "held_reads_per_second": 900.0,
@@ -265,7 +268,7 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
                              "more_reads_per_second": more}, "wants_bytes": wants}
     curve = [[MiB, 0.1], [64 * MiB, 0.9]]
     read = {"reads": 12345}
-    a = {**A, "curve": curve, "mrc": read, "gain": {**gain(0.84, 0.31, 0.91, 2300.0, 400 * MiB),
+    a = {**A, "curve": curve, "mrc": read, "gain": {**gain(0.84, 0.31, 0.5, 350.0, 400 * MiB),
                                                     "read_seconds_saved_per_second": 0.11},
          "miss_cost": {"seconds": 0.000122, "probes": 64}}
     b = {**B, "curve": curve, "mrc": read, "gain": gain(None, None, 0.5, 12.0, 0)}
@@ -276,17 +279,16 @@ def test_each_disk_says_what_memory_served_and_what_its_next_gib_would(tmp_path,
     write(tmp_path, "host.json", host([a, b, c, unread, young]))
     rc, out, _ = status(capsys, tmp_path)
     lines = out.splitlines()
-    assert lines[0].endswith(", the next GiB would do most for vm1/vda (/img/a.img) "
-                             "(+2,300 reads/s)")
+    assert lines[0].endswith(", reads 84 % from memory, +1G -> 91 % of reads: the next GiB "
+                             "would do most for vm1/vda (/img/a.img) (+350 reads/s)")
     assert lines[1] == ("  vm1/vda (/img/a.img): held 5M/5M in 1 region; reads 84 % from "
                         "memory, 31 % on held blocks, a miss costs 122 µs, 0.11 s of reads "
-                        "saved a second, +1G -> 91 % of reads, +2,300 reads/s, its curve "
+                        "saved a second, +1G -> 91 % of reads, +350 reads/s, its curve "
                         "wants 400M")
-    assert lines[2].endswith("; +1G -> 50 % of reads, +12 reads/s, its curve wants 0")
+    assert lines[2].endswith("(most to vm1/vda)); its curve wants 0")
     assert lines[3] == "  /img/c.img: held 0/8M in 0 regions (no evidence of use yet)"
     assert lines[4] == "  /img/d.img: held 0/8M in 0 regions (no evidence of use yet)"
-    assert lines[5].endswith("; +1G -> 50 % of reads, +12 reads/s, its curve is young: its "
-                             "heat decides how much")
+    assert lines[5].endswith("; its curve is young: its heat decides how much")
 
 
 def test_the_budget_advice_follows_the_host_line_and_the_disk_lines(tmp_path, capsys):

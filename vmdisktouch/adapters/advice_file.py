@@ -11,11 +11,22 @@ from __future__ import annotations
 import json
 import time
 
+from vmdisktouch.adapters import outputs
 from vmdisktouch.core.what_if import Forecast
 from vmdisktouch.sizes import format_size
 
 ADVISE_HINT = "vmdisktouch advise --libvirt"
 ADVICE_FILE = "/run/vmdisktouch/advise.json"   # the last ``advise`` report (it writes it)
+
+
+def is_report(doc) -> bool:
+    """Whether the JSON document ``doc`` is an ``advise`` report: an object with the
+    fields of one (``outputs.ADVISE_FIELDS``, as ``--save`` checks a file it replaces) and
+    a list of ``disks``, and no status file's ``host`` or ``path`` (``status`` leaves it
+    out of the daemons it lists)."""
+    return (isinstance(doc, dict) and "host" not in doc and "path" not in doc
+            and all(k in doc for k in outputs.ADVISE_FIELDS)
+            and isinstance(doc.get("disks"), list))
 
 
 def load_advice(path: str) -> dict | None:

@@ -22,8 +22,11 @@ blocks). A file that is missing is a cold start (one line); one that is
 corrupt, of another version, for another image (another device and inode,
 or device number for a block device: a replaced image is never restored),
 of another size or block size, or from the future, is ignored with one
-line saying why. Nothing here ever stops the daemon: warm state is an
-optimisation.
+line saying why. A heat that is finite but more than reads can make
+(``3e38`` kept 8 MiB held unread for 15 minutes) is capped where every
+loaded heat is, the summary a domain carries included (``heat.cap_loaded``,
+in ``Watcher.restore``), with one line. Nothing here ever stops the daemon:
+warm state is an optimisation.
 
 What a local user or a stray file can plant there. The state
 directory must be closed to other users (``files.open_dir(private=True)``:

@@ -2,8 +2,12 @@
 
 Each daemon writes its status JSON (``--status``; the units put it under
 ``/run/vmdisktouch/``: ``host.json`` for the host service, ``INSTANCE.json``
-per disk). This reads every ``*.json`` there (``--dir``), or only the
-entries that serve ``PATH``. A host's file is a **host line** (pid,
+per disk; a ``run`` without ``--status`` there too, ``adapters.runtime_dir``,
+which ``$VMDISKTOUCH_RUNTIME_DIR`` moves). This reads every ``*.json`` there
+(``--dir``), or only the entries that serve ``PATH``; ``advise``'s report
+kept there (``advice_file.is_report``) is no daemon's and is left out. A file
+a clean stop left (``host.stopped``: nothing held) ends ``STOPPED`` and is
+not live. A host's file is a **host line** (pid,
 version, held of the whole budget, MemAvailable above the floor, the disks
 served, skipped and failed, the cycle, the file's age, ``LIVE`` or
 ``STALE``), then one indented line per disk (``domain/target (path)``, or
@@ -51,14 +55,15 @@ import stat
 import sys
 import time
 
+from vmdisktouch.adapters import advice_file, runtime_dir
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
-from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL
+from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL, not_enough
 from vmdisktouch.errors import ImageError, file_kind
 from vmdisktouch.daemon.reasons import advice_said
 from vmdisktouch.report import DiskLine, DiskReport, HostReport
 from vmdisktouch.sizes import format_size
 
-STATUS_DIR = "/run/vmdisktouch"
+STATUS_DIR = runtime_dir.RUNTIME_DIR     # or $VMDISKTOUCH_RUNTIME_DIR (``default_dir``)
 STALE_INTERVALS = 3
 STALE_MIN_SECONDS = 15.0
 EX_LIVE = 0                 # as ``systemctl is-active``: some daemon is live
@@ -71,8 +76,15 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help="only the daemon(s) serving this disk image")
     parser.add_argument("--all", action="store_true", help="every status file (the default)")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--dir", default=STATUS_DIR,
-                        help=f"where the status files are (default {STATUS_DIR})")
+    parser.add_argument("--dir", default=None,
+                        help=f"where the status files are (default {STATUS_DIR}, or "
+                             f"${runtime_dir.ENV})")
+
+
+def default_dir() -> str:
+    """Where the daemons write their status files: ``STATUS_DIR``, or the runtime
+    directory the environment names (``adapters.runtime_dir``)."""
+    return os.environ.get(runtime_dir.ENV) or STATUS_DIR
 
 
 def pid_alive(pid) -> bool:
@@ -129,13 +141,16 @@ def read_file(path: str) -> tuple[bytes, float]:
 
 
 def parse(data: bytes):
-    """The checked document of ``data``; ``Malformed`` when it is not one to show."""
+    """The checked document of ``data``; ``Malformed`` when it is not one to show; None
+    for the report ``advise`` keeps beside the status files (not a daemon's)."""
     try:
         doc = json.loads(data)
     except RecursionError:
         raise Malformed("JSON nested too deep") from None
     except ValueError as exc:           # UnicodeDecodeError and JSONDecodeError included
         raise Malformed(f"not JSON: {exc}") from None
+    if advice_file.is_report(doc):
+        return None
     check(doc)
     return doc
 
@@ -158,6 +173,8 @@ def read_files(directory: str, clock=time.time) -> list[dict]:
         try:
             data, mtime = read_file(path)
             doc = parse(data)
+            if doc is None:                 # advise's report: no daemon
+                continue
         except Unreadable as exc:
             out.append({"file": path, "error": f"unreadable: {exc}", "stale": True})
             continue
@@ -191,7 +208,7 @@ def freshness(r: HostReport, mtime: float, now: float) -> dict:
     age = now - (mtime if r.time is None else r.time)
     if -limit <= age < 0:
         age = 0.0                       # the clock's granularity, or a small step back
-    stale = abs(age) > limit or not pid_alive(r.pid)
+    stale = r.stopped or abs(age) > limit or not pid_alive(r.pid)
     return {"age_seconds": round(age, 1), "stale": stale}
 
 
@@ -226,6 +243,8 @@ def _size(v) -> str:
 def _state(item: dict) -> str:
     age = item["age_seconds"]
     when = f"{age:.0f} s ago" if age >= 0 else "written in the future"
+    if "report" in item and item["report"].stopped:
+        return f"stopped {when}, STOPPED"
     return f"{when}, {'STALE' if item['stale'] else 'LIVE'}"
 
 
@@ -300,13 +319,16 @@ def _pct(v) -> str:
 
 def gain_part(d: DiskReport | None) -> str:
     """What memory served the disk's reads in its last cycle, and what its next GiB would
-    (its curve: trace source only); "" without, or before its curve has a read."""
+    (``DiskReport.from_memory``: one definition, docs/status.md), what its curve stands on
+    and wants (trace source only); "" without, or before its curve has a read."""
     g = d.gain if d is not None and isinstance(d.gain, dict) else None
-    if not g or not (d.mrc or {}).get("reads"):      # no curve, or no read in it yet
+    mrc = d.mrc if d is not None and isinstance(d.mrc, dict) else {}
+    if not g or not mrc.get("reads"):      # no curve, or no read in it yet
         return ""
     parts = []
-    if g.get("cache_hit_ratio") is not None:
-        parts.append(f"reads {_pct(g['cache_hit_ratio'])} from memory")
+    fm = d.from_memory
+    if fm is not None:
+        parts.append(f"reads {_pct(fm['now'])} from memory")
     if g.get("held_read_share") is not None:
         parts.append(f"{_pct(g['held_read_share'])} on held blocks")
     cost = d.miss_cost.get("seconds") if isinstance(d.miss_cost, dict) else None
@@ -314,25 +336,46 @@ def gain_part(d: DiskReport | None) -> str:
         saved = g.get("read_seconds_saved_per_second")
         parts.append(f"a miss costs {cost * 1e6:,.0f} µs" +
                      (f", {saved:,.2f} s of reads saved a second" if saved else ""))
-    nxt = g.get("next_gib") or {}
-    if nxt and d.curve:
-        parts.append(f"+1G -> {_pct(nxt['hit_ratio'])} of reads, "
-                     f"+{nxt['more_reads_per_second']:,.0f} reads/s")
+    if fm is not None and fm["plus_gib"] is not None and d.curve:
+        parts.append(f"+1G -> {_pct(fm['plus_gib'])} of reads, "
+                     f"+{fm['more_reads_per_second']:,.0f} reads/s")
+    parts.append(curve_part(g, mrc))
+    return "; " + ", ".join(p for p in parts if p)
+
+
+def curve_part(g: dict, mrc: dict) -> str:
+    """What its curve says of a size, and what it stands on (docs/status.md,
+    "Confidence"): not enough reads yet, young, or what it wants."""
+    seen = (f" ({mrc['reads']:,} reads, {mrc['re_reads']:,} re-reads in "
+            f"{ago(mrc['window_seconds']).removesuffix(' ago')})"
+            if all(_count(mrc.get(k)) for k in ("reads", "re_reads", "window_seconds")) else "")
+    if mrc.get("enough_reads") is False:
+        return f"its curve: {not_enough(mrc)}{seen}"
     if g.get("curve_seen") is False:
-        parts.append("its curve is young: its heat decides how much")
-    elif g.get("wants_bytes") is not None:
-        parts.append(f"its curve wants {format_size(g['wants_bytes'])}")
-    return "; " + ", ".join(parts) if parts else ""
+        return "its curve is young: its heat decides how much"
+    if g.get("wants_bytes") is not None:
+        return f"its curve wants {format_size(g['wants_bytes'])}{seen}"
+    return ""
 
 
-def best_next_gib(disks: list[tuple[DiskLine, DiskReport | None]]) -> str:
-    """The host line's note: the disk whose next GiB would add the most reads a second."""
-    best = max(((d.gain["next_gib"]["more_reads_per_second"], x) for x, d in disks
-                if d is not None and isinstance(d.gain, dict) and d.gain.get("next_gib")),
-               key=lambda t: t[0], default=None)
-    if best is None or best[0] <= 0:
+def _count(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def best_next_gib(r: HostReport) -> str:
+    """The host line's figures (``HostReport.from_memory``): the share of reads from memory
+    over every disk, and with the next GiB given to the disk where it adds the most reads
+    a second, named: the same GiB, the same reads a second as that disk's line."""
+    fm = r.from_memory
+    if fm is None:
         return ""
-    return f", the next GiB would do most for {disk_name(best[1])} (+{best[0]:,.0f} reads/s)"
+    out = f", reads {_pct(fm['now'])} from memory"
+    more = fm["more_reads_per_second"]
+    if more is None or more <= 0:
+        return out
+    best = next((x for x, _ in host_disks(r) if x.path == fm["best"]), None)
+    return (out + f", +1G -> {_pct(fm['plus_gib'])} of reads: the next GiB would do most for "
+            f"{disk_name(best) if best else sanitise(fm['best'])} (+{more:,.0f} reads/s)")
 
 
 def host_disks(r: HostReport) -> list[tuple[DiskLine, DiskReport | None]]:
@@ -359,12 +402,12 @@ def host_lines(item: dict) -> list[str]:
     if r.skipped is not None:
         counts.append(f"{len(r.skipped)} skipped")
     counts.append(f"{len(r.failed)} failed")
-    floor = r.above_floor_bytes
+    floor = None if r.stopped else r.above_floor_bytes
     head = (f"host (pid {r.pid}, v{sanitise(r.version)}): held "
             f"{_size(r.held_bytes)} of {_size(r.budget_bytes)} budget, "
             + ("" if floor is None else f"{format_size(floor)} above the floor, ")
             + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}"
-            + best_next_gib(disks)
+            + ("" if r.stopped else best_next_gib(r))
             + (f", max_hold {advice_said(r.budget_advice)}" if advised(r.budget_advice) else ""))
     return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
@@ -398,9 +441,12 @@ def json_of(item: dict) -> dict:
 
 
 def main(args) -> int:
-    if args.dir == STATUS_DIR and not os.path.isdir(STATUS_DIR):
+    default = default_dir()
+    if args.dir is None:
+        args.dir = default
+    if args.dir == default and not os.path.isdir(default):
         # The default directory exists once a daemon has run since boot: none has.
-        print(f"no status files in {STATUS_DIR} (no daemon has run since boot)")
+        print(f"no status files in {sanitise(default)} (no daemon has run since boot)")
         return EX_INACTIVE
     items = read_files(args.dir)
     if args.path:

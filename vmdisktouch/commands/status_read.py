@@ -106,6 +106,7 @@ _KINDS = {
     "rewritten_blocks": ("a count", _count),
     "events_lost": ("a count", _count),
     "regions": ("a list of [offset, length] pairs", _ranges),
+    "stopped": ("true or false", lambda v: isinstance(v, bool)),
 }
 DISK_KEYS = ("path", "error", "domain", "target", "pid", "version", "interval_seconds", "time",
              "cycle", "cycle_seconds", "budget_bytes", "host_budget_bytes", "wanted_bytes",
@@ -113,7 +114,7 @@ DISK_KEYS = ("path", "error", "domain", "target", "pid", "version", "interval_se
              "not_held_reason", "limited_by", "mem_available_bytes", "min_free_bytes")
 HEAD_KEYS = ("pid", "version", "interval_seconds", "time", "cycle", "cycle_seconds",
              "budget_bytes", "held_bytes", "mem_available_bytes", "min_free_bytes",
-             "above_floor_bytes")
+             "above_floor_bytes", "stopped")
 LINE_KEYS = ("path", "domain", "target", "held_bytes", "share_bytes", "wanted_bytes",
              "limited_by", "not_held_reason", "heat", "cap_bytes", "weight")
 

@@ -37,12 +37,23 @@ A domain is out of scope when it matches an exclude (a name glob, a label glob, 
 exclude wins. A label is a word in the domain's ``<label>`` element of the namespace
 ``LABEL_NS`` (``virsh metadata``; docs/configuration.md). ``Rules.out_of_scope``
 is the one verdict, used by the host service and by ``discover``.
+
+The host service asks that verdict for every disk each cycle, so its cost must not
+grow with the cycles: each list is compiled once, when the file is read (``Globs``:
+a set of the names without a wildcard, one regular expression of the others), and
+each name's match is memoised. Before, ``fnmatch`` compiled each glob on use and
+caches 32,768 of them: a list of 60,000 recompiled them all at every verdict, and a
+1 s cycle took 6 s of CPU. A list is at most ``MAX_SCOPE_PATTERNS``
+globs (a ``ConfigError`` naming the key, at ``config --check``, at start, and at a
+reload, which keeps the current settings): a longer one is no list an operator
+keeps by hand, and its expression's cost grows faster than its length.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from vmdisktouch.config import read as configread
@@ -57,6 +68,9 @@ SCOPE = "scope"
 # element in this namespace of its <metadata> (``libvirt_disks.labels_of``)
 LABEL_NS = "http://vmdisktouch.org/xmlns/label/1"
 SCOPE_KEYS = ("include", "exclude", "include_labels", "exclude_labels")
+MAX_SCOPE_PATTERNS = 1000   # globs in one [scope] list (the module docstring)
+MEMO_NAMES = 4096           # names whose match a ``Globs`` keeps; then it starts again
+WILDCARDS = frozenset("*?[")
 
 
 @dataclass(frozen=True)
@@ -161,6 +175,11 @@ the whole string, case-sensitive):
 | `include_labels` | labels of domains to serve, as `include` |
 | `exclude_labels` | labels of domains never to serve, as `exclude` |
 
+Each list holds at most {MAX_SCOPE_PATTERNS} patterns: a longer one stops the start
+(exit 78, as `config --check` says; at a reload, the current settings stay). The
+patterns are compiled once, when the file is read, so a long list costs the
+service's cycle nothing more.
+
 Exclude wins over include; `[domain.NAME] exclude = true` is an exclude too. A
 label is a word of the `<label>` element a domain carries in its metadata under
 the namespace `{LABEL_NS}`, which the operator sets (`--live` for the running
@@ -170,9 +189,11 @@ domain, `--config` for its next boots):
 virsh metadata web-1 {LABEL_NS} --key vmdt --set '<label>tenant-a shared</label>' --live --config
 ```
 
-A label changed on a running domain is followed: the service lists every
-domain's live XML each cycle, and libvirt's metadata-change event wakes it at
-once; a domain that leaves the scope is released within a cycle, one that
+A label changed on a running domain is followed: libvirt's metadata-change
+event makes the service read that domain's live XML again and wakes it at once
+(a domain's XML is read when it arrives, on libvirt's events and at least every
+minute, not each cycle: other applications' metadata there costs nothing per
+cycle); a domain that leaves the scope is released within a cycle, one that
 enters it is served. A change of the file itself takes effect at a reload
 (`systemctl reload vmdisktouch`). `vmdisktouch discover` says which eligible
 disks the file leaves out and why (`--config`, default the host file), `vmdisktouch
@@ -183,13 +204,76 @@ naming the file and the key (exit 78; at a reload, the current settings stay).
 """
 
 
+class Globs:
+    """A list of glob patterns compiled once (the module docstring): ``first(names)`` is
+    the first pattern, in the list's order, that matches one of ``names`` whole, as
+    ``fnmatch.fnmatchcase`` says, or None; each name's match is memoised."""
+
+    def __init__(self, patterns=()):
+        self.patterns = tuple(patterns)
+        self._literal: dict[str, int] = {}       # a name without wildcards -> its index
+        globs = []
+        for i, p in enumerate(self.patterns):
+            if WILDCARDS.isdisjoint(p):
+                self._literal.setdefault(p, i)
+            else:
+                globs.append(f"(?P<vdt{i}>{fnmatch.translate(p)})")
+        # the alternatives are tried in order: the first that matches whole is the group
+        # that closed last (``lastgroup``), each translation ending in \Z
+        self._regex = re.compile("|".join(globs)) if globs else None
+        self._memo: dict[str, int | None] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def __eq__(self, other) -> bool:
+        """Equal to the same patterns, as a ``Globs`` or a tuple."""
+        if isinstance(other, Globs):
+            other = other.patterns
+        return isinstance(other, tuple) and other == self.patterns
+
+    def __hash__(self) -> int:
+        return hash(self.patterns)
+
+    def __repr__(self) -> str:
+        return f"Globs({len(self.patterns)} patterns)"
+
+    def first(self, names) -> str | None:
+        found = [i for i in map(self._index, names) if i is not None]
+        return self.patterns[min(found)] if found else None
+
+    def _index(self, name: str) -> int | None:
+        try:
+            return self._memo[name]
+        except KeyError:
+            pass
+        i = self._literal.get(name)
+        m = self._regex.match(name) if self._regex is not None else None
+        if m is not None:
+            g = int(m.lastgroup[3:])
+            i = g if i is None else min(i, g)
+        if len(self._memo) >= MEMO_NAMES:
+            self._memo.clear()
+        self._memo[name] = i
+        return i
+
+
+def _globs(value=()) -> Globs:
+    return value if isinstance(value, Globs) else Globs(value)
+
+
 @dataclass(frozen=True)
 class Scope:
-    """The ``[scope]`` table: globs over domain names and over their labels."""
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    include_labels: tuple[str, ...] = ()
-    exclude_labels: tuple[str, ...] = ()
+    """The ``[scope]`` table: globs over domain names and over their labels, each list
+    compiled once (``Globs``; a tuple of strings given is compiled)."""
+    include: Globs = field(default_factory=Globs)
+    exclude: Globs = field(default_factory=Globs)
+    include_labels: Globs = field(default_factory=Globs)
+    exclude_labels: Globs = field(default_factory=Globs)
+
+    def __post_init__(self):
+        for key in SCOPE_KEYS:
+            object.__setattr__(self, key, _globs(getattr(self, key)))
 
 
 def parse_scope(data: Any, path: str, warnings: list[str] | None = None) -> Scope:
@@ -208,11 +292,15 @@ def parse_scope(data: Any, path: str, warnings: list[str] | None = None) -> Scop
         if not isinstance(value, list):
             raise ConfigError(f"{where}: {key} must be a list of glob patterns "
                               f"([\"web-*\"]), not {value!r}")
+        if len(value) > MAX_SCOPE_PATTERNS:
+            raise ConfigError(f"{where}: {key} has {len(value)} patterns, more than "
+                              f"{MAX_SCOPE_PATTERNS}: shorten it (a wider glob, or labels: "
+                              "include_labels)")
         for v in value:
             if not isinstance(v, str) or not v:
                 raise ConfigError(f"{where}: {key} must hold non-empty strings (glob "
                                   f"patterns), not {v!r}")
-        got[key] = tuple(value)
+        got[key] = Globs(value)
     mistyped = [k for k in data if k not in SCOPE_KEYS]
     if warnings is not None and mistyped:
         warnings.append(configread.unknown_keys_warning(where, mistyped, SCOPE_KEYS))
@@ -236,20 +324,15 @@ class Rules:
         s = self.scope
         if self.for_disk(domain, target).exclude:
             return "excluded", "excluded by the config file"
-        pattern = _first(s.exclude, (domain,))
+        pattern = s.exclude.first((domain,))
         if pattern is not None:
             return "excluded", f"excluded by [scope] exclude {pattern!r}"
-        pattern = _first(s.exclude_labels, labels)
+        pattern = s.exclude_labels.first(labels)
         if pattern is not None:
             return "excluded", (f"excluded by [scope] exclude_labels {pattern!r} (labels: "
                                 f"{' '.join(labels)})")
-        if (s.include or s.include_labels) and _first(s.include, (domain,)) is None \
-                and _first(s.include_labels, labels) is None:
+        if (s.include or s.include_labels) and s.include.first((domain,)) is None \
+                and s.include_labels.first(labels) is None:
             return "not_included", ("not in [scope] include or include_labels (labels: "
                                     f"{' '.join(labels) or 'none'})")
         return None
-
-
-def _first(patterns: tuple[str, ...], names) -> str | None:
-    """The first pattern that matches one of ``names`` whole (``fnmatchcase``), or None."""
-    return next((p for p in patterns for n in names if fnmatch.fnmatchcase(n, p)), None)

@@ -394,7 +394,10 @@ SETTINGS: tuple[Setting, ...] = (
             "long after they happened) to 1 (every held block every cycle).",
             group="access"),
     Setting("status", path_value, None, "path", "",
-            "Write a JSON status file here every cycle (replaced atomically).", group="output"),
+            "Write a JSON status file here every cycle (replaced atomically). Without it, "
+            "run writes one where `vmdisktouch status` reads: /run/vmdisktouch/ESCAPED.json, "
+            "the first image's path escaped as its unit's instance (host.json with "
+            "--libvirt), or says once why it cannot.", group="output"),
     Setting("heat_png", path_value, None, "path", "",
             "Write the heat map PNG here every cycle (replaced atomically).", group="output"),
     Setting("map_png", path_value, None, "path", "",

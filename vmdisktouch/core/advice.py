@@ -20,18 +20,36 @@ A disk whose curve has not yet seen its reads come back (young, or the
 mincore source, which has no curve) gets no verdict: a young curve looks flat
 past its age and would call every budget too large.
 
-The host's budget is ``too_small`` when a disk is: the sum of what those
-disks want past their shares would still pay; ``too_large`` when every disk
-has a verdict and what they all want together leaves more than the margin of
-the budget unwanted; else ``right``. ``Steady`` tells a verdict worth saying
-(``daemon.alerts`` says it): once it has held ``HOLD_CYCLES`` cycles, so a
-curve that wavers at the edge writes no line a cycle.
+A curve is evidence once it stands on enough reads (``evidence``): it has
+watched ``CURVE_MIN_SECONDS`` at least and seen ``CURVE_MIN_REREADS``
+re-reads, and it has seen the reuse of what it read (at most
+``CURVE_MAX_UNSEEN`` of its reads first reads not read again yet) or watched
+``CURVE_SETTLED_SECONDS``, its half-life. Before, it says "not enough reads
+yet", with at most how long to watch, and no size: a curve of a few seconds
+wanted the whole image, and a young one counts every first read a miss, so
+its wants crept from 9M to 50M over ten minutes of a steady guest.
+
+The verdicts said are steady (``Verdicts``): a curve read every cycle moves
+with its sampling noise, and a share at the edge of its margin gave "too
+small", "too large" and "right" within seconds. A disk's new verdict is said
+once every cycle has given it for ``VERDICT_CONFIRM_SECONDS`` (and
+``HOLD_CYCLES`` cycles), and a verdict said stands ``VERDICT_HOLD_SECONDS``
+at least, unless its share moved past the margin (a new ``max_hold``, a
+disk added or gone: the evidence changed, not the noise). The host's verdict
+is made from the disks' verdicts said (``host_of``), never from the cycle's
+raw ones, so the host's line and a disk's agree in every cycle: ``too_small``
+when a disk is (the sum of what those disks want past their shares would
+pay); ``too_large`` when every disk has a verdict, none is too small and one
+is too large; ``right`` when every disk is right; else none yet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vmdisktouch.core.rules import (CURVE_MAX_UNSEEN, CURVE_MIN_REREADS, CURVE_MIN_SECONDS,
+                                   CURVE_SETTLED_SECONDS, VERDICT_CONFIRM_SECONDS,
+                                   VERDICT_HOLD_SECONDS)
 from vmdisktouch.core.shares import SLICES
 
 TOO_SMALL, TOO_LARGE, RIGHT = "too_small", "too_large", "right"
@@ -69,41 +87,102 @@ def disk_verdict(share: int, wants: int | None, budget: int) -> Verdict | None:
     return Verdict(RIGHT, 0)
 
 
+def evidence(reads: float, re_reads: float, window_seconds: float) -> dict:
+    """What a curve stands on (``reads``, the ``re_reads`` among them, the
+    ``window_seconds`` it has watched), and whether it is enough to say a size
+    (``enough``; module docstring); else ``wait_seconds``, at most how much longer to
+    watch (None: no re-read seen yet, nothing to tell by)."""
+    window = max(0.0, float(window_seconds))
+    unseen = 1.0 - re_reads / reads if reads > 0 else 1.0
+    settled = unseen <= CURVE_MAX_UNSEEN or window >= CURVE_SETTLED_SECONDS
+    enough = window >= CURVE_MIN_SECONDS and re_reads >= CURVE_MIN_REREADS and settled
+    wait = None
+    if not enough and re_reads > 0:
+        rate = re_reads / window if window > 0 else 0.0
+        wait = max(CURVE_MIN_SECONDS - window,
+                   (CURVE_MIN_REREADS - re_reads) / rate if rate > 0 else 0.0,
+                   0.0 if settled else CURVE_SETTLED_SECONDS - window, 0.0)
+    return {"reads": int(round(reads)), "re_reads": int(round(re_reads)),
+            "window_seconds": round(window, 1), "enough": bool(enough),
+            "wait_seconds": 0 if enough else None if wait is None else int(-(-wait // 1))}
+
+
+def not_enough(ev: dict | None) -> str:
+    """A curve that is not evidence yet, in words: "not enough reads yet: watch for 40 s
+    more" (docs/status.md, "Confidence")."""
+    wait = None if ev is None else ev.get("wait_seconds")
+    return "not enough reads yet" + ("" if wait is None else f": watch for {wait} s more")
+
+
 def host_verdict(disks: list[tuple[int, int | None]], budget: int) -> Verdict | None:
-    """The budget's verdict from every disk's (share, wants) (module docstring); None when
-    no disk has a verdict."""
-    verdicts = [disk_verdict(s, w, budget) for s, w in disks]
+    """The budget's verdict from every disk's (share, wants) this cycle, each taken as said
+    (``host_of``)."""
+    return host_of([disk_verdict(s, w, budget) for s, w in disks],
+                   [w for _, w in disks], budget)
+
+
+def host_of(verdicts: list[Verdict | None], wants: list[int | None],
+            budget: int) -> Verdict | None:
+    """The budget's verdict from the disks' (module docstring): it never contradicts one of
+    them; None while no disk has one, or one has none and none is too small."""
     if all(v is None for v in verdicts):
         return None
     short = sum(v.bytes for v in verdicts if v is not None and v.verdict == TOO_SMALL)
     if short:
         return Verdict(TOO_SMALL, short)
-    wanted = sum(w for _, w in disks if w is not None)
-    if all(v is not None for v in verdicts) and budget > wanted + margin(budget, wanted, budget):
-        return Verdict(TOO_LARGE, budget - wanted)
+    if any(v is None for v in verdicts):
+        return None
+    over = [v.bytes for v in verdicts if v.verdict == TOO_LARGE]
+    if over:
+        unwanted = budget - sum(w for w in wants if w is not None)
+        return Verdict(TOO_LARGE, unwanted if unwanted > 0 else max(over))
     return Verdict(RIGHT, 0)
 
 
-class Steady:
-    """A verdict said once it held ``HOLD_CYCLES`` cycles in a row (per key: a disk, or the
-    host): ``note`` returns the new verdict to say, else None."""
+class Verdicts:
+    """The verdicts said, disk by disk, and the host's made from them (module docstring).
+    ``note`` takes a cycle's (key, share, wants) of every disk; ``said`` and ``host`` are
+    what the status shows, ``changed`` what the cycle has to say."""
 
     def __init__(self):
-        self.said: dict = {}          # key -> the verdict last said (its name)
-        self._seen: dict = {}         # key -> (verdict name, cycles in a row)
+        self.said: dict = {}          # key -> the Verdict said (its bytes this cycle's)
+        self.host: Verdict | None = None
+        self._at: dict = {}           # key -> (time said, share then)
+        self._new: dict = {}          # key -> (verdict name, since, cycles): a candidate
 
-    def note(self, key, v: Verdict | None) -> Verdict | None:
-        name = None if v is None else v.verdict
-        last, n = self._seen.get(key, (None, 0))
-        n = n + 1 if name == last else 1
-        self._seen[key] = (name, n)
-        if name is None or name == self.said.get(key) or n < HOLD_CYCLES:
-            return None
-        self.said[key] = name
-        return v
-
-    def forget(self, keys) -> None:
-        """Drop the keys not in ``keys`` (disks no longer served)."""
-        for d in (self.said, self._seen):
+    def note(self, now: float, budget: int,
+             disks: list[tuple[object, int, int | None]]) -> tuple[list, Verdict | None]:
+        """One cycle at time ``now`` (seconds): ([(key, Verdict)] newly said, the host's
+        Verdict when it changed, else None)."""
+        keys = {k for k, _, _ in disks}
+        for d in (self.said, self._at, self._new):
             for k in [k for k in d if k not in keys]:
                 del d[k]
+        changed = []
+        for key, share, wants in disks:
+            v = disk_verdict(share, wants, budget)
+            said = self.said.get(key)
+            if v is None or (said is not None and v.verdict == said.verdict):
+                self._new.pop(key, None)
+                if v is not None:
+                    self.said[key] = v             # the same verdict: its bytes now
+                continue
+            name, since, n = self._new.get(key, (None, now, 0))
+            if name != v.verdict:
+                since, n = now, 0
+            self._new[key] = (v.verdict, since, n + 1)
+            if now - since < VERDICT_CONFIRM_SECONDS or n + 1 < HOLD_CYCLES:
+                continue
+            if said is not None:
+                at, then = self._at[key]
+                if now - at < VERDICT_HOLD_SECONDS and \
+                        abs(share - then) <= margin(share, then, budget):
+                    continue
+            self.said[key], self._at[key] = v, (now, share)
+            del self._new[key]
+            changed.append((key, v))
+        host = host_of([self.said.get(k) for k, _, _ in disks], [w for _, _, w in disks],
+                       budget)
+        was, self.host = self.host, host
+        news = host is not None and (was is None or was.verdict != host.verdict)
+        return changed, host if news else None

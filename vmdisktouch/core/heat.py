@@ -175,6 +175,39 @@ def new_state(nblocks: int) -> HeatState:
     return HeatState(np.zeros(n, DTYPE), np.zeros(n, DTYPE))
 
 
+# Heat loaded from outside the cycle (a warm-restart state file, the summary a domain
+# carries) is input like any other file: nothing stops it from being 3e38, which at the
+# default decay keeps its blocks above the threshold for 15 minutes unread (10 days at the
+# slowest decay). So a loaded block's heat is at most ``loaded_most``: the most reads can
+# make (amp_resident + amp_rewritten: each component is a smoothed fraction, times its
+# amplitude), or ``ARRIVAL_MAX`` x the threshold where that is more (what a domain's
+# summary arrives at, ``domain_heat.arrival``). A block nobody reads then cools as a real
+# hot block does. One rule (``cap_loaded``), applied where every load ends
+# (``daemon.disk.Watcher.restore``).
+ARRIVAL_MAX = 20.0     # x the threshold: the hottest carried region arrives at most at this
+LOADED_SLACK = 1e-3    # float32 rounding above the most: not worth a warning
+
+
+def loaded_most(params: HeatParams) -> float:
+    """The most heat a loaded block may have (the comment above)."""
+    return max(ARRIVAL_MAX * params.threshold, params.amp_resident + params.amp_rewritten)
+
+
+def cap_loaded(state: HeatState, params: HeatParams) -> tuple[HeatState, int]:
+    """``state`` with each block's heat at most ``loaded_most`` (both components scaled by
+    the same factor, so their split is kept), and how many blocks were over it."""
+    most = loaded_most(params)
+    total = state.heat_resident.astype(np.float64) + state.heat_rewritten
+    over = total > most * (1 + LOADED_SLACK)
+    n = int(np.count_nonzero(over))
+    if n == 0:
+        return state, 0
+    k = np.ones(total.size)
+    k[over] = most / total[over]
+    return HeatState((state.heat_resident * k).astype(DTYPE),
+                     (state.heat_rewritten * k).astype(DTYPE)), n
+
+
 def resize_state(state: HeatState, nblocks: int) -> HeatState:
     """The map of an image that grew or shrank: common prefix kept, new blocks cold."""
     n = _count(nblocks)

@@ -31,6 +31,14 @@ sampled more thinly, not more expensively. The rate never rises again (as
 in SHARDS): the sample stays consistent. Where the kernel samples (``bpf_reads``), it
 samples under the same threshold, and ``feed`` is told the pages read.
 
+Reads come as page ranges, one a batch of the kernel's (``batch_ends``, ``Batches``),
+and every page of a range is a read, however long it is (``feed_ranges``,
+``sample_ranges``): a 64 MiB request is 16,384 reads in order, each sampled as a 4 KiB
+read's one page is. Until issue 55 only a range's first 256 pages were: a zone re-read
+in 4 MiB requests (one range each) looked a quarter of its size, in 64 MiB requests
+(batches of 31 MiB) a 31st. Both trace paths feed ranges: the ring buffer's events, and
+the kernel's sample (its sampled pages, and the ranges too long for it, whole).
+
 The guest changes its mind: the histogram of distances is a decayed sum
 (``decay``: weights halve every ``half_life`` seconds), so a changed working
 set shows within a few half-lives. It is kept in bins of an eighth of an
@@ -63,7 +71,8 @@ _MUL = np.uint64(HASH_MUL)
 BINS_PER_OCTAVE = 8
 NBINS = 48 * BINS_PER_OCTAVE + 1   # distances up to 2^48 pages; the last bin: never reused
 MAX_PAGES = 8192                   # the sample's size: 8 K pages, about 1.5 MiB in all
-READ_SPAN = 256                    # pages of one read range that are sampled, at most
+CHUNK_PAGES = 1 << 20              # ``sample_ranges`` expands this many pages at a time
+HOLD_SECONDS = 0.25                # ``Batches``: a drain's newest events that may continue
 CURVE_POINTS = 12                  # the status's curve: the image, a half, ... 1/2048 of it
 GiB = 1 << 30
 WANT_GAIN = 0.02                   # ``wants``: the size past which a GiB more serves less
@@ -79,27 +88,55 @@ def page_hash(pages: np.ndarray) -> np.ndarray:
                 ).astype(np.int64)
 
 
-def pages_read(first: np.ndarray, last: np.ndarray, span: int = READ_SPAN) -> np.ndarray:
-    """The pages of read ranges ``[first, last]`` (inclusive), in order, the first
-    ``span`` of each (as the kernel's sampler takes them)."""
+def pages_read(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Every page of read ranges ``[first, last]`` (inclusive), in order."""
     first = np.asarray(first, dtype=np.int64)
-    n = np.clip(np.asarray(last, dtype=np.int64) - first + 1, 0, span)
+    n = np.clip(np.asarray(last, dtype=np.int64) - first + 1, 0, None)
     if n.size == 0 or not n.any():
         return np.zeros(0, dtype=np.int64)
     starts = np.repeat(first - (np.cumsum(n) - n), n)
     return starts + np.arange(int(n.sum()), dtype=np.int64)
 
 
-def batch_ends(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+def sample_ranges(first: np.ndarray, last: np.ndarray, threshold: int = FULL,
+                  chunk: int = CHUNK_PAGES) -> tuple[np.ndarray, int]:
+    """The pages of read ranges ``[first, last]`` (inclusive) whose hash is under
+    ``threshold``, in the order read, and how many pages the ranges hold: every page of
+    every range, however long (a 64 MiB read is 16,384 pages, each sampled as a 4 KiB
+    read's one is). Expanded ``chunk`` pages at a time: a read of a whole large image
+    never becomes one array of its pages."""
+    first = np.asarray(first, dtype=np.int64).ravel()
+    n = np.clip(np.asarray(last, dtype=np.int64).ravel() - first + 1, 0, None)
+    total = int(n.sum())
+    if total <= chunk:
+        pages = pages_read(first, first + n - 1)
+        return pages[page_hash(pages) < threshold], total
+    pieces = -(-n // chunk)                     # a range longer than a chunk: in pieces
+    idx = np.repeat(np.arange(first.size), pieces)
+    k = np.arange(idx.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    pf = first[idx] + k * chunk
+    pn = np.minimum(n[idx] - k * chunk, chunk)
+    group = (np.cumsum(pn) - pn) // chunk       # consecutive pieces, ~a chunk of pages each
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    out = []
+    for f, m in zip(np.split(pf, cuts), np.split(pn, cuts)):
+        pages = pages_read(f, f + m - 1)
+        out.append(pages[page_hash(pages) < threshold])
+    return np.concatenate(out), total
+
+
+def batch_ends(first: np.ndarray, last: np.ndarray, *, open_ends: bool = False):
     """The last page each read event's batch returned, for READ events in time order. The
     kernel reports a long read once per batch of folios, each time from the batch's first
     page to the request's end (``0-4095, 31-4095, 62-4095``): an event that a later one
     continues (the same last page, a first page past its own and within its range) ends
-    before that one's first page, so each page read counts once."""
+    before that one's first page, so each page read counts once. ``open_ends``: also
+    which events no later one continued though one still may (longer than a page)."""
     first = np.asarray(first, dtype=np.int64)
     last = np.asarray(last, dtype=np.int64)
     if first.size < 2:
-        return last.copy()
+        end = last.copy()
+        return (end, last > first) if open_ends else end
     order = np.lexsort((np.arange(first.size), last))          # by last page, then time
     f, l = first[order], last[order]
     cont = (l[1:] == l[:-1]) & (f[1:] > f[:-1]) & (f[1:] <= l[:-1])
@@ -107,7 +144,46 @@ def batch_ends(first: np.ndarray, last: np.ndarray) -> np.ndarray:
     end[:-1][cont] = f[1:][cont] - 1
     out = np.empty_like(last)
     out[order] = end
-    return out
+    if not open_ends:
+        return out
+    still = np.empty(first.size, dtype=bool)
+    still[order] = np.append(~cont, True) & (l > f)
+    return out, still
+
+
+class Batches:
+    """A source's READ events, drain by drain, into the page ranges each batch of the
+    kernel read (``batch_ends``). An event of the drain's last ``HOLD_SECONDS`` that no
+    later one continued, and that one still may (longer than a page: a read split over
+    two drains), waits for the next drain: there it is cut where its continuation starts,
+    or taken whole. Without the wait the rest of a 64 MiB request would count twice, at
+    short distances (reuse that never was)."""
+
+    def __init__(self):
+        z = np.zeros(0, np.int64)
+        self._held = (z, z, z)
+
+    def ranges(self, first: np.ndarray, last: np.ndarray,
+               ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This drain's events (time order; ``ts`` in ns) -> the ranges read ``(first,
+        last)``, in order."""
+        hf, hl, ht = self._held
+        first = np.concatenate((hf, np.asarray(first, dtype=np.int64)))
+        last = np.concatenate((hl, np.asarray(last, dtype=np.int64)))
+        ts = np.concatenate((ht, np.asarray(ts, dtype=np.int64)))
+        end, still = batch_ends(first, last, open_ends=True)
+        still[:hf.size] = False                 # held once already: taken whole now
+        if ts.size:
+            still &= ts >= ts.max() - int(HOLD_SECONDS * 1e9)
+        self._held = first[still], last[still], ts[still]
+        return first[~still], end[~still]
+
+    def flush(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ranges held, taken whole (the source ends)."""
+        f, l, _ = self._held
+        z = np.zeros(0, np.int64)
+        self._held = (z, z, z)
+        return f, l
 
 
 def _bin(distance: float) -> int:
@@ -208,6 +284,17 @@ class MissRatioCurve:
         for page, h in zip(pages[keep].tolist(), hashes[keep].tolist()):
             if h < self.threshold:           # the threshold may have dropped in this batch
                 self._read(page, h)
+
+    def feed_ranges(self, first: np.ndarray, last: np.ndarray, total: int | None = None,
+                    lost: int = 0, seconds: float | None = None) -> None:
+        """Reads of the page ranges ``[first, last]`` (inclusive), in the order they came:
+        every page of each, sampled under the threshold (``sample_ranges``), then as
+        ``feed``. The one way both trace paths feed the curve: the ring buffer's batches
+        (``Batches``) and the kernel's sample (single pages, and the ranges too long for
+        it to sample, ``bpf_reads``). ``total``: the pages read in all where the ranges
+        are a sample of them (else every page of the ranges)."""
+        pages, n = sample_ranges(first, last, self.threshold)
+        self.feed(pages, n if total is None else total, lost, seconds)
 
     def _read(self, page: int, h: int) -> None:
         if self._now >= self._tree.n:

@@ -145,6 +145,28 @@ RULES = (
          "scheduled cycles saw this many is cold (no baseline).", "core.shift"),
     Rule("MAX_EARLY", 4, "cycles",
          "Trace source: at most this many early cycles in a row.", "core.shift"),
+    # -- the budget's advice: a curve's evidence and a steady verdict (core.advice) --
+    Rule("CURVE_MIN_SECONDS", 120.0, "s",
+         "Trace source: a curve says no size (a budget verdict, status's line) before it "
+         "has watched the guest's reads this long: \"not enough reads yet\".", "core.advice"),
+    Rule("CURVE_MIN_REREADS", 4096, "re-reads",
+         "Trace source: nor before it has seen this many re-reads (pages read again): the "
+         "reuse it stands on.", "core.advice"),
+    Rule("CURVE_MAX_UNSEEN", 0.01, "of the reads",
+         "Trace source: nor while more than this share of its reads were first reads not "
+         "read again yet (their reuse is still to come: the curve still rises), unless it "
+         "has watched CURVE_SETTLED_SECONDS.", "core.advice"),
+    Rule("CURVE_SETTLED_SECONDS", 600.0, "s",
+         "Trace source: a curve that has watched this long (its half-life: all the evidence "
+         "it weighs) says a size whatever its first reads.", "core.advice"),
+    Rule("VERDICT_CONFIRM_SECONDS", 60.0, "s",
+         "A new budget verdict (a disk's share, or max_hold, too small, too large or right) is "
+         "said once every cycle has given it for this long (and 3 cycles at least).",
+         "core.advice"),
+    Rule("VERDICT_HOLD_SECONDS", 600.0, "s",
+         "A verdict said stands at least this long, whatever its curve's noise says, unless "
+         "the disk's share moves past the verdict's margin (a new max_hold, a disk added or "
+         "gone).", "core.advice"),
 )
 
 BY_NAME = {r.name: r for r in RULES}
@@ -176,3 +198,9 @@ WAKE_RATIO = BY_NAME["WAKE_RATIO"].value
 BASELINE_CYCLES = BY_NAME["BASELINE_CYCLES"].value
 MIN_READS = BY_NAME["MIN_READS"].value
 MAX_EARLY = BY_NAME["MAX_EARLY"].value
+CURVE_MIN_SECONDS = BY_NAME["CURVE_MIN_SECONDS"].value
+CURVE_MIN_REREADS = BY_NAME["CURVE_MIN_REREADS"].value
+CURVE_MAX_UNSEEN = BY_NAME["CURVE_MAX_UNSEEN"].value
+CURVE_SETTLED_SECONDS = BY_NAME["CURVE_SETTLED_SECONDS"].value
+VERDICT_CONFIRM_SECONDS = BY_NAME["VERDICT_CONFIRM_SECONDS"].value
+VERDICT_HOLD_SECONDS = BY_NAME["VERDICT_HOLD_SECONDS"].value

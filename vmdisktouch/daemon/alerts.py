@@ -20,9 +20,16 @@ cycle, whatever the host serves:
 * the budget's verdict changed (notice, ``BUDGET_ADVICE``; ``core.advice``):
   a disk's share, or the host's ``max_hold``, is too small (its curve still
   climbs there), too large (flat well before it) or right, said once the new
-  verdict has held ``advice.HOLD_CYCLES`` cycles; a disk whose curve has not
-  seen its reads come back gets none. One disk served: its line alone (the
-  host's verdict is the same).
+  verdict has held ``VERDICT_CONFIRM_SECONDS`` and then not changed for
+  ``VERDICT_HOLD_SECONDS`` unless the disk's share moved (``advice.Verdicts``);
+  a disk whose curve is not evidence yet (``advice.evidence``) gets none. The
+  host's verdict is made from the disks' said ones: a cycle never says two that
+  contradict each other. One disk served: its line alone (the host's verdict is
+  the same).
+
+The budget full line says what the curves say of more memory (the host's
+verdict said), not "raise max_hold" against a curve that says more would not
+pay, and no size while no curve is evidence yet.
 
 A disk dropped (``DISK_DROPPED``) is the fourth, logged where it happens
 (``Host._drop``). A host-wide line carries a disk's fields only when the host
@@ -32,6 +39,7 @@ serves that one disk: the line is then about it.
 from __future__ import annotations
 
 import logging
+import time
 
 from vmdisktouch.adapters.systemd import journal
 from vmdisktouch.core import advice
@@ -41,36 +49,36 @@ from vmdisktouch.sizes import format_size
 log = logging.getLogger("vmdisktouch")
 
 STEP = 0.1      # of the budget: how far below it a full budget must fall to be news again
-HOST = object()  # the host budget's key among the disks' in ``advice.Steady``
 
 
 class HostAlerts:
     """Remembers which events are going on."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self.full = False
         self.shedding = False
-        self.verdicts: dict = {}           # image path -> its ``advice.Verdict`` (or None)
-        self.verdict: advice.Verdict | None = None     # the host budget's
-        self._steady = advice.Steady()
+        self.clock = clock                 # seconds: the verdicts' hysteresis
+        self.verdicts: dict = {}           # image path -> its ``advice.Verdict`` said (or None)
+        self.verdict: advice.Verdict | None = None     # the host budget's, from the disks'
+        self._said = advice.Verdicts()
 
     def note(self, watchers: list, acted: list, budget: int, block_size: int) -> None:
         """After a cycle: the line of an event that starts now (``acted``: this cycle's
         (disk, report) pairs, a disk whose cycle failed left out)."""
         extra = _fields(watchers)
+        self._advice(watchers, budget)
         self._budget(watchers, budget, block_size, extra)
         self._floor(acted, extra)
-        self._advice(watchers, budget)
 
     def _advice(self, watchers: list, budget: int) -> None:
         allotted = [w for w in watchers if w.allotment is not None]
-        self.verdicts = {w.image.path: advice.disk_verdict(
-            w.allotment.share, w.allotment.curve_wants, budget) for w in allotted}
-        self.verdict = advice.host_verdict(
-            [(w.allotment.share, w.allotment.curve_wants) for w in allotted], budget)
-        self._steady.forget({w.image.path for w in allotted} | {HOST})
+        changed, host = self._said.note(self.clock(), budget, [
+            (w.image.path, w.allotment.share, verdict_wants(w)) for w in allotted])
+        self.verdicts = {w.image.path: self._said.said.get(w.image.path) for w in allotted}
+        self.verdict = self._said.host
+        said = dict(changed)
         for w in allotted:
-            v = self._steady.note(w.image.path, self.verdicts[w.image.path])
+            v = said.get(w.image.path)
             if v is not None:
                 a = w.allotment
                 log.log(journal.NOTICE, "budget advice: %s: its share %s is %s (its curve "
@@ -78,10 +86,9 @@ class HostAlerts:
                         format_size(a.curve_wants),
                         extra=dict(journal.fields(w.image.path, w.domain, w.target),
                                    MESSAGE_ID=journal.BUDGET_ADVICE))
-        v = self._steady.note(HOST, self.verdict)
+        v = host
         if v is not None and len(allotted) > 1:
-            wanted = [w.allotment.curve_wants for w in allotted
-                      if w.allotment.curve_wants is not None]
+            wanted = [x for x in map(verdict_wants, allotted) if x is not None]
             log.log(journal.NOTICE, "budget advice: max_hold %s is %s (the curves of %d of "
                     "%d disks want %s)", format_size(budget), advice_said(v.to_json()), len(wanted),
                     len(allotted), format_size(sum(wanted)),
@@ -93,10 +100,22 @@ class HostAlerts:
         wanted = sum(w.allotment.wanted for w in allotted)
         if not self.full and allotted and held + block_size > budget and wanted > held:
             self.full = True
-            log.log(journal.NOTICE, "budget full: held %s of max_hold %s, the %s %s: the "
-                    "hottest regions are held, the rest is not (raise max_hold to hold more)",
-                    format_size(held), format_size(budget),
-                    "disk wants" if len(watchers) == 1 else "disks want", format_size(wanted),
+            curves = any(getattr(w, "curve_evidence", lambda: None)() is not None
+                         for w in allotted)
+            v = self.verdict
+            if not curves or (v is not None and v.verdict == advice.TOO_SMALL):
+                more = "" if v is None else f": {format_size(v.bytes)} more would pay"
+                text = (f", the {'disk wants' if len(watchers) == 1 else 'disks want'} "
+                        f"{format_size(wanted)}: the hottest regions are held, the rest is "
+                        f"not (raise max_hold to hold more{more})")
+            elif v is None:
+                text = (": the hottest regions are held; not enough reads yet to say "
+                        "whether more memory would pay")
+            else:
+                text = (": the hottest regions are held; the curves say more memory would "
+                        "not pay (max_hold is " + advice_said(v.to_json()) + ")")
+            log.log(journal.NOTICE, "budget full: held %s of max_hold %s%s",
+                    format_size(held), format_size(budget), text,
                     extra=dict(extra, MESSAGE_ID=journal.BUDGET_FULL))
         elif self.full and min(held, wanted) < (1 - STEP) * budget:
             self.full = False
@@ -113,6 +132,14 @@ class HostAlerts:
                         extra=dict(extra, MESSAGE_ID=journal.FLOOR_SHED))
         self.shedding = bool(shed) or (self.shedding and any(
             r.limited_by == "floor" for _, r in acted))
+
+
+def verdict_wants(w) -> int | None:
+    """What disk ``w``'s curve wants, for its budget verdict: its ``curve_wants``, once the
+    curve has enough reads to say a size (``advice.evidence``; a disk without a curve's
+    figures, as a test's, is taken as it is); None before: no verdict."""
+    ev = getattr(w, "curve_evidence", lambda: None)()
+    return w.allotment.curve_wants if ev is None or ev["enough"] else None
 
 
 def floor_took(r) -> int:

@@ -39,6 +39,17 @@ rules to the disk:
   summary's fingerprint) use ``pread`` and never map or lock a page, so the
   drop removes what they read.
 
+The same rules serve an image given by path (``run IMG --uri``) that no domain
+used when it was opened, and is held (``active`` None). A domain that takes it
+later is said in one line ("libvirt domain D takes it", ``owner``) and from then
+on followed like any other: arriving, it releases the holds; running, it holds
+again. The host service never holds a disk before its domain runs, but such a
+daemon does, so it must see the domain before QEMU activates the disk, and a
+restore sends libvirt no event before it completes: every open of a given image
+that no domain uses wakes the loop (``membership.GivenPaths.opened``,
+``system.opens``), QEMU's included, and that cycle's listing finds the domain
+starting up or in its incoming.
+
 Only libvirt can see an arrival: ``run IMG`` without a URI cannot, so on
 storage that hosts share the host service (or ``run IMG --uri``) is the
 supported mode (docs/algorithm.md).
@@ -62,10 +73,12 @@ class Follower:
         self.waiting: set[int] = set()    # id(watcher): opened arriving, not warmed yet
         self.arriving: set[int] = set()   # id(watcher): its domain seen arriving (said once)
         self.incoming: set[int] = set()   # id(watcher): seen in an incoming migration
+        self.owner: dict[int, str | None] = {}   # id(watcher): the domain last seen using it
 
     def opened(self, w, m) -> None:
         """A disk just opened: warmed now, or when its domain's arrival completes. A domain
         first seen paused after an incoming migration ("landed") waits until it runs."""
+        self.owner[id(w)] = m.domain
         if m.arriving:
             self.waiting.add(id(w))
             if m.arriving == "landed":
@@ -77,6 +90,7 @@ class Follower:
         self.waiting.discard(id(w))
         self.arriving.discard(id(w))
         self.incoming.discard(id(w))
+        self.owner.pop(id(w), None)
 
     def follow(self, w, m) -> None:
         """Hold while the owning domain runs (``active`` None: no domain) and has arrived;
@@ -88,6 +102,12 @@ class Follower:
         w.emitter.cycles.label = f"{name}: " if name else ""
         key, path = id(w), w.image.path
         with journal.disk_context(path, m.domain, m.target):
+            if m.domain != self.owner.get(key, m.domain):
+                if m.domain is not None:         # one line, whatever it does next
+                    log.info("%s: libvirt domain %s takes it (disk %s, %s)", path, m.domain,
+                             m.target, "arriving" if m.arriving else
+                             "running" if m.active else "not running")
+                self.owner[key] = m.domain
             # seen in an incoming migration: arriving until QEMU activated the disks for
             # certain (a paused domain's migration ends "paused (user)", disks inactive)
             if m.arriving == "incoming":
@@ -95,9 +115,9 @@ class Follower:
             if m.arriving in ("starting", "incoming") or (
                     key in self.incoming and not m.activated and m.active is not False):
                 if key not in self.arriving:
-                    log.info("%s: its libvirt domain is arriving (an incoming migration or "
-                             "restore); holding nothing until QEMU has activated its disks",
-                             path)
+                    log.info("%s: libvirt domain %s is arriving (an incoming migration or "
+                             "restore); releasing the holds, holding nothing until QEMU has "
+                             "activated its disks", path, m.domain)
                     self.arriving.add(key)
                 hold = False
             else:
@@ -106,14 +126,15 @@ class Follower:
                 arrived = key in self.waiting and m.active is not False
                 if arrived:
                     self.waiting.discard(key)
-                    log.info("%s: its libvirt domain has arrived (QEMU activated its "
-                             "disks); holding from now", path)
+                    log.info("%s: libvirt domain %s has arrived (QEMU activated its "
+                             "disks); holding from now", path, m.domain)
                     self.warm(w, m)
                 hold = m.active is not False and key not in self.waiting
                 if m.active is False and w.hold_enabled:
-                    log.info("%s: its libvirt domain is not running; releasing the holds",
-                             path)
+                    log.info("%s: its libvirt domain is not running; releasing the holds%s",
+                             path, f" ({m.domain})" if m.domain else "")
                 elif hold and not w.hold_enabled and not arrived:
-                    log.info("%s: its libvirt domain is running; holding again", path)
+                    log.info("%s: libvirt domain %s is running; holding again", path,
+                             m.domain)
         w.domain_active = m.active
         w.hold_enabled = hold

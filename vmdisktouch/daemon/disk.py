@@ -51,8 +51,9 @@ from vmdisktouch.errors import VmdtError
 from vmdisktouch.daemon.act import Acted, Recharger
 from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
-from vmdisktouch.sizes import format_size
+from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.report import DiskReport
+from vmdisktouch.core.advice import evidence
 from vmdisktouch.core.shares import Demand, guest_depth, heat_curve, saved_per_second
 from vmdisktouch.system.hold.spill import SpillResult
 
@@ -159,11 +160,21 @@ class DiskWatcher:
 
     def curve_wants(self, candidates: int) -> int | None:
         """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
-        a curve that is evidence yet (``_curve_seen``)."""
+        a curve that is evidence yet (``_curve_seen``). A budget verdict also waits for
+        ``advice.evidence``'s minimum (``alerts``)."""
         gain = getattr(self.source, "gain", None)
         if self._curve_seen(candidates) is None or not gain:
             return None
         return gain.get("wants_bytes")
+
+    def curve_evidence(self) -> dict | None:
+        """What its curve stands on (``advice.evidence``): the reads it has seen (decayed,
+        as its histogram), the re-reads among them and how long it has watched, and whether
+        that is enough to say a size; None without a curve."""
+        mrc = getattr(self.source, "mrc", None)
+        if mrc is None:
+            return None
+        return evidence(mrc.reads, mrc.reads * mrc.reuse_share, mrc.age)
 
     def _curve_seen(self, candidates: int):
         """The curve (``core.mrc``) once it has seen the guest's reads come back, else None:
@@ -336,6 +347,11 @@ class DiskWatcher:
                     gain["held_reads_per_second"], s, depth_of(self.source, s)), 4)),
                 "curve_seen": self.allotment is not None and
                 self.allotment.curve_wants is not None}
+        ev = self.curve_evidence()
+        if ev is not None and isinstance(source.get("mrc"), dict):
+            source["mrc"] = {**source["mrc"], "re_reads": ev["re_reads"],
+                             "window_seconds": ev["window_seconds"],
+                             "enough_reads": ev["enough"], "wait_seconds": ev["wait_seconds"]}
         return {**source, "miss_cost": cost,
                 "spill": {"target_bytes": sp.target_bytes, "read_bytes": sp.read_bytes,
                           "backed_off_bytes": sp.backed_off_bytes, "stopped": sp.stopped},
@@ -349,15 +365,24 @@ class DiskWatcher:
         return resident, self.policy.held_after
 
     def restore(self, saved, away_seconds: float) -> None:
-        """Start from saved heat (``warm_state.Saved``), decayed over ``away_seconds``.
+        """Start from saved heat (``warm_state.Saved``: the state file's, or a domain's
+        summary's), each block's capped by ``heat.cap_loaded`` (one WARNING line when it
+        was over), decayed over ``away_seconds``.
 
         The first selection made while holding is loaded unpaced, as a cold disk's
         first loads are: it is what the guest read just before it went away (a
         restart, a reboot, a restore, a migration), so each second paced is a
         second the guest waits on the disk for it (docs/benchmarks.md,
         warm-restart-reboot)."""
-        k = np.float32(heat.decay_factor(self.policy.params.heat.decay, max(0.0, away_seconds)))
-        self.policy.state = heat.HeatState(saved.heat_resident * k, saved.heat_rewritten * k)
+        params = self.policy.params.heat
+        loaded, capped = heat.cap_loaded(heat.HeatState(saved.heat_resident,
+                                                        saved.heat_rewritten), params)
+        if capped:
+            log.warning("%s: the heat loaded for %s was above %g, the most reads make; "
+                        "capped to it", self.image.path, counted(capped, "block"),
+                        heat.loaded_most(params))
+        k = np.float32(heat.decay_factor(params.decay, max(0.0, away_seconds)))
+        self.policy.state = heat.HeatState(loaded.heat_resident * k, loaded.heat_rewritten * k)
         # decayed to now: the next cycle's step counts from now, not from the last cycle (a
         # disk that waited for its domain's arrival would lose that wait's decay twice)
         self.policy.last_time = self.clock()

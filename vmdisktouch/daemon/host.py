@@ -180,7 +180,19 @@ class Host:
         self.recorder.write(self.cycle, budget_blocks,
                             [(w.image.path, self._cap_blocks(w.image.path),
                               self.weights.get(w.image.path, 1.0)) for w in ready], selected,
-                            self.demands, budget_blocks * self.block_size, self.block_size)
+                            self.demands, budget_blocks * self.block_size, self.block_size,
+                            {w.image.path: self._advice_inputs(w) for w in ready})
+
+    def _advice_inputs(self, w) -> dict | None:
+        """What the budget's advice reads of disk ``w`` this cycle (the record's ``advice``:
+        a replay of the verdicts, tests/unit/test_verdict_steady.py)."""
+        a = w.allotment
+        if a is None:
+            return None
+        gain = getattr(w.source, "gain", None) or {}
+        return {"share": a.share, "wanted": a.wanted, "curve_wants": a.curve_wants,
+                "wants_bytes": gain.get("wants_bytes"), "held": w.holder.held_bytes(),
+                "size": w.image.size, "evidence": w.curve_evidence()}
 
     def _allot(self, ready: list, maps: list, alloc) -> None:
         """Tell each disk its share of the budget and what limited it (``Allotment``)."""

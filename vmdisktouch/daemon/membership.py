@@ -12,7 +12,14 @@ unreachable: the caller keeps what it serves). Both kinds ask the one
   They are served for the daemon's whole life; with a libvirt URI each one's
   owning domain is followed: while it is shut off (``active`` False) the
   disk's holds are released and none are taken, and they come back when it
-  starts. A path no domain uses is not under libvirt (``active`` None).
+  starts. A path no domain uses is not under libvirt (``active`` None) and
+  is held; a domain that takes it later (a start, a restore, an incoming
+  migration) is followed from the cycle that sees it: while it arrives the
+  disk holds nothing (``daemon.arrival``). That cycle must come before QEMU
+  activates the disk and drops its page cache, and libvirt sends no event
+  before a restore completes: so every open of a path served that no domain
+  uses wakes the loop (``opened``; ``system.opens``, inotify), and QEMU opens
+  the image first.
   A path that cannot be opened at start, or fails later, is not tried again
   (``retry`` False): systemd restarts a unit whose every disk failed.
 * ``RunningDomains`` (``run --libvirt``): the eligible, writable disks of
@@ -26,9 +33,14 @@ Both check at open that libvirt does not open the image with O_DIRECT
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from vmdisktouch.adapters.libvirt import libvirt_watch
+from vmdisktouch.errors import VmdtError
+from vmdisktouch.system import opens
+
+log = logging.getLogger("vmdisktouch")
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class GivenPaths:
         self.paths = list(paths)
         self.watch = watch
         self.force = force
+        self._opens = None                    # system.opens.OpenWatch, with libvirt only
         self._owned: set[str] = set()         # paths a domain was seen to use
         self._last: dict[str, Member] = {p: Member(p) for p in self.paths}
 
@@ -72,11 +85,34 @@ class GivenPaths:
             libvirt_watch.require_eligible(libvirt_watch.owners(listed, path), path,
                                            self.force)
 
+    def opened(self, path: str) -> None:
+        """The daemon has opened ``path``: from now on any open of it wakes the loop (with
+        libvirt: the domain that takes it is seen before QEMU activates it)."""
+        if self.watch is None or self.watch.wake is None:
+            return
+        try:
+            if self._opens is None:
+                self._opens = opens.OpenWatch(self.watch.wake)
+        except VmdtError as exc:
+            log.warning("%s: opens of the image are not watched (%s): a domain that takes "
+                        "it is seen at the next cycle, or at libvirt's next event", path, exc)
+            return
+        self._opens.add(path)
+
+    def take_opened(self) -> bool:
+        """Whether an open of a path served woke the loop since the last ``want``."""
+        return self._opens is not None and self._opens.take()
+
     def want(self) -> Want:
+        if self._opens is not None:
+            self._opens.take()                # this listing answers every open before it
         listed = self.watch.disks() if self.watch is not None else None
         if listed is not None:
             self._last = {p: self._member(p, libvirt_watch.owners(listed, p))
                           for p in self.paths}
+        if self._opens is not None:       # held and no domain: one could take it unseen
+            for p, m in self._last.items():
+                self._opens.arm(p, m.active is None)
         return Want(dict(self._last))
 
     def _member(self, path: str, found) -> Member:
@@ -91,6 +127,8 @@ class GivenPaths:
                       any(o.activated for o in found if o.active), d.labels)
 
     def close(self) -> None:
+        if self._opens is not None:
+            self._opens.close()
         if self.watch is not None:
             self.watch.close()
 
@@ -105,6 +143,12 @@ class RunningDomains:
 
     def check(self, path: str) -> None:
         """``want`` served only eligible disks: nothing more to check."""
+
+    def opened(self, path: str) -> None:
+        """A disk is served only while its domain runs: no open to watch for."""
+
+    def take_opened(self) -> bool:
+        return False
 
     def want(self) -> Want | None:
         listed = self.watch.disks()

@@ -106,12 +106,14 @@ class Recorder:
         self.disks[disk] = line
 
     def write(self, cycle: int, budget_blocks: int, disks: list, selected: dict,
-              demands: dict | None = None, budget: int = 0, block_size: int = 1) -> None:
+              demands: dict | None = None, budget: int = 0, block_size: int = 1,
+              advice: dict | None = None) -> None:
         """The host's cycle ``cycle``: ``disks``, (path, cap blocks or None, weight) in the
         host's order (those that did not act are left out); ``selected``: path -> (runs,
         share, wanted, limit) of the shared selection, for the disks that had a map;
         ``demands``: path -> its ``shares.Demand`` (or None), written as its curve at the
-        sizes the split looks at (``shares.grid``), its rate and its miss cost."""
+        sizes the split looks at (``shares.grid``), its rate and its miss cost;
+        ``advice``: path -> what the budget's advice reads of it (``Host._advice_inputs``)."""
         records, selection = [], []
         sizes = grid(budget, block_size)
         for path, cap, weight in disks:
@@ -125,7 +127,7 @@ class Recorder:
                 miss_cost=None if d.miss_cost is None else float(d.miss_cost),
                 seen=bool(d.seen))
             records.append({"path": path, "cap_blocks": cap, "weight": float(weight),
-                            "demand": demand,
+                            "demand": demand, "advice": (advice or {}).get(path),
                             **{k: v for k, v in rec.items() if k != "path"}})
             s = selected.get(path)
             selection.append(None if s is None else dict(

@@ -35,6 +35,48 @@ PLACEHOLDER = "{disk}"
 PER_DISK_OUTPUTS = ("map_png", "heat_png")
 
 
+DIRECT_MIN_SECONDS = 30.0    # between two looks for O_DIRECT openers of a disk, at least
+DIRECT_COST = 1e-3           # and at most this share of a core spent looking (``DirectOpeners``)
+
+
+class DirectOpeners:
+    """The processes that open a disk's image with O_DIRECT (QEMU with cache=none,
+    qemu-nbd --cache=none): what they read never comes from the page cache, so holding
+    the image serves them nothing. Said in one warning when the disk is opened, and
+    again for one that appears later: ``maybe_check`` looks again (a walk of
+    ``/proc/*/fd``, ``io_watch.openers``: 3 ms here with 115 processes) after
+    ``DIRECT_MIN_SECONDS``, or a thousand times the last look's time by the disks served
+    when longer, so looking costs the daemon at most ``DIRECT_COST`` of a core whatever the
+    host and however many disks it serves. vmdisktouch's own
+    processes are left out (the daemon's miss probe opens the image O_DIRECT, and so
+    may ``advise``'s)."""
+
+    def __init__(self, path: str, clock=time.monotonic):
+        self.path, self.clock = path, clock
+        self.said: set[int] = set()
+        self.next = 0.0
+        self.check()
+
+    def maybe_check(self, disks: int = 1) -> None:
+        """Look again when it is time; ``disks``: how many disks look, each as often."""
+        if self.clock() >= self.next:
+            self.check(disks)
+
+    def check(self, disks: int = 1) -> None:
+        from vmdisktouch.system.observe import io_watch
+        t0 = self.clock()
+        direct = {pid for pid, d in io_watch.openers(self.path).items() if d}
+        new = sorted(direct - self.said)
+        self.said = direct               # one gone and back (a restart) is said again
+        if new:
+            who = " and ".join(f"{io_watch.process_name(pid)} (pid {pid})" for pid in new)
+            log.warning("%s: %s open%s it with O_DIRECT: nothing %s reads comes from the "
+                        "page cache; see `vmdisktouch advise`", self.path, who,
+                        "s" if len(new) == 1 else "", "it" if len(new) == 1 else "they")
+        took = self.clock() - t0
+        self.next = self.clock() + max(DIRECT_MIN_SECONDS, took * disks / DIRECT_COST)
+
+
 def disk_config(config, path: str):
     """The settings of one disk: its own PNG paths, and no status file (the host's, written
     by the service, is the only one)."""
@@ -81,6 +123,7 @@ class Served:
         self.locks: dict[int, image_lock.ImageLock] = {}     # id(watcher) ->
         self.keepers: dict[int, object] = {}
         self.saved: dict[int, object] = {}                   # id(watcher) -> its state read
+        self.direct: dict[int, DirectOpeners] = {}           # id(watcher) -> its O_DIRECT users
         self.keys: dict[str, str] = {}                       # lock name -> path served
         self._images: dict[int, outputs.Protected] = {}
 
@@ -126,6 +169,7 @@ class Served:
             raise
         if img.format == "qcow2":
             log.warning("%s is qcow2: blocks are host-file offsets, not guest offsets", img.path)
+        self.direct[id(w)] = DirectOpeners(img.path)
         self.keys[key] = path
         self.saved[id(w)] = saved
         self.locks[id(w)] = lock
@@ -148,6 +192,12 @@ class Served:
         if carry.arrive(w, carried, local, time.time(), label or w.image.path):
             w.warmed_from = "metadata"
 
+    def maybe_check_direct(self, w) -> None:
+        """Say a process that opens ``w``'s image with O_DIRECT now (``DirectOpeners``)."""
+        d = self.direct.get(id(w))
+        if d is not None:
+            d.maybe_check(len(self.direct))
+
     def maybe_save(self, w) -> None:
         """Save ``w``'s warm state when it is due (``warm_state.Keeper``)."""
         k = self.keepers.get(id(w))
@@ -160,10 +210,13 @@ class Served:
         daemon stops (docs/reference.md)."""
         k = self.keepers.pop(id(w), None)
         self.saved.pop(id(w), None)
+        self.direct.pop(id(w), None)
         try:
-            if k is not None:
-                k.save(w)
-            w.close()
+            try:
+                if k is not None:
+                    k.save(w)
+            finally:
+                w.close()                  # released even when the save failed
         finally:
             for key in PER_DISK_OUTPUTS:
                 if w.config.get(key):

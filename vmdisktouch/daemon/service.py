@@ -31,7 +31,10 @@ next cycle now (``core.shift``). While a disk's domain is arriving the next
 cycle comes after ``ARRIVAL_POLL`` seconds, not the interval: QEMU's resume
 can come a few milliseconds after the incoming started, before that
 cycle's listing could see it and after its event woke the loop, and the
-guest waits for what the carried heat would hold.
+guest waits for what the carried heat would hold. An open of an image given
+by path that no domain uses wakes the loop too (``membership.GivenPaths``:
+a domain may be taking it); libvirt is asked at once, and the cycle runs
+now only when the answer changes what is held, else at its time.
 
 Under systemd (``Type=notify``): ``READY=1`` after the first cycle, a
 ``STATUS=`` line every cycle, ``WATCHDOG=1`` at least every half watchdog
@@ -45,7 +48,7 @@ import re
 import time
 
 from vmdisktouch.adapters.systemd import journal, sdnotify
-from vmdisktouch.adapters import outputs
+from vmdisktouch.adapters import outputs, runtime_dir
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
 from vmdisktouch.daemon import arrival, carry
@@ -153,6 +156,7 @@ class Service:
         watch = getattr(self.members, "watch", None)
         self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
         self.started = False
+        self.default_status: str | None = None    # ``runtime_dir``: written without --status
 
     def pace(self, seconds: float) -> bool:
         """The holder's sleep between paced loads: the watchdog is fed, a stop ends it."""
@@ -167,11 +171,14 @@ class Service:
         paths given before any is opened: a path that names one refuses the start."""
         if isinstance(self.members, GivenPaths):
             given = [outputs.Protected.of_path(p, f"the disk image {p}") for p in self.args.paths]
+            self._default_status(self.served.protected + [g for g in given if g])
             served_mod.check_outputs(self.config, self.args.paths,
                                      self.served.protected + [g for g in given if g])
             want = self.members.want()          # each one's domain, arriving or not
             for path in self.args.paths:        # in the order given, a path named twice too
                 self._open(path, want.serve.get(path, Member(path)))
+        else:
+            self._default_status(self.served.protected)
         self.sync()
         if isinstance(self.members, GivenPaths) and not self.host.watchers:
             if self.single:
@@ -193,6 +200,20 @@ class Service:
                      else counted(len(self.host.watchers), "image"),
                      format_size(self.config.max_hold))
 
+    def _default_status(self, protected) -> None:
+        """No ``--status``: one in the runtime directory, so ``status`` sees this daemon
+        (``adapters.runtime_dir``); where it cannot be written, said once, and none."""
+        if self.config.status:
+            return
+        path, why = runtime_dir.default_status(list(self.args.paths), bool(self.args.libvirt),
+                                               protected)
+        if path is None:
+            log.info("`vmdisktouch status` cannot see this daemon: %s (give --status FILE)",
+                     why)
+            return
+        self.default_status = path
+        self.config = with_status(self.config, path)
+
     def _close_disk(self, w) -> None:
         self.follower.closed(w)
         self.served.close(w)
@@ -207,6 +228,10 @@ class Service:
             self.members.close()
         if self.started:
             log.info("released all holds")
+            if self.config.status and self.last_report is not None:
+                # The last cycle's file would say what is held: it says it stopped.
+                self.out.write("status", self.config.status,
+                               status_bytes(self.last_report.stopped_at(time.time()).to_json()))
 
     # -- the membership ----------------------------------------------------
 
@@ -270,10 +295,22 @@ class Service:
                 return None
             self.refused.pop(path, None)
             self.host.add(w)
+            self.members.opened(path)          # its opens wake the loop (given paths)
             if self.members.retry:
                 log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
             self.follower.opened(w, m)
             return w
+
+    def settle_open(self) -> bool:
+        """After a wake-up: True when it came from an open of an image given by path
+        (``GivenPaths.opened``) and libvirt's answer, asked now (``sync``), changes nothing
+        held: the next cycle keeps its time. A domain that took the image (its disk holds
+        nothing from now) makes it False: the cycle that releases runs at once."""
+        if not self.members.take_opened():
+            return False
+        before = {id(w): w.hold_enabled for w in self.host.watchers}
+        self.sync()
+        return {id(w): w.hold_enabled for w in self.host.watchers} == before
 
     def _warm(self, w, m) -> None:
         """Start a disk's heat from the local state or its domain's summary (``Served.warm``)."""
@@ -300,17 +337,22 @@ class Service:
         if c.host_png:
             self.out.write("host_png", c.host_png, self._overview())
         self.host.each(self.served.maybe_save)
+        self.host.each(self.served.maybe_check_direct)
         if self.carrier is not None:
             self.carrier.maybe_write(self.host.watchers, lambda w: self.carries(w.domain,
                                                                                   w.target))
         return reports
 
     def status_line(self) -> str:
-        """systemd's STATUS= line, from the last report: one disk's rewrites, or the count."""
+        """systemd's STATUS= line, from the last report: one disk's rewrites, or the count;
+        the share of reads from memory as status says it (``HostReport.from_memory``)."""
         r = self.last_report
         if r is None:
             return f"held 0/{format_size(self.host.budget)}, cycle 0"
         held = f"held {format_size(r.held_bytes)}/{format_size(r.budget_bytes)}"
+        fm = r.from_memory
+        if fm is not None:
+            held += f", reads {100 * fm['now']:.0f} % from memory"
         if len(r.lines) == 1 and r.disks:
             rewritten = counted(r.disks[0].rewritten_blocks, "block")
             return f"{held}, rewritten {rewritten}, cycle {r.cycle}"
@@ -330,7 +372,8 @@ class Service:
                 share_bytes=None if a is None else a.share,
                 wanted_bytes=None if a is None else a.wanted,
                 limited_by=None if d is None else d.limited_by,
-                curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None))
+                curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None,
+                from_memory=None if d is None else d.from_memory))
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1],
@@ -364,6 +407,8 @@ class Service:
             return
         for line in warns:
             log.warning("%s", line)
+        if not new.status and self.default_status:
+            new = with_status(new, self.default_status)
         log.info("%s", settings.in_force(new, path or ""))
         self.served.set_config(new, path)
         released = sum(self.host.each(lambda w: w.reconfigure(
@@ -378,6 +423,13 @@ class Service:
                  f" from {path}" if path else "", format_size(new.max_hold),
                  format_size(new.min_free), format_size(released))
         sdnotify.ready()
+
+
+def with_status(config, path: str):
+    """``config`` with the status file ``path`` (where its settings came from kept)."""
+    new = type(config)(config, status=path)
+    new.origins, new.file_name = {**config.origins, "status": "default"}, config.file_name
+    return new
 
 
 def serve(args, config, config_path, cli_values, sig) -> int:
@@ -416,6 +468,8 @@ def _wait_for_next_cycle(svc: Service, deadline: float) -> None:
             return
         if sig.wait(min(remaining, dog.slice, PUMP_SECONDS)):
             if not sig.take_reload():
+                if not sig.stopping and svc.settle_open():
+                    continue               # an open that changed nothing held
                 return                     # a stop, or libvirt woke us: act now
             svc.reload()
         if any(svc.host.each(lambda w: w.pump())):    # every disk drains

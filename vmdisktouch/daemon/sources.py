@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vmdisktouch.core.access import ADD, READ, AccessLog, EventResidency
-from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
+from vmdisktouch.core.mrc import Batches, MissRatioCurve
 from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.core.what_if import cache_hit_ratio
@@ -63,6 +63,8 @@ RECONCILE_EVERY = 12          # cycles between mincore passes of the trace sourc
 NAME_LIMIT = 200              # bytes of an instance name (a directory name: at most 255)
 WARN_EVERY = 600.0            # seconds: a changed instance warns at most this often
 LOST_WARN_EVERY = 60.0        # seconds: lost events warn at most this often (else info)
+SIZED_AFTER = 3               # cycles in a row that neither lose events nor grow the trace
+                              # buffer end its sizing at start (``TraceSource.sizing``)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,12 @@ class TraceSource:
         self.log = AccessLog(block_size, self.page_size)
         self.residency = EventResidency(nblocks, block_size, self.page_size)
         self.cycles = 0
-        self.events_lost = 0
+        self.events_lost = 0                 # lost after the start's sizing (warned)
+        self.lost_at_start = 0               # lost while the buffer was sized (expected)
+        self.sizing = True                   # the buffer is being sized at start (``_sized``)
+        self._quiet = 0                      # cycles in a row with no loss and no growth
+        self._buffer_kb = getattr(reader, "buffer_kb", 0)
+        self._grew = False                   # the last cycle grew the buffer
         self.lost_at: float | None = None    # Unix time of the last cycle that lost events
         self.lost_why: str | None = None     # why, as the reader said
         self._lost_warned_ns: int | None = None   # the last warning of lost events
@@ -156,6 +163,7 @@ class TraceSource:
         self.mrc = MissRatioCurve.for_image(nblocks * block_size // self.page_size)
         self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the last cycle's end, last feed
         self._pages_read = 0                 # pages the guest read this cycle
+        self._batches = Batches()            # READ events -> the ranges read (ring buffer)
         self.gain: dict | None = None        # what memory served in the last cycle
         self._count_reads()
         self.early_cycles = 0                # cycles asked for early by a read shift
@@ -206,14 +214,14 @@ class TraceSource:
         now = self.clock_ns()
         seconds, self._mrc_fed_ns = (now - self._mrc_fed_ns) / 1e9, now
         if counted is not None:
-            self.mrc.feed(counted.sampled, counted.pages, counted.samples_lost, seconds)
+            self.mrc.feed_ranges(counted.sampled[:, 0], counted.sampled[:, 1], counted.pages,
+                                 counted.samples_lost, seconds)
             self._pages_read += counted.pages
         else:
             reads = ev.kind == READ
-            first = ev.first[reads]
-            pages = pages_read(first, batch_ends(first, ev.last[reads]))
-            self.mrc.feed(pages, seconds=seconds)
-            self._pages_read += pages.size
+            first, last = self._batches.ranges(ev.first[reads], ev.last[reads], ev.ts[reads])
+            self.mrc.feed_ranges(first, last, seconds=seconds)
+            self._pages_read += int((last - first + 1).sum())
         if self.reader is not None:
             self.reader.sample_below(self.mrc.threshold)
         return True
@@ -242,10 +250,18 @@ class TraceSource:
         cycle_seconds, self._mrc_ns = (now - self._mrc_ns) / 1e9, now
         self.mrc.decay(cycle_seconds)
         acc = self.last_access = self.log.take(held.size, now_ns=now)
-        self.events_lost += acc.lost
-        if acc.lost:
-            self.lost_at, self.lost_why = time.time(), getattr(self.reader, "lost_why", None)
-            self._say_lost(acc.lost, now)
+        if self._sized(acc.lost):
+            self.events_lost += acc.lost
+            if acc.lost:
+                self.lost_at, self.lost_why = time.time(), getattr(self.reader, "lost_why", None)
+                self._say_lost(acc.lost, now)
+        else:
+            self.lost_at_start += acc.lost
+            if acc.lost:
+                log.info("trace: %s: %d events lost in this cycle while the buffer is sized at "
+                         "start (%d so far, expected): %s", self.reader.name if self.reader
+                         else "-", acc.lost, self.lost_at_start,
+                         getattr(self.reader, "lost_why", None) or "why is not known")
         if probing and not missed and acc.lost == 0 and self.reader.probe_seen is False:
             missed = self._unseen()
         elif probing and not missed:     # a pid filter may hide the guest, not the probe
@@ -276,6 +292,36 @@ class TraceSource:
                     # evidence of use; under a shared budget it took budget from disks the
                     # guests read. The trace source waits for reads.
                     reconcile=acc.lost > 0 or missed)
+
+    def _sized(self, lost: int) -> bool:
+        """Whether this cycle's lost events are steady ones (counted in ``events_lost`` and
+        warned), not the start's. At start the buffer grows from its first size to what
+        the guest's rate needs, losing events on the way (an overrun before each doubling,
+        and what each resize drops). The start's sizing lasts until ``SIZED_AFTER``
+        cycles in a row neither lose events nor grow the buffer; a cycle that loses events
+        with no growth in it or the cycle before (the buffer at its largest, or a loss the
+        growth does not explain) ends it too, and is steady."""
+        kb = getattr(self.reader, "buffer_kb", self._buffer_kb) if self.reader is not None \
+            else self._buffer_kb
+        grew, self._buffer_kb = kb > self._buffer_kb, kb
+        grew_before, self._grew = self._grew, grew
+        if not self.sizing:
+            return True
+        if lost and not (grew or grew_before):
+            self._end_sizing()
+            return True
+        self._quiet = 0 if lost or grew else self._quiet + 1
+        if self._quiet >= SIZED_AFTER:
+            self._end_sizing()
+        return False
+
+    def _end_sizing(self) -> None:
+        self.sizing = False
+        if self.lost_at_start:
+            log.info("trace: %s: the buffer is sized (%d KiB per CPU); %d events were lost "
+                     "while it grew at start (expected; not counted in events_lost)",
+                     self.reader.name if self.reader else "-", self._buffer_kb,
+                     self.lost_at_start)
 
     def _say_lost(self, lost: int, now: int) -> None:
         """A warning for a cycle that lost events, at most one each ``LOST_WARN_EVERY``
@@ -417,7 +463,8 @@ class TraceSource:
                           "buffer_kb": r.buffer_kb if r else 0,
                           "reads_counted_in_kernel": bool(r and r.counting),
                           "early_cycles": self.early_cycles, "lost_at": self.lost_at,
-                          "lost_why": self.lost_why,
+                          "lost_why": self.lost_why, "lost_at_start": self.lost_at_start,
+                          "sizing": self.sizing,
                           **self.last},
                 **self.mrc.status(self.nblocks * self.block_size, self.page_size),
                 "gain": self.gain}

@@ -1,6 +1,7 @@
 """Thin ctypes bindings: the one module of the project that calls libc through ctypes.
 
-mmap, munmap, mincore, mlock, munlock, madvise, fstatfs, cachestat(2) and mount(2).
+mmap, munmap, mincore, mlock, munlock, madvise, fstatfs, cachestat(2), mount(2) and
+inotify(7) (the watch on opens of an image).
 Each wrapper returns raw data and turns a failure into a project exception
 exactly once (``errors.syscall_error``). The calls that Python's ``os``
 module makes itself (lseek, posix_fadvise, pread, fstat) have their home in
@@ -267,3 +268,26 @@ def ioctl(fd: int, request: int, arg: int, what: str) -> None:
     """ioctl(2) with an integer argument; a failure raises ``SyscallError`` (``what``)."""
     if _ioctl_fn(fd, request, arg) != 0:
         _fail("ioctl", what)
+
+
+# inotify(7): only the watch on opens of an image (``system.opens``)
+IN_OPEN = 0x00000020
+IN_CLOEXEC, IN_NONBLOCK = os.O_CLOEXEC, os.O_NONBLOCK
+_inotify_init1_fn = _bind("inotify_init1", _int)
+_inotify_add_watch_fn = _bind("inotify_add_watch", _int, ctypes.c_char_p, ctypes.c_uint32)
+
+
+def inotify_init1(flags: int = IN_CLOEXEC | IN_NONBLOCK) -> int:
+    """A new inotify descriptor; a failure raises ``SyscallError``."""
+    fd = _inotify_init1_fn(flags)
+    if fd < 0:
+        _fail("inotify_init1")
+    return int(fd)
+
+
+def inotify_add_watch(fd: int, path: str, mask: int) -> int:
+    """Watch ``path`` (a symbolic link followed) for ``mask``; the watch descriptor."""
+    wd = _inotify_add_watch_fn(fd, os.fsencode(path), mask)
+    if wd < 0:
+        _fail("inotify_add_watch", path)
+    return int(wd)

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmdisktouch.config.settings import MAX_AMP
+from vmdisktouch.core import heat as heatmap
 from vmdisktouch.core.runs import consecutive_runs
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.system import files
@@ -78,7 +79,8 @@ VERSION = "1"
 MAX_REGIONS = 64
 FINGERPRINT_BYTES = 4096      # the same on every host, whatever its page size
 ARRIVAL_HEAT = 4.0          # the hottest carried region arrives at >= this x the threshold
-ARRIVAL_MAX = 20.0          # ... and at <= this x the threshold (1.0 at the default 0.05)
+ARRIVAL_MAX = heatmap.ARRIVAL_MAX   # ... and at <= this x the threshold (1.0 at the default
+#                                     0.05); every loaded heat's cap: ``heat.cap_loaded``
 MAX_HEAT = 2 * MAX_AMP      # a block's heat never exceeds amp_resident + amp_rewritten
 MAX_SIZE = (1 << 63) - 1    # the largest file offset (off_t)
 MATERIAL = 1 / 8            # regions or heat moved by this share: write again

@@ -12,6 +12,17 @@ added or removed) only wake the loop at once (``wake.set()``), so a change
 is acted on now, not at the end of the interval; a missed event costs at
 most one cycle.
 
+What a resync reads. Each domain's state is asked every time (cheap), but
+its XML, which may hold megabytes of other applications' metadata, only
+when it may have changed (``libvirt_disks.Memo`` with ``events``): when the
+domain arrives, when an event names it (lifecycle, device added or removed,
+block job, disk or tray change, metadata change: any namespace's, so a
+label set with ``virsh metadata`` is followed at once), when its ID or
+state changed since its XML was read, and at least every
+``Memo.REFRESH`` s. After a (re)connection every XML is read again (the
+events meanwhile were lost); without events (their registration failed)
+every resync reads every XML, as before.
+
 Never on the loop. Every libvirt call runs in one worker thread per watch,
 on its own connections, because a call can hang: a libvirtd stopped or
 stuck, or a QEMU monitor blocked by a synchronous job, makes a listing or a
@@ -166,6 +177,7 @@ class LibvirtWatch:
         # the worker's own
         self._conn = None
         self._rw = None                     # read-write: only to write metadata
+        self._memo = libvirt_disks.Memo()   # its ``events`` set while they are followed
         self._callbacks: list[int] = []
         # the loop's own (what was said)
         self._unreachable: str | None = None
@@ -258,7 +270,9 @@ class LibvirtWatch:
             self._thread.start()
 
     def _on_event(self, *args) -> None:
-        """In libvirt's event thread: wake the loop; the resync finds what changed."""
+        """In libvirt's event thread: the domain's XML is read again at the next resync,
+        and the loop woken; the resync finds what changed."""
+        self._stale(args[1])
         try:
             log.debug("libvirt event: %s %s", args[1].name(), args[2:-1])
         except Exception:  # noqa: BLE001 - a log line must not cost the wake-up
@@ -267,10 +281,19 @@ class LibvirtWatch:
             self.wake.set()
 
     def _on_metadata(self, conn, dom, mtype, nsuri, opaque) -> None:
-        """In libvirt's event thread: a domain's labels changed (``LABEL_NS``) wake the loop;
-        the daemon's own heat writes (another namespace) do not."""
+        """In libvirt's event thread: the domain's XML is read again at the next resync;
+        a change of its labels (``LABEL_NS``) wakes the loop, the daemon's own heat writes
+        and other applications' metadata do not."""
         if nsuri == libvirt_disks.LABEL_NS:
             self._on_event(conn, dom, mtype, nsuri, opaque)
+        else:
+            self._stale(dom)
+
+    def _stale(self, dom) -> None:
+        try:
+            self._memo.stale(dom.UUIDString())
+        except Exception:  # noqa: BLE001 - unknown domain: read every XML
+            self._memo.stale()
 
     # -- the worker's side: every libvirt call
 
@@ -299,7 +322,8 @@ class LibvirtWatch:
         try:
             if self._conn is None or not _alive(self._conn):
                 self._connect()
-            listing, error = libvirt_disks.list_disks(self._conn, with_units=False), None
+            listing, error = libvirt_disks.list_disks(self._conn, with_units=False,
+                                                      memo=self._memo), None
         except Exception as exc:  # noqa: BLE001 - the worker must outlive any failure
             self._disconnect()
             listing, error = None, str(exc) or type(exc).__name__
@@ -348,14 +372,20 @@ class LibvirtWatch:
             conn.setKeepAlive(5, 3)
             for event in (libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
                           libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_ADDED,
-                          libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED):
+                          libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED,
+                          libvirt.VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2,
+                          libvirt.VIR_DOMAIN_EVENT_ID_DISK_CHANGE,
+                          libvirt.VIR_DOMAIN_EVENT_ID_TRAY_CHANGE):
                 self._callbacks.append(
                     conn.domainEventRegisterAny(None, event, self._on_event, None))
             self._callbacks.append(conn.domainEventRegisterAny(
                 None, libvirt.VIR_DOMAIN_EVENT_ID_METADATA_CHANGE, self._on_metadata, None))
+            self._memo.events = True
         except libvirt.libvirtError as exc:
+            self._memo.events = False
             log.warning("libvirt at %s: no events (%s); changes are seen by the resync of "
                         "each cycle", self.uri, libvirt_disks.libvirt_message(exc))
+        self._memo.stale()                  # what changed while it was not followed
 
     def _disconnect(self) -> None:
         conn, self._conn = self._conn, None

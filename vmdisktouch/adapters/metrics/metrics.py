@@ -96,9 +96,12 @@ COUNTERS = (
      "spill.read_bytes"),
 )
 # the source keeps this total itself: taken as it is, not summed
-EVENTS_LOST = ("events_lost", "Trace events lost (each forces a mincore reconciliation): "
+EVENTS_LOST = ("events_lost", "Trace events lost after the start's sizing of the buffer (each "
+               "forces a mincore reconciliation): "
                "the kernel's count, and an estimate of those a buffer resize dropped.",
                "events_lost")
+EVENTS_LOST_AT_START = ("events_lost_at_start", "Trace events lost while the buffer was "
+                        "sized at start (expected; not in events_lost).", "trace.lost_at_start")
 # every disk's series: its image path (``disk``), and its libvirt domain and target
 # ("" when libvirt does not know the disk)
 LABELS = ["disk", "domain", "target"]
@@ -109,6 +112,11 @@ HOST_GAUGES = (
     ("host_above_floor_bytes", "MemAvailable above the free-memory floor (min_free): what "
      "holds may still take from the host.", "above_floor_bytes"),
     ("host_disks", "Disks served (with a status yet or not).", "lines"),
+    ("host_reads_from_memory_ratio", "The share of every disk's reads served from memory "
+     "in the last cycle, weighted by pages read (docs/status.md, \"Reads from memory\").",
+     "from_memory.now"),
+    ("host_reads_from_memory_next_gib_ratio", "That share with one GiB more held, given to "
+     "the disk where it adds the most reads a second.", "from_memory.plus_gib"),
 )
 # (metric, help, status key): what memory served and would serve (trace source only)
 CURVE_GAUGES = (
@@ -119,10 +127,23 @@ CURVE_GAUGES = (
      "gain.held_read_share"),
     ("held_reads_per_second", "Read events on held blocks a second, last cycle.",
      "gain.held_reads_per_second"),
+    ("reads_from_memory_ratio", "The share of the guest's reads served from memory in the "
+     "last cycle, measured (docs/status.md, \"Reads from memory\").", "from_memory.now"),
+    ("reads_from_memory_next_gib_ratio", "That share with one GiB more held: the measured "
+     "share plus what the curve adds from what is held to a GiB more.",
+     "from_memory.plus_gib"),
     ("next_gib_reads_per_second", "Reads a second one GiB more than what is held would "
-     "serve from memory, from the curve.", "gain.next_gib.more_reads_per_second"),
+     "serve from memory, from the curve.", "from_memory.more_reads_per_second"),
     ("curve_wants_bytes", "The memory that still pays, from the curve: past it a GiB more "
-     "serves less than 2 % of the reads more.", "gain.wants_bytes"),
+     "serves less than 2 % of the reads more (not to act on while curve_enough_reads is 0).",
+     "gain.wants_bytes"),
+    ("curve_reads", "The reads the curve stands on (decayed: a half-life of 10 minutes).",
+     "mrc.reads"),
+    ("curve_re_reads", "The re-reads among them: the reuse the curve has seen.",
+     "mrc.re_reads"),
+    ("curve_window_seconds", "The window those reads span.", "mrc.window_seconds"),
+    ("curve_enough_reads", "1 when the curve has enough reads to say a size (a budget "
+     "verdict), else 0: \"not enough reads yet\".", "mrc.enough_reads"),
     ("miss_cost_seconds", "What a read the cache misses waits on this disk: the median of "
      "cycles' means of timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
     ("read_seconds_saved_per_second", "Read time held blocks saved the guest a second, last "
@@ -165,6 +186,7 @@ class Collector:
                 for name, _, key in COUNTERS:       # "cycles" (no key) counts one a cycle
                     t[name] += 1 if key is None else int(d.value(key) or 0)
                 t["events_lost"] = int(d.events_lost or 0)
+                t["events_lost_at_start"] = int(d.value("trace.lost_at_start") or 0)
             self._disks, self._host = live, report
 
     def collect(self):
@@ -182,7 +204,7 @@ class Collector:
                 if v is not None or key != "wanted_bytes":
                     g.add_metric(_labels(d), float(v or 0))
             yield g
-        for name, text, _ in COUNTERS + (EVENTS_LOST,):
+        for name, text, _ in COUNTERS + (EVENTS_LOST, EVENTS_LOST_AT_START):
             c = CounterMetricFamily(f"vmdisktouch_{name}", text, labels=LABELS)
             for path, d in disks.items():
                 c.add_metric(_labels(d), totals[path][name])
@@ -214,8 +236,10 @@ class Collector:
         if host is not None:
             yield _unserved_family(host.skipped or ())
             for name, text, key in HOST_GAUGES:
-                v = getattr(host, key)
+                head, _, part = key.partition(".")
+                v = getattr(host, head)
                 v = len(v) if isinstance(v, list) else v
+                v = (v or {}).get(part) if part else v
                 if v is not None:
                     yield GaugeMetricFamily(f"vmdisktouch_{name}", text, value=float(v))
 

@@ -37,7 +37,13 @@ band per disk, so the height grows with the disks):
   of sizes from the smallest point of any curve to the largest image
   (labelled at round sizes, the powers of 4: 1M, 4M, 16M, ...), hit
   ratio from 0 to 100 % up; a dot on each line where the disk holds now, a
-  ring in its colour at its share of the budget.
+  ring in its colour at its share of the budget. Where the disk's share of
+  reads from memory was measured (``report.reads_from_memory``, the one
+  definition status and the metrics use), its line is drawn through it: the
+  dot at the measured share, and the line elsewhere that share plus what the
+  curve adds or takes away from what is held, so the line at one GiB more
+  than the dot is status's "+1G" (an LRU curve counts every first read a
+  miss, and alone sat below what the page cache measured).
   Where a line still climbs past its dot, more memory would pay there; where
   it is flat, it would not;
 * a legend of all these marks.
@@ -146,6 +152,7 @@ class DiskBand:
     wanted_bytes: int | None = None  # all it would hold (candidates, within its curve's wants)
     limited_by: str | None = None    # why it holds less than it wants (daemon.reasons)
     curve: list | None = None        # [[bytes, hit ratio], ...] (core.mrc); None: none
+    from_memory: dict | None = None  # its share of reads from memory (``report.reads_from_memory``)
 
 
 @dataclass(frozen=True)
@@ -413,8 +420,8 @@ def _unserved(img, draw, font, unserved: list[Unserved], y: int, width: int) -> 
                   fill=TEXT if u.gain else DIM, font=font)
 
 
-CURVES_TITLE = ("what memory buys: the share of each disk's reads an LRU cache of the size "
-                "would serve (its curve); dot: held now, ring: its share")
+CURVES_TITLE = ("what memory buys: the share of each disk's reads from memory at each size "
+                "(its curve, through the share measured now); dot: held now, ring: its share")
 
 
 def curves_panel(img, draw, font, disks: list[DiskBand], marks, y: int, width: int,
@@ -450,16 +457,29 @@ def curves_panel(img, draw, font, disks: list[DiskBand], marks, y: int, width: i
             last_x = xx
         size *= 4
     for d, colour in zip(disks, marks):
-        pts = [at(b, h) for b, h in (d.curve or ()) if b > 0]
+        curve = anchored(d)
+        pts = [at(b, h) for b, h in curve if b > 0]
         if len(pts) < 2:
             continue
         draw.line(pts, fill=colour, width=2, joint="curve")
         if d.share_bytes:
-            sx, sy = at(d.share_bytes, _hit_at(d.curve, d.share_bytes))
+            sx, sy = at(d.share_bytes, _hit_at(curve, d.share_bytes))
             draw.ellipse([sx - 6, sy - 6, sx + 6, sy + 6], outline=colour, width=2)
         if d.held_bytes > 0:
-            hx, hy = at(d.held_bytes, _hit_at(d.curve, d.held_bytes))
+            hx, hy = at(d.held_bytes, _hit_at(curve, d.held_bytes))
             draw.ellipse([hx - 4, hy - 4, hx + 4, hy + 4], fill=colour, outline=SHARE)
+
+
+def anchored(d: DiskBand) -> list:
+    """Disk ``d``'s curve as the panel draws it: through its measured share of reads from
+    memory at what it holds (``d.from_memory``), each point moved by the same amount, at
+    most 1; as it is without a measured share (see the module's theory)."""
+    pts = [(b, h) for b, h in (d.curve or ()) if b > 0]
+    now = (d.from_memory or {}).get("now")
+    if len(pts) < 2 or now is None:
+        return pts
+    shift = float(now) - _hit_at(pts, max(d.held_bytes, 1))
+    return [(b, min(1.0, max(0.0, h + shift))) for b, h in pts]
 
 
 def _hit_at(curve: list, size: int) -> float:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vmdisktouch.core.access import ADD, READ, WRITE
-from vmdisktouch.core.mrc import MissRatioCurve, batch_ends, pages_read
+from vmdisktouch.core.mrc import Batches, MissRatioCurve, pages_read
 from vmdisktouch.core.what_if import Watched, cache_hit_ratio
 from vmdisktouch.errors import VmdtError
 from vmdisktouch.system import files, image_lock, libc
@@ -107,8 +107,8 @@ class Openers:
 
 def openers(path: str) -> dict[int, bool]:
     """The processes that have ``path`` open: pid -> whether any of its descriptors of it
-    is ``O_DIRECT`` (from ``/proc/PID/fdinfo``); the caller's own and the serving
-    daemon's are left out (``scan_openers``)."""
+    is ``O_DIRECT`` (from ``/proc/PID/fdinfo``); the caller's own, the serving
+    daemon's and any other vmdisktouch process's are left out (``scan_openers``)."""
     return scan_openers(path).pids
 
 
@@ -152,9 +152,30 @@ def scan_openers(path: str) -> Openers:
             continue
         if any(_holds_lock(pid, fd, lock) for fd in files_open):
             daemon = pid
-        else:
+        elif not is_vmdisktouch(pid):     # another advise's probe: not a guest's either
             out[pid] = direct
     return Openers(out, daemon)
+
+
+def process_name(pid: int) -> str:
+    """``/proc/PID/comm`` (``qemu-nbd``, ``qemu-system-x86``), ``?`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def is_vmdisktouch(pid: int) -> bool:
+    """Whether ``pid`` runs vmdisktouch (``vmdisktouch ...`` or ``python -m vmdisktouch
+    ...``, from ``/proc/PID/cmdline``): its O_DIRECT reads (a daemon's miss probe,
+    ``advise``'s) are not a guest's."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(a) == b"vmdisktouch" for a in argv[:3])
 
 
 def _fdinfo(pid: int, fd: str) -> str | None:
@@ -223,6 +244,7 @@ class IOWatch:
                                             half_life=0.0, steady=True,
                                             max_per_second=SAMPLED_PER_SECOND)
         self.tally = Tally()
+        self._batches = Batches()           # the page cache's READ events -> ranges read
         self.block_reads = np.zeros(max(1, -(-image.size // BLOCK)), dtype=np.int64)
         self.clock = clock
         self._start = self._last_fed = self._last_probe = clock()
@@ -256,22 +278,22 @@ class IOWatch:
             t.lost += ev.lost
             first = ev.offset[r] // self.page_size
             last = (ev.offset[r] + np.maximum(ev.length[r], 1) - 1) // self.page_size
-            pages.append(pages_read(first, last))
+            pages.append((first, last))
         if self.paged is not None:
             ev = self.paged.drain()
             reads = ev.kind == READ
-            first = ev.first[reads]
-            got = pages_read(first, batch_ends(first, ev.last[reads]))
-            pages.append(got)
-            t.pages_read += int(got.size)
+            first, last = self._batches.ranges(ev.first[reads], ev.last[reads], ev.ts[reads])
+            pages.append((first, last))
+            t.pages_read += int((last - first + 1).sum())
             t.pages_added += int((ev.last[ev.kind == ADD] - ev.first[ev.kind == ADD] + 1).sum())
             t.paged_writes += int((ev.kind == WRITE).sum())
             t.paged_reads += int(reads.sum())
             t.lost += ev.lost
         if pages:
-            read = np.concatenate(pages)
-            self.mrc.feed(read, seconds=seconds)
-            blocks = read * self.page_size // BLOCK
+            first = np.concatenate([f for f, _ in pages])
+            last = np.concatenate([l for _, l in pages])
+            self.mrc.feed_ranges(first, last, seconds=seconds)
+            blocks = pages_read(first, last) * self.page_size // BLOCK
             self.block_reads += np.bincount(blocks[blocks < self.block_reads.size],
                                             minlength=self.block_reads.size)
         t.seconds = now - self._start

@@ -39,7 +39,7 @@ median of the probes was either). But the plain mean of the window followed
 each slow probe: the host's other work (a sequential reader, writeback, a
 wake-up) once in 64 probes at 40 ms beside 30 us moves it to 0.7 ms, and
 status said "a miss costs 719 us, 8.77 s of reads saved a second" for a
-guest at queue depth 1 whose own misses took 29 us (issue 55). A load that
+guest at queue depth 1 whose own misses took 29 us. A load that
 lasts half the window is the disk's cost now, and the figure follows it
 within ``WINDOW / PROBES / 2 + GROUP / PROBES`` cycles. At a 5 s interval that is
 about two reads a second. A cycle's ``PROBES``, a window of ``WINDOW`` and

@@ -20,8 +20,10 @@ read by that thread counts in slot 1 instead (the probe's read proves the
 path without counting as the guest's). Slot 2 counts reads that start
 beyond the blocks the map has (the image grew); blocks start at slot 3. A
 read range longer than ``span_blocks`` blocks (8, or as many as 512 pages
-cover, at most 256, for smaller blocks) counts for its first ones (the
-kernel hands out reads in batches of at most 31 folios).
+cover, at most 256, for smaller blocks) counts for its first ones here; the
+rest of the batch it read, past them, is counted when the daemon takes the
+sample ring, where such a range always goes whole (``past_span``): a batch
+of 31 large folios is up to 62 MiB.
 
 The same program samples the pages read for the disk's miss-ratio curve
 (``core.mrc``): a page whose hash (the curve's ``page_hash``) is under the
@@ -34,13 +36,22 @@ counters; what overran it is counted lost.
 The kernel reports a long read once per batch of folios (at most 31), each
 time from the batch's first page to the request's end (``0-4095, 31-4095,
 62-4095``); sampled as reported, a 16 MiB read counted each page ~17 times and
-looked like reuse. So each CPU keeps its last range pending in the sample
-map (thread, first and last page) and samples it at its next read there: up
-to that read's first page when it continues the same request (same thread,
-same last page, a first page within the range), else whole; at most
-``SAMPLE_SPAN`` pages of it. A take also takes what is pending, so an idle
-disk's last read is not held back (``mrc.batch_ends`` is the same rule for
-the ring buffer's READ events).
+looked like reuse. So each thread keeps its last range pending in the sample
+map (a slot per thread id modulo ``PEND_SLOTS``: thread, first and last page),
+and the range is sampled at the thread's next read: up to that read's first
+page when it continues the same request (same thread, same last page, a first
+page within the range), else whole (a thread that moved to another CPU
+mid-request still finds its range). Every page of the range counts: a range
+of up to ``SAMPLE_SPAN`` pages is sampled here page by page; a longer one (a
+batch of 31 large folios is up to 62 MiB) goes into the ring whole, as two
+entries (its first page marked ``RANGE_FIRST``, its last ``RANGE_LAST``), and
+the daemon samples its pages under the same threshold (``mrc.sample_ranges``):
+only the first ``SAMPLE_SPAN`` pages of each were sampled before, so a
+64 MiB zone read in 4 MiB requests looked a quarter of its size. A take also
+takes what is pending and was pending at the take before (a range pending
+once may still be continued by a read in flight), so an idle disk's last read
+waits one take at most (``mrc.Batches`` is the same rule for the ring
+buffer's READ events).
 
 It needs CAP_BPF and CAP_PERFMON (root has both) and a kernel with
 ``CONFIG_BPF_EVENTS``; ``ReadCounter.create`` raises ``BpfUnavailable`` with
@@ -56,7 +67,7 @@ import struct
 
 import numpy as np
 
-from vmdisktouch.core.mrc import HASH_BITS, HASH_MUL, READ_SPAN, page_hash, pages_read
+from vmdisktouch.core.mrc import HASH_BITS, HASH_MUL
 from vmdisktouch.errors import SyscallError, VmdtError
 from vmdisktouch.system import libc
 
@@ -65,10 +76,13 @@ SPAN_PAGES = 512           # ... up to this many pages: smaller blocks count mor
 MOST_SPAN = 256            # and at most this many blocks (the program's size: 14 each)
 MAX_SLOTS = 1 << 22        # 32 MiB of counters: a bigger map is not made
 PROBE_TID, PROBE_HITS, BEYOND, FIRST_BLOCK = 0, 1, 2, 3
-SAMPLE_SPAN = READ_SPAN    # pages of one read range that are sampled, at most
+SAMPLE_SPAN = 256          # pages of a range the kernel samples; a longer one goes whole
 RING = 1 << 16             # sampled pages the ring holds between two takes (512 KiB)
 S_PAGES, S_THRESHOLD, S_HEAD, S_RING = 0, 1, 2, 4   # the sample map's 8-byte slots
-S_PEND = S_RING + RING     # then per CPU: the range not yet taken (thread, page, last), 4 slots
+S_PEND = S_RING + RING     # then per thread slot: the range not yet taken (thread, page, last)
+PEND_SLOTS = 256           # the threads' slots (a thread's is its id modulo this), 4 words each
+RANGE_FIRST = 1 << 62      # a ring entry of a long range's first page (+1), then its last's
+RANGE_LAST = 1 << 61
 _MAP_VALUE = 2             # BPF_PSEUDO_MAP_VALUE: ld_imm64 of a map value's address
 
 _BPF_MAP_CREATE = 0
@@ -126,7 +140,8 @@ def _atomic_add_dw(dst: int, src: int, off: int = 0, *, fetch: bool = False) -> 
 
 def _alu(op: str, dst: int, *, src: int | None = None, imm: int = 0) -> bytes:
     """64-bit ALU: dst op= src (a register) or imm."""
-    code = {"add": 0x00, "sub": 0x10, "mul": 0x20, "and": 0x50, "lsh": 0x60, "rsh": 0x70}[op]
+    code = {"add": 0x00, "sub": 0x10, "mul": 0x20, "or": 0x40, "and": 0x50, "lsh": 0x60,
+            "rsh": 0x70}[op]
     if src is not None:
         return _insn(0x07 | code | 0x08, dst, src)
     return _insn(0x07 | code, dst, 0, 0, imm)
@@ -137,16 +152,6 @@ def _jump(op: str, dst: int, off: int, *, src: int | None = None, imm: int = 0) 
     if src is not None:
         return _insn(code | 0x08, dst, src, off)
     return _insn(code, dst, 0, off, imm)
-
-
-def possible_cpus() -> int:
-    """The CPUs this kernel may ever run (``/sys/devices/system/cpu/possible``): the ids
-    ``bpf_get_smp_processor_id`` can return are below it."""
-    try:
-        with open("/sys/devices/system/cpu/possible") as f:
-            return int(f.read().strip().split(",")[-1].split("-")[-1]) + 1
-    except (OSError, ValueError):
-        return os.cpu_count() or 1
 
 
 def span_blocks(pages_per_block: int) -> int:
@@ -203,7 +208,7 @@ class _Asm:
 
 def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
             exclude_tid: int | None, pages_per_block: int, nblocks: int,
-            sample_fd: int | None = None, ncpu: int = 1) -> bytes:
+            sample_fd: int | None = None) -> bytes:
     """The counting program (module docstring), for the record layout ``offsets``
     (``i_ino``, ``s_dev``, ``index``, ``last_index``); with ``sample_fd`` (the sample
     map) it samples the pages read too."""
@@ -252,24 +257,23 @@ def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
     a.emit(_mov_k(9, BEYOND), count())
     if sample_fd is not None:
         a.jump("ja", 0, "out")
-        _sample(a, offsets, sample_fd, ncpu)
+        _sample(a, offsets, sample_fd)
     a.label("out")
     a.emit(_mov_k(0, 0), _EXIT)
     return a.code()
 
 
-def _sample(a: _Asm, offsets: dict[str, int], sample_fd: int, ncpu: int) -> None:
-    """The pages of the previous read range on this CPU into the sample ring, up to this
+def _sample(a: _Asm, offsets: dict[str, int], sample_fd: int) -> None:
+    """The pages of this thread's previous read range into the sample ring, up to this
     range's first page when it continues the same request (module docstring). r1: the
-    sample map's value; r2: this CPU's pending slot; r7, r8: the page and the last page of
-    the range taken; r9: the threshold."""
+    sample map's value; r2: the thread's pending slot; r7, r8: the page and the last page
+    of the range taken; r9: the threshold."""
     pend = 8 * S_PEND
     a.label("sample")
-    a.emit(_CALL_CPU, _mov(9, 0))
-    a.jump("jge", 9, "out", imm=ncpu)
     a.emit(_CALL_PID_TGID, _insn(0xbc, 0, 0),                 # w0: the thread id
            _ld_imm64(1, sample_fd, src=_MAP_VALUE),
-           _mov(2, 9), _alu("lsh", 2, imm=5), _add_k(2, pend), _alu("add", 2, src=1),
+           _mov(2, 0), _alu("and", 2, imm=PEND_SLOTS - 1), _alu("lsh", 2, imm=5),
+           _add_k(2, pend), _alu("add", 2, src=1),
            _ldx("dw", 3, 2, 0), _ldx("dw", 7, 2, 8), _ldx("dw", 8, 2, 16),
            _ldx("dw", 4, 6, offsets["index"]), _ldx("dw", 5, 6, offsets["last_index"]),
            _stx_dw(2, 0, 0), _stx_dw(2, 4, 8), _stx_dw(2, 5, 16))
@@ -280,12 +284,9 @@ def _sample(a: _Asm, offsets: dict[str, int], sample_fd: int, ncpu: int) -> None
     a.jump("jgt", 4, "take", src=8)                           # one's and within its range
     a.emit(_mov(8, 4), _add_k(8, -1))
     a.label("take")
-    a.emit(_mov(2, 7), _add_k(2, SAMPLE_SPAN - 1))
-    a.jump("jge", 2, "within", src=8)
-    a.emit(_mov(8, 2))
-    a.label("within")
     a.emit(_mov(2, 8), _alu("sub", 2, src=7), _add_k(2, 1), _atomic_add_dw(1, 2, 8 * S_PAGES),
            _ldx("dw", 9, 1, 8 * S_THRESHOLD))
+    a.jump("jgt", 2, "whole", imm=SAMPLE_SPAN)
     for i in range(SAMPLE_SPAN):
         a.jump("jgt", 7, "out", src=8)
         a.emit(_mov(2, 7), _ld_imm64(3, HASH_MUL), _alu("mul", 2, src=3),
@@ -297,6 +298,34 @@ def _sample(a: _Asm, offsets: dict[str, int], sample_fd: int, ncpu: int) -> None
         a.label(f"next{i}")
         a.emit(_add_k(7, 1))
     a.jump("ja", 0, "out")
+    # A range longer than the span: two entries, its first page and its last (each + 1,
+    # marked), for the daemon to sample.
+    a.label("whole")
+    a.emit(_mov_k(3, 2), _atomic_add_dw(1, 3, 8 * S_HEAD, fetch=True), _mov(0, 3),
+           _alu("and", 3, imm=RING - 1), _alu("lsh", 3, imm=3), _mov(4, 1),
+           _alu("add", 4, src=3), _mov(5, 7), _add_k(5, 1), _ld_imm64(3, RANGE_FIRST),
+           _alu("or", 5, src=3), _stx_dw(4, 5, 8 * S_RING),
+           _add_k(0, 1), _alu("and", 0, imm=RING - 1), _alu("lsh", 0, imm=3), _mov(4, 1),
+           _alu("add", 4, src=0), _mov(5, 8), _add_k(5, 1), _ld_imm64(3, RANGE_LAST),
+           _alu("or", 5, src=3), _stx_dw(4, 5, 8 * S_RING))
+    a.jump("ja", 0, "out")
+
+
+def decode_ring(vals: np.ndarray) -> np.ndarray:
+    """The ring's entries (page + 1; a long range's first and last marked) -> ranges
+    ``(n, 2)`` of first and last page, in order. A range's half whose other half the ring
+    lost (it overran between them) is dropped."""
+    vals = np.asarray(vals, dtype=np.uint64)
+    is_first = (vals & np.uint64(RANGE_FIRST)) != 0
+    is_last = (vals & np.uint64(RANGE_LAST)) != 0
+    page = (vals & ~np.uint64(RANGE_FIRST | RANGE_LAST)).astype(np.int64) - 1
+    pair = np.zeros(vals.size, dtype=bool)
+    pair[:-1] = is_first[:-1] & is_last[1:]
+    single = ~(is_first | is_last)
+    keep = single | pair
+    out = np.stack((page, page), axis=1)[keep]
+    out[pair[keep], 1] = page[1:][pair[:-1]]
+    return out
 
 
 # -- system calls (``libc``) ---------------------------------------------------------------
@@ -312,15 +341,17 @@ class ReadCounter:
     """Per-block read counts of one image, counted in the kernel (module docstring)."""
 
     def __init__(self, fds: list[int], counters: mmap.mmap, samples: mmap.mmap, nblocks: int,
-                 ncpu: int = 1):
+                 pages_per_block: int = 1):
         self._fds = fds
         self._mems = [counters, samples]
         self.nblocks = nblocks
+        self.pages_per_block = int(pages_per_block)
         self._slots = np.frombuffer(counters, dtype=np.uint64, count=nblocks + FIRST_BLOCK)
         self._base = self._slots.copy()
-        self._sample = np.frombuffer(samples, dtype=np.uint64, count=S_PEND + 4 * ncpu)
+        self._sample = np.frombuffer(samples, dtype=np.uint64, count=S_PEND + 4 * PEND_SLOTS)
         self._ring = self._sample[S_RING:S_PEND]
-        self._pend = self._sample[S_PEND:].reshape(ncpu, 4)
+        self._pend = self._sample[S_PEND:].reshape(PEND_SLOTS, 4)
+        self._seen = np.zeros((PEND_SLOTS, 3), dtype=np.uint64)   # pending at the last take
         self._tail = 0                      # the ring's next slot to take
         self._pages_base = 0
 
@@ -342,11 +373,10 @@ class ReadCounter:
             return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
             map_fd, counters = array(8, nslots)
-            ncpu = possible_cpus()
-            sample_fd, samples = array(8 * (S_PEND + 4 * ncpu), 1)
+            sample_fd, samples = array(8 * (S_PEND + 4 * PEND_SLOTS), 1)
             code = program(offsets, map_fd=map_fd, ino=ino, sdev=sdev,
                            exclude_tid=exclude_tid, pages_per_block=pages_per_block,
-                           nblocks=nblocks, sample_fd=sample_fd, ncpu=ncpu)
+                           nblocks=nblocks, sample_fd=sample_fd)
             prog_fd = libc.bpf_prog_load(_PROG_TRACEPOINT, code, b"vmdt_reads")
             fds.append(prog_fd)
             event_fd = libc.perf_event_open(_perf_attr(tracepoint_id), -1, 0, -1,
@@ -358,7 +388,7 @@ class ReadCounter:
             for fd in fds:
                 os.close(fd)
             raise BpfUnavailable(str(exc)) from None
-        return cls(fds[::-1], counters, samples, int(nblocks), ncpu)
+        return cls(fds[::-1], counters, samples, int(nblocks), int(pages_per_block))
 
     def set_probe(self, tid: int | None) -> None:
         """Reads by thread ``tid`` count as the probe's from now (None: nobody's)."""
@@ -383,11 +413,13 @@ class ReadCounter:
         self._sample[S_THRESHOLD] = np.uint64(max(0, int(threshold)))
 
     def take_samples(self) -> tuple[np.ndarray, int, int]:
-        """Since the last take: the sampled pages in the order they were read, every page
-        read, and the samples the ring lost (it overran). A slot taken but not yet
-        written (a read on another CPU at this moment) ends the take: it is the next's.
-        Each CPU's range still pending is taken too, after the ring's (a read racing
-        with it on that CPU may count one range twice, or drop one)."""
+        """Since the last take: the ranges read that the kernel sampled, in the order they
+        were read (``(n, 2)``: first and last page; a page it sampled is a range of one, a
+        range too long for it is whole: ``MissRatioCurve.feed_ranges`` samples both alike),
+        every page read, and the ring's entries lost (it overran). A slot taken but not
+        yet written (a read on another CPU at this moment) ends the take: it is the next's.
+        The threads' ranges pending since the take before are taken too, after the ring's
+        (a read racing with it may count one range twice, or drop one)."""
         head = int(self._sample[S_HEAD])
         lost = max(0, head - self._tail - RING)
         start = self._tail + lost
@@ -396,22 +428,42 @@ class ReadCounter:
         unwritten = np.flatnonzero(vals == 0)
         if unwritten.size:
             vals, idx = vals[:unwritten[0]], idx[:unwritten[0]]
+        if vals.size and vals[-1] & np.uint64(RANGE_FIRST):   # its last page: not yet
+            vals, idx = vals[:-1], idx[:-1]
         self._ring[idx] = 0
         self._tail = start + vals.size
         pages = int(self._sample[S_PAGES])
         total, self._pages_base = pages - self._pages_base, pages
-        sampled = vals.astype(np.int64) - 1
+        ranges = decode_ring(vals)
         pend = self._pend[:, :3].copy()
-        taken = np.flatnonzero(pend[:, 0])
+        taken = np.flatnonzero((pend[:, 0] != 0) & (pend == self._seen).all(axis=1))
+        self._seen = pend.copy()
         if taken.size:
             self._pend[taken, 0] = 0
-            first = pend[taken, 1].astype(np.int64)
-            last = np.minimum(pend[taken, 2].astype(np.int64), first + SAMPLE_SPAN - 1)
-            flushed = pages_read(first, last)
-            total += flushed.size
-            threshold = int(self._sample[S_THRESHOLD])
-            sampled = np.concatenate((sampled, flushed[page_hash(flushed) < threshold]))
-        return sampled, total, lost
+            self._seen[taken] = 0
+            flushed = pend[taken, 1:3].astype(np.int64)
+            total += int((flushed[:, 1] - flushed[:, 0] + 1).sum())
+            ranges = np.concatenate((ranges, flushed))
+        return ranges, total, lost
+
+    def past_span(self, blocks: np.ndarray, counts: np.ndarray,
+                  ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``take``'s blocks and counts with the blocks of the sampled ranges past the first
+        ``span_blocks`` (which the program counted) added, once per range: a batch of a
+        64 MiB read counts for every block it read, not its first 8 (a host service held 22
+        MiB of such a zone of 64). A range that long always reaches the ring whole."""
+        ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        ppb = self.pages_per_block
+        b0 = ranges[:, 0] // ppb + span_blocks(ppb)
+        b1 = np.minimum(ranges[:, 1] // ppb, self.nblocks - 1)
+        keep = b1 >= b0
+        if not keep.any():
+            return blocks, counts
+        n = b1[keep] - b0[keep] + 1
+        extra = np.repeat(b0[keep] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        every, inverse = np.unique(np.concatenate((blocks, extra)), return_inverse=True)
+        weights = np.concatenate((counts, np.ones(extra.size, dtype=np.int64)))
+        return every, np.bincount(inverse, weights=weights).astype(np.int64)
 
     def close(self) -> None:
         """Detach and free the program and the maps; idempotent."""

@@ -297,13 +297,14 @@ class Events:
 @dataclass(frozen=True)
 class CountedReads:
     """Read events counted per block in the kernel (``bpf_reads``), up to ``ts``; and the
-    pages sampled for the miss-ratio curve (``core.mrc``)."""
+    ranges sampled for the miss-ratio curve (``core.mrc``)."""
     blocks: np.ndarray  # int64, the blocks read, sorted, unique
     counts: np.ndarray  # int64, the read events that touched each
     ts: int             # CLOCK_MONOTONIC ns when they were taken
-    sampled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # the ranges the kernel sampled, (n, 2) first and last page, in order (``bpf_reads``)
+    sampled: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     pages: int = 0      # every page read (the sample's denominator)
-    samples_lost: int = 0   # sampled pages the kernel's ring overran
+    samples_lost: int = 0   # entries the kernel's sample ring overran
 
     @property
     def total(self) -> int:

@@ -279,7 +279,9 @@ class TraceReader:
         old, self._counter = self._counter, new
         new.sample_below(self._sample_threshold)
         if old is not None:
-            self._counted.append(old.take()[:2] + old.take_samples())
+            blocks, counts, _probe, _beyond = old.take()
+            ranges, total, lost = old.take_samples()
+            self._counted.append((*old.past_span(blocks, counts, ranges), ranges, total, lost))
             old.close()
         else:
             self._ring_reads_until = start
@@ -302,7 +304,9 @@ class TraceReader:
         if self._probe_tid is not None:
             self._counter.set_probe(None)
             self._probe_tid, self.probe_seen = None, probe_hits > 0
-        now = (blocks, counts, *self._counter.take_samples())
+        ranges, total, lost = self._counter.take_samples()
+        blocks, counts = self._counter.past_span(blocks, counts, ranges)
+        now = (blocks, counts, ranges, total, lost)
         parts, self._counted = self._counted + [now], []
         if len(parts) > 1:
             allb = np.concatenate([p[0] for p in parts])
