@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -157,3 +159,39 @@ def test_a_young_curve_takes_part_with_its_heat_curve_and_leaves_the_others_thei
     young_a = Demand(heat_curve(heat_a, maps[0].candidates, bs), 3000.0, seen=False)
     out, cut = Splitter().caps(["a", "b"], maps, [young_a, b], budget, bs)
     assert cut == [False, False] and [m.cap_blocks for m in out] == [None, None]
+
+
+def test_no_more_waiting_is_saved_a_second_than_the_guests_queue_depth_allows():
+    """Issue 55: status said "a miss costs 719 us, 8.77 s of reads saved a second" for a
+    guest at queue depth 1 (12,200 held reads a second). A guest with one read in flight
+    waits at most one second a second, so that is all holding can save it; at depth 4,
+    four. The split sees the same bound: a disk whose saving is capped gains nothing past
+    the size that reaches it."""
+    from vmdisktouch.core.shares import guest_depth, savings, saved_per_second
+    assert saved_per_second(12_200.0, 719e-6, 1.0) == 1.0
+    assert saved_per_second(12_200.0, 29e-6, 1.0) == pytest.approx(0.3538)
+    assert saved_per_second(12_200.0, 719e-6, 4.0) == 4.0
+    assert saved_per_second(12_200.0, 719e-6, 0.2) == 1.0          # at least one in flight
+    assert saved_per_second(12_200.0, 719e-6, float("inf")) == pytest.approx(8.7718)
+    # Little's law on the guest's misses: 2,000 misses a second of 2 ms each keep 4 in flight.
+    assert guest_depth(2000.0, 2e-3) == pytest.approx(4.0)
+    assert guest_depth(100.0, 2e-3) == 1.0 and guest_depth(5000.0, None) == 1.0
+    qd1 = Demand(uniform(GiB), 20_000.0, miss_cost=719e-6, depth=1.0)
+    s = savings(qd1, np.array([0, 64 * MiB, 512 * MiB, GiB]))
+    assert s.max() == 1.0 and s[1] == pytest.approx(20_000 / 16 * 719e-6)
+    # Past its cap (71 MiB: 1 s at 20,000 x 719 us a GiB) a disk gains nothing; the other
+    # reaches its own at 712 MiB, and what neither gains from is left to the heat.
+    # Uncapped, the first disk's 14 s a second would have taken all of the GiB.
+    other = Demand(uniform(GiB), 2_000.0, miss_cost=719e-6, depth=1.0)
+    (a, b), left = split([qd1, other], GiB)
+    assert 64 * MiB <= a <= 71 * MiB + GiB // SLICES, a
+    assert 700 * MiB <= b <= 712 * MiB + GiB // SLICES and left > 0, (b, left)
+    (a, b), _ = split([replace(qd1, depth=float("inf")), other], GiB)
+    assert a > 512 * MiB
+
+
+def test_unmeasured_costs_are_not_capped_as_seconds():
+    from vmdisktouch.core.shares import comparable
+    d = comparable([Demand(uniform(GiB), 5000.0, 1e-3, depth=1.0),
+                    Demand(uniform(GiB), 5000.0, None, depth=1.0)])
+    assert all(x.miss_cost == 1.0 and x.depth == float("inf") for x in d)

@@ -7,8 +7,10 @@ of its reads an LRU cache of S bytes serves), the pages its guest reads a
 second ``r_d``, the time a miss costs ``c_d`` (``observe.miss_cost``: timed
 reads past the cache; every disk's is 1 when one's is not measured)
 and its weight ``w_d`` (the config file's). S bytes held on ``d`` save
-about ``h_d(S) r_d c_d w_d`` of read time a second, and the split of the
-budget maximises the sum. The budget is cut in ``SLICES`` slices, and each
+about ``h_d(S) r_d c_d w_d`` of read time a second, but never more than
+the guest's queue depth ``q_d`` allows (``saved_per_second``: a guest with
+one read in flight waits at most a second a second; ``q_d`` is Little's law
+on its misses, at least 1), and the split of the budget maximises the sum. The budget is cut in ``SLICES`` slices, and each
 next slice goes to the disk where it saves the most, looking ahead past a
 flat stretch (UCP's lookahead, Qureshi and Patt, MICRO 2006): a disk offers
 its best average saving per slice over any number of next slices, so a zone
@@ -67,6 +69,26 @@ class Demand:
     miss_cost: float | None = 1.0     # seconds a miss waits; None: not measured
     weight: float = 1.0
     seen: bool = True                 # its own curve; False: the one its heat implies
+    depth: float = float("inf")       # the guest's reads in flight (``saved_per_second``);
+                                      # inf: no bound (the daemon gives its guest's)
+
+
+def saved_per_second(reads_per_second: float, miss_cost: float, depth: float = 1.0) -> float:
+    """Seconds of waiting a second that ``reads_per_second`` reads served from memory save
+    a guest whose misses wait ``miss_cost``: each read's wait, but no more than the
+    ``depth`` reads it keeps in flight can wait in a second (at least one: a guest at
+    queue depth 1 waits at most one second a second). The one place a saving is
+    computed: the status's "s of reads saved a second" and the split below.
+    ``depth`` inf: no bound (costs that are not seconds, ``comparable``)."""
+    return min(max(0.0, reads_per_second) * max(0.0, miss_cost), max(1.0, depth))
+
+
+def guest_depth(misses_per_second: float, miss_cost: float | None) -> float:
+    """The reads a guest keeps in flight, as its misses show (Little's law: their rate
+    times their wait), at least one."""
+    if not miss_cost or not misses_per_second:
+        return 1.0
+    return max(1.0, misses_per_second * miss_cost)
 
 
 def heat_curve(heat: np.ndarray, candidates: np.ndarray | None,
@@ -93,7 +115,7 @@ def comparable(demands: list[Demand]) -> list[Demand]:
     split to the curves and read rates alone."""
     if all(d.miss_cost is not None for d in demands):
         return demands
-    return [replace(d, miss_cost=1.0) for d in demands]
+    return [replace(d, miss_cost=1.0, depth=float("inf")) for d in demands]
 
 
 def grid(budget: int, unit: int = 1) -> np.ndarray:
@@ -107,9 +129,11 @@ def grid(budget: int, unit: int = 1) -> np.ndarray:
 
 
 def savings(d: Demand, sizes: np.ndarray) -> np.ndarray:
-    """Read time saved a second with each of ``sizes`` bytes held."""
-    return np.asarray(d.hit_ratio(np.asarray(sizes, dtype=float))) * \
-        (d.pages_per_second * d.miss_cost * d.weight)
+    """Read time saved a second with each of ``sizes`` bytes held (``saved_per_second``
+    of the reads the curve serves at each, times the disk's weight)."""
+    served = np.asarray(d.hit_ratio(np.asarray(sizes, dtype=float))) * d.pages_per_second
+    return np.array([saved_per_second(r, d.miss_cost, d.depth) for r in np.ravel(served)]
+                    ).reshape(served.shape) * d.weight
 
 
 def split(demands: list[Demand], budget: int, last: list[int] | None = None,
@@ -186,8 +210,8 @@ class Splitter:
         given = [s // block_size for s in shares]
         room = [max(0, m.candidate_blocks() - g) for m, g in zip(maps, given)]
         total = left // block_size
-        extra = fill(total, [d.pages_per_second * d.miss_cost * d.weight for d in demands],
-                     room)
+        extra = fill(total, [saved_per_second(d.pages_per_second, d.miss_cost, d.depth)
+                             * d.weight for d in demands], room)
         fill_key = (key, total)
         if self._fill is not None and self._fill[0] == fill_key and \
                 kept_fill(self._fill[1], extra, room):

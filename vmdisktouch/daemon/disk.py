@@ -54,12 +54,20 @@ from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.report import DiskReport
 from vmdisktouch.core.advice import evidence
-from vmdisktouch.core.shares import Demand, heat_curve
+from vmdisktouch.core.shares import Demand, guest_depth, heat_curve, saved_per_second
 from vmdisktouch.system.hold.spill import SpillResult
 
 EVIDENCE = 2       # a curve speaks for a disk once it has seen its reads this many times over
 
 log = logging.getLogger("vmdisktouch")
+
+
+def depth_of(source, cost: float | None) -> float:
+    """The guest's reads in flight as its misses show (``shares.guest_depth``): the pages
+    it read a second that needed a page added (its source's last gain), times ``cost``."""
+    gain = getattr(source, "gain", None) or {}
+    pages = gain.get("pages_read_per_second") or 0.0
+    return guest_depth(pages * (1.0 - (gain.get("cache_hit_ratio") or 0.0)), cost)
 
 
 class DiskWatcher:
@@ -143,11 +151,12 @@ class DiskWatcher:
             return None
         page = self.source.page_size
         cost = self.miss_cost.seconds if self.miss_cost is not None else None
+        depth = depth_of(self.source, cost)
         if self._curve_seen(m.candidate_blocks() * self.block_size) is None:
             return Demand(heat_curve(m.total_heat, m.candidates, self.block_size),
-                          mrc.reads_per_second, cost, weight, seen=False)
+                          mrc.reads_per_second, cost, weight, seen=False, depth=depth)
         return Demand(lambda b: mrc.curve(np.asarray(b) / page), mrc.reads_per_second, cost,
-                      weight)
+                      weight, depth=depth)
 
     def curve_wants(self, candidates: int) -> int | None:
         """What its curve says still pays (``mrc.wants``, in the cycle's gain); None without
@@ -334,7 +343,8 @@ class DiskWatcher:
         if gain is not None:
             s = cost and cost["seconds"]
             source["gain"] = {**gain, "read_seconds_saved_per_second": (
-                None if not s else round(gain["held_reads_per_second"] * s, 4)),
+                None if not s else round(saved_per_second(
+                    gain["held_reads_per_second"], s, depth_of(self.source, s)), 4)),
                 "curve_seen": self.allotment is not None and
                 self.allotment.curve_wants is not None}
         ev = self.curve_evidence()

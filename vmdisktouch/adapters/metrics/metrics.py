@@ -144,10 +144,11 @@ CURVE_GAUGES = (
     ("curve_window_seconds", "The window those reads span.", "mrc.window_seconds"),
     ("curve_enough_reads", "1 when the curve has enough reads to say a size (a budget "
      "verdict), else 0: \"not enough reads yet\".", "mrc.enough_reads"),
-    ("miss_cost_seconds", "What a read the cache misses waits on this disk: the mean of "
-     "timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
+    ("miss_cost_seconds", "What a read the cache misses waits on this disk: the median of "
+     "cycles' means of timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
     ("read_seconds_saved_per_second", "Read time held blocks saved the guest a second, last "
-     "cycle: reads on held blocks times the miss cost.", "gain.read_seconds_saved_per_second"),
+     "cycle: reads on held blocks times the miss cost, at most the guest's queue depth.",
+     "gain.read_seconds_saved_per_second"),
 )
 # FileDescriptorName= of systemd/vmdisktouch-metrics.socket
 PASSED_NAME = "metrics"
