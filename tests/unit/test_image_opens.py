@@ -68,6 +68,7 @@ NOT_AN_IMAGE = {
     ("system/observe/io_watch.py", "process_name"): "/proc/PID/comm",
     ("system/observe/io_watch.py", "is_vmdisktouch"): "/proc/PID/cmdline",
     ("system/observe/residency.py", "_has_capability"): "/proc/self/status",
+    ("system/observe/miss_cost.py", "open_schedstat"): "/proc/thread-self/schedstat",
     ("system/trace/bdi.py", "_whole_disk"): "a sysfs file",
     ("system/trace/direct_io.py", "_sysfs"): "a sysfs file",
     ("system/trace/trace_reader.py", "_foreseen_kb"): "a tracefs event format (tracefs.read_text)",
