@@ -189,10 +189,11 @@ def test_past_the_budget_the_next_hottest_zone_is_cached_not_locked(tmp_path, tr
     fd = os.open(image, os.O_RDONLY)
     try:
         d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
-        reader_thread(image, 16 * MiB, 32 * MiB, stop)
+        reader = reader_thread(image, 16 * MiB, 32 * MiB, stop)
         d.wait_status(lambda s: s["held_bytes"] == 8 * MiB
                       and s["spill"]["target_bytes"] >= 4 * MiB, "half held, half spilled")
         stop.set()
+        reader.join(10)           # its pass ends first: a read after the eviction caches
         evict(image)              # the guest's cache and the spill go; the held half stays
         st = d.wait_status(lambda s: s["spill"]["read_bytes"] >= 4 * MiB, "the spill read again")
         assert st["spill"]["stopped"] is None and st["held_bytes"] <= 8 * MiB
