@@ -83,3 +83,25 @@ def test_a_disarmed_image_does_not_wake_and_a_burst_wakes_at_most_once_a_gap(tmp
         assert wake.n == n + 1
     finally:
         w.close()
+
+
+def test_with_the_verified_descriptor_the_file_is_watched_not_what_its_path_names(tmp_path):
+    """``add(path, fd)`` watches the file the daemon opened: a file planted at its path
+    since does not wake, the image renamed away still does."""
+    img = tmp_path / "a.raw"
+    img.write_bytes(b"\0" * 4096)
+    fd = os.open(img, os.O_RDONLY)
+    wake = threading.Event()
+    w = OpenWatch(wake)
+    try:
+        assert w.add(str(img), fd)
+        moved = tmp_path / "moved.raw"
+        os.rename(img, moved)
+        img.write_bytes(b"\1" * 4096)                   # another file at the path
+        os.close(os.open(img, os.O_RDONLY))
+        assert not wake.wait(0.3), "an open of the file planted at the path woke"
+        os.close(os.open(moved, os.O_RDONLY))
+        assert wake.wait(2.0), "an open of the verified file did not wake"
+    finally:
+        w.close()
+        os.close(fd)

@@ -85,9 +85,10 @@ class GivenPaths:
             libvirt_watch.require_eligible(libvirt_watch.owners(listed, path), path,
                                            self.force)
 
-    def opened(self, path: str) -> None:
-        """The daemon has opened ``path``: from now on any open of it wakes the loop (with
-        libvirt: the domain that takes it is seen before QEMU activates it)."""
+    def opened(self, path: str, fd: int | None = None) -> None:
+        """The daemon has opened ``path`` (``fd``: its verified descriptor): from now on any
+        open of it wakes the loop (with libvirt: the domain that takes it is seen before
+        QEMU activates it)."""
         if self.watch is None or self.watch.wake is None:
             return
         try:
@@ -97,7 +98,7 @@ class GivenPaths:
             log.warning("%s: opens of the image are not watched (%s): a domain that takes "
                         "it is seen at the next cycle, or at libvirt's next event", path, exc)
             return
-        self._opens.add(path)
+        self._opens.add(path, fd)
 
     def take_opened(self) -> bool:
         """Whether an open of a path served woke the loop since the last ``want``."""
@@ -144,7 +145,7 @@ class RunningDomains:
     def check(self, path: str) -> None:
         """``want`` served only eligible disks: nothing more to check."""
 
-    def opened(self, path: str) -> None:
+    def opened(self, path: str, fd: int | None = None) -> None:
         """A disk is served only while its domain runs: no open to watch for."""
 
     def take_opened(self) -> bool:

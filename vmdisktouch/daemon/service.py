@@ -295,7 +295,7 @@ class Service:
                 return None
             self.refused.pop(path, None)
             self.host.add(w)
-            self.members.opened(path)          # its opens wake the loop (given paths)
+            self.members.opened(path, w.image.fd)   # its opens wake the loop (given paths)
             if self.members.retry:
                 log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
             self.follower.opened(w, m)

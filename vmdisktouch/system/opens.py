@@ -56,10 +56,13 @@ class OpenWatch:
         self._thread: threading.Thread | None = None
         self._woke = False               # a wake was for an open, not taken yet (``take``)
 
-    def add(self, path: str) -> bool:
-        """Watch ``path``'s opens; False (said at DEBUG) when it cannot be watched."""
+    def add(self, path: str, fd: int | None = None) -> bool:
+        """Watch ``path``'s opens; False (said at DEBUG) when it cannot be watched. With
+        ``fd``, a descriptor of the image the daemon verified, the watch is on that file
+        (``/proc/self/fd/N``), never on what the path names by now."""
         try:
-            wd = libc.inotify_add_watch(self._fd, path, libc.IN_OPEN)
+            wd = libc.inotify_add_watch(self._fd, path if fd is None else
+                                        f"/proc/self/fd/{fd}", libc.IN_OPEN)
         except VmdtError as exc:
             log.debug("%s: opens not watched (%s)", path, exc)
             return False
