@@ -207,20 +207,24 @@ def _private_problem(directory: str) -> str | None:
 
 def check_paths(config, protected: list[Protected]) -> None:
     """Refuse (``ConfigError``, naming the option) any output path that must not be written."""
+    check_named([(_flag(key), key, config.get(key)) for key in OUTPUT_KEYS
+                 if config.get(key)], protected)
+
+
+def check_named(named: list[tuple[str, str, str]], protected: list[Protected]) -> None:
+    """Refuse (``ConfigError``) the first of ``named`` (option, output key, path) that must
+    not be written (``path_problem``), or that names the file an option before it names."""
     seen: dict[tuple, str] = {}
-    for key in OUTPUT_KEYS:
-        path = config.get(key)
-        if not path:
-            continue
+    for flag, key, path in named:
         problem = path_problem(path, key, protected)
         if problem:
-            raise ConfigError(f"refusing {_flag(key)} {path}: {problem}")
+            raise ConfigError(f"refusing {flag} {path}: {problem}")
         where = os.path.abspath(path)
         parent = os.stat(os.path.dirname(where))
         same = (parent.st_dev, parent.st_ino, os.path.basename(where))
         if same in seen:
-            raise ConfigError(f"refusing {_flag(key)} {path}: {seen[same]} names the same file")
-        seen[same] = _flag(key)
+            raise ConfigError(f"refusing {flag} {path}: {seen[same]} names the same file")
+        seen[same] = flag
 
 
 def remove(path: str, key: str, protected: list[Protected]) -> bool:

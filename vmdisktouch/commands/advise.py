@@ -128,33 +128,14 @@ def check_outputs(args, protected: list) -> None:
     (``outputs.path_problem``: a disk, a link, a FIFO, a file advise does not write, a
     missing directory), or both naming one file; the default report's directory
     (``/run/vmdisktouch``) is made when missing."""
-    protected = [p for p in protected if p]
-    given = [(flag, key, path) for flag, key, path in (("--png", "map_png", args.png),
-                                                        ("--save", "advise", args.save))
-             if path]
-    if len(given) == 2 and _same_file(args.png, args.save):
-        raise ConfigError(f"refusing --save {args.save}: --png names the same file")
     if args.save == ADVICE_FILE:
         try:
             os.close(files.open_dir(os.path.dirname(ADVICE_FILE), create=0o755))
         except OSError:
             pass                                    # path_problem says why, in one line
-    for flag, key, path in given:
-        problem = outputs.path_problem(path, key, protected)
-        if problem:
-            raise ConfigError(f"refusing {flag} {path}: {problem}")
-
-
-def _same_file(a: str, b: str) -> bool:
-    where = []
-    for path in (a, b):
-        directory, name = os.path.split(os.path.abspath(path))
-        try:
-            st = os.stat(directory)
-            where.append((st.st_dev, st.st_ino, name))
-        except OSError:
-            where.append((directory, name))
-    return where[0] == where[1]
+    outputs.check_named([(flag, key, path) for flag, key, path in
+                         (("--png", "map_png", args.png), ("--save", "advise", args.save))
+                         if path], [p for p in protected if p])
 
 
 def _mode(disk: dict) -> str | None:
@@ -190,7 +171,7 @@ def _watch(disk: dict, k: int, buffer_kb: int = DIRECT_BUFFER_KB) -> IOWatch:
     name = f"{PREFIX}advise-{os.getpid()}-{k}"
     try:
         if mode in ("direct", None):
-            why = direct_io.support(disk["path"])
+            why = direct_io.support(image)
             if why is not None and mode == "direct":
                 raise direct_io.DirectIOUnavailable(why)
             if why is None:
