@@ -73,14 +73,17 @@ class Demand:
                                       # inf: no bound (the daemon gives its guest's)
 
 
-def saved_per_second(reads_per_second: float, miss_cost: float, depth: float = 1.0) -> float:
+def saved_per_second(reads_per_second, miss_cost: float, depth: float = 1.0):
     """Seconds of waiting a second that ``reads_per_second`` reads served from memory save
     a guest whose misses wait ``miss_cost``: each read's wait, but no more than the
     ``depth`` reads it keeps in flight can wait in a second (at least one: a guest at
     queue depth 1 waits at most one second a second). The one place a saving is
     computed: the status's "s of reads saved a second" and the split below.
-    ``depth`` inf: no bound (costs that are not seconds, ``comparable``)."""
-    return min(max(0.0, reads_per_second) * max(0.0, miss_cost), max(1.0, depth))
+    ``depth`` inf: no bound (costs that are not seconds, ``comparable``).
+    ``reads_per_second`` may be an array: the saving at each."""
+    saved = np.minimum(np.maximum(0.0, reads_per_second) * max(0.0, miss_cost),
+                       max(1.0, depth))
+    return float(saved) if np.ndim(saved) == 0 else saved
 
 
 def guest_depth(misses_per_second: float, miss_cost: float | None) -> float:
@@ -132,8 +135,7 @@ def savings(d: Demand, sizes: np.ndarray) -> np.ndarray:
     """Read time saved a second with each of ``sizes`` bytes held (``saved_per_second``
     of the reads the curve serves at each, times the disk's weight)."""
     served = np.asarray(d.hit_ratio(np.asarray(sizes, dtype=float))) * d.pages_per_second
-    return np.array([saved_per_second(r, d.miss_cost, d.depth) for r in np.ravel(served)]
-                    ).reshape(served.shape) * d.weight
+    return np.asarray(saved_per_second(served, d.miss_cost, d.depth)) * d.weight
 
 
 def split(demands: list[Demand], budget: int, last: list[int] | None = None,
