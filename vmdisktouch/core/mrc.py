@@ -178,13 +178,6 @@ class Batches:
         self._held = first[still], last[still], ts[still]
         return first[~still], end[~still]
 
-    def flush(self) -> tuple[np.ndarray, np.ndarray]:
-        """The ranges held, taken whole (the source ends)."""
-        f, l, _ = self._held
-        z = np.zeros(0, np.int64)
-        self._held = (z, z, z)
-        return f, l
-
 
 def _bin(distance: float) -> int:
     """The histogram bin of a distance in pages (bin 0: distance under one page)."""

@@ -301,8 +301,7 @@ class TraceSource:
         cycles in a row neither lose events nor grow the buffer; a cycle that loses events
         with no growth in it or the cycle before (the buffer at its largest, or a loss the
         growth does not explain) ends it too, and is steady."""
-        kb = getattr(self.reader, "buffer_kb", self._buffer_kb) if self.reader is not None \
-            else self._buffer_kb
+        kb = getattr(self.reader, "buffer_kb", self._buffer_kb)    # no reader: unchanged
         grew, self._buffer_kb = kb > self._buffer_kb, kb
         grew_before, self._grew = self._grew, grew
         if not self.sizing:
