@@ -92,21 +92,28 @@ class Clock:
         self.thread.start()
 
     def _run(self) -> None:
-        import libvirt
         while not self._stop.wait(0.005):
-            now = time.monotonic()
-            if self.released is None and self.d.vmlck() == 0:
-                self.released = now
-            try:
-                states = {x.name(): x.state()[0] for x in self.conn.listAllDomains()}
-            except libvirt.libvirtError:
-                continue
-            if self.running is None and states.get(self.dom) == libvirt.VIR_DOMAIN_RUNNING:
-                self.running = now
+            self._look()
+
+    def _look(self) -> None:
+        import libvirt
+        now = time.monotonic()
+        if self.released is None and self.d.vmlck() == 0:
+            self.released = now
+        try:
+            states = {x.name(): x.state()[0] for x in self.conn.listAllDomains()}
+        except libvirt.libvirtError:
+            return
+        if self.running is None and states.get(self.dom) == libvirt.VIR_DOMAIN_RUNNING:
+            self.running = now
 
     def stop(self) -> str:
+        """End the thread, then look once more: virsh can return within a poll of the
+        domain running (a busy machine starves the thread), and the time noted then is
+        later than the true one by that poll at most."""
         self._stop.set()
         self.thread.join(5)
+        self._look()
         self.conn.close()
         if self.released is None or self.running is None:
             return f"released at {self.released}, running at {self.running}"

@@ -182,10 +182,13 @@ def test_every_part_qemu_writes_is_reported_and_an_idle_image_none(tmp_path, tra
 
 def test_past_the_budget_the_next_hottest_zone_is_cached_not_locked(tmp_path, tracefs_root):  # noqa: F811
     """A zone read all over, twice the budget: half held, the other half spilled, read back
-    into the cache after an eviction, and never locked."""
+    into the cache after an eviction, and never locked. ``--min-free 0``: the spill reads
+    only into memory nobody uses (``MemFree`` above the floor), and late in a full run the
+    machine's page cache leaves less than the default 1 GiB of it free."""
     image = data_image(tmp_path / "disk.img", 64 * MiB)
     stop = threading.Event()
-    d = DaemonProc(tmp_path, image, "--uri", "", max_hold="8M", interval=0.3)
+    d = DaemonProc(tmp_path, image, "--uri", "", "--min-free", "0", max_hold="8M",
+                   interval=0.3)
     fd = os.open(image, os.O_RDONLY)
     try:
         d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
@@ -195,8 +198,10 @@ def test_past_the_budget_the_next_hottest_zone_is_cached_not_locked(tmp_path, tr
         stop.set()
         reader.join(10)           # its pass ends first: a read after the eviction caches
         evict(image)              # the guest's cache and the spill go; the held half stays
-        st = d.wait_status(lambda s: s["spill"]["read_bytes"] >= 4 * MiB, "the spill read again")
-        assert st["spill"]["stopped"] is None and st["held_bytes"] <= 8 * MiB
+        st = d.wait_status(lambda s: s["spill"]["read_bytes"] >= 4 * MiB
+                           or s["spill"]["stopped"] is not None, "the spill read again")
+        assert st["spill"]["stopped"] is None, st["spill"]
+        assert st["spill"]["read_bytes"] >= 4 * MiB and st["held_bytes"] <= 8 * MiB
         assert vmlck(d.pid) <= 8 * MiB
         held = np.zeros(64 * MiB // PAGE, dtype=bool)
         for off, n in st["regions"]:
