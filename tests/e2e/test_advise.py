@@ -105,6 +105,7 @@ def test_advise_sees_a_cache_none_disk_its_rates_and_a_curve_within_5_points_of_
                                                                    truth)
     advice = d["advice"]
     assert advice["verdict"] == "hold", advice
+    assert advice["evidence"]["enough"], advice     # 15 s of a small zone: its pages re-read
     assert 16 * MiB <= advice["bytes"] <= 128 * MiB, advice      # about the 24M zone
     assert advice["advice"].startswith("with cache=writethrough and ")
     assert advice["more_reads_per_second"] > 0
@@ -180,8 +181,34 @@ def test_ctrl_c_stops_within_a_second_prints_what_was_measured_and_leaves_no_ins
     assert_clean(err)
     assert image in out and "interrupted" in out, out
     row = next(line for line in out.splitlines() if line.startswith(image))
-    assert "none" in row and "with cache=writethrough" in row, out
+    # 6 s of a window: under advise's minimum, so no size, only how much longer to watch
+    assert "none" in row and "not enough reads yet: watch for" in row, out
     assert not ours(p.pid)
+
+
+@pytest.mark.parametrize("seconds", ["1", "5"])
+def test_a_window_under_the_minimum_never_prints_a_size(cache_none_guest, seconds):
+    """fio reads a hot zone at thousands of reads a second: a window of 1 or 5 s still gives
+    no size (a curve of a few seconds has seen only its shortest reuses), it says how much
+    longer to watch, and the duration is warned at the start."""
+    image, _ = cache_none_guest
+    r = vmdt("advise", image, "--duration", seconds, "--json", "--save", "", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert_clean(r.stderr)
+    assert f"--duration {seconds} is under the 10 s an advice needs" in r.stderr, r.stderr
+    d = json.loads(r.stdout)["disks"][0]
+    assert d["reads_per_second"] > 1000, d                 # the guest was read
+    a = d["advice"]
+    assert a["verdict"] == "not_enough" and a["bytes"] == 0, a
+    assert a["advice"].startswith("not enough reads yet: watch for "), a
+    assert a["evidence"]["window_seconds"] <= float(seconds) + 1, a
+    assert a["evidence"]["re_reads"] > 0, a
+    text = vmdt("advise", image, "--duration", seconds, "--save", "", timeout=60)
+    assert text.returncode == 0, text.stderr
+    row = next(line for line in text.stdout.splitlines() if line.startswith(image))
+    advice_text = row.split("µs", 1)[-1]                   # past the MISS column
+    assert "not enough reads yet" in advice_text and "held" not in advice_text, row
+    assert f"{image}: evidence: " in text.stdout, text.stdout
 
 
 # -- bad input ----------------------------------------------------------------------------

@@ -138,3 +138,60 @@ def test_the_hottest_blocks_serve_their_share_and_raise_what_an_lru_would():
                             lambda b: 0.97)
     assert held.hit_ratio == 0.97 > lru.hit_ratio
     assert held.saved_per_read == pytest.approx(0.97 * (400e-6 - 5e-6))
+
+
+def judged(m: MissRatioCurve, w: what_if.Watched, seconds: float) -> what_if.Forecast:
+    """``advise`` with advise's own evidence rule: ``m`` watched for ``seconds``."""
+    from vmdisktouch.core import advice
+    w = what_if.Watched(**{**w.__dict__, "pages_read": m.reads})
+    status = m.status(w.image_bytes, w.page_size)
+    return what_if.forecast(
+        w, status["curve"], lambda b: m.hit_ratio(b / w.page_size),
+        m.wants(w.image_bytes, w.page_size),
+        evidence_for=lambda b: advice.evidence(m.reads, m.re_reads, seconds, advice.ADVISE,
+                                               b / w.page_size))
+
+
+def test_a_window_under_advise_s_minimum_gives_no_size_only_how_long_to_watch():
+    from vmdisktouch.adapters.advice_file import advice_cell
+    m = curve_of(zone_reads())
+    short = judged(m, watched(), 5.0)             # 200,000 reads: seconds short only
+    assert short.verdict == "not_enough" and short.bytes == 0, short
+    assert short.evidence["wait_seconds"] == 5 and short.evidence["re_reads"] > 100_000
+    said = sentence(short, IMAGE)
+    assert said.startswith("not enough reads yet: watch for 5 s more"), said
+    assert "M" not in said.split("(")[0]           # no size in the advice itself
+    assert advice_cell(short.to_json()) == "not enough reads yet: watch for 5 s more"
+    full = judged(m, watched(), 60.0)
+    assert full.verdict == "hold" and full.bytes > 0 and full.evidence["enough"], full
+
+
+def test_a_size_whose_pages_were_not_seen_read_again_twice_is_not_said():
+    # a 512 MiB zone (131,072 pages) read 200,000 times: some pages read again, far from
+    # two re-reads a page of what the curve wants
+    m = curve_of(zone_reads(zone_pages=512 * MiB // PAGE))
+    f = judged(m, watched(), 60.0)
+    assert f.verdict == "not_enough" and f.bytes == 0, f
+    need = f.evidence["minimum"]["re_reads"]
+    assert need > f.evidence["re_reads"] >= 1000          # the cover, not the floor
+    assert f.evidence["wait_seconds"] > 0
+
+
+def test_no_re_read_in_a_full_window_is_no_reuse_and_in_a_short_one_not_enough():
+    m = curve_of(np.arange(100_000))
+    assert judged(m, watched(), 60.0).verdict == "no_reuse"
+    f = judged(m, watched(), 2.0)
+    assert f.verdict == "not_enough" and f.evidence["wait_seconds"] is None
+    assert sentence(f, IMAGE).startswith("not enough reads yet (no size")
+
+
+def test_the_evidence_rule_is_one_for_the_daemon_and_advise_with_their_minimums():
+    from vmdisktouch.core import advice
+    # the same curve's figures: enough for advise's one look, not for the daemon's verdicts
+    a = advice.evidence(50_000, 20_000, 30.0, advice.ADVISE)
+    d = advice.evidence(50_000, 20_000, 30.0)
+    assert a["enough"] and not d["enough"] and d["wait_seconds"] == 570   # settling: 600 s
+    assert a["minimum"]["window_seconds"] == 10.0 and d["minimum"]["window_seconds"] == 120.0
+    # the cover asks for re-reads with the size
+    assert not advice.evidence(50_000, 20_000, 30.0, advice.ADVISE, 20_000)["enough"]
+    assert advice.evidence(50_000, 20_000, 30.0, advice.ADVISE, 10_000)["enough"]

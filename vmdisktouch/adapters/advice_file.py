@@ -12,6 +12,7 @@ import json
 import time
 
 from vmdisktouch.adapters import outputs
+from vmdisktouch.core.advice import not_enough
 from vmdisktouch.core.what_if import Forecast
 from vmdisktouch.sizes import format_size
 
@@ -64,6 +65,8 @@ def advice_cell(a: dict | None) -> str:
         cell = f"{format_size(a['bytes'])}: {a['hit_ratio']:.0%} from memory"
         more = a.get("more_reads_per_second") or 0
         return cell + (f", +{more:,.0f} reads/s" if more >= 1 else "")
+    if v == "not_enough":
+        return not_enough(a.get("evidence"))
     return {"uniform": "none: reads uniform", "no_reuse": "none: no re-reads",
             "no_reads": "not read"}.get(v, v or "-")
 
@@ -83,6 +86,11 @@ def sentence(f: Forecast, image_bytes: int) -> str:
     """The advice in words: the size, and what it would buy, or why no size helps."""
     if f.verdict == "no_reads":
         return "no read in the window: nothing to advise (watch while it works)"
+    if f.verdict == "not_enough":
+        e = f.evidence
+        return (f"{not_enough(e)} (no size: {e['re_reads']:,} pages read again in "
+                f"{e['window_seconds']:g} s, where an advice needs "
+                f"{e['minimum']['re_reads']:,} in {e['minimum']['window_seconds']:g} s)")
     if f.verdict == "no_reuse":
         return "no size helps: no page was read twice in the window"
     held = (f"with {format_size(f.bytes)} held" if f.buffered

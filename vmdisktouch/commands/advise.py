@@ -39,7 +39,7 @@ from vmdisktouch.adapters import atomic
 from vmdisktouch.adapters import advice_file
 from vmdisktouch.adapters import outputs
 from vmdisktouch.adapters.advice_file import ADVICE_FILE
-from vmdisktouch.core import what_if
+from vmdisktouch.core import advice, what_if
 from vmdisktouch.system.trace.tracefs import PREFIX
 import numpy as np
 
@@ -72,7 +72,9 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help="every disk of every running domain (default URI: "
                              "qemu:///system)")
     parser.add_argument("--duration", default="60", metavar="SECONDS",
-                        help="how long to watch, more than 0 (default 60; 30s, 2m...); "
+                        help="how long to watch, more than 0 (default 60; 30s, 2m...; "
+                             f"under {advice.ADVISE.seconds:g} s it says how much longer to "
+                             "watch, not a size); "
                              "Ctrl-C, SIGTERM or SIGHUP ends it early with what was seen")
     parser.add_argument("--cache", choices=("auto", "none", "writethrough"), default="auto",
                         help="how QEMU opens the PATHs: none (O_DIRECT), writethrough "
@@ -190,6 +192,10 @@ def _watch(disk: dict, k: int, buffer_kb: int = DIRECT_BUFFER_KB) -> IOWatch:
 
 def main(args) -> int:
     duration = watch_duration(args.duration)
+    if duration < advice.ADVISE.seconds:
+        print(f"vmdisktouch: advise: warning: --duration {args.duration} is under the "
+              f"{advice.ADVISE.seconds:g} s an advice needs: it will say how much longer to "
+              "watch, not a size", file=sys.stderr)
     disks, protected = _disks(args)
     if os.geteuid() != 0:
         raise NotPermitted("advise reads the kernel's tracepoints: run it as root")
@@ -268,7 +274,9 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
         f = what_if.forecast(m, window,
                              lambda b, w=w, m=m: w.mrc.hit_ratio(b / m.page_size), wants,
                              lambda b, w=w: what_if.hottest_share(w.block_reads,
-                                                                  -(-b // io_watch.BLOCK)))
+                                                                  -(-b // io_watch.BLOCK)),
+                             lambda b, w=w, m=m: advice.of_curve(w.mrc, advice.ADVISE,
+                                                                 b / m.page_size))
         t = w.tally
         waits = w.read_waits_ns()
         out.append({
@@ -334,6 +342,11 @@ def _output(report: dict, args, protected: list) -> bool:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for d in report["disks"]:
+        e = d["advice"].get("evidence")
+        if e and d["reads_per_second"] > 0:
+            print(f"{d['name']}: evidence: {e['reads']:,} reads, {e['re_reads']:,} of them "
+                  f"read again, in {e['window_seconds']:g} s")
     for name, why in sorted(report["failed"].items()):
         print(f"{name}: not watched: {why}")
     for d in report["disks"]:

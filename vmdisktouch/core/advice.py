@@ -28,6 +28,14 @@ re-reads, and it has seen the reuse of what it read (at most
 yet", with at most how long to watch, and no size: a curve of a few seconds
 wanted the whole image, and a young one counts every first read a miss, so
 its wants crept from 9M to 50M over ten minutes of a steady guest.
+``advise`` holds its one look to a smaller minimum of the same rule
+(``ADVISE``: ``ADVISE_MIN_SECONDS``, ``ADVISE_MIN_REREADS``, no settling)
+and one more: the size it says must have been seen read again
+(``ADVISE_COVER`` re-reads per page of it). Its curve is the window's steady
+state (``core.mrc``: the window's first reads censored, not counted as
+misses), so it need not wait for every first read to come back, and no budget
+is moved by it every cycle; but a large hot set read once in the window is
+not seen yet (docs/benchmarks/advise.md#advise-window).
 
 The verdicts said are steady (``Verdicts``): a curve read every cycle moves
 with its sampling noise, and a share at the edge of its margin gave "too
@@ -47,9 +55,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vmdisktouch.core.rules import (CURVE_MAX_UNSEEN, CURVE_MIN_REREADS, CURVE_MIN_SECONDS,
-                                   CURVE_SETTLED_SECONDS, VERDICT_CONFIRM_SECONDS,
-                                   VERDICT_HOLD_SECONDS)
+from vmdisktouch.core.rules import (ADVISE_COVER, ADVISE_MIN_REREADS, ADVISE_MIN_SECONDS, CURVE_MAX_UNSEEN,
+                                   CURVE_MIN_REREADS, CURVE_MIN_SECONDS, CURVE_SETTLED_SECONDS,
+                                   VERDICT_CONFIRM_SECONDS, VERDICT_HOLD_SECONDS)
 from vmdisktouch.core.shares import SLICES
 
 TOO_SMALL, TOO_LARGE, RIGHT = "too_small", "too_large", "right"
@@ -87,24 +95,56 @@ def disk_verdict(share: int, wants: int | None, budget: int) -> Verdict | None:
     return Verdict(RIGHT, 0)
 
 
-def evidence(reads: float, re_reads: float, window_seconds: float) -> dict:
+@dataclass(frozen=True)
+class Minimum:
+    """What a curve must stand on before it says a size: ``seconds`` watched, ``re_reads``
+    seen, ``cover`` re-reads per page of the size it says (the size's own pages seen read
+    again), and (``settle``) its first reads read again or ``CURVE_SETTLED_SECONDS``."""
+    seconds: float
+    re_reads: float
+    settle: bool
+    cover: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"window_seconds": self.seconds, "re_reads": int(self.re_reads),
+                "re_reads_per_page_advised": self.cover}
+
+
+SERVED = Minimum(CURVE_MIN_SECONDS, CURVE_MIN_REREADS, True)     # the daemon's, every cycle
+ADVISE = Minimum(ADVISE_MIN_SECONDS, ADVISE_MIN_REREADS, False,  # advise's one look
+                 ADVISE_COVER)
+
+
+def evidence(reads: float, re_reads: float, window_seconds: float,
+             minimum: Minimum = SERVED, size_pages: float = 0.0) -> dict:
     """What a curve stands on (``reads``, the ``re_reads`` among them, the
-    ``window_seconds`` it has watched), and whether it is enough to say a size
-    (``enough``; module docstring); else ``wait_seconds``, at most how much longer to
-    watch (None: no re-read seen yet, nothing to tell by)."""
+    ``window_seconds`` it has watched), and whether it is enough to say a size of
+    ``size_pages`` (``enough``: ``minimum`` met; module docstring); else ``wait_seconds``,
+    how much longer to watch at the re-reads' rate so far (None: no re-read seen yet,
+    nothing to tell by)."""
     window = max(0.0, float(window_seconds))
     unseen = 1.0 - re_reads / reads if reads > 0 else 1.0
-    settled = unseen <= CURVE_MAX_UNSEEN or window >= CURVE_SETTLED_SECONDS
-    enough = window >= CURVE_MIN_SECONDS and re_reads >= CURVE_MIN_REREADS and settled
+    settled = (not minimum.settle or unseen <= CURVE_MAX_UNSEEN
+               or window >= CURVE_SETTLED_SECONDS)
+    needed = max(minimum.re_reads, minimum.cover * max(0.0, float(size_pages)))
+    enough = window >= minimum.seconds and re_reads >= needed and settled
     wait = None
     if not enough and re_reads > 0:
         rate = re_reads / window if window > 0 else 0.0
-        wait = max(CURVE_MIN_SECONDS - window,
-                   (CURVE_MIN_REREADS - re_reads) / rate if rate > 0 else 0.0,
+        wait = max(minimum.seconds - window,
+                   (needed - re_reads) / rate if rate > 0 else 0.0,
                    0.0 if settled else CURVE_SETTLED_SECONDS - window, 0.0)
     return {"reads": int(round(reads)), "re_reads": int(round(re_reads)),
             "window_seconds": round(window, 1), "enough": bool(enough),
-            "wait_seconds": 0 if enough else None if wait is None else int(-(-wait // 1))}
+            "wait_seconds": 0 if enough else None if wait is None else int(-(-wait // 1)),
+            "minimum": {**minimum.to_json(), "re_reads": int(round(needed))}}
+
+
+def of_curve(mrc, minimum: Minimum = SERVED, size_pages: float = 0.0) -> dict:
+    """``evidence`` of a miss-ratio curve (``core.mrc.MissRatioCurve``): the reads it has
+    seen (decayed, as its histogram), the re-reads among them within its window, and the
+    seconds it has watched."""
+    return evidence(mrc.reads, mrc.re_reads, mrc.age, minimum, size_pages)
 
 
 def not_enough(ev: dict | None) -> str:

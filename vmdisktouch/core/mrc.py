@@ -356,6 +356,13 @@ class MissRatioCurve:
             self.reads *= f
 
     @property
+    def re_reads(self) -> float:
+        """The reads that were re-reads seen within the window (the window's curve past
+        every size, never the steady state's estimate of the first reads): the evidence
+        the curve stands on (``advice.evidence``)."""
+        return self.reads * float(self.curve([np.inf], steady=False)[0])
+
+    @property
     def reuse_share(self) -> float:
         """The share of its reads that were re-reads: the curve's height past every size."""
         return self.hit_ratio(np.inf)

@@ -159,6 +159,15 @@ RULES = (
     Rule("CURVE_SETTLED_SECONDS", 600.0, "s",
          "Trace source: a curve that has watched this long (its half-life: all the evidence "
          "it weighs) says a size whatever its first reads.", "core.advice"),
+    Rule("ADVISE_MIN_SECONDS", 10.0, "s",
+         "advise: a window shorter than this says no size, only how much longer to watch "
+         "(a --duration under it is warned).", "core.advice"),
+    Rule("ADVISE_MIN_REREADS", 1000, "re-reads",
+         "advise: nor one that saw fewer re-reads (pages read again within the window).",
+         "core.advice"),
+    Rule("ADVISE_COVER", 2.0, "re-reads a page",
+         "advise: nor a size whose pages were not seen read again this many times each, on "
+         "average (re-reads over the size's pages).", "core.advice"),
     Rule("VERDICT_CONFIRM_SECONDS", 60.0, "s",
          "A new budget verdict (a disk's share, or max_hold, too small, too large or right) is "
          "said once every cycle has given it for this long (and 3 cycles at least).",
@@ -202,5 +211,8 @@ CURVE_MIN_SECONDS = BY_NAME["CURVE_MIN_SECONDS"].value
 CURVE_MIN_REREADS = BY_NAME["CURVE_MIN_REREADS"].value
 CURVE_MAX_UNSEEN = BY_NAME["CURVE_MAX_UNSEEN"].value
 CURVE_SETTLED_SECONDS = BY_NAME["CURVE_SETTLED_SECONDS"].value
+ADVISE_MIN_SECONDS = BY_NAME["ADVISE_MIN_SECONDS"].value
+ADVISE_MIN_REREADS = BY_NAME["ADVISE_MIN_REREADS"].value
+ADVISE_COVER = BY_NAME["ADVISE_COVER"].value
 VERDICT_CONFIRM_SECONDS = BY_NAME["VERDICT_CONFIRM_SECONDS"].value
 VERDICT_HOLD_SECONDS = BY_NAME["VERDICT_HOLD_SECONDS"].value

@@ -32,6 +32,13 @@ guest) would promise far more. A guest that issues at a fixed pace gets
 lower latency instead, and no more reads: the forecast says "at this
 queue depth" for that reason.
 
+A window too short to stand on (``advice.evidence`` with advise's minimum,
+``advice.ADVISE``: its seconds, its re-reads, and the size's own pages seen
+read again) says no size at all: ``not_enough``, with how much longer to
+watch. A curve of a few seconds has seen only the reuses shorter than its
+age: a 432 MiB hot zone watched 10 s looked like 168M for 27 % of the reads,
+watched 60 s 504M for 82 % (docs/benchmarks/advise.md#advise-window).
+
 A curve that is what uniform reads of the whole image would give (every
 page as likely as any other: ``uniform_curve``, from a cold start) wants the
 whole image: no smaller size helps. A curve that stays at zero (no page read twice in the window) buys
@@ -40,7 +47,7 @@ nothing at any size. Both are said as such, not as a size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -69,13 +76,15 @@ class Watched:
 @dataclass(frozen=True)
 class Forecast:
     """The advice for one disk: a size and what it would buy, or why none helps."""
-    verdict: str                  # "hold", "uniform", "no_reuse", "no_reads", "no_latency"
+    verdict: str                  # "hold", "uniform", "no_reuse", "no_reads", "no_latency",
+                                  # "not_enough"
     bytes: int                    # the size advised (0: none)
     hit_ratio: float              # the share of reads served from memory with it held
     saved_per_read: float         # seconds a read waits less, on average
     more_reads_per_second: float  # at the same queue depth
     depth: float | None           # the I/O in flight, on average
     buffered: bool                # the disk goes through the page cache now
+    evidence: dict | None = None  # what the curve stands on (``advice.evidence``)
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict, "bytes": int(self.bytes),
@@ -83,7 +92,7 @@ class Forecast:
                 "saved_per_read_us": round(self.saved_per_read * 1e6, 1),
                 "more_reads_per_second": round(self.more_reads_per_second, 1),
                 "queue_depth": None if self.depth is None else round(self.depth, 2),
-                "buffered": self.buffered}
+                "buffered": self.buffered, "evidence": self.evidence}
 
 
 def cache_hit_ratio(pages_read: float, pages_added: float) -> float | None:
@@ -141,15 +150,34 @@ def depth(w: Watched) -> float | None:
 
 
 def forecast(w: Watched, window: list[list[float]], hit_at, wants: int,
-             hottest_at=lambda size: 0.0) -> Forecast:
+             hottest_at=lambda size: 0.0, evidence_for=None) -> Forecast:
     """The advice for a disk ``w``: ``window`` its curve as the window saw it, from a cold
     start (``[[bytes, hit_ratio], ...]``, held to ``uniform_curve``), ``hit_at(bytes)``
-    the steady state's height at any size, ``wants`` what that wants, and
-    ``hottest_at(bytes)`` the share of the reads on the hottest blocks of that size."""
+    the steady state's height at any size, ``wants`` what that wants,
+    ``hottest_at(bytes)`` the share of the reads on the hottest blocks of that size, and
+    ``evidence_for(bytes)`` what the curve stands on for a size of so many bytes
+    (``advice.evidence``; None: not judged)."""
     image = int(w.image_bytes)
     q = depth(w)
+    ev = evidence_for(0) if evidence_for else None
     if w.reads_per_second <= 0:
-        return Forecast("no_reads", 0, 0.0, 0.0, 0.0, q, w.buffered)
+        return Forecast("no_reads", 0, 0.0, 0.0, 0.0, q, w.buffered, ev)
+    if ev is not None and not ev["enough"]:
+        # no re-read in a window of its full length is the finding, not a lack of one
+        long_enough = ev["window_seconds"] >= ev["minimum"]["window_seconds"]
+        verdict = "no_reuse" if long_enough and hit_at(image) < NO_REUSE else "not_enough"
+        return Forecast(verdict, 0, 0.0, 0.0, 0.0, q, w.buffered, ev)
+    f = _forecast(w, window, hit_at, wants, hottest_at, q)
+    if evidence_for and f.verdict in ("hold", "no_latency"):   # a part of the image: seen?
+        ev = evidence_for(f.bytes)
+        if not ev["enough"]:
+            return Forecast("not_enough", 0, 0.0, 0.0, 0.0, q, w.buffered, ev)
+    return replace(f, evidence=ev)
+
+
+def _forecast(w: Watched, window, hit_at, wants: int, hottest_at, q) -> Forecast:
+    """``forecast`` of a disk read in a window that is evidence."""
+    image = int(w.image_bytes)
     if hit_at(image) < NO_REUSE:
         return Forecast("no_reuse", 0, 0.0, 0.0, 0.0, q, w.buffered)
     uniform = is_uniform(window, image, w.page_size, w.pages_read)

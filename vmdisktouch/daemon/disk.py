@@ -53,7 +53,7 @@ from vmdisktouch.daemon.emit import CycleReport, Emitter
 from vmdisktouch.daemon.reasons import Allotment, Facts, why_not_held
 from vmdisktouch.sizes import counted, format_size
 from vmdisktouch.report import DiskReport
-from vmdisktouch.core.advice import evidence
+from vmdisktouch.core import advice
 from vmdisktouch.core.shares import Demand, guest_depth, heat_curve, saved_per_second
 from vmdisktouch.system.hold.spill import SpillResult
 
@@ -174,7 +174,7 @@ class DiskWatcher:
         mrc = getattr(self.source, "mrc", None)
         if mrc is None:
             return None
-        return evidence(mrc.reads, mrc.reads * mrc.reuse_share, mrc.age)
+        return advice.of_curve(mrc)
 
     def _curve_seen(self, candidates: int):
         """The curve (``core.mrc``) once it has seen the guest's reads come back, else None:

@@ -296,6 +296,7 @@ class IOWatch:
             blocks = pages_read(first, last) * self.page_size // BLOCK
             self.block_reads += np.bincount(blocks[blocks < self.block_reads.size],
                                             minlength=self.block_reads.size)
+        self.mrc.decay(seconds)           # no half-life: it only ages, the window's length
         t.seconds = now - self._start
         # probe only a disk seen through the page cache: a direct tracer of the same image
         # would take the probes' own O_DIRECT reads for the guest's
