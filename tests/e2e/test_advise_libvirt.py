@@ -58,7 +58,7 @@ def test_advise_libvirt_sees_a_cache_none_native_disk_and_discover_shows_its_adv
             t.start()
         time.sleep(2)
         saved = tmp_path / "advise.json"
-        r, exact, lost = advise_traced(images["vda"], "--libvirt", URI, "--duration", "10",
+        r, exact, lost = advise_traced(images["vda"], "--libvirt", URI, "--duration", "20",
                                        "--json", "--save", saved)
         stop.set()
         for t in threads:

@@ -70,7 +70,7 @@ def test_the_host_png_marks_a_cache_none_disk_that_would_gain(domains, tmp_path,
     try:
         time.sleep(2)
         r = subprocess.run([sys.executable, "-m", "vmdisktouch", "advise", "--libvirt", URI,
-                            "--duration", "10", "--json"], capture_output=True, text=True,
+                            "--duration", "20", "--json"], capture_output=True, text=True,
                            timeout=120)
     finally:
         stop.set()

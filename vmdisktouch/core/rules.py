@@ -162,7 +162,7 @@ RULES = (
     Rule("ADVISE_MIN_SECONDS", 10.0, "s",
          "advise: a window shorter than this says no size, only how much longer to watch "
          "(a --duration under it is warned).", "core.advice"),
-    Rule("ADVISE_MIN_REREADS", 1000, "re-reads",
+    Rule("ADVISE_MIN_REREADS", 200, "re-reads",
          "advise: nor one that saw fewer re-reads (pages read again within the window).",
          "core.advice"),
     Rule("ADVISE_COVER", 2.0, "re-reads a page",
