@@ -138,3 +138,87 @@ def test_the_hottest_blocks_serve_their_share_and_raise_what_an_lru_would():
                             lambda b: 0.97)
     assert held.hit_ratio == 0.97 > lru.hit_ratio
     assert held.saved_per_read == pytest.approx(0.97 * (400e-6 - 5e-6))
+
+
+# -- issue 55: what a hit and a switch cost; the evidence a forecast stands on -----------
+
+def fast_disk(**kw) -> what_if.Watched:
+    """A guest at queue depth 1 on a fast disk (a miss 28 µs), cache=none, with the costs
+    measured on this project's test machine: a read through QEMU's buffered path 15 µs
+    more than through its direct path, a writethrough write 150 µs more."""
+    base = dict(reads_per_second=8000.0, writes_per_second=2000.0, read_wait=28e-6,
+                write_wait=65e-6, miss=28e-6, hit=1e-6, path_extra=15e-6,
+                write_extra=150e-6)
+    base.update(kw)
+    return watched(**base)
+
+
+def test_a_mixed_workload_on_a_fast_disk_comes_out_negative_and_says_no_gain():
+    m = curve_of(zone_reads())
+    f = advise(m, fast_disk())
+    assert f.verdict == "no_gain", f
+    assert f.more_reads_per_second < 0
+    assert f.then.writes < f.now.writes and f.then.io_time > f.now.io_time
+    # the read side alone still gains: 0.9 * 27 µs - 15 µs
+    assert f.saved_per_read == pytest.approx(f.hit_ratio * 27e-6 - 15e-6)
+    assert f.write_cost == pytest.approx(150e-6)
+    said = sentence(f, IMAGE)
+    assert said.startswith("no gain: ") and "a flush per write" in said, said
+    assert "reads/s" in said and "writes/s" in said and "mean I/O" in said, said
+    assert f.to_json()["then"]["reads_per_second"] < f.to_json()["now"]["reads_per_second"]
+
+
+def test_reads_only_on_a_fast_disk_gain_what_the_buffered_path_leaves():
+    m = curve_of(zone_reads())
+    free = advise(m, fast_disk(writes_per_second=0.0, path_extra=None))
+    paid = advise(m, fast_disk(writes_per_second=0.0))
+    assert free.verdict == paid.verdict == "hold"
+    assert paid.saved_per_read == pytest.approx(free.saved_per_read - 15e-6)
+    assert 0 < paid.more_reads_per_second < 0.5 * free.more_reads_per_second
+    # at depth 1 the cycle is 1 / rate: 125 µs less the time saved per read
+    assert paid.then.io_time == pytest.approx(1 / 8000 - paid.saved_per_read)
+    assert paid.then.reads == pytest.approx(1 / paid.then.io_time)
+
+
+def test_a_slow_disk_gains_even_with_its_writes_slower():
+    m = curve_of(zone_reads())
+    f = advise(m, fast_disk(reads_per_second=400.0, writes_per_second=100.0, miss=2e-3,
+                            read_wait=2e-3))
+    assert f.verdict == "hold" and f.more_reads_per_second > 0
+    assert "writes 150 µs slower each" in sentence(f, IMAGE)
+
+
+def test_a_disk_already_through_the_page_cache_pays_no_switch():
+    m = curve_of(zone_reads())
+    f = advise(m, fast_disk(buffered=True, hit_ratio_now=0.5))
+    assert f.write_cost == 0.0
+    assert f.saved_per_read == pytest.approx((f.hit_ratio - 0.5) * 27e-6)
+
+
+def test_a_short_window_or_too_few_re_reads_give_no_size_but_how_long_to_watch():
+    m = curve_of(zone_reads())
+    short = advise(m, watched(seconds=5.0))
+    assert short.verdict == "not_enough" and short.bytes == 0
+    said = sentence(short, IMAGE)
+    assert said.startswith("not enough reads yet: watch for ") and " more seconds" in said
+    assert "held" not in said and "M" not in said.split("(")[0], said
+    assert short.evidence.more_seconds >= 5.0
+    j = short.to_json()["evidence"]
+    assert j["window_seconds"] == 5.0 and j["enough"] is False and j["reads"] > 0
+    # a zone read once over and 300 pages again: fewer re-reads than the minimum
+    once = curve_of(np.arange(16_384))                   # 64 MiB read once
+    few = curve_of(np.concatenate([np.arange(16_384), np.arange(300)]))
+    f = advise(few, watched())
+    assert f.verdict == "not_enough", f
+    assert "re-reads seen" in f.evidence.short
+    assert advise(once, watched()).verdict == "no_reuse"     # none at all: said as such
+    # enough: the evidence is stated with the advice
+    ok = advise(m, watched())
+    assert ok.verdict == "hold" and ok.evidence.short is None
+    assert ok.evidence.rereads >= what_if.COVER * ok.bytes / PAGE
+
+
+def test_no_re_reads_need_only_the_window_and_the_reads():
+    m = curve_of(np.arange(100_000))
+    assert advise(m, watched()).verdict == "no_reuse"
+    assert advise(m, watched(seconds=2.0)).verdict == "not_enough"

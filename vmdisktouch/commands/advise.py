@@ -49,7 +49,7 @@ from vmdisktouch.system import files
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.observe import io_watch
 from vmdisktouch.system.observe.io_watch import (IOWatch, page_cache_read_time, paged_tracer,
-                                                 scan_openers)
+                                                 qemu_path_cost, scan_openers)
 from vmdisktouch.system.observe.miss_cost import MissCost
 from vmdisktouch.system.signals import LoopSignals
 
@@ -86,16 +86,25 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                              f"or an earlier report, in a directory that exists")
 
 
-def watch_duration(text: str) -> float:
+def watch_duration(text: str, warn=None) -> float:
     """``--duration`` in seconds: a duration (``sizes.parse_duration``) of more than 0, else
-    ``ConfigError`` (78): a window of no time is no evidence."""
+    ``ConfigError`` (78): a window of no time is no evidence. Under
+    ``what_if.MIN_WINDOW`` it is warned (``warn``, a line): such a window gives no size,
+    only how much longer to watch (it still shows the rates, and who has the disk open)."""
     try:
         seconds = parse_duration(text)
     except ValueError as exc:
         raise ConfigError(f"bad value {text!r} for --duration: {exc}") from None
     if seconds <= 0:
         raise ConfigError(f"bad value {text!r} for --duration: the watch needs more than 0 s")
+    if seconds < what_if.MIN_WINDOW and warn is not None:
+        warn(f"--duration {text} is less than the {what_if.MIN_WINDOW:g} s an advice needs: "
+             "it will say how much longer to watch, not a size")
     return seconds
+
+
+def _warn(line: str) -> None:
+    print(f"vmdisktouch: advise: warning: {line}", file=sys.stderr)
 
 
 def _disks(args) -> tuple[list[dict], list[outputs.Protected]]:
@@ -208,7 +217,7 @@ def _watch(disk: dict, k: int, buffer_kb: int = DIRECT_BUFFER_KB) -> IOWatch:
 
 
 def main(args) -> int:
-    duration = watch_duration(args.duration)
+    duration = watch_duration(args.duration, _warn)
     disks, protected = _disks(args)
     if os.geteuid() != 0:
         raise NotPermitted("advise reads the kernel's tracepoints: run it as root")
@@ -225,6 +234,8 @@ def main(args) -> int:
 def _advise(args, disks: list[dict], duration: float, stop: LoopSignals,
             protected: list) -> int:
     watches, failed = [], {}
+    # before any tracer: what a switch to cache=writethrough costs, through QEMU itself
+    costs = qemu_path_cost([d["path"] for d in disks], stop=lambda: stop.stopping)
     try:
         for k, d in enumerate(disks):
             try:
@@ -243,7 +254,7 @@ def _advise(args, disks: list[dict], duration: float, stop: LoopSignals,
     finally:
         for _, w in watches:
             w.close()
-    report = _report(watches, failed, hit, duration, interrupted)
+    report = _report(watches, failed, hit, costs, duration, interrupted)
     kept = _output(report, args, protected)
     if interrupted:
         return 128 + stop.stop_signal
@@ -277,10 +288,11 @@ def drain_all(watches: list, failed: dict) -> None:
             w.close()
 
 
-def _report(watches, failed: dict, hit: float, duration: float, interrupted: bool) -> dict:
+def _report(watches, failed: dict, hit: float, costs: dict, duration: float,
+            interrupted: bool) -> dict:
     out = []
     for d, w in watches:
-        m = w.watched(hit)
+        m = w.watched(hit, costs.get(d["path"]))
         curve = w.mrc.status(m.image_bytes, m.page_size)
         window = w.mrc.status(m.image_bytes, m.page_size, steady=False)["curve"]
         wants = w.mrc.wants(m.image_bytes, m.page_size)
@@ -303,6 +315,10 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
             "hit_ratio_now": round(m.hit_ratio_now, 4),
             "miss_latency_us": None if m.miss is None else round(m.miss * 1e6, 1),
             "hit_latency_us": round(hit * 1e6, 2),
+            "path_extra_us": None if m.path_extra is None else round(m.path_extra * 1e6, 1),
+            "write_extra_us": None if m.write_extra is None else round(m.write_extra * 1e6,
+                                                                       1),
+            "evidence": (f.evidence or what_if.evidence(m, window)).to_json(),
             "read_latency_us_p50_p99": ([round(float(x) / 1e3, 1)
                                          for x in np.percentile(waits, [50, 99])]
                                         if waits.size else None),

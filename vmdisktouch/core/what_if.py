@@ -36,6 +36,43 @@ A curve that is what uniform reads of the whole image would give (every
 page as likely as any other: ``uniform_curve``, from a cold start) wants the
 whole image: no smaller size helps. A curve that stays at zero (no page read twice in the window) buys
 nothing at any size. Both are said as such, not as a size.
+
+What a switch costs (issue 55). A disk QEMU opens with O_DIRECT
+(``cache=none``) that would be served must go through the page cache
+(``cache=writethrough``), and that path is not free. Measured on the host,
+not assumed (``system.observe.io_watch``):
+
+* ``path_extra``: what one I/O through QEMU's buffered path (its thread pool,
+  ``aio=threads``) takes beyond one through its direct path (``aio=native``),
+  besides the wait at the device: the same 4 KiB reads of a file in memory
+  through ``qemu-nbd`` both ways. Every read pays it after the switch, hit or
+  miss (on this machine 10-20 µs: why reads got 7-13 µs faster, not the
+  21-28 µs a free hit would give);
+* ``write_extra``: what one 4 KiB write through QEMU's writethrough path
+  (the write, then a flush, each through its thread pool) takes beyond one
+  through its direct path, of a scratch file on the image's file system.
+  Each write waits that much more after the switch. The guest's own flushes
+  are not seen by the tracepoints: the forecast takes a guest that does not
+  flush after every write (one that does already pays a flush per write, and
+  loses less). To ``cache=writeback`` instead, writes would pay
+  only the guest's own flushes: not advised here (a host crash loses what the
+  guest took as written).
+
+With the rates now (``r`` reads, ``w`` writes a second) and ``depth`` I/O in
+flight, an I/O's cycle is ``T = depth / (r + w)``; the switch changes it by
+``(r * dr + w * dw) / (r + w)``, with ``dr = path_extra - (h - now) * (miss
+- hit)`` a read's change and ``dw`` a write's. The guest then does ``depth /
+T'`` I/O a second in the same mix: reads/s, writes/s and the mean I/O time,
+with and without. A mixed workload on a fast disk can come out slower: the
+verdict is then ``no_gain``, with the reason.
+
+Evidence. Each forecast states what it stands on: the window (s), the reads
+seen and the re-reads seen (pages read again within the window: the window
+curve's height at the image times the pages read). Below ``MIN_WINDOW``
+seconds, ``MIN_READS`` reads or ``MIN_REREADS`` re-reads, or with fewer
+re-reads than ``COVER`` times the pages of the size it would advise (the
+hot set not yet seen read again), it gives no size: ``not_enough``, with how
+many more seconds at the rate seen would reach the minimum.
 """
 
 from __future__ import annotations
@@ -44,10 +81,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vmdisktouch.sizes import format_size
+
 GiB = 1 << 30
 UNIFORM_SLACK = 0.05      # a curve within this of the straight line to the image: uniform
 WHOLE = 0.9               # wants at least this share of the image: the image, not a part
 NO_REUSE = 0.01           # a curve below this at the image: nothing read twice
+MIN_WINDOW = 10.0         # s: a shorter watch gives no size (``advise --duration``: warned)
+MIN_READS = 1000          # reads seen, at least
+MIN_REREADS = 1000        # re-reads seen, at least
+COVER = 0.5               # re-reads seen per page of the size advised, at least
+NO_GAIN = 0.0             # reads/s gained at most this: no gain
 
 
 @dataclass(frozen=True)
@@ -64,18 +108,65 @@ class Watched:
     hit_ratio_now: float          # the share of reads served from memory now
     pages_read: float             # the pages the curve was fed (its reads)
     buffered: bool                # through the page cache now (cache=writethrough and the like)
+    seconds: float = 60.0         # the window watched
+    path_extra: float | None = None   # QEMU's buffered path's extra time per I/O (None: not
+                                      # measured: taken as 0, and said)
+    write_extra: float | None = None  # a write through QEMU's writethrough path beyond one
+                                      # through its direct path (None: not measured)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a forecast stands on: the window, the reads and re-reads seen in it; ``short``
+    says why it is not enough (None: enough), ``more_seconds`` how much longer to watch."""
+    seconds: float
+    reads: float
+    rereads: float
+    short: str | None = None
+    more_seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"window_seconds": round(self.seconds, 1), "reads": round(self.reads),
+                "rereads": round(self.rereads),
+                "minimum": {"window_seconds": MIN_WINDOW, "reads": MIN_READS,
+                            "rereads": MIN_REREADS, "rereads_per_page_held": COVER},
+                "enough": self.short is None, "short": self.short,
+                "more_seconds": round(self.more_seconds)}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The guest's I/O at its queue depth: reads and writes a second, and the mean time of
+    one I/O's cycle (depth / rate, seconds)."""
+    reads: float
+    writes: float
+    io_time: float | None
+
+    def to_json(self) -> dict:
+        return {"reads_per_second": round(self.reads, 1),
+                "writes_per_second": round(self.writes, 1),
+                "mean_io_time_us": None if self.io_time is None else round(self.io_time * 1e6,
+                                                                           1)}
 
 
 @dataclass(frozen=True)
 class Forecast:
     """The advice for one disk: a size and what it would buy, or why none helps."""
-    verdict: str                  # "hold", "uniform", "no_reuse", "no_reads", "no_latency"
+    verdict: str                  # "hold", "uniform", "no_gain", "no_reuse", "no_reads",
+                                  # "no_latency", "not_enough"
     bytes: int                    # the size advised (0: none)
     hit_ratio: float              # the share of reads served from memory with it held
-    saved_per_read: float         # seconds a read waits less, on average
-    more_reads_per_second: float  # at the same queue depth
+    saved_per_read: float         # seconds a read waits less, on average (the switch's
+                                  # extra path included: negative when it costs more)
+    more_reads_per_second: float  # at the same queue depth (negative: fewer)
     depth: float | None           # the I/O in flight, on average
     buffered: bool                # the disk goes through the page cache now
+    evidence: Evidence | None = None
+    now: Rates | None = None      # the guest's I/O as watched
+    then: Rates | None = None     # and with the size held (after the switch)
+    write_cost: float = 0.0       # seconds a write waits more after the switch
+    path_extra: float | None = None   # the buffered path's extra time per I/O (measured)
+    reason: str | None = None     # why no gain (``no_gain``)
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict, "bytes": int(self.bytes),
@@ -83,7 +174,14 @@ class Forecast:
                 "saved_per_read_us": round(self.saved_per_read * 1e6, 1),
                 "more_reads_per_second": round(self.more_reads_per_second, 1),
                 "queue_depth": None if self.depth is None else round(self.depth, 2),
-                "buffered": self.buffered}
+                "buffered": self.buffered,
+                "write_cost_us": round(self.write_cost * 1e6, 1),
+                "path_extra_us": None if self.path_extra is None else round(
+                    self.path_extra * 1e6, 1),
+                "now": None if self.now is None else self.now.to_json(),
+                "then": None if self.then is None else self.then.to_json(),
+                "reason": self.reason,
+                "evidence": None if self.evidence is None else self.evidence.to_json()}
 
 
 def cache_hit_ratio(pages_read: float, pages_added: float) -> float | None:
@@ -140,6 +238,49 @@ def depth(w: Watched) -> float | None:
                + w.writes_per_second * (w.write_wait or 0.0))
 
 
+def evidence(w: Watched, window: list[list[float]], size: int = 0,
+             cover: bool = True) -> Evidence:
+    """What the window stands on (module docstring: Evidence): ``size`` the size it would
+    advise (``MIN_REREADS`` re-reads at least, and with ``cover`` its pages re-read
+    ``COVER`` times), 0 for a verdict without one."""
+    reads = float(w.pages_read)
+    reuse = float(window[-1][1]) if window else 0.0
+    rereads = reads * reuse
+    secs = max(float(w.seconds), 0.0)
+    pages = size / w.page_size if size else 0.0
+    short, more = None, 0.0
+    per_s = rereads / secs if secs > 0 else 0.0
+    if secs < MIN_WINDOW:
+        short, more = f"{secs:.0f} s watched, less than {MIN_WINDOW:g} s", MIN_WINDOW - secs
+    if reads < MIN_READS:
+        rate = reads / secs if secs > 0 else 0.0
+        why = f"{reads:,.0f} reads seen, less than {MIN_READS:,}"
+        short = short or why
+        more = max(more, (MIN_READS - reads) / rate if rate > 0 else MIN_WINDOW)
+    need = max(MIN_REREADS, COVER * pages if cover else 0.0)
+    if rereads < need and size:
+        why = (f"{rereads:,.0f} re-reads seen, less than {need:,.0f}" +
+               (f" ({COVER:g} per page of {format_size(size)})" if need > MIN_REREADS else ""))
+        short = short or why
+        more = max(more, (need - rereads) / per_s if per_s > 0 else max(secs, MIN_WINDOW))
+    return Evidence(secs, reads, rereads, short, more)
+
+
+def _rates(w: Watched, q: float | None, dr: float = 0.0, dw: float = 0.0) -> Rates:
+    """The guest's rates at depth ``q`` when a read takes ``dr`` and a write ``dw`` seconds
+    longer (module docstring): its cycle ``q / (r + w)`` changes by the mix's mean."""
+    r, wr = w.reads_per_second, w.writes_per_second
+    total = r + wr
+    if not q or total <= 0:
+        return Rates(r, wr, None)
+    t0 = q / total
+    t1 = t0 + (r * dr + wr * dw) / total
+    if t1 <= 0:
+        t1 = 1e-9
+    k = t0 / t1
+    return Rates(r * k, wr * k, t1)
+
+
 def forecast(w: Watched, window: list[list[float]], hit_at, wants: int,
              hottest_at=lambda size: 0.0) -> Forecast:
     """The advice for a disk ``w``: ``window`` its curve as the window saw it, from a cold
@@ -148,18 +289,40 @@ def forecast(w: Watched, window: list[list[float]], hit_at, wants: int,
     ``hottest_at(bytes)`` the share of the reads on the hottest blocks of that size."""
     image = int(w.image_bytes)
     q = depth(w)
+    now = _rates(w, q)
+    base = dict(depth=q, buffered=w.buffered, now=now, path_extra=w.path_extra)
     if w.reads_per_second <= 0:
-        return Forecast("no_reads", 0, 0.0, 0.0, 0.0, q, w.buffered)
+        return Forecast("no_reads", 0, 0.0, 0.0, 0.0, evidence=evidence(w, window), **base)
+    ev = evidence(w, window)
+    if ev.short is not None:
+        return Forecast("not_enough", 0, 0.0, 0.0, 0.0, evidence=ev, **base)
     if hit_at(image) < NO_REUSE:
-        return Forecast("no_reuse", 0, 0.0, 0.0, 0.0, q, w.buffered)
+        return Forecast("no_reuse", 0, 0.0, 0.0, 0.0, evidence=ev, **base)
     uniform = is_uniform(window, image, w.page_size, w.pages_read)
     size = image if uniform or wants >= WHOLE * image else max(int(wants), w.page_size)
+    ev = evidence(w, window, size, cover=not uniform)
+    if ev.short is not None:
+        return Forecast("not_enough", 0, 0.0, 0.0, 0.0, evidence=ev, **base)
     h = max(float(hit_at(size)), float(hottest_at(size)), w.hit_ratio_now)
+    base["evidence"] = ev
     if w.miss is None:
-        return Forecast("no_latency", size, h, 0.0, 0.0, q, w.buffered)
-    saved = max(0.0, h - w.hit_ratio_now) * max(0.0, w.miss - w.hit)
-    more = 0.0
-    if q:
-        waiting = saved * w.reads_per_second          # seconds of waiting a second it saves
-        more = w.reads_per_second * (1.0 / max(1.0 - waiting / q, 1e-9) - 1.0)
-    return Forecast("uniform" if uniform else "hold", size, h, saved, more, q, w.buffered)
+        return Forecast("no_latency", size, h, 0.0, 0.0, **base)
+    extra = 0.0 if w.buffered else (w.path_extra or 0.0)
+    saved = max(0.0, h - w.hit_ratio_now) * max(0.0, w.miss - w.hit) - extra
+    write_cost = 0.0
+    if not w.buffered and w.writes_per_second > 0 and w.write_extra is not None:
+        write_cost = max(0.0, w.write_extra)
+    then = _rates(w, q, -saved, write_cost)
+    more = then.reads - now.reads if q else 0.0
+    verdict = "uniform" if uniform else "hold"
+    reason = None
+    if q and more <= NO_GAIN:
+        verdict = "no_gain"
+        if write_cost * w.writes_per_second > max(saved, 0.0) * w.reads_per_second:
+            reason = (f"each write would wait about {write_cost * 1e6:,.0f} µs more (a flush "
+                      f"per write under cache=writethrough), more than the reads save")
+        else:
+            reason = (f"a read from memory through QEMU's buffered path saves less than that "
+                      f"path costs ({extra * 1e6:,.0f} µs an I/O)")
+    return Forecast(verdict, size, h, saved, more, write_cost=write_cost, reason=reason,
+                    then=then, **base)
