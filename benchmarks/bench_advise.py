@@ -307,6 +307,18 @@ def _abba(case: str, dev: str, args, tmp: str, phases: list) -> None:
         print(f"{case} {kind}: {json.dumps(shown)}", flush=True)
 
 
+def phases_from_log(path: str, names: list[str]) -> list[dict]:
+    """The cases a run printed (``CASE KIND: {json}`` per phase), those with all four
+    phases, in the order of ``names``."""
+    got: dict = {}
+    with open(path) as f:
+        for line in f:
+            name, _, rest = line.partition(" ")
+            if name in names and ": " in rest:
+                got.setdefault(name, []).append(json.loads(rest.split(": ", 1)[1]))
+    return [{"case": n, "phases": got[n]} for n in names if len(got.get(n, [])) == 4]
+
+
 def case_verdict(c: dict) -> dict:
     """Advised against measured for one case (``--cases``)."""
     nones = [p for p in c["phases"] if p["kind"] == "none"]
@@ -367,6 +379,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cost", action="store_true")
     ap.add_argument("--cases", help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--from-log", metavar="FILE",
+                    help="with --cases: the report of the phases a run printed to FILE (a run "
+                         "cut short, or one to report again), no new run")
     ap.add_argument("--image", help="reuse this image (else a scratch one under /var/tmp)")
     ap.add_argument("--doc", action="store_true")
     args = ap.parse_args()
@@ -393,9 +408,8 @@ def main() -> int:
                               body)
             return 0
         if args.cases:
-            done = []
-            for case in args.cases.split(","):
-                done.append(run_case(case, args, tmp))
+            done = (phases_from_log(args.from_log, args.cases.split(",")) if args.from_log
+                    else [run_case(case, args, tmp) for case in args.cases.split(",")])
             text = cases_report(done)
             head = (f"{args.duration:g} s a phase, A B B A (none, served, served, none), "
                     f"measured over each phase's second half; fio 4 KiB random I/O through "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -168,6 +169,34 @@ def test_ctrl_c_stops_within_a_second_prints_what_was_measured_and_leaves_no_ins
     row = next(line for line in out.splitlines() if line.startswith(image))
     assert "none" in row and "with cache=writethrough" in row, out
     assert not ours()
+
+
+def test_a_window_too_short_never_prints_a_size_but_how_long_to_watch(cache_none_guest):
+    """Issue 55: ``--duration 5`` advised 60M for 21 % where 60 s advised 432M for 91 %;
+    ``--duration 0`` and ``1`` never print a size. And the costs of the switch are
+    measured through QEMU, not assumed."""
+    image, _ = cache_none_guest
+    r = vmdt("advise", image, "--duration", "1", "--json", "--save", "", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert_clean(r.stderr)
+    assert "--duration 1 is less than the 10 s an advice needs" in r.stderr, r.stderr
+    d = json.loads(r.stdout)["disks"][0]
+    advice = d["advice"]
+    assert advice["verdict"] == "not_enough" and advice["bytes"] == 0, advice
+    assert advice["advice"].startswith("not enough reads yet: watch for "), advice
+    assert d["evidence"]["window_seconds"] < 10 and d["evidence"]["reads"] > 0, d["evidence"]
+    assert d["evidence"]["enough"] is False
+    assert d["path_extra_us"] > 0, d        # QEMU's buffered path, measured here
+    assert d["write_extra_us"] > 0, d       # a writethrough write, on the image's fs
+    text = vmdt("advise", image, "--duration", "1", "--save", "", timeout=60)
+    assert text.returncode == 0, text.stderr
+    row = next(line for line in text.stdout.splitlines() if line.startswith(image))
+    said = row.split("  ")[-1]
+    assert said.startswith("not enough reads yet: watch for "), row
+    assert not re.search(r"\d(\.\d+)?[KMGT]\b", said) and "held" not in said, row
+    zero = vmdt("advise", image, "--duration", "0", "--save", "")
+    assert_refused(zero, 78, "--duration")
+    assert zero.stdout == ""
 
 
 # -- bad input ----------------------------------------------------------------------------

@@ -48,6 +48,15 @@ def test_a_duration_of_no_time_is_refused_in_the_one_place_that_reads_it():
             advise.watch_duration(text)
 
 
+def test_a_duration_under_the_minimum_window_is_warned_there_too():
+    said = []
+    assert advise.watch_duration("5", said.append) == 5.0
+    assert said and "--duration 5 is less than the 10 s an advice needs" in said[0]
+    assert "not a size" in said[0]
+    said.clear()
+    assert advise.watch_duration("10s", said.append) == 10.0 and not said
+
+
 def test_the_picture_says_the_seconds_watched_and_of_how_many_when_interrupted():
     from vmdisktouch.adapters.pictures.advise_render import header
     report = {"disks": [{}], "duration_seconds": 60.0, "watched_seconds": 14.71,

@@ -64,6 +64,9 @@ NOT_AN_IMAGE = {
     ("system/meminfo.py", "_read"): "a /proc file",
     ("system/meminfo.py", "memlock_allowance"): "/proc/self/status",
     ("system/observe/io_watch.py", "_fdinfo"): "/proc/PID/fdinfo",
+    ("system/observe/io_watch.py", "qemu_path_cost"): "a scratch file in tmpfs (its own)",
+    ("system/observe/io_watch.py", "_scratch"): "an unnamed O_TMPFILE in the image's "
+                                                "directory, never the image",
     ("system/observe/residency.py", "_has_capability"): "/proc/self/status",
     ("system/trace/bdi.py", "_whole_disk"): "a sysfs file",
     ("system/trace/bpf_reads.py", "possible_cpus"): "/sys/devices/system/cpu/possible",
