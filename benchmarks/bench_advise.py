@@ -339,7 +339,15 @@ def case_verdict(c: dict) -> dict:
           or (sign and small))
     if gain < 0 and adv.get("verdict") != "no_gain":
         ok = False
-    return {"r0": r0, "r1": r1, "gain": gain, "advised": advised, "ratio": ratio,
+    # the formula before issue 55 (6446c50) on the same window: a free hit, writes unchanged
+    q = adv.get("queue_depth") or 1.0
+    now_r = (adv.get("now") or {}).get("reads_per_second") or 0.0
+    free = ((adv.get("saved_per_read_us") or 0.0) + (adv.get("path_extra_us") or 0.0)) * 1e-6
+    old = now_r * (1 / max(1 - free * now_r / q, 1e-9) - 1) if adv.get("bytes") else NAN
+    rel = advised / now_r if now_r else NAN          # the gain advised, of its window's rate
+    return {"old": old, "old_ratio": gain / old if old else NAN, "rel": rel,
+            "rel_measured": gain / r0 if r0 else NAN,
+            "r0": r0, "r1": r1, "gain": gain, "advised": advised, "ratio": ratio,
             "t0": t0, "t1": t1, "adv_t": adv_t, "t_ratio": t_ratio, "ok": ok,
             "share": statistics.median(p["served_share"] for p in served),
             "adv_share": adv.get("hit_ratio"), "verdict": adv.get("verdict"),
@@ -351,8 +359,10 @@ def case_verdict(c: dict) -> dict:
 def cases_report(cases: list[dict]) -> str:
     rows = ["| case | advised | advised share | served share | reads/s none → served "
             "| gain measured | gain advised | measured ÷ advised | mean I/O µs none → "
-            "served (advised change) | writes/s none → served | target |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "served (advised change) | writes/s none → served | target | gain as a share of "
+            "the rate: advised (of advise's window), measured | 6446c50's formula: "
+            "gain advised (measured ÷ it) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for c in cases:
         v = case_verdict(c)
@@ -361,7 +371,9 @@ def cases_report(cases: list[dict]) -> str:
             f"{(v['adv_share'] or 0):.0%} | {v['share']:.0%} | {v['r0']:,.0f} → "
             f"{v['r1']:,.0f} | {v['gain']:+,.0f} | {v['advised']:+,.0f} | "
             f"**{v['ratio']:.2f}** | {v['t0']:.1f} → {v['t1']:.1f} ({v['adv_t']:+.1f}) | "
-            f"{v['w0']:,.0f} → {v['w1']:,.0f} | {'PASS' if v['ok'] else 'MISS'} |")
+            f"{v['w0']:,.0f} → {v['w1']:,.0f} | {'PASS' if v['ok'] else 'MISS'} | "
+            f"{v['rel']:+.0%}, {v['rel_measured']:+.0%} | "
+            f"{v['old']:+,.0f} ({v['old_ratio']:.2f}) |")
         notes.append(f"- {c['case']}: \"{v['text']}\" (the second none phase advised: "
                      f"{v['second'].get('verdict')}, {v['second'].get('more_reads_per_second'):+,.0f} "
                      f"reads/s)")

@@ -33,14 +33,18 @@ memory file (``memfd``: the same page-cache read path, no device), so
 nothing of the image is read through the cache. That is the copy only: a
 read through QEMU's buffered path (``aio=threads``: a worker thread, its
 wake-up and the completion's) takes more than through its direct path
-(``aio=native``) besides the wait at the device. ``qemu_path_extra``
-(``qemu_path_cost``) measures the difference through QEMU itself: ``qemu-img bench`` (4 KiB
+(``aio=native``) besides the wait at the device. ``qemu_path_cost``
+measures the difference through QEMU itself: ``qemu-img bench`` (4 KiB
 reads at queue depth 1) through ``qemu-nbd`` serving a 1 MiB file in memory
 (tmpfs, which takes ``O_DIRECT`` since Linux 6.6) with
 ``--cache=writethrough --aio=threads`` and with ``--cache=none
---aio=native``, ``EXTRA_RUNS`` pairs back to back (A B, B A, ...), the median
-of the pairs' differences, at least 0: on a shared machine single runs varied
-from -20 to 46 µs; a pair shares the load of its moment.
+--aio=native`` (one server each), ``EXTRA_RUNS`` pairs of runs back to back
+(A B, B A, ...), the median of the pairs' differences, at least 0. Not
+steady on a loaded machine: on this shared one (load 4 to 7 on 2 cores)
+single runs' differences went from -20 to 60 µs, and the median of five
+pairs from 0 to 60 µs. The least of each path instead was steadier (5-13
+µs for a read) but is wrong for writes: it picks the luckiest flushes (48-72
+µs, where the benchmark's writes took about 130 µs more, as the median said).
 On this project's test machine: 10-20 µs an I/O; issue 55 found reads 7-13
 µs faster after a switch where a free hit promised 21-28 µs. It is measured
 before the watch, while nothing of advise's own runs besides.
@@ -84,7 +88,8 @@ from vmdisktouch.system.observe.miss_cost import MissCost
 PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
 HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
 BLOCK = 1 << 20            # the unit the daemon holds: reads counted per block of it
-EXTRA_READS = 3000         # reads of each ``qemu_path_extra`` run
+PATHS = ("threads", "native")   # QEMU's buffered path, its direct path
+EXTRA_READS = 2000         # reads of each ``qemu_path_extra`` run
 EXTRA_WRITES = 500         # writes of each run (on the image's file system)
 EXTRA_RUNS = 5             # pairs of runs, one of each path (A B, B A, ...)
 SCRATCH = 1 << 20          # bytes of each scratch file
@@ -249,8 +254,8 @@ class PathCost:
 def qemu_path_cost(image_paths: list[str], stop=lambda: False, reads: int = EXTRA_READS,
                    writes: int = EXTRA_WRITES, runs: int = EXTRA_RUNS) -> dict[str, PathCost]:
     """Each image's ``PathCost`` measured through QEMU itself (module docstring):
-    ``qemu-img bench`` through ``qemu-nbd`` both ways, reads of a file in tmpfs (once),
-    writes of an unnamed scratch file in each regular file's directory (once per file
+    ``qemu-img bench`` through ``qemu-nbd`` both ways, reads of files in tmpfs (once),
+    writes of unnamed scratch files in each regular file's directory (once per file
     system). ``stop()`` true ends it early: what is left is not measured."""
     nbd, img = shutil.which("qemu-nbd"), shutil.which("qemu-img")
     if not nbd or not img:
@@ -258,9 +263,11 @@ def qemu_path_cost(image_paths: list[str], stop=lambda: False, reads: int = EXTR
     where = "/dev/shm" if os.path.isdir("/dev/shm") else None
     tmp = tempfile.mkdtemp(prefix="vmdisktouch-path-", dir=where)
     try:
-        data = os.path.join(tmp, "d.raw")
-        with open(data, "wb") as f:
-            f.write(b"\0" * SCRATCH)
+        data = {}
+        for aio in PATHS:
+            data[aio] = os.path.join(tmp, f"{aio}.raw")
+            with open(data[aio], "wb") as f:
+                f.write(b"\0" * SCRATCH)
         read = _both_ways(nbd, img, data, tmp, reads, runs, (), stop)
         by_dev: dict = {}
         out = {}
@@ -270,14 +277,18 @@ def qemu_path_cost(image_paths: list[str], stop=lambda: False, reads: int = EXTR
             except OSError:
                 dev = None
             if dev not in by_dev:
-                fd = None if stop() else _scratch(path)
                 by_dev[dev] = None
-                if fd is not None:
-                    try:
-                        by_dev[dev] = _both_ways(nbd, img, f"/proc/{os.getpid()}/fd/{fd}",
-                                                 tmp, writes, runs, ("-w",), stop)
-                    finally:
-                        os.close(fd)
+                fds = {} if stop() else {aio: _scratch(path) for aio in PATHS}
+                try:
+                    if fds and None not in fds.values():
+                        by_dev[dev] = _both_ways(
+                            nbd, img, {aio: f"/proc/{os.getpid()}/fd/{fd}"
+                                       for aio, fd in fds.items()},
+                            tmp, writes, runs, ("-w",), stop)
+                finally:
+                    for fd in fds.values():
+                        if fd is not None:
+                            os.close(fd)
             out[path] = PathCost(read, by_dev[dev] if _regular(path) else None)
         return out
     finally:
@@ -313,58 +324,72 @@ def _scratch(image_path: str | None) -> int | None:
         return None
 
 
-def _both_ways(nbd: str, img: str, data: str, tmp: str, count: int, runs: int,
+def _both_ways(nbd: str, img: str, data: dict, tmp: str, count: int, runs: int,
                extra: tuple, stop) -> float | None:
-    """What an I/O through the buffered path takes beyond one through the direct path: the
-    median over ``runs`` pairs (each the two paths back to back, their order alternating,
-    so a pair shares the machine's load of its moment), at least 0 (less is noise)."""
-    diffs = []
-    for k in range(runs):
-        t = {}
-        for aio in (("threads", "native"), ("native", "threads"))[k % 2]:
-            if stop():
+    """What an I/O through the buffered path takes beyond one through the direct path: one
+    qemu-nbd each (``data[aio]``, its own file: a second server of one file would not get
+    its write lock), ``runs`` pairs of runs back to back, their order alternating; the
+    median of the pairs' differences (a pair shares the load of its moment), at least 0."""
+    servers: dict = {}
+    try:
+        for aio in PATHS:
+            servers[aio] = _serve(nbd, data[aio], tmp, aio)
+            if servers[aio][1] is None:
                 return None
-            t[aio] = _bench_through_nbd(nbd, img, data, tmp, aio, count, extra)
-            if t[aio] is None:
-                return None
-        diffs.append(t["threads"] - t["native"])
-    return max(0.0, float(np.median(diffs)))
+        diffs = []
+        for k in range(runs):
+            t = {}
+            for aio in (PATHS, PATHS[::-1])[k % 2]:
+                if stop():
+                    return None
+                t[aio] = _bench(img, servers[aio][1], count, extra)
+                if t[aio] is None:
+                    return None
+            diffs.append(t["threads"] - t["native"])
+        return max(0.0, float(np.median(diffs)))
+    finally:
+        for p, _ in servers.values():
+            _stop(p)
 
 
-def _bench_through_nbd(nbd: str, img: str, data: str, tmp: str, aio: str,
-                       count: int, extra: tuple) -> float | None:
-    """Seconds an I/O took (the mean of ``count``, 4 KiB, queue depth 1) through a qemu-nbd
-    this starts and stops (by its pid)."""
+def _serve(nbd: str, data: str, tmp: str, aio: str):
+    """``(process, socket)``: a qemu-nbd of ``data`` through one path, its socket None
+    when it did not come up."""
     sock = os.path.join(tmp, f"{aio}.sock")
     cache = "writethrough" if aio == "threads" else "none"
     p = subprocess.Popen([nbd, "--persistent", "-f", "raw", f"--cache={cache}",
                           f"--aio={aio}", "-k", sock, data],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 5
+    while not os.path.exists(sock):
+        if p.poll() is not None or time.monotonic() > end:
+            return p, None
+        time.sleep(0.02)
+    return p, sock
+
+
+def _stop(p) -> None:
+    """Stop a qemu-nbd this started, by its pid."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _bench(img: str, sock: str, count: int, extra: tuple) -> float | None:
+    """Seconds an I/O took (the mean of ``count``, 4 KiB, queue depth 1) through the
+    qemu-nbd at ``sock``."""
     try:
-        end = time.monotonic() + 5
-        while not os.path.exists(sock):
-            if p.poll() is not None or time.monotonic() > end:
-                return None
-            time.sleep(0.02)
         r = subprocess.run([img, "bench", "-f", "raw", *extra, "-c", str(count), "-d", "1",
                             "-s", "4096", f"nbd+unix:///?socket={sock}"],
                            capture_output=True, text=True, timeout=60)
-        m = re.search(r"Run completed in ([0-9.]+) seconds", r.stdout)
-        return float(m.group(1)) / count if m and r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
-    finally:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        try:
-            os.unlink(sock)
-        except OSError:
-            pass
+    m = re.search(r"Run completed in ([0-9.]+) seconds", r.stdout)
+    return float(m.group(1)) / count if m and r.returncode == 0 else None
 
 
 class IOWatch:
