@@ -91,10 +91,16 @@ def test_advise_sees_a_cache_none_disk_its_rates_and_a_curve_within_5_points_of_
             assert curve[near] == pytest.approx(truth, abs=0.05), (key, near, curve[near],
                                                                    truth)
     advice = d["advice"]
-    assert advice["verdict"] == "hold", advice
+    # a fast disk with writes may come out slower served (issue 55): a size either way
+    assert advice["verdict"] in ("hold", "no_gain"), advice
     assert 16 * MiB <= advice["bytes"] <= 128 * MiB, advice      # about the 24M zone
-    assert advice["advice"].startswith("with cache=writethrough and ")
-    assert advice["more_reads_per_second"] > 0
+    if advice["verdict"] == "hold":
+        assert advice["advice"].startswith("with cache=writethrough and ")
+        assert advice["more_reads_per_second"] > 0
+    else:
+        assert advice["advice"].startswith("no gain: with cache=writethrough and ")
+        assert advice["more_reads_per_second"] <= 0 and advice["reason"], advice
+    assert advice["evidence"]["enough"] is True and advice["evidence"]["rereads"] > 0
     assert resident_bytes(image) == 0, "advise brought pages of the image into the cache"
     assert not ours(), "a tracefs instance was left behind"
     with Image.open(png) as im:
@@ -104,7 +110,8 @@ def test_advise_sees_a_cache_none_disk_its_rates_and_a_curve_within_5_points_of_
     assert colours & set(PALETTE), "no curve drawn in a disk's colour"
     kept = advice_file.load_advice(str(saved))            # discover's ADVICE column
     assert kept["disks"][image] == advice
-    assert advice_file.advice_cell(advice).endswith("reads/s")
+    assert advice_file.advice_cell(advice).endswith(
+        "reads/s" if advice["verdict"] == "hold" else "none: no gain")
 
 
 def test_the_miss_latency_is_within_20_percent_of_fio_s_own(tmp_path):
@@ -167,7 +174,8 @@ def test_ctrl_c_stops_within_a_second_prints_what_was_measured_and_leaves_no_ins
     assert_clean(err)
     assert image in out and "interrupted" in out, out
     row = next(line for line in out.splitlines() if line.startswith(image))
-    assert "none" in row and "with cache=writethrough" in row, out
+    # a few seconds watched: no size, but how much longer (issue 55)
+    assert "none" in row and "not enough reads yet: watch for " in row, out
     assert not ours()
 
 

@@ -103,11 +103,12 @@ def sentence(f: Forecast, image_bytes: int) -> str:
 
 
 def _rates(f: Forecast) -> str:
-    """Reads/s, writes/s and the mean I/O time now and with the size held."""
+    """Reads/s, writes/s and the mean I/O time now and with the size held ("to", not an
+    arrow: the table goes to terminals and pictures in Latin-1 too, as "µs" does)."""
     a, b = f.now, f.then
     if a is None or b is None:
         return ""
-    t = (f", mean I/O {a.io_time * 1e6:,.0f} → {b.io_time * 1e6:,.0f} µs"
+    t = (f", mean I/O {a.io_time * 1e6:,.0f} to {b.io_time * 1e6:,.0f} µs"
          if a.io_time and b.io_time else "")
-    return (f"{a.reads:,.0f} → {b.reads:,.0f} reads/s, {a.writes:,.0f} → {b.writes:,.0f} "
+    return (f"{a.reads:,.0f} to {b.reads:,.0f} reads/s, {a.writes:,.0f} to {b.writes:,.0f} "
             f"writes/s{t}")
