@@ -81,8 +81,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmdisktouch.sizes import format_size
-
 GiB = 1 << 30
 UNIFORM_SLACK = 0.05      # a curve within this of the straight line to the image: uniform
 WHOLE = 0.9               # wants at least this share of the image: the image, not a part
@@ -260,7 +258,8 @@ def evidence(w: Watched, window: list[list[float]], size: int = 0,
     need = max(MIN_REREADS, COVER * pages if cover else 0.0)
     if rereads < need and size:
         why = (f"{rereads:,.0f} re-reads seen, less than {need:,.0f}" +
-               (f" ({COVER:g} per page of {format_size(size)})" if need > MIN_REREADS else ""))
+               (f" ({COVER:g} per page of {size / (1 << 20):,.0f} MiB)" if need > MIN_REREADS
+                else ""))
         short = short or why
         more = max(more, (need - rereads) / per_s if per_s > 0 else max(secs, MIN_WINDOW))
     return Evidence(secs, reads, rereads, short, more)
