@@ -73,7 +73,8 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                              "qemu:///system)")
     parser.add_argument("--duration", default="60", metavar="SECONDS",
                         help="how long to watch, more than 0 (default 60; 30s, 2m...; under "
-                             "10 s it gives no size, only how much longer to watch); "
+                             f"{what_if.MIN_WINDOW:g} s it gives no size, only how much longer "
+                             "to watch); "
                              "Ctrl-C, SIGTERM or SIGHUP ends it early with what was seen")
     parser.add_argument("--cache", choices=("auto", "none", "writethrough"), default="auto",
                         help="how QEMU opens the PATHs: none (O_DIRECT), writethrough "
