@@ -202,6 +202,7 @@ def test_a_window_too_short_never_prints_a_size_but_how_long_to_watch(cache_none
     said = row.split("  ")[-1]
     assert said.startswith("not enough reads yet: watch for "), row
     assert not re.search(r"\d(\.\d+)?[KMGT]\b", said) and "held" not in said, row
+    assert f"{image}: evidence: " in text.stdout and "re-reads in" in text.stdout, text.stdout
     zero = vmdt("advise", image, "--duration", "0", "--save", "")
     assert_refused(zero, 78, "--duration")
     assert zero.stdout == ""

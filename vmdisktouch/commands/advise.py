@@ -371,6 +371,12 @@ def _output(report: dict, args, protected: list) -> bool:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for d in report["disks"]:
+        e = d.get("evidence")
+        if e and d["reads_per_second"] > 0:
+            print(f"{d['name']}: evidence: {e['reads']:,} reads, {e['rereads']:,} re-reads in "
+                  f"{e['window_seconds']:g} s" + ("" if e["enough"] else
+                                                  f" (not enough: {e['short']})"))
     for name, why in sorted(report["failed"].items()):
         print(f"{name}: not watched: {why}")
     for d in report["disks"]:
