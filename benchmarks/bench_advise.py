@@ -33,8 +33,28 @@ instance removed) are one-time costs) and over the whole run
 core while it watches. ``--doc`` writes section
 "advise" (``--cost``: "advise-cost") of docs/benchmarks/advise.md.
 
+``--cases LIST``: every forecast checked against what it becomes,
+on more than one kind of device and guest. Each case (``CASES``: a device
+class, a read mix, fio's queue depth) runs A B B A: ``none`` (advise in its
+second half), ``served`` (as advised by the first ``none``: writethrough
+and the daemon at the size advised, also where the advice was "no gain", to
+see the sign), ``served``, ``none``. Device classes: ``fast``, this
+machine's disk as it is; ``loaded``, the image behind two loop devices
+(``--direct-io=on``), the lower one's reads held to ``LOADED_RIOPS`` a
+second by the blkio throttle (``tests.support.blockdev``): the guest's
+device, the upper one, waits as on a busy array, in the device (a throttle
+on the guest's own device holds its bios before the block layer traces
+them, and its wait was not seen).
+Reported per case: advised against measured, for the share from memory,
+reads/s and the mean I/O time (fio's queue depth over its I/O a second);
+target: the gain in reads/s (or in mean I/O time) within ±25 % of the
+measured one, or the sign right and both within 5 %; where the measured gain
+is negative, advise said "no gain". ``--doc`` writes section
+"advise-cases".
+
     .venv/bin/python benchmarks/bench_advise.py [--rounds 2] [--duration 120] [--doc]
     .venv/bin/python benchmarks/bench_advise.py --cost [--duration 60] [--doc]
+    .venv/bin/python benchmarks/bench_advise.py --cases fast-read,fast-80,fast-50,fast-80-qd8,loaded-80 [--duration 60] [--doc]
 """
 
 from __future__ import annotations
@@ -51,6 +71,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.source_common import write_section  # noqa: E402
+from tests.support.blockdev import loop_device, read_throttle  # noqa: E402
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
@@ -67,15 +88,26 @@ NAN = float("nan")
 STARTED = 5.0                # s: advise's start, left out of its CPU while it watches
 ENDING = 3.0                 # s: and its end
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+LOADED_RIOPS = 400           # reads a second the loaded array's throttle lets through
+SIGN_BAND = 0.05             # a gain this small (of the rate) both ways: the sign is enough
+# name: (device class, % reads, fio's queue depth, image, hot zone, memory group)
+CASES = {
+    "fast-read": ("fast", 100, 1, GiB, 128 * MiB, 64 * MiB),
+    "fast-80": ("fast", 80, 1, GiB, 128 * MiB, 64 * MiB),
+    "fast-50": ("fast", 50, 1, GiB, 128 * MiB, 64 * MiB),
+    "fast-80-qd8": ("fast", 80, 8, GiB, 128 * MiB, 64 * MiB),
+    "loaded-80": ("loaded", 80, 1, GiB, 16 * MiB, 32 * MiB),   # qemu-nbd alone > 8M
+}
 
 
-def advise(image: str, seconds: float, tmp: str) -> tuple[dict, dict]:
+def advise(image: str, seconds: float, tmp: str, save: str | None = None
+           ) -> tuple[dict, dict]:
     """``vmdisktouch advise IMAGE --json`` for ``seconds``: (its disk, its CPU): ``cpu``
     and ``wall`` of the whole run (``wait4``'s rusage), and ``steady_cpu`` and
     ``steady_wall`` while it watches (``/proc/PID/stat``), from ``STARTED`` s in to
     ``ENDING`` s before its end: without the start (imports, the tracefs instance, the
     timed page-cache reads) and the end (the report, the instance removed)."""
-    out = os.path.join(tmp, "advise.json")
+    out = save or os.path.join(tmp, "advise.json")
     t0 = time.monotonic()
     with open(out, "w") as f:
         p = subprocess.Popen([sys.executable, "-m", "vmdisktouch", "advise", image,
@@ -130,17 +162,7 @@ def phase(kind: str, image: str, args, tmp: str, advice: dict | None) -> dict:
             if kind == "none":
                 out["advice_disk"], out["advise_cost"] = advise(image, half - 2, tmp)
             else:
-                ratios = []
-                end = time.monotonic() + half
-                while time.monotonic() < end:
-                    st = daemon.read_status() or {}
-                    g = ((st.get("disks") or [{}])[0].get("gain") or {})
-                    if g.get("cache_hit_ratio") is not None and st.get("cycle") not in \
-                            {c for c, _ in ratios}:
-                        ratios.append((st.get("cycle"), g["cache_hit_ratio"]))
-                    time.sleep(0.5)
-                out["served_share"] = statistics.median(r for _, r in ratios) if ratios \
-                    else NAN
+                out["served_share"] = served_share(daemon, half)
                 out["held"] = daemon.vmlck()
             out["reads"] = steady_reads(fio, half)
             fio.stop()
@@ -149,6 +171,21 @@ def phase(kind: str, image: str, args, tmp: str, advice: dict | None) -> dict:
                 daemon.stop()
             nbd.stop()
     return out
+
+
+def served_share(daemon, seconds: float) -> float:
+    """The share of the pages read that the page cache served while ``daemon`` served the
+    disk for ``seconds`` (its status's ``gain.cache_hit_ratio``, the median over its
+    cycles); NaN without a daemon (nothing advised) or a figure."""
+    ratios: dict = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        st = (daemon.read_status() or {}) if daemon else {}
+        g = ((st.get("disks") or [{}])[0].get("gain") or {})
+        if g.get("cache_hit_ratio") is not None:
+            ratios[st.get("cycle")] = g["cache_hit_ratio"]
+        time.sleep(0.5)
+    return statistics.median(ratios.values()) if ratios else NAN
 
 
 def cost(args, tmp: str) -> dict:
@@ -200,6 +237,154 @@ def report(rounds: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | None) -> dict:
+    """One phase of a case (``--cases``) from a cold cache: ``none`` (advise in its second
+    half) or ``served`` (writethrough, the daemon at the size advised)."""
+    cls, mix, qd, size, zone, limit = CASES[case]
+    evict(dev)
+    half = args.duration / 2
+    with MemoryCgroup(f"advise-{case}-{kind}", limit) as cg:
+        nbd = (QemuNbd(dev, cgroup=cg, cache="none", aio="native") if kind == "none" else
+               QemuNbd(dev, cgroup=cg, cache="writethrough", aio="threads")).start()
+        job = FioJob(filename=dev, size=size, hot_zones=[(size // 4, zone)], read_mix=mix,
+                     runtime=args.duration + 10, seed=11, nbd_uri=nbd.uri, nbd_fsync=0,
+                     extra=[f"--iodepth={qd}"])
+        daemon = None
+        try:
+            if kind == "served" and advice.get("bytes"):
+                daemon = DaemonProc(tmp, dev, "--uri", "", max_hold=advice["bytes"],
+                                    interval=5.0, env=env_without_systemd())
+            fio = FioRun(job, cgroup=cg).start()
+            out: dict = {"kind": kind}
+            time.sleep(half)
+            t0 = time.monotonic() - fio.t0
+            if kind == "none":
+                saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
+                out["advice_disk"], _ = advise(dev, half - 6, tmp, saved)
+                out["advice"] = out["advice_disk"]["advice"]
+            else:
+                out["served_share"] = served_share(daemon, half - 2)
+                out["held"] = daemon.vmlck() if daemon else 0
+            t1 = time.monotonic() - fio.t0
+            ivs = [iv for iv in fio.intervals if t0 <= iv.t <= t1]
+            out["reads"] = statistics.median(iv.read_iops for iv in ivs) if ivs else NAN
+            out["writes"] = statistics.median(iv.write_iops for iv in ivs) if ivs else NAN
+            total = statistics.median(iv.iops for iv in ivs) if ivs else NAN
+            out["io_time_us"] = qd / total * 1e6 if total else NAN
+            fio.stop()
+        finally:
+            if daemon is not None:
+                daemon.stop()
+            nbd.stop()
+    return out
+
+
+def run_case(case: str, args, tmp: str) -> dict:
+    """A B B A of one case: none, served, served, none; each served phase serves the
+    first none's advice."""
+    cls, mix, qd, size, zone, limit = CASES[case]
+    image = make_image(os.path.join(tmp, f"{case}.raw"), size, sparse=False)
+    phases: list[dict] = []
+    try:
+        if cls == "loaded":
+            # the throttle on the lower device: it holds a bio before the block layer traces
+            # it, so on the upper one the wait is the device's own, as on a busy array
+            with loop_device(image, direct_io=True) as array, \
+                    read_throttle(array, LOADED_RIOPS), \
+                    loop_device(array, direct_io=True) as dev:
+                _abba(case, dev, args, tmp, phases)
+        else:
+            _abba(case, image, args, tmp, phases)
+    finally:
+        os.unlink(image)
+    return {"case": case, "phases": phases}
+
+
+def _abba(case: str, dev: str, args, tmp: str, phases: list) -> None:
+    advice = None
+    for kind in ("none", "served", "served", "none"):
+        r = case_phase(kind, case, dev, args, tmp, advice)
+        if kind == "none" and advice is None:
+            advice = r["advice"]
+        phases.append(r)
+        shown = {x: y for x, y in r.items() if x != "advice_disk"}
+        print(f"{case} {kind}: {json.dumps(shown)}", flush=True)
+
+
+def phases_from_log(path: str, names: list[str]) -> list[dict]:
+    """The cases a run printed (``CASE KIND: {json}`` per phase), those with all four
+    phases, in the order of ``names``."""
+    got: dict = {}
+    with open(path) as f:
+        for line in f:
+            name, _, rest = line.partition(" ")
+            if name in names and ": " in rest:
+                got.setdefault(name, []).append(json.loads(rest.split(": ", 1)[1]))
+    return [{"case": n, "phases": got[n]} for n in names if len(got.get(n, [])) == 4]
+
+
+def case_verdict(c: dict) -> dict:
+    """Advised against measured for one case (``--cases``)."""
+    nones = [p for p in c["phases"] if p["kind"] == "none"]
+    served = [p for p in c["phases"] if p["kind"] == "served"]
+    adv = nones[0]["advice"]
+    mean = lambda ps, k: statistics.mean(p[k] for p in ps)   # noqa: E731
+    r0, r1 = mean(nones, "reads"), mean(served, "reads")
+    t0, t1 = mean(nones, "io_time_us"), mean(served, "io_time_us")
+    gain, advised = r1 - r0, adv.get("more_reads_per_second") or 0.0
+    then = (adv.get("then") or {})
+    adv_t = (then.get("mean_io_time_us") or NAN) - ((adv.get("now") or {}).get(
+        "mean_io_time_us") or NAN)
+    ratio = gain / advised if advised else NAN
+    t_ratio = (t1 - t0) / adv_t if adv_t and adv_t == adv_t else NAN
+    small = abs(gain) <= SIGN_BAND * r0 and abs(advised) <= SIGN_BAND * r0
+    sign = (gain > 0) == (advised > 0)
+    ok = (abs(ratio - 1) <= GAIN_BAND or abs(t_ratio - 1) <= GAIN_BAND
+          or (sign and small))
+    if gain < 0 and adv.get("verdict") != "no_gain":
+        ok = False
+    # the formula before (e7df261) on the same window: a free hit, writes unchanged
+    q = adv.get("queue_depth") or 1.0
+    now_r = (adv.get("now") or {}).get("reads_per_second") or 0.0
+    free = ((adv.get("saved_per_read_us") or 0.0) + (adv.get("path_extra_us") or 0.0)) * 1e-6
+    old = now_r * (1 / max(1 - free * now_r / q, 1e-9) - 1) if adv.get("bytes") else NAN
+    rel = advised / now_r if now_r else NAN          # the gain advised, of its window's rate
+    return {"old": old, "old_ratio": gain / old if old else NAN, "rel": rel,
+            "rel_measured": gain / r0 if r0 else NAN,
+            "r0": r0, "r1": r1, "gain": gain, "advised": advised, "ratio": ratio,
+            "t0": t0, "t1": t1, "adv_t": adv_t, "t_ratio": t_ratio, "ok": ok,
+            "share": statistics.median(p["served_share"] for p in served),
+            "adv_share": adv.get("hit_ratio"), "verdict": adv.get("verdict"),
+            "bytes": adv.get("bytes"), "second": nones[1]["advice"],
+            "w0": mean(nones, "writes"), "w1": mean(served, "writes"),
+            "text": adv.get("advice")}
+
+
+def cases_report(cases: list[dict]) -> str:
+    rows = ["| case | advised | advised share | served share | reads/s none → served "
+            "| gain measured | gain advised | measured ÷ advised | mean I/O µs none → "
+            "served (advised change) | writes/s none → served | target | gain as a share of "
+            "the rate: advised (of advise's window), measured | e7df261's formula: "
+            "gain advised (measured ÷ it) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for c in cases:
+        v = case_verdict(c)
+        rows.append(
+            f"| {c['case']} | {v['verdict']} {format_size(v['bytes'] or 0)} | "
+            f"{(v['adv_share'] or 0):.0%} | {v['share']:.0%} | {v['r0']:,.0f} → "
+            f"{v['r1']:,.0f} | {v['gain']:+,.0f} | {v['advised']:+,.0f} | "
+            f"**{v['ratio']:.2f}** | {v['t0']:.1f} → {v['t1']:.1f} ({v['adv_t']:+.1f}) | "
+            f"{v['w0']:,.0f} → {v['w1']:,.0f} | {'PASS' if v['ok'] else 'MISS'} | "
+            f"{v['rel']:+.0%}, {v['rel_measured']:+.0%} | "
+            f"{v['old']:+,.0f} ({v['old_ratio']:.2f}) |")
+        notes.append(f"- {c['case']}: \"{v['text']}\" (the second none phase advised: "
+                     f"{v['second'].get('verdict')}, {v['second'].get('more_reads_per_second'):+,.0f} "
+                     f"reads/s)")
+    return "\n".join(rows + ["", "The advice each case served (from its first none phase):",
+                             ""] + notes)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=parse_size, default=2 * GiB)
@@ -209,6 +394,10 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=None, help="s per phase (120; --cost 60)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cost", action="store_true")
+    ap.add_argument("--cases", help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--from-log", metavar="FILE",
+                    help="with --cases: the report of the phases a run printed to FILE (a run "
+                         "cut short, or one to report again), no new run")
     ap.add_argument("--image", help="reuse this image (else a scratch one under /var/tmp)")
     ap.add_argument("--doc", action="store_true")
     args = ap.parse_args()
@@ -233,6 +422,19 @@ def main() -> int:
             if args.doc:
                 write_section("advise-cost", "Watching an O_DIRECT disk: the cost of advise",
                               body)
+            return 0
+        if args.cases:
+            done = (phases_from_log(args.from_log, args.cases.split(",")) if args.from_log
+                    else [run_case(case, args, tmp) for case in args.cases.split(",")])
+            text = cases_report(done)
+            head = (f"{args.duration:g} s a phase, A B B A (none, served, served, none), "
+                    f"measured over each phase's second half; fio 4 KiB random I/O through "
+                    f"qemu-nbd, 90 % in a hot zone (CASES in the script), no guest flushes; "
+                    f"loaded: reads throttled to {LOADED_RIOPS}/s.\n\n")
+            print(head + text)
+            if args.doc:
+                write_section("advise-cases", "Forecast against outcome, by device and guest",
+                              head + text)
             return 0
         image = args.image or make_image(os.path.join(tmp, "disk.raw"), args.size,
                                          sparse=False)

@@ -104,11 +104,19 @@ def test_advise_sees_a_cache_none_disk_its_rates_and_a_curve_within_5_points_of_
             assert curve[near] == pytest.approx(truth, abs=0.05), (key, near, curve[near],
                                                                    truth)
     advice = d["advice"]
-    assert advice["verdict"] == "hold", advice
+    # a fast disk with writes may come out slower served: a size either way
+    assert advice["verdict"] in ("hold", "no_gain"), advice
     assert advice["evidence"]["enough"], advice     # 15 s of a small zone: its pages re-read
     assert 16 * MiB <= advice["bytes"] <= 128 * MiB, advice      # about the 24M zone
-    assert advice["advice"].startswith("with cache=writethrough and ")
-    assert advice["more_reads_per_second"] > 0
+    if advice["verdict"] == "hold":
+        assert advice["advice"].startswith("with cache=writethrough and ")
+        assert advice["more_reads_per_second"] > 0
+    else:
+        assert advice["advice"].startswith("no gain: with cache=writethrough and ")
+        assert advice["more_reads_per_second"] <= 0 and advice["reason"], advice
+    assert advice["evidence"]["re_reads"] > 0
+    assert d["path_extra_us"] > 0, d        # a read's extra wake-up, measured on this host
+    assert d["write_extra_us"] > d["path_extra_us"], d   # a flush on the image's fs
     assert resident_bytes(image) == 0, "advise brought pages of the image into the cache"
     assert not ours(), "a tracefs instance was left behind"
     with Image.open(png) as im:
@@ -118,7 +126,8 @@ def test_advise_sees_a_cache_none_disk_its_rates_and_a_curve_within_5_points_of_
     assert colours & set(PALETTE), "no curve drawn in a disk's colour"
     kept = advice_file.load_advice(str(saved))            # discover's ADVICE column
     assert kept["disks"][image] == advice
-    assert advice_file.advice_cell(advice).endswith("reads/s")
+    assert advice_file.advice_cell(advice).endswith(
+        "reads/s" if advice["verdict"] == "hold" else "none: no gain")
 
 
 def test_the_miss_latency_is_within_20_percent_of_fio_s_own(tmp_path):

@@ -67,6 +67,8 @@ NOT_AN_IMAGE = {
     ("system/observe/io_watch.py", "_fdinfo"): "/proc/PID/fdinfo",
     ("system/observe/io_watch.py", "process_name"): "/proc/PID/comm",
     ("system/observe/io_watch.py", "is_vmdisktouch"): "/proc/PID/cmdline",
+    ("system/observe/io_watch.py", "_scratch"): "an unnamed O_TMPFILE in the image's "
+                                                "directory, never the image",
     ("system/observe/residency.py", "_has_capability"): "/proc/self/status",
     ("system/observe/miss_cost.py", "open_schedstat"): "/proc/thread-self/schedstat",
     ("system/trace/bdi.py", "_whole_disk"): "a sysfs file",

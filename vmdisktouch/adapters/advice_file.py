@@ -68,7 +68,7 @@ def advice_cell(a: dict | None) -> str:
     if v == "not_enough":
         return not_enough(a.get("evidence"))
     return {"uniform": "none: reads uniform", "no_reuse": "none: no re-reads",
-            "no_reads": "not read"}.get(v, v or "-")
+            "no_reads": "not read", "no_gain": "none: no gain"}.get(v, v or "-")
 
 
 def advice_line(advice: dict | None, now: float) -> str:
@@ -95,15 +95,34 @@ def sentence(f: Forecast, image_bytes: int) -> str:
         return "no size helps: no page was read twice in the window"
     held = (f"with {format_size(f.bytes)} held" if f.buffered
             else f"with cache=writethrough and {format_size(f.bytes)} held")
-    gain = f"about {f.hit_ratio:.0%} of reads from memory"
+    share = f"about {f.hit_ratio:.0%} of reads from memory"
     if f.verdict == "no_latency":
-        return f"{held}: {gain} (the miss latency was not measured)"
+        return f"{held}: {share} (the miss latency was not measured)"
+    if f.verdict == "no_gain":
+        return (f"no gain: {held}, {share}, but {f.reason}: "
+                f"{_rates(f)}")
     us = f.saved_per_read * 1e6
-    gain += f", about {us:,.0f} µs saved per read" if us >= 10 else \
-        f", about {us:.1f} µs saved per read"
+    gain = share + (f", about {us:,.0f} µs saved per read" if abs(us) >= 10 else
+                    f", about {us:.1f} µs saved per read")
     if f.depth:
         gain += f", about {f.more_reads_per_second:,.0f} reads/s more at this queue depth"
+        if f.write_cost is None:
+            gain += ", the writes' extra wait not measured (a block device)"
+        elif f.write_cost > 0:
+            gain += f", writes {f.write_cost * 1e6:,.0f} µs slower each"
     if f.verdict == "uniform":
         return (f"no size below the image helps: reads are uniform (the whole "
                 f"{format_size(image_bytes)}: {gain})")
     return f"{held}: {gain}"
+
+
+def _rates(f: Forecast) -> str:
+    """Reads/s, writes/s and the mean I/O time now and with the size held ("to", not an
+    arrow: the table goes to terminals and pictures in Latin-1 too, as "µs" does)."""
+    a, b = f.now, f.then
+    if a is None or b is None:
+        return ""
+    t = (f", mean I/O {a.io_time * 1e6:,.0f} to {b.io_time * 1e6:,.0f} µs"
+         if a.io_time and b.io_time else "")
+    return (f"{a.reads:,.0f} to {b.reads:,.0f} reads/s, {a.writes:,.0f} to {b.writes:,.0f} "
+            f"writes/s{t}")

@@ -49,7 +49,7 @@ from vmdisktouch.system import files
 from vmdisktouch.system.image import open_image
 from vmdisktouch.system.observe import io_watch
 from vmdisktouch.system.observe.io_watch import (IOWatch, page_cache_read_time, paged_tracer,
-                                                 scan_openers)
+                                                 switch_cost, scan_openers)
 from vmdisktouch.system.observe.miss_cost import MissCost
 from vmdisktouch.system.signals import LoopSignals
 
@@ -212,6 +212,8 @@ def main(args) -> int:
 def _advise(args, disks: list[dict], duration: float, stop: LoopSignals,
             protected: list) -> int:
     watches, failed = [], {}
+    # before any tracer: what a switch to cache=writethrough costs on this host
+    costs = switch_cost([d["path"] for d in disks], stop=lambda: stop.stopping)
     try:
         for k, d in enumerate(disks):
             try:
@@ -230,7 +232,7 @@ def _advise(args, disks: list[dict], duration: float, stop: LoopSignals,
     finally:
         for _, w in watches:
             w.close()
-    report = _report(watches, failed, hit, duration, interrupted)
+    report = _report(watches, failed, hit, costs, duration, interrupted)
     kept = _output(report, args, protected)
     if interrupted:
         return 128 + stop.stop_signal
@@ -264,10 +266,11 @@ def drain_all(watches: list, failed: dict) -> None:
             w.close()
 
 
-def _report(watches, failed: dict, hit: float, duration: float, interrupted: bool) -> dict:
+def _report(watches, failed: dict, hit: float, costs: dict, duration: float,
+            interrupted: bool) -> dict:
     out = []
     for d, w in watches:
-        m = w.watched(hit)
+        m = w.watched(hit, costs.get(d["path"]))
         curve = w.mrc.status(m.image_bytes, m.page_size)
         window = w.mrc.status(m.image_bytes, m.page_size, steady=False)["curve"]
         wants = w.mrc.wants(m.image_bytes, m.page_size)
@@ -292,6 +295,9 @@ def _report(watches, failed: dict, hit: float, duration: float, interrupted: boo
             "hit_ratio_now": round(m.hit_ratio_now, 4),
             "miss_latency_us": None if m.miss is None else round(m.miss * 1e6, 1),
             "hit_latency_us": round(hit * 1e6, 2),
+            "path_extra_us": None if m.path_extra is None else round(m.path_extra * 1e6, 1),
+            "write_extra_us": None if m.write_extra is None else round(m.write_extra * 1e6,
+                                                                       1),
             "read_latency_us_p50_p99": ([round(float(x) / 1e3, 1)
                                          for x in np.percentile(waits, [50, 99])]
                                         if waits.size else None),

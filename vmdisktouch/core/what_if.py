@@ -43,6 +43,39 @@ A curve that is what uniform reads of the whole image would give (every
 page as likely as any other: ``uniform_curve``, from a cold start) wants the
 whole image: no smaller size helps. A curve that stays at zero (no page read twice in the window) buys
 nothing at any size. Both are said as such, not as a size.
+
+What a switch costs. A disk QEMU opens with O_DIRECT (``cache=none``) that
+would be served must go through the page cache (``cache=writethrough``),
+and that path is not free (``system.observe.io_watch.switch_cost``
+measures it on the host, the write through QEMU itself on the image's own
+file system):
+
+* ``path_extra``: what one read through QEMU's buffered path (its thread
+  pool, ``aio=threads``) takes beyond one through its direct path
+  (``aio=native``), besides the wait at the device: a worker thread's
+  wake-up. Every read pays it after the switch, hit or miss: why reads got
+  7-13 µs faster, not the 21-28 µs a free hit promised;
+* ``write_extra``: what one write through QEMU's writethrough path (the
+  write, then a flush, each through its thread pool) takes beyond one
+  through its direct path. Each write waits that much more after the
+  switch (not measured on a block device, which nothing writes: taken as 0,
+  and said). The guest's own flushes are not seen: the forecast takes a
+  guest that does not flush after every write (one that does already pays a
+  flush per write, and loses less).
+
+The depth is the device's (Little's law on the waits seen), not the guest's:
+a guest that keeps several I/O in flight through busy CPUs is bounded by
+the CPU, which the buffered path costs more of; the forecast does not see
+that (docs/advise.md).
+
+With the rates now (``r`` reads, ``w`` writes a second) and ``depth`` I/O in
+flight, an I/O's cycle is ``T = depth / (r + w)``; the switch changes it by
+``(r * dr + w * dw) / (r + w)``, with ``dr = path_extra - (h - now) * (miss
+- hit)`` a read's change and ``dw = write_extra`` a write's. The guest then
+does ``depth / T'`` I/O a second in the same mix: reads/s, writes/s and the
+mean I/O time, with and without. A mixed workload on a fast disk can come
+out slower: the verdict is then ``no_gain``, with the reason. A disk
+already buffered pays neither: it does not switch.
 """
 
 from __future__ import annotations
@@ -55,6 +88,7 @@ GiB = 1 << 30
 UNIFORM_SLACK = 0.05      # a curve within this of the straight line to the image: uniform
 WHOLE = 0.9               # wants at least this share of the image: the image, not a part
 NO_REUSE = 0.01           # a curve below this at the image: nothing read twice
+NO_GAIN = 0.0             # reads/s gained at most this: no gain
 
 
 @dataclass(frozen=True)
@@ -71,20 +105,46 @@ class Watched:
     hit_ratio_now: float          # the share of reads served from memory now
     pages_read: float             # the pages the curve was fed (its reads)
     buffered: bool                # through the page cache now (cache=writethrough and the like)
+    path_extra: float | None = None   # QEMU's buffered path's extra time a read (None: not
+                                      # measured: taken as 0, and said)
+    write_extra: float | None = None  # a write through QEMU's writethrough path beyond one
+                                      # through its direct path (None: not measured)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The guest's I/O at its queue depth: reads and writes a second, and the mean time of
+    one I/O's cycle (depth / rate, seconds)."""
+    reads: float
+    writes: float
+    io_time: float | None
+
+    def to_json(self) -> dict:
+        return {"reads_per_second": round(self.reads, 1),
+                "writes_per_second": round(self.writes, 1),
+                "mean_io_time_us": None if self.io_time is None
+                else round(self.io_time * 1e6, 1)}
 
 
 @dataclass(frozen=True)
 class Forecast:
     """The advice for one disk: a size and what it would buy, or why none helps."""
-    verdict: str                  # "hold", "uniform", "no_reuse", "no_reads", "no_latency",
-                                  # "not_enough"
+    verdict: str                  # "hold", "uniform", "no_gain", "no_reuse", "no_reads",
+                                  # "no_latency", "not_enough"
     bytes: int                    # the size advised (0: none)
     hit_ratio: float              # the share of reads served from memory with it held
-    saved_per_read: float         # seconds a read waits less, on average
-    more_reads_per_second: float  # at the same queue depth
+    saved_per_read: float         # seconds a read waits less, on average (the switch's
+                                  # extra path included: negative when it costs more)
+    more_reads_per_second: float  # at the same queue depth (negative: fewer)
     depth: float | None           # the I/O in flight, on average
     buffered: bool                # the disk goes through the page cache now
     evidence: dict | None = None  # what the curve stands on (``advice.evidence``)
+    now: Rates | None = None      # the guest's I/O as watched
+    then: Rates | None = None     # and with the size held (after the switch)
+    write_cost: float | None = 0.0   # seconds a write waits more after the switch (None:
+                                     # not measured, a block device: taken as 0, and said)
+    path_extra: float | None = None   # a read's extra time through the buffered path
+    reason: str | None = None     # why no gain (``no_gain``)
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict, "bytes": int(self.bytes),
@@ -92,7 +152,14 @@ class Forecast:
                 "saved_per_read_us": round(self.saved_per_read * 1e6, 1),
                 "more_reads_per_second": round(self.more_reads_per_second, 1),
                 "queue_depth": None if self.depth is None else round(self.depth, 2),
-                "buffered": self.buffered, "evidence": self.evidence}
+                "buffered": self.buffered, "evidence": self.evidence,
+                "write_cost_us": None if self.write_cost is None
+                else round(self.write_cost * 1e6, 1),
+                "path_extra_us": None if self.path_extra is None
+                else round(self.path_extra * 1e6, 1),
+                "now": None if self.now is None else self.now.to_json(),
+                "then": None if self.then is None else self.then.to_json(),
+                "reason": self.reason}
 
 
 def cache_hit_ratio(pages_read: float, pages_added: float) -> float | None:
@@ -159,35 +226,63 @@ def forecast(w: Watched, window: list[list[float]], hit_at, wants: int,
     (``advice.evidence``; None: not judged)."""
     image = int(w.image_bytes)
     q = depth(w)
+    base = dict(depth=q, buffered=w.buffered, now=rates(w, q), path_extra=w.path_extra)
     ev = evidence_for(0) if evidence_for else None
     if w.reads_per_second <= 0:
-        return Forecast("no_reads", 0, 0.0, 0.0, 0.0, q, w.buffered, ev)
+        return Forecast("no_reads", 0, 0.0, 0.0, 0.0, evidence=ev, **base)
     if ev is not None and not ev["enough"]:
         # no re-read in a window of its full length is the finding, not a lack of one
         long_enough = ev["window_seconds"] >= ev["minimum"]["window_seconds"]
         verdict = "no_reuse" if long_enough and hit_at(image) < NO_REUSE else "not_enough"
-        return Forecast(verdict, 0, 0.0, 0.0, 0.0, q, w.buffered, ev)
-    f = _forecast(w, window, hit_at, wants, hottest_at, q)
-    if evidence_for and f.verdict in ("hold", "no_latency"):   # a part of the image: seen?
+        return Forecast(verdict, 0, 0.0, 0.0, 0.0, evidence=ev, **base)
+    f = _forecast(w, window, hit_at, wants, hottest_at, base)
+    if evidence_for and f.verdict in ("hold", "no_latency", "no_gain"):   # seen?
         ev = evidence_for(f.bytes)
         if not ev["enough"]:
-            return Forecast("not_enough", 0, 0.0, 0.0, 0.0, q, w.buffered, ev)
+            return Forecast("not_enough", 0, 0.0, 0.0, 0.0, evidence=ev, **base)
     return replace(f, evidence=ev)
 
 
-def _forecast(w: Watched, window, hit_at, wants: int, hottest_at, q) -> Forecast:
+def rates(w: Watched, q: float | None, dr: float = 0.0, dw: float = 0.0) -> Rates:
+    """The guest's rates at depth ``q`` when a read takes ``dr`` and a write ``dw`` seconds
+    longer (module docstring): its cycle ``q / (r + w)`` changes by the mix's mean."""
+    r, wr = w.reads_per_second, w.writes_per_second
+    total = r + wr
+    if not q or total <= 0:
+        return Rates(r, wr, None)
+    t0 = q / total
+    t1 = max(t0 + (r * dr + wr * dw) / total, 1e-9)
+    return Rates(r * t0 / t1, wr * t0 / t1, t1)
+
+
+def _forecast(w: Watched, window, hit_at, wants: int, hottest_at, base: dict) -> Forecast:
     """``forecast`` of a disk read in a window that is evidence."""
     image = int(w.image_bytes)
     if hit_at(image) < NO_REUSE:
-        return Forecast("no_reuse", 0, 0.0, 0.0, 0.0, q, w.buffered)
+        return Forecast("no_reuse", 0, 0.0, 0.0, 0.0, **base)
     uniform = is_uniform(window, image, w.page_size, w.pages_read)
     size = image if uniform or wants >= WHOLE * image else max(int(wants), w.page_size)
     h = max(float(hit_at(size)), float(hottest_at(size)), w.hit_ratio_now)
     if w.miss is None:
-        return Forecast("no_latency", size, h, 0.0, 0.0, q, w.buffered)
-    saved = max(0.0, h - w.hit_ratio_now) * max(0.0, w.miss - w.hit)
-    more = 0.0
-    if q:
-        waiting = saved * w.reads_per_second          # seconds of waiting a second it saves
-        more = w.reads_per_second * (1.0 / max(1.0 - waiting / q, 1e-9) - 1.0)
-    return Forecast("uniform" if uniform else "hold", size, h, saved, more, q, w.buffered)
+        return Forecast("no_latency", size, h, 0.0, 0.0, **base)
+    extra = 0.0 if w.buffered else (w.path_extra or 0.0)
+    saved = max(0.0, h - w.hit_ratio_now) * max(0.0, w.miss - w.hit) - extra
+    write_cost: float | None = 0.0
+    if not w.buffered and w.writes_per_second > 0:
+        write_cost = None if w.write_extra is None else max(0.0, w.write_extra)
+    then = rates(w, base["depth"], -saved, write_cost or 0.0)
+    more = then.reads - base["now"].reads if base["depth"] else 0.0
+    verdict, reason = ("uniform" if uniform else "hold"), None
+    if base["depth"] and more <= NO_GAIN:
+        verdict = "no_gain"
+        if saved <= 0 and not extra:
+            reason = (f"the page cache already serves {w.hit_ratio_now:.0%} of the reads, as "
+                      f"much as {size / (1 << 20):,.0f} MiB held would")
+        elif (write_cost or 0.0) * w.writes_per_second > max(saved, 0.0) * w.reads_per_second:
+            reason = (f"each write would wait about {write_cost * 1e6:,.0f} µs more (a flush "
+                      f"per write under cache=writethrough), more than the reads save")
+        else:
+            reason = (f"a read from memory through QEMU's buffered path saves less than that "
+                      f"path costs ({extra * 1e6:,.0f} µs a read)")
+    return Forecast(verdict, size, h, saved, more, write_cost=write_cost, reason=reason,
+                    then=then, **base)

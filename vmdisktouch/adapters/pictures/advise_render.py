@@ -3,7 +3,9 @@
 Layout, top to bottom: a header (what was watched, for how long: the seconds
 actually watched, when a signal cut the window short, and when); a
 line per disk, its swatch in its own colour (``host_render.colours``: each
-disk its own, first from its name as in the host PNG), its name and its advice; then the host PNG's
+disk its own, first from its name as in the host PNG), its name, the evidence
+its curve and advice stand on (reads and re-reads seen, the window) and its
+advice; then the host PNG's
 curves panel (``host_render.curves_panel``) with each disk's curve, a ring
 where the size advised meets it. A disk with no size advised (no reads, no
 re-reads) has no ring; a disk without a curve, or not read, is left out of the
@@ -55,6 +57,15 @@ def wrap(draw, text: str, room: float, font, lines: int) -> list[str]:
     return out
 
 
+def evidence_text(e: dict | None) -> str:
+    """What a disk's curve and advice stand on, for its name line ("" for a report
+    without it)."""
+    if not e:
+        return ""
+    return (f"; evidence: {e['reads']:,} reads, {e['re_reads']:,} read again, in "
+            f"{e['window_seconds']:g} s")
+
+
 def header(report: dict) -> list[str]:
     """The picture's two header lines: the disks and the seconds actually watched (of the
     ``--duration`` asked, when a signal ended the watch early), then when and the kernel."""
@@ -84,7 +95,8 @@ def advise_image(report: dict, width: int = WIDTH) -> Image.Image:
         y = top + k * ROW
         fill_box(img, (PAD, y + 2, PAD + SWATCH - 1, y + 1 + SWATCH), colour)
         x, room = PAD + SWATCH + 6, width - 2 * PAD - SWATCH - 6
-        name = f"{d['name']} (cache={d['cache']}, {format_size(d['image_bytes'])} image)"
+        name = (f"{d['name']} (cache={d['cache']}, {format_size(d['image_bytes'])} image"
+                f"{evidence_text(d['advice'].get('evidence'))})")
         draw.text((x, y), fit_text(draw, name, room, font), fill=TEXT, font=font)
         for j, line in enumerate(wrap(draw, d["advice"]["advice"].replace("µs", "us"), room,
                                       font, 2)):

@@ -30,7 +30,33 @@ device); through the page cache, ``MissCost``'s timed ``O_DIRECT`` reads of
 pages nobody has cached, a few a second. A read the page cache serves
 waits ``page_cache_read_time``: timed 4 KiB reads of a page of an anonymous
 memory file (``memfd``: the same page-cache read path, no device), so
-nothing of the image is read through the cache.
+nothing of the image is read through the cache. That is the copy only.
+
+What a switch from ``cache=none`` to ``cache=writethrough`` costs
+(``switch_cost``). QEMU's direct path (``aio=native``) submits to the kernel
+and is woken by the completion; its buffered path (``aio=threads``) hands
+each request to a worker thread, a wake-up more, which a read pays hit or
+miss; a writethrough write is the write and then a flush, each through the
+pool. Measured on this host, before the watch:
+
+* a read's: one wake-up, half the round trip of a byte between this process
+  and a forked child over two pipes (the median of ``WAKE_TRIPS``);
+* a write's: through QEMU itself, ``qemu-img bench`` (4 KiB writes at queue
+  depth 1) through two ``qemu-nbd``, ``cache=writethrough`` and ``cache=none``
+  with ``aio=native``, each of its own unnamed scratch file (``O_TMPFILE`` in
+  the image's directory: its file system, gone at close; never the image);
+  ``EXTRA_RUNS`` pairs of runs back to back (A B, B A, ...), the median of the
+  pairs' differences (a pair shares the load of its moment), at least 0. A
+  block device gets no write cost (None: said as not measured): nothing
+  writes to it.
+
+Why these two, from bench_advise's cases (docs/benchmarks/advise.md#advise-cases),
+where the guests' cycles gave a read's extra of about 4 µs and a write's of
+86-105 µs: the same ``qemu-img bench`` for reads (``aio=threads`` against
+``aio=native`` on the device) said 18-24 µs, and on a file in memory more
+(native completes inside ``io_submit`` there); ``pwrite`` with ``fdatasync``
+against ``O_DIRECT`` timed in-process said 37 µs a write, where QEMU's own
+flush path costs more.
 
 Read-only: the image is opened read-only, nothing is locked or evicted. The
 page-cache tracer's start reads page 0 through the cache to confirm its filter;
@@ -42,7 +68,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -60,6 +89,11 @@ from vmdisktouch.system.observe.miss_cost import MissCost
 PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
 HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
 BLOCK = 1 << 20            # the unit the daemon holds: reads counted per block of it
+WAKE_TRIPS = 2000          # round trips timed for a wake-up (``wake_time``)
+EXTRA_WRITES = 500         # writes of each ``write_time`` run
+EXTRA_RUNS = 5             # pairs of runs, one of each path (A B, B A, ...)
+SCRATCH = 1 << 20          # bytes of each scratch file
+SERVE_WAIT = 5.0           # s a qemu-nbd may take to come up
 SAMPLED_PER_SECOND = 100   # the curve's reads a second, at most (a minute: 7,000 with
                            # the first ten seconds' burst)
 
@@ -229,6 +263,179 @@ def page_cache_read_time(samples: int = HIT_SAMPLES) -> float:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class PathCost:
+    """What a switch from ``cache=none`` to ``cache=writethrough`` costs (module
+    docstring), seconds an I/O at queue depth 1: ``read`` a wake-up, which a read pays hit
+    or miss, and ``write`` a write's whole extra (None: not measured)."""
+    read: float | None
+    write: float | None
+
+
+# (aio, cache) of each server: the direct path, the writethrough path
+DIRECT, WRITETHROUGH = ("native", "none"), ("threads", "writethrough")
+
+
+def switch_cost(image_paths: list[str], stop=lambda: False) -> dict[str, PathCost]:
+    """Each image's ``PathCost`` (module docstring): one wake-up for the host, a write per
+    directory of a regular file. ``stop()`` true ends it early: what is left is not
+    measured."""
+    nbd, img = shutil.which("qemu-nbd"), shutil.which("qemu-img")
+    wake = None if stop() else wake_time()
+    writes: dict = {}
+    out = {}
+    for path in image_paths:
+        write = None
+        if _regular(path) and nbd and img:
+            where = os.path.dirname(os.path.abspath(path))
+            if where not in writes:
+                writes[where] = None if stop() else write_time(nbd, img, where, stop)
+            write = writes[where]
+        out[path] = PathCost(wake, write)
+    return out
+
+
+def wake_time(trips: int = WAKE_TRIPS) -> float | None:
+    """Seconds one task takes to wake another here: half a byte's round trip between this
+    process and a forked child over two pipes, the median of ``trips``."""
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (a_r, a_w, b_r, b_w):
+            os.close(fd)
+        return None
+    if pid == 0:                                  # the child: echo each byte, until EOF
+        try:
+            os.close(a_w)
+            os.close(b_r)
+            while os.read(a_r, 1):
+                os.write(b_w, b"x")
+        finally:
+            os._exit(0)
+    os.close(a_r)
+    os.close(b_w)
+    times = np.empty(trips)
+    try:
+        for k in range(trips):
+            t = time.perf_counter_ns()
+            os.write(a_w, b"x")
+            os.read(b_r, 1)
+            times[k] = time.perf_counter_ns() - t
+    finally:
+        os.close(a_w)
+        os.close(b_r)
+        os.waitpid(pid, 0)
+    return float(np.median(times)) / 2e9
+
+
+def write_time(nbd: str, img: str, where: str, stop) -> float | None:
+    """Seconds a 4 KiB write through QEMU's writethrough path takes beyond one through its
+    direct path, on the file system of the directory ``where`` (module docstring); None
+    where no scratch file can be made there, or a server or a run failed."""
+    tmp = tempfile.mkdtemp(prefix="vmdisktouch-switch-")
+    fds: dict = {}
+    servers: dict = {}
+    try:
+        for way in (DIRECT, WRITETHROUGH):
+            fds[way] = _scratch(where)
+            if fds[way] is None:
+                return None
+            servers[way] = _serve(nbd, f"/proc/{os.getpid()}/fd/{fds[way]}", tmp, *way)
+            if servers[way][1] is None:
+                return None
+        return _pairs(img, servers[WRITETHROUGH][1], servers[DIRECT][1], EXTRA_WRITES,
+                      ("-w",), stop)
+    finally:
+        for process, _ in servers.values():
+            _stop(process)
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pairs(img: str, slow: str, fast: str, count: int, extra: tuple, stop) -> float | None:
+    """What an I/O through the server at ``slow`` takes beyond one through ``fast``:
+    ``EXTRA_RUNS`` pairs of runs back to back, their order alternating; the median of the
+    pairs' differences, at least 0 (None: stopped, or a run failed)."""
+    diffs = []
+    for k in range(EXTRA_RUNS):
+        t = {}
+        for sock in ((slow, fast), (fast, slow))[k % 2]:
+            if stop():
+                return None
+            t[sock] = _bench(img, sock, count, extra)
+            if t[sock] is None:
+                return None
+        diffs.append(t[slow] - t[fast])
+    return max(0.0, float(np.median(diffs)))
+
+
+def _serve(nbd: str, data: str, tmp: str, aio: str, cache: str):
+    """``(process, socket)``: a qemu-nbd of ``data`` through one path, its socket None
+    when it did not come up within ``SERVE_WAIT`` s."""
+    sock = os.path.join(tmp, f"{aio}-{cache}.sock")
+    p = subprocess.Popen([nbd, "--persistent", "-f", "raw", f"--cache={cache}",
+                          f"--aio={aio}", "-k", sock, data],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + SERVE_WAIT
+    while not os.path.exists(sock):
+        if p.poll() is not None or time.monotonic() > end:
+            return p, None
+        time.sleep(0.02)
+    return p, sock
+
+
+def _stop(p) -> None:
+    """Stop a qemu-nbd this started, by its pid."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _bench(img: str, sock: str, count: int, extra: tuple) -> float | None:
+    """Seconds an I/O took (the mean of ``count``, 4 KiB, queue depth 1) through the
+    qemu-nbd at ``sock``; None when the run failed."""
+    try:
+        r = subprocess.run([img, "bench", "-f", "raw", *extra, "-c", str(count), "-d", "1",
+                            "-s", "4096", f"nbd+unix:///?socket={sock}"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"Run completed in ([0-9.]+) seconds", r.stdout)
+    return float(m.group(1)) / count if m and r.returncode == 0 else None
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _scratch(directory: str) -> int | None:
+    """An unnamed file of ``SCRATCH`` bytes, written and synced, in ``directory``
+    (``O_TMPFILE``: gone at close); None where none can be made (a read-only or full file
+    system, one without ``O_TMPFILE``)."""
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        os.pwrite(fd, b"\1" * SCRATCH, 0)
+        os.fsync(fd)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
 class IOWatch:
     """The reads and writes of one image over a window (see the module's theory).
 
@@ -305,8 +512,9 @@ class IOWatch:
             res = residency.scan(self.image.fd, self.image.size, self.probe.block_size)
             self.probe.probe(res.fraction(), self.image.size)
 
-    def watched(self, hit: float) -> Watched:
-        """The window's measures, for ``what_if.forecast``; ``hit``: a cached read's wait."""
+    def watched(self, hit: float, path: PathCost | None = None) -> Watched:
+        """The window's measures, for ``what_if.forecast``; ``hit``: a cached read's wait;
+        ``path`` (``qemu_path_cost``): what a switch to ``cache=writethrough`` costs."""
         t = self.tally
         secs = max(t.seconds, 1e-9)
         buffered = self.buffered
@@ -326,7 +534,9 @@ class IOWatch:
                        read_wait=read_wait, write_wait=write_wait, miss=miss, hit=hit,
                        pages_read=self.mrc.reads,
                        hit_ratio_now=(cache_hit_ratio(t.pages_read, t.pages_added) or 0.0)
-                       if buffered else 0.0, buffered=buffered)
+                       if buffered else 0.0, buffered=buffered,
+                       path_extra=None if path is None else path.read,
+                       write_extra=None if path is None else path.write)
 
     def read_waits_ns(self) -> np.ndarray:
         """Every direct read's wait in the window, ns."""
