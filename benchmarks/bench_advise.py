@@ -262,6 +262,7 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
                 saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
                 out["advice_disk"], _ = advise(dev, half - 6, tmp, saved)
                 out["advice"] = out["advice_disk"]["advice"]
+                out["read_latency_us_p50_p99"] = out["advice_disk"]["read_latency_us_p50_p99"]
             else:
                 out["served_share"] = served_share(daemon, half - 2)
                 out["held"] = daemon.vmlck() if daemon else 0
@@ -430,7 +431,8 @@ def main() -> int:
             head = (f"{args.duration:g} s a phase, A B B A (none, served, served, none), "
                     f"measured over each phase's second half; fio 4 KiB random I/O through "
                     f"qemu-nbd, 90 % in a hot zone (CASES in the script), no guest flushes; "
-                    f"loaded: reads throttled to {LOADED_RIOPS}/s.\n\n")
+                    f"loaded: the image behind two loop devices, the lower one's reads "
+                    f"throttled to {LOADED_RIOPS}/s.\n\n")
             print(head + text)
             if args.doc:
                 write_section("advise-cases", "Forecast against outcome, by device and guest",

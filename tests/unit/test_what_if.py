@@ -269,3 +269,28 @@ def test_a_block_device_s_write_cost_is_not_measured_and_said_so():
     assert "the writes' extra wait not measured (a block device)" in sentence(f, IMAGE)
     reads_only = advise(m, fast_disk(writes_per_second=0.0, write_extra=None))
     assert reads_only.write_cost == 0.0 and "not measured" not in sentence(reads_only, IMAGE)
+
+
+def test_a_queue_bound_device_s_misses_lose_their_queue_up_to_the_misses_it_serves_now():
+    """A device throttled to 400 reads a second: a read waits 2 ms on average, 50 µs
+    typically; writes queue behind (1 ms, 60 µs typically). Held, the misses left wait the
+    typical time, and the device serves at most the 400 misses a second it serves now."""
+    m = curve_of(zone_reads())
+    w = fast_disk(reads_per_second=400.0, writes_per_second=100.0, miss=2e-3, read_wait=2e-3,
+                  write_wait=1e-3, miss_typical=50e-6, write_typical=60e-6,
+                  write_extra=None, path_extra=3e-6)
+    assert what_if.queue_bound(w)
+    f = advise(m, w)
+    assert f.verdict == "hold" and f.queue_bound, f
+    assert "the device is queue-bound now" in sentence(f, IMAGE)
+    cap = 400.0 / (1.0 - f.hit_ratio)
+    assert f.then.reads == pytest.approx(cap)            # the device's misses, not more
+    assert f.then.writes == pytest.approx(cap * 100 / 400)
+    unknown = what_if.Watched(**{**w.__dict__, "miss_typical": None})
+    assert not what_if.queue_bound(unknown)
+    linear = advise(m, unknown)                           # the mean wait as each miss's
+    assert f.more_reads_per_second > 2 * linear.more_reads_per_second > 0
+    # a device whose mean and median agree is not queue-bound: the same as before
+    even = fast_disk(miss_typical=27e-6)
+    assert not what_if.queue_bound(even)
+    assert advise(m, even) == advise(m, fast_disk())

@@ -106,6 +106,8 @@ def sentence(f: Forecast, image_bytes: int) -> str:
                     f", about {us:.1f} µs saved per read")
     if f.depth:
         gain += f", about {f.more_reads_per_second:,.0f} reads/s more at this queue depth"
+        if f.queue_bound:
+            gain += " (the device is queue-bound now: the misses left would not queue)"
         if f.write_cost is None:
             gain += ", the writes' extra wait not measured (a block device)"
         elif f.write_cost > 0:

@@ -116,6 +116,7 @@ class Tally:
     lost: int = 0                  # events the kernel lost
     seconds: float = 0.0
     waits: list = field(default_factory=list)   # direct read waits (ns arrays)
+    write_waits: list = field(default_factory=list)   # and writes'
 
     @property
     def reads(self) -> int:
@@ -436,6 +437,12 @@ def _scratch(directory: str) -> int | None:
         return None
 
 
+def _median_s(chunks: list) -> float | None:
+    """The median of waits kept in ``chunks`` (ns arrays), seconds; None without any."""
+    waits = np.concatenate(chunks) if chunks else np.zeros(0)
+    return float(np.median(waits)) / 1e9 if waits.size else None
+
+
 class IOWatch:
     """The reads and writes of one image over a window (see the module's theory).
 
@@ -482,6 +489,7 @@ class IOWatch:
             t.timed_reads += int((r & timed).sum())
             t.timed_writes += int((ev.write & timed).sum())
             t.waits.append(ev.latency[r & timed])
+            t.write_waits.append(ev.latency[ev.write & timed])
             t.lost += ev.lost
             first = ev.offset[r] // self.page_size
             last = (ev.offset[r] + np.maximum(ev.length[r], 1) - 1) // self.page_size
@@ -514,24 +522,29 @@ class IOWatch:
 
     def watched(self, hit: float, path: PathCost | None = None) -> Watched:
         """The window's measures, for ``what_if.forecast``; ``hit``: a cached read's wait;
-        ``path`` (``qemu_path_cost``): what a switch to ``cache=writethrough`` costs."""
+        ``path`` (``switch_cost``): what a switch to ``cache=writethrough`` costs."""
         t = self.tally
         secs = max(t.seconds, 1e-9)
         buffered = self.buffered
         miss = read_wait = write_wait = None
+        typical = write_typical = None
         if t.timed_reads:
             read_wait = miss = t.read_wait_ns / t.timed_reads / 1e9
+            typical = _median_s(t.waits)
         if t.timed_writes:
             write_wait = t.write_wait_ns / t.timed_writes / 1e9
+            write_typical = _median_s(t.write_waits)
         if buffered:
             miss = self.probe.seconds if self.probe is not None else None
             now = cache_hit_ratio(t.pages_read, t.pages_added) or 0.0
             read_wait = None if miss is None else now * hit + (1 - now) * miss
+            typical = write_typical = None
         return Watched(image_bytes=self.image.size, page_size=self.page_size,
                        reads_per_second=(t.paged_reads if buffered else t.direct_reads) / secs,
                        writes_per_second=(t.paged_writes if buffered else t.direct_writes)
                        / secs,
                        read_wait=read_wait, write_wait=write_wait, miss=miss, hit=hit,
+                       miss_typical=typical, write_typical=write_typical,
                        pages_read=self.mrc.reads,
                        hit_ratio_now=(cache_hit_ratio(t.pages_read, t.pages_added) or 0.0)
                        if buffered else 0.0, buffered=buffered,
