@@ -167,10 +167,22 @@ def phase(kind: str, image: str, args, tmp: str, advice: dict | None) -> dict:
             out["reads"] = steady_reads(fio, half)
             fio.stop()
         finally:
-            if daemon is not None:
-                daemon.stop()
-            nbd.stop()
+            stop_all(daemon, nbd)
     return out
+
+
+def say(args, section: str, title: str, text: str) -> None:
+    """Print a reading, and with ``--doc`` write it as ``section`` of its page."""
+    print(text)
+    if args.doc:
+        write_section(section, title, text)
+
+
+def stop_all(*procs) -> None:
+    """Stop what a phase started (a daemon, a qemu-nbd), those it did start."""
+    for p in procs:
+        if p is not None:
+            p.stop()
 
 
 def served_share(daemon, seconds: float) -> float:
@@ -274,9 +286,7 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
             out["io_time_us"] = qd / total * 1e6 if total else NAN
             fio.stop()
         finally:
-            if daemon is not None:
-                daemon.stop()
-            nbd.stop()
+            stop_all(daemon, nbd)
     return out
 
 
@@ -419,10 +429,7 @@ def main() -> int:
                     f"| reads/s advise saw | {c['seen']:,.0f} |\n"
                     f"| reads/s fio did (median) | {c['fio']:,.0f} |\n"
                     f"| events lost | {c['lost']} |\n")
-            print(body)
-            if args.doc:
-                write_section("advise-cost", "Watching an O_DIRECT disk: the cost of advise",
-                              body)
+            say(args, "advise-cost", "Watching an O_DIRECT disk: the cost of advise", body)
             return 0
         if args.cases:
             done = (phases_from_log(args.from_log, args.cases.split(",")) if args.from_log
@@ -433,10 +440,8 @@ def main() -> int:
                     f"qemu-nbd, 90 % in a hot zone (CASES in the script), no guest flushes; "
                     f"loaded: the image behind two loop devices, the lower one's reads "
                     f"throttled to {LOADED_RIOPS}/s.\n\n")
-            print(head + text)
-            if args.doc:
-                write_section("advise-cases", "Forecast against outcome, by device and guest",
-                              head + text)
+            say(args, "advise-cases", "Forecast against outcome, by device and guest",
+                head + text)
             return 0
         image = args.image or make_image(os.path.join(tmp, "disk.raw"), args.size,
                                          sparse=False)
@@ -459,10 +464,7 @@ def main() -> int:
                 f"{format_size(args.zone)} zone (90 % of the accesses), {args.read_mix} % "
                 f"reads, through qemu-nbd in a memory group of {format_size(args.limit)}; "
                 f"{args.duration:g} s a phase, measured over its second half.\n\n")
-        print(head + text)
-        if args.doc:
-            write_section("advise", "Advice for a cache=none disk, then served as advised",
-                          head + text)
+        say(args, "advise", "Advice for a cache=none disk, then served as advised", head + text)
     return 0
 
 
