@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -269,3 +270,58 @@ def test_without_the_bpf_capabilities_reads_stay_events_of_the_ring_buffer(scrat
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "False", "bpf (BPF_MAP_CREATE): Operation not permitted", "None [2]"], out.stdout
+
+
+def timed_misses(fd, pages) -> int:
+    """Reads of ``pages`` (page numbers) one at a time, readahead off: ns they took."""
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    took = 0
+    for p in pages:
+        t0 = time.perf_counter_ns()
+        os.pread(fd, PAGE, int(p) * PAGE)
+        took += time.perf_counter_ns() - t0
+    return took
+
+
+def test_the_guests_misses_are_timed_from_the_page_added_to_the_read(scratch, reader):  # noqa: F811
+    """Each read of an evicted page is one miss, timed within what its caller timed;
+    the same pages read again are hits, not timed; the loading thread's are not the
+    guest's."""
+    path = scratch(16 * PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = reader(fd, exclude_tid=threading.get_native_id())
+        assert r.count_reads(PPB, 16) and r.times_misses
+        taken(r)
+        pages = np.random.default_rng(5).choice(np.arange(1, 16 * PPB), 200, replace=False)
+        os.pread(fd, PAGE, int(pages[0]) * PAGE + PAGE)      # the loading thread: not timed
+        took = []
+        in_thread(lambda: took.append(timed_misses(fd, pages)))
+        c = taken(r)
+        assert c.misses_timed == 200
+        assert 0.3 * took[0] < c.miss_wait_ns <= took[0]
+        in_thread(timed_misses, fd, pages)                   # cached now: hits
+        assert taken(r).misses_timed == 0
+    finally:
+        os.close(fd)
+
+
+def test_a_page_added_by_a_write_is_no_miss_of_the_threads_next_read(scratch, reader):  # noqa: F811
+    """A thread that writes a page not cached adds it (as QEMU's writethrough write does),
+    then reads another, cached: nothing is timed."""
+    path = scratch(4 * PPB)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        r = reader(fd)
+        assert r.count_reads(PPB, 4)
+        os.pread(fd, PAGE, 5 * PAGE)                          # cached before
+        taken(r)
+
+        def write_then_read():
+            os.pwrite(fd, b"\1" * PAGE, 3 * PPB * PAGE)      # added by the write
+            os.pread(fd, PAGE, 5 * PAGE)
+        in_thread(write_then_read)
+        c = taken(r)
+        assert c.blocks.tolist() == [0] and c.misses_timed == 0
+    finally:
+        os.close(fd)

@@ -305,6 +305,8 @@ class CountedReads:
     sampled: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     pages: int = 0      # every page read (the sample's denominator)
     samples_lost: int = 0   # entries the kernel's sample ring overran
+    miss_wait_ns: int = 0   # the reads that waited for a page their thread added: ns waited
+    misses_timed: int = 0   # and how many (``bpf_reads.added_program``)
 
     @property
     def total(self) -> int:

@@ -264,13 +264,14 @@ class TraceReader:
         self._check_open()
         if self.counting_refused is not None:
             return False
-        fmt = self._formats[GET_PAGES]
+        fmt, add = self._formats[GET_PAGES], self._formats[ADDED]
         offsets = {k: fmt.fields[k].offset for k in ("i_ino", "s_dev", "index", "last_index")}
+        added = (add.id, {k: add.fields[k].offset for k in ("i_ino", "s_dev", "index", "order")})
         start = time.monotonic_ns()
         try:
             new = bpf_reads.ReadCounter.create(
                 fmt.id, offsets, ino=self._ino, sdev=self._sdev, exclude_tid=self.exclude_tid,
-                pages_per_block=pages_per_block, nblocks=nblocks)
+                pages_per_block=pages_per_block, nblocks=nblocks, added=added)
         except bpf_reads.BpfUnavailable as exc:
             self.counting_refused = str(exc)
             log.info("trace: %s: reads are recorded one by one (they cannot be counted in the "
@@ -281,12 +282,19 @@ class TraceReader:
         if old is not None:
             blocks, counts, _probe, _beyond = old.take()
             ranges, total, lost = old.take_samples()
-            self._counted.append((*old.past_span(blocks, counts, ranges), ranges, total, lost))
+            self._counted.append((*old.past_span(blocks, counts, ranges), ranges, total, lost,
+                                  *old.take_misses()))
             old.close()
         else:
             self._ring_reads_until = start
             self._inst.drop(GET_PAGES)
         return True
+
+    @property
+    def times_misses(self) -> bool:
+        """The reads that waited for a page added are timed in the kernel
+        (``bpf_reads.added_program``: with ``count_reads``)."""
+        return self._counter is not None and self._counter.times_misses
 
     @property
     def counting(self) -> bool:
@@ -306,7 +314,7 @@ class TraceReader:
             self._probe_tid, self.probe_seen = None, probe_hits > 0
         ranges, total, lost = self._counter.take_samples()
         blocks, counts = self._counter.past_span(blocks, counts, ranges)
-        now = (blocks, counts, ranges, total, lost)
+        now = (blocks, counts, ranges, total, lost, *self._counter.take_misses())
         parts, self._counted = self._counted + [now], []
         if len(parts) > 1:
             allb = np.concatenate([p[0] for p in parts])
@@ -315,7 +323,8 @@ class TraceReader:
             counts = np.bincount(inverse, weights=allc).astype(np.int64)
         return CountedReads(blocks, counts, time.monotonic_ns(),
                             np.concatenate([p[2] for p in parts]),
-                            sum(p[3] for p in parts), sum(p[4] for p in parts))
+                            sum(p[3] for p in parts), sum(p[4] for p in parts),
+                            sum(p[5] for p in parts), sum(p[6] for p in parts))
 
     def sample_below(self, threshold: int) -> None:
         """The kernel samples for the miss-ratio curve the pages whose hash is under
