@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tests.support.blockdev import loop_device, read_throttle
+from tests.support.cgroup import MemoryCgroup
 from tests.support.common import MiB, require_tool, stop_process
 from tests.support.daemon_proc import DaemonProc
 from tests.support.images import evict, make_image
@@ -36,6 +37,8 @@ INTERVAL = 0.5            # the daemon's cycle: PROBES probe reads each
 THROTTLE_IOPS = 400       # the loaded array's reads a second (fio's and the probe's)
 IMAGE_BYTES = 512 * MiB
 TENANT_DEPTH = 4          # the loaded disk's other tenant: random reads this many at once
+GUEST_MEMORY = 64 * MiB   # a buffered guest's memory group: most of its reads miss
+HIT_US = 10.0             # a buffered read faster than this came from memory, not a miss
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Reading:
     fio_cpu_wait_us: float    # fio's run delay over the window, a read (its wait for a CPU)
     fio_reads: int
     window_s: float
+    buffered: bool = False    # fio read through the page cache: its misses only are counted
+    misses: int = 0           # the guest's misses the daemon's figure was taken over
+    fio_hits: int = 0         # buffered: fio's reads from memory, left out
 
     def ratio(self) -> float:
         return self.daemon_us / self.fio_median_us
@@ -123,10 +129,12 @@ def run_delay_ns(pid: int) -> int:
 
 
 def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles: int = 16,
-            burst_s: float = 1.5, cwd=None, args=()) -> Reading:
+            burst_s: float = 1.5, cwd=None, args=(), buffered: bool = False) -> Reading:
     """Serve ``image``, read it with fio for the probe window and then some, burst in
     its middle (with ``burst``); the status's miss cost against fio's clat of the same
-    seconds."""
+    seconds. ``buffered``: fio reads through the page cache, in a memory group of
+    ``GUEST_MEMORY`` (most reads miss, and the daemon times the guest's own); its reads
+    under ``HIT_US`` are hits, left out of its figures."""
     fio = require_tool("fio")
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"mc-{os.path.basename(image)}-{int(burst)}-",
                                          dir=tmp_path))
@@ -135,15 +143,17 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
     kw = {} if cwd is None else {"cwd": cwd}
     d = DaemonProc(work, image, "--uri", "", *args, max_hold="8M", interval=INTERVAL, **kw)
     job = load = None
+    group = MemoryCgroup(f"mc-{int(burst)}", GUEST_MEMORY).create() if buffered else None
     try:
         d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
         prefix = str(work / "fio")
-        job = subprocess.Popen(
-            [fio, "--name=guest", f"--filename={image}", "--rw=randread", "--bs=4k",
-             "--ioengine=psync", "--direct=1", "--iodepth=1", "--numjobs=1",
-             "--norandommap", "--randrepeat=0", f"--size={IMAGE_BYTES}", "--time_based",
-             f"--runtime={runtime:g}", f"--write_lat_log={prefix}", "--log_avg_msec=0",
-             "--output=/dev/null"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        argv = [fio, "--name=guest", f"--filename={image}", "--rw=randread", "--bs=4k",
+                "--ioengine=psync", f"--direct={0 if buffered else 1}", "--iodepth=1",
+                "--numjobs=1", "--norandommap", "--randrepeat=0", f"--size={IMAGE_BYTES}",
+                "--time_based", f"--runtime={runtime:g}", f"--write_lat_log={prefix}",
+                "--log_avg_msec=0", "--output=/dev/null"]
+        job = subprocess.Popen(group.wrap(argv) if group else argv,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         t0 = time.monotonic()
         # The probe window: its last ``window`` seconds before the status is read.
         end = runtime - 1.0
@@ -174,12 +184,19 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
         if job is not None:
             stop_process(job)
         d.stop()
+        if group is not None:
+            group.cleanup()
     log = clat_log(prefix)
     # fio's times count from its job's start, a little after ``t0``: read_at is late by
     # that, which only widens the window by a fraction of a cycle.
     t_s = log[:, 0] / 1000.0
     inside = (t_s >= read_at - window) & (t_s <= read_at)
     us = log[inside, 1] / 1000.0
+    hits = int((us < HIT_US).sum()) if buffered else 0
+    if buffered:                                  # the misses only: what a hit would save
+        inside = inside.copy()
+        inside[inside] = us >= HIT_US
+        us = log[inside, 1] / 1000.0
     in_burst = (t_s[inside] >= b0) & (t_s[inside] <= b1) if burst else np.zeros(us.size, bool)
     during = us[in_burst]
     cost = (st or {}).get("miss_cost") or {}
@@ -190,5 +207,5 @@ def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles:
                    float(np.median(us)), float(np.mean(us)),
                    float(np.mean(during)) if during.size else float("nan"),
                    float(np.mean(us[~in_burst])),
-                   (delay1 - delay0) / 1000.0 / max(1, us.size),
-                   int(us.size), window)
+                   (delay1 - delay0) / 1000.0 / max(1, us.size + hits),
+                   int(us.size), window, buffered, int(cost.get("misses", 0)), hits)

@@ -299,3 +299,44 @@ def test_a_reopen_that_lands_on_another_inode_is_refused(tmp_path, monkeypatch):
         cost.close()
     finally:
         image.close()
+
+
+def test_a_cycle_with_the_guests_own_misses_is_their_mean_and_probes_nothing(
+        tmp_path, monkeypatch):
+    """A guest that misses ``PROBES`` times or more in a cycle: its misses are the
+    cycle's reading (a throttle of its own group: 2.5 ms each, where a probe would wait
+    0.1 ms) and the device is not read; one burst cycle of 16 does not move it."""
+    path = make_image(tmp_path / "disk.raw", 16 * MiB, sparse=False)
+    evict(path)
+    cost = cost_of(path, seed=1, run_delay=lambda: 0)
+    try:
+        cycles = [(400 * 2_500_000, 400)] * 16
+        cycles[3] = (400 * 40_000_000, 400)                   # one burst
+        offsets: list[int] = []
+        monkeypatch.setattr(mc.os, "preadv", lambda fd, bufs, off: offsets.append(off))
+        for misses in cycles:
+            assert cost.cycle(np.zeros(16, np.float32), 16 * MiB, misses) == 0
+        assert offsets == []
+        assert cost.seconds == pytest.approx(2.5e-3)
+        st = cost.status()
+        assert st["probes"] == 0 and st["misses"] == 16 * 400
+    finally:
+        cost.close()
+
+
+def test_a_guest_that_misses_little_is_probed_its_few_misses_pooled(tmp_path):
+    """Fewer than ``PROBES`` misses of the guest: the probe reads as before, and the
+    guest's few join that cycle's reading."""
+    path = make_image(tmp_path / "disk.raw", 16 * MiB, sparse=False)
+    evict(path)
+    cycles = [[100_000] * PROBES] * 4
+    cost = cost_of(path, seed=1, clock=ticking(cycles), run_delay=lambda: 0)
+    try:
+        for _ in cycles:
+            assert cost.cycle(np.zeros(16, np.float32), 16 * MiB,
+                              (2 * 400_000, 2)) == PROBES
+        st = cost.status()
+        assert st["probes"] == 4 * PROBES and st["misses"] == 4 * 2
+        assert cost.seconds == pytest.approx((PROBES * 100e-6 + 2 * 400e-6) / (PROBES + 2))
+    finally:
+        cost.close()

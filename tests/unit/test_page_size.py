@@ -105,6 +105,7 @@ class FakeReader:
         self.queue: list = []
         self.probe_seen = None
         self.counting = False               # reads are events, as where eBPF is refused
+        self.times_misses = False
 
     def count_reads(self, pages_per_block, nblocks):
         return False

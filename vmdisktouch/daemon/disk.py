@@ -197,9 +197,9 @@ class DiskWatcher:
         """Observe and decide up to the selection: this disk's ``regions.DiskMap`` (None
         while holding is off). ``act`` with the targets the selection gave it follows."""
         t0 = self.clock()
-        obs, resident_bytes = self._observe(t0)
+        obs, resident_bytes, misses = self._observe(t0)
         if self.miss_cost is not None:
-            self.miss_cost.probe(obs.resident, self.image.size)
+            self.miss_cost.cycle(obs.resident, self.image.size, misses)
         probe = (self._probe if not self.recorder
                  else self.recorder.probe(self.image.path, self._probe))
         m = self.policy.prepare(obs, probe)
@@ -252,7 +252,7 @@ class DiskWatcher:
             self._hole_map = (key, ~data)
         return self._hole_map[1]
 
-    def _observe(self, now: float) -> tuple[Observation, int]:
+    def _observe(self, now: float) -> tuple[Observation, int, tuple[int, int] | None]:
         self.image.check_identity()
         self._follow_size()
         held = runs_to_mask(self.holder.held_runs(), self.policy.nblocks)
@@ -261,7 +261,7 @@ class DiskWatcher:
                           self.hold_enabled, reads=seen.reads, refaults=seen.refaults,
                           read_counts=seen.read_counts, read_recent=seen.read_recent,
                           reconcile=seen.reconcile)
-        return obs, seen.resident_bytes
+        return obs, seen.resident_bytes, seen.misses
 
     def pump(self) -> bool:
         """Between cycles: let the source drain what it has buffered (trace events).

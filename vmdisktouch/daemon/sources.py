@@ -78,6 +78,8 @@ class Seen:
     read_counts: Sparse | None = None  # trace: read events per block
     read_recent: Sparse | None = None  # trace: ... weighted by recency (core.access)
     reconcile: bool = False      # trace: events lost, residency stands in for reads
+    misses: tuple[int, int] | None = None   # trace: the guest's reads that waited for a
+                                 # page added, ns waited and how many (None: not timed)
 
 
 class PollingSource:
@@ -163,6 +165,7 @@ class TraceSource:
         self.mrc = MissRatioCurve.for_image(nblocks * block_size // self.page_size)
         self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the last cycle's end, last feed
         self._pages_read = 0                 # pages the guest read this cycle
+        self._misses = [0, 0]                # its reads that waited for a page added: ns, n
         self._batches = Batches()            # READ events -> the ranges read (ring buffer)
         self.gain: dict | None = None        # what memory served in the last cycle
         self._count_reads()
@@ -217,6 +220,8 @@ class TraceSource:
             self.mrc.feed_ranges(counted.sampled[:, 0], counted.sampled[:, 1], counted.pages,
                                  counted.samples_lost, seconds)
             self._pages_read += counted.pages
+            self._misses[0] += counted.miss_wait_ns
+            self._misses[1] += counted.misses_timed
         else:
             reads = ev.kind == READ
             first, last = self._batches.ranges(ev.first[reads], ev.last[reads], ev.ts[reads])
@@ -279,6 +284,8 @@ class TraceSource:
             # The daemon's own loads are not traced: a held block is all cached.
             self.residency.counts[held] = self.residency.pages_per_block
         kinds, self.kinds = self.kinds, np.zeros(4, dtype=np.int64)
+        misses, self._misses = tuple(self._misses), [0, 0]
+        timed = self.reader is not None and self.reader.times_misses and not missed
         self.gain = self._gain(acc, kinds, held, cycle_seconds)
         self.last = {"reads": acc.read_events, "written_pages": int(acc.write_pages.size),
                      "refaulted_pages": acc.refault_pages, "lost": acc.lost,
@@ -291,7 +298,7 @@ class TraceSource:
                     # Not the first cycle's scan: what a dd or a backup left cached is no
                     # evidence of use; under a shared budget it took budget from disks the
                     # guests read. The trace source waits for reads.
-                    reconcile=acc.lost > 0 or missed)
+                    reconcile=acc.lost > 0 or missed, misses=misses if timed else None)
 
     def _sized(self, lost: int) -> bool:
         """Whether this cycle's lost events are steady ones (counted in ``events_lost`` and

@@ -145,7 +145,8 @@ CURVE_GAUGES = (
     ("curve_enough_reads", "1 when the curve has enough reads to say a size (a budget "
      "verdict), else 0: \"not enough reads yet\".", "mrc.enough_reads"),
     ("miss_cost_seconds", "What a read the cache misses waits on this disk: the median of "
-     "cycles' means of timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
+     "cycles' means of the guest's own misses, timed, or where it missed too little of "
+     "timed O_DIRECT reads of pages not cached.", "miss_cost.seconds"),
     ("read_seconds_saved_per_second", "Read time held blocks saved the guest a second, last "
      "cycle: reads on held blocks times the miss cost, at most the guest's queue depth.",
      "gain.read_seconds_saved_per_second"),

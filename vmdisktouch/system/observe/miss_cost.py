@@ -1,4 +1,4 @@
-"""What a miss costs on one disk: timed O_DIRECT reads of pages nobody has cached.
+"""What a miss costs on one disk: the guest's own misses timed, else timed O_DIRECT reads.
 
 Theory of operation
 -------------------
@@ -9,7 +9,18 @@ a network volume in milliseconds, and the host budget should know it
 (``core.shares``: saved time is hit ratio x reads x this cost, at most the
 guest's queue depth).
 
-It is measured, not configured. Each cycle ``probe`` makes up to ``PROBES``
+It is measured, not configured, from the guest's own reads where the trace
+source times them: a read that waited for a page its thread added to the
+cache waited from that insertion to the read's return (``bpf_reads``'
+``added_program``: ``mm_filemap_add_to_page_cache`` to
+``mm_filemap_get_pages`` of the same thread and page). That is the wait a
+hit saves, whatever it waits for: the device, a queue behind another tenant,
+a throttle of the guest's own I/O group. A cycle with at least ``PROBES`` of
+them is a reading of the guest's misses, and no probe is made.
+
+Otherwise (a guest that reads little, or whose reads are all held; the
+polling source; the ring-buffer path, where reads are not counted in the
+kernel) each cycle ``probe`` makes up to ``PROBES``
 timed reads of one 4 KiB page each, one at a time (queue depth 1, as a
 guest's sync read), with ``O_DIRECT`` on a descriptor of its own (the
 verified image's reopened, ``Image.reopen_direct``: the file the daemon
@@ -28,8 +39,9 @@ for a CPU (under a load of 7 on 2 cores: fio's reads 45 us on average, the
 probe's 76, 52 without its run delay), and a hit waits for a CPU as well:
 that is not what a hit saves.
 
-The figure is the median of the means of ``GROUP`` probes in turn (two
-cycles') over the last ``WINDOW`` probes: a median of means, which is the
+The figure is the median of the means of the last ``CYCLES`` cycles'
+readings pooled in turn until a pool has ``GROUP`` reads (two cycles' probes,
+one cycle of a guest that misses): a median of means, which is the
 mean where the waits are steady and passes by a burst that fills less
 than half of the window's cycles. The time a hit saves is the sum of the
 waits, so each cycle's figure is a mean: a loaded device's waits come in
@@ -57,19 +69,13 @@ window was 1.6-21 x and 2.6-18 x.
 Behind a throttle that lets reads through in slices the guest that fills
 them waits its share (2.5 ms a read at 400 a second) where a probe waits
 for the open slice only (0.1 ms after its untimed reads, half a slice
-without them): no probe times that; the figure is then the device's, and
-the saving too low.
-
-Why the probe and not the guest's own waits: the trace source's events say
-that a read needed a page added (``mm_filemap_add_to_page_cache``), not when
-that page's read came back; that wait is the block layer's
-(``block_rq_issue`` to ``block_rq_complete``), whose events name a device
-and a sector, not the image's file, and a guest whose hot pages are held
-leaves few misses to time. The probe times the same kind of read (one
-page, queue depth 1, the same file) whether the guest misses or not.
-
-The probe runs in the daemon's own I/O context, not the guest's: a guest whose
-cgroup throttles its I/O waits longer than the probe does.
+without them): no probe times that, and the probe runs in the daemon's own
+I/O group, not the guest's. The guest's own misses do: 0.92 x fio's mean
+there, 0.87 x on this machine's disk (docs/benchmarks/miss-cost.md), where
+the probe gave 0.02 x behind the throttle. Why both: a guest whose hot pages
+are held, or that reads little, leaves few misses to time, and the probe
+times the same kind of read (one page, queue depth 1, the same file)
+whether the guest misses or not.
 
 Where the image cannot be opened with ``O_DIRECT`` (tmpfs, some FUSE file
 systems), a read fails, or every block is cached, there is no figure: ``seconds``
@@ -91,17 +97,30 @@ from vmdisktouch.errors import SyscallError
 PROBES = 8              # timed probe reads per cycle, at most
 WARMUP = 3              # untimed reads before them each cycle (the host waking up)
 WINDOW = 128            # the probes the figure is taken over (16 cycles)
-GROUP = 2 * PROBES      # probes in turn per mean (two cycles'); the figure is their median
+CYCLES = WINDOW // PROBES   # the cycles the figure is taken over
+GROUP = 2 * PROBES      # timed reads in turn per mean (two cycles' probes); the figure is
+                        # their median
 PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
 
 
-def median_of_means(waits: np.ndarray, group: int = GROUP) -> float:
-    """The median of the means of ``waits`` taken ``group`` in turn (a shorter last
-    group is one too when it is the only one, else it joins the one before)."""
-    n = int(waits.size)
-    k = max(1, n // group)
-    means = [float(part.mean()) for part in np.array_split(waits, k)]
-    return float(np.median(means))
+def median_of_means(readings, group: int = GROUP) -> float:
+    """The median of the means of ``readings`` (per cycle: ns waited, reads timed) pooled
+    in turn until a pool has ``group`` reads (a shorter last pool is one too when it is
+    the only one, else it joins the one before)."""
+    pools: list[list[float]] = []
+    waited = reads = 0.0
+    for ns, n in readings:
+        waited, reads = waited + ns, reads + n
+        if reads >= group:
+            pools.append([waited, reads])
+            waited = reads = 0.0
+    if reads:
+        if pools:
+            pools[-1][0] += waited
+            pools[-1][1] += reads
+        else:
+            pools.append([waited, reads])
+    return float(np.median([w / n for w, n in pools]))
 
 
 def open_schedstat() -> int | None:
@@ -130,7 +149,8 @@ class MissCost:
         self.block_size, self.regular = int(block_size), image.is_regular
         self.clock, self.run_delay = clock, run_delay
         self.rng = np.random.default_rng(seed)
-        self.samples: collections.deque = collections.deque(maxlen=WINDOW)
+        # per cycle: ns waited, reads timed, of them the probe's (the rest the guest's)
+        self.readings: collections.deque = collections.deque(maxlen=CYCLES)
         self.reason: str | None = None
         self.fd: int | None = None
         self.buf = mmap.mmap(-1, PROBE_BYTES)          # page-aligned, as O_DIRECT needs
@@ -143,23 +163,43 @@ class MissCost:
 
     @property
     def seconds(self) -> float | None:
-        """What a miss waits, in seconds (``median_of_means`` of the window's probes);
-        None before any probe or without them."""
-        if not self.samples:
+        """What a miss waits, in seconds (``median_of_means`` of the window's cycles);
+        None before any read was timed."""
+        if not self.readings:
             return None
-        return median_of_means(np.fromiter(self.samples, dtype=np.float64)) / 1e9
+        return median_of_means((ns, n) for ns, n, _ in self.readings) / 1e9
 
-    def probe(self, resident: np.ndarray, size: int) -> int:
+    @property
+    def probes(self) -> int:
+        """The probe's reads in the window."""
+        return sum(p for _, _, p in self.readings)
+
+    def cycle(self, resident: np.ndarray, size: int,
+              misses: tuple[int, int] | None = None) -> int:
+        """One cycle's reading: the guest's own misses (``misses``: ns waited and how
+        many, from the trace source; None where not timed) where there are ``PROBES`` or
+        more, else ``probe``'s reads with them; the probe's reads made."""
+        waited, n = misses if misses else (0, 0)
+        if n >= PROBES:
+            self.readings.append((waited, n, 0))
+            self.reason = None
+            return 0
+        return self.probe(resident, size, guest=(waited, n))
+
+    def probe(self, resident: np.ndarray, size: int, guest: tuple[int, int] = (0, 0)) -> int:
         """Up to ``PROBES`` timed reads in blocks ``resident`` (per block, the fraction
         cached) says are not cached at all, of an image of ``size`` bytes, the first after
-        ``WARMUP`` untimed ones in its block; the number timed."""
+        ``WARMUP`` untimed ones in its block, a cycle's reading with the guest's few misses
+        timed (``guest``: ns waited, how many); the number timed."""
         if self.fd is None:
             return 0
         bs = self.block_size
         whole = min(resident.size, size // bs)           # blocks with a full page to read
         cold = np.flatnonzero(resident[:whole] == 0)
         if not cold.size:
-            if not self.samples:
+            if guest[1]:
+                self.readings.append((guest[0], guest[1], 0))
+            elif not self.readings:
                 self.reason = "every block is cached: no read goes to the device"
             return 0
         sched = None
@@ -168,17 +208,18 @@ class MissCost:
             sched = open_schedstat()
             delay = (lambda: thread_run_delay(sched)) if sched is not None else (lambda: 0)
         try:
-            made = self._probe_blocks(cold, delay)
+            waited, made = self._probe_blocks(cold, delay)
         finally:
             if sched is not None:
                 os.close(sched)
-        if made:
+        if made or guest[1]:
+            self.readings.append((waited + guest[0], made + guest[1], made))
             self.reason = None
         return made
 
-    def _probe_blocks(self, cold: np.ndarray, delay) -> int:
-        """The cycle's reads in blocks of ``cold``; the number timed."""
-        made, warmed = 0, False
+    def _probe_blocks(self, cold: np.ndarray, delay) -> tuple[int, int]:
+        """The cycle's reads in blocks of ``cold``: ns waited and the number timed."""
+        waited, made, warmed = 0, 0, False
         for b in self.rng.choice(cold, size=min(PROBES, cold.size), replace=False).tolist():
             off = self._page(b)
             if off is None:
@@ -192,12 +233,12 @@ class MissCost:
                 took = self._read(off, delay)
             except OSError as exc:
                 self._give_up(f"an O_DIRECT read fails: {exc.strerror or exc}", exc)
-                return made
+                return waited, made
             if took is None:
                 continue                                 # the image shrank: not a miss
-            self.samples.append(took)
+            waited += took
             made += 1
-        return made
+        return waited, made
 
     def _page(self, block: int) -> int | None:
         """The offset of a page drawn at random in ``block``; None where it is a hole."""
@@ -229,10 +270,12 @@ class MissCost:
         self.reason = why
 
     def status(self) -> dict:
-        """``seconds`` (the figure, or None), ``probes`` (in it) and, without a
-        figure, ``none``: why."""
+        """``seconds`` (the figure, or None), ``probes`` and ``misses`` (the probe's
+        reads and the guest's misses in it) and, without a figure, ``none``: why."""
         s = self.seconds
-        out = {"seconds": None if s is None else round(s, 7), "probes": len(self.samples)}
+        probes = self.probes
+        out = {"seconds": None if s is None else round(s, 7), "probes": probes,
+               "misses": sum(n for _, n, _ in self.readings) - probes}
         if s is None and self.reason:
             out["none"] = self.reason
         return out
