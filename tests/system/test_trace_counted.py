@@ -325,3 +325,25 @@ def test_a_page_added_by_a_write_is_no_miss_of_the_threads_next_read(scratch, re
         assert c.blocks.tolist() == [0] and c.misses_timed == 0
     finally:
         os.close(fd)
+
+
+def test_the_ring_buffer_times_the_same_misses_as_the_kernel(scratch, reader):  # noqa: F811
+    """Where reads are events (eBPF refused), the misses are paired from the events by the
+    same rule: the same reads give the same misses, within what their caller timed."""
+    path = scratch(16 * PPB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counted, events = reader(fd), reader(fd)
+        assert counted.count_reads(PPB, 16) and not events.counting and events.times_misses
+        taken(counted), events.drain()
+        pages = np.random.default_rng(6).choice(np.arange(1, 16 * PPB), 150, replace=False)
+        took = []
+        in_thread(lambda: took.append(timed_misses(fd, pages)))
+        c, e = taken(counted), events.drain()
+        assert c.misses_timed == e.misses_timed == 150
+        assert 0.3 * took[0] < e.miss_wait_ns <= took[0]
+        assert e.miss_wait_ns == pytest.approx(c.miss_wait_ns, rel=0.1)
+        in_thread(timed_misses, fd, pages)                   # hits now
+        assert events.drain().misses_timed == 0
+    finally:
+        os.close(fd)

@@ -127,7 +127,8 @@ class FakeReader:
         cols = [np.array(c, dtype=np.int64) for c in zip(*events)] or \
             [np.zeros(0, np.int64)] * 4
         return SimpleNamespace(kind=cols[0].astype(np.uint8), ts=cols[1], first=cols[2],
-                               last=cols[3], lost=0, counted=None)
+                               last=cols[3], lost=0, counted=None, miss_wait_ns=0,
+                               misses_timed=0)
 
 
 class FakeTracker:

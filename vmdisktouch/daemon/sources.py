@@ -220,9 +220,10 @@ class TraceSource:
             self.mrc.feed_ranges(counted.sampled[:, 0], counted.sampled[:, 1], counted.pages,
                                  counted.samples_lost, seconds)
             self._pages_read += counted.pages
-            self._misses[0] += counted.miss_wait_ns
-            self._misses[1] += counted.misses_timed
-        else:
+        timed = counted if counted is not None else ev
+        self._misses[0] += timed.miss_wait_ns
+        self._misses[1] += timed.misses_timed
+        if counted is None:
             reads = ev.kind == READ
             first, last = self._batches.ranges(ev.first[reads], ev.last[reads], ev.ts[reads])
             self.mrc.feed_ranges(first, last, seconds=seconds)

@@ -26,8 +26,10 @@ Every read's pages feed a miss-ratio curve (``core.mrc``, the daemon's own
 code, without decay: the window is the evidence; ``steady``: the first
 reads of the window are not taken for misses a cache would never serve). A read's wait when it
 misses: for direct I/O, its own measured wait (every direct read goes to the
-device); through the page cache, ``MissCost``'s timed ``O_DIRECT`` reads of
-pages nobody has cached, a few a second. A read the page cache serves
+device); through the page cache, ``MissCost``'s: the guest's own misses as
+the page-cache tracer pairs them, or where it missed too little timed
+``O_DIRECT`` reads of pages nobody has cached, a few a second. A read the
+page cache serves
 waits ``page_cache_read_time``: timed 4 KiB reads of a page of an anonymous
 memory file (``memfd``: the same page-cache read path, no device), so
 nothing of the image is read through the cache. That is the copy only.
@@ -84,7 +86,7 @@ from vmdisktouch.errors import VmdtError
 from vmdisktouch.system import files, image_lock, libc
 from vmdisktouch.system.image import first_page_cached
 from vmdisktouch.system.observe import residency
-from vmdisktouch.system.observe.miss_cost import MissCost
+from vmdisktouch.system.observe.miss_cost import PROBES, MissCost
 
 PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
 HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
@@ -458,6 +460,7 @@ class IOWatch:
                                             half_life=0.0, steady=True,
                                             max_per_second=SAMPLED_PER_SECOND)
         self.tally = Tally()
+        self._misses = [0, 0]               # the guest's misses timed since the last probe
         self._batches = Batches()           # the page cache's READ events -> ranges read
         self.block_reads = np.zeros(max(1, -(-image.size // BLOCK)), dtype=np.int64)
         self.clock = clock
@@ -504,6 +507,8 @@ class IOWatch:
             t.paged_writes += int((ev.kind == WRITE).sum())
             t.paged_reads += int(reads.sum())
             t.lost += ev.lost
+            self._misses[0] += ev.miss_wait_ns
+            self._misses[1] += ev.misses_timed
         if pages:
             first = np.concatenate([f for f, _ in pages])
             last = np.concatenate([l for _, l in pages])
@@ -517,8 +522,13 @@ class IOWatch:
         # would take the probes' own O_DIRECT reads for the guest's
         if self.probe is not None and self.buffered and now - self._last_probe >= PROBE_EVERY:
             self._last_probe = now
-            res = residency.scan(self.image.fd, self.image.size, self.probe.block_size)
-            self.probe.probe(res.fraction(), self.image.size)
+            misses, self._misses = tuple(self._misses), [0, 0]
+            if misses[1] >= PROBES:             # the guest's own: no residency to probe
+                res = np.zeros(0, np.float32)
+            else:
+                res = residency.scan(self.image.fd, self.image.size,
+                                     self.probe.block_size).fraction()
+            self.probe.cycle(res, self.image.size, misses)
 
     def watched(self, hit: float, path: PathCost | None = None) -> Watched:
         """The window's measures, for ``what_if.forecast``; ``hit``: a cached read's wait;

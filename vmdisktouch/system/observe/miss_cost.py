@@ -11,16 +11,16 @@ guest's queue depth).
 
 It is measured, not configured, from the guest's own reads where the trace
 source times them: a read that waited for a page its thread added to the
-cache waited from that insertion to the read's return (``bpf_reads``'
-``added_program``: ``mm_filemap_add_to_page_cache`` to
-``mm_filemap_get_pages`` of the same thread and page). That is the wait a
+cache waited from that insertion to the read's return
+(``mm_filemap_add_to_page_cache`` to ``mm_filemap_get_pages`` of the same
+thread and page: in the kernel, ``bpf_reads.added_program``, or from the
+ring buffer's events, ``trace_reader.paired_misses``). That is the wait a
 hit saves, whatever it waits for: the device, a queue behind another tenant,
 a throttle of the guest's own I/O group. A cycle with at least ``PROBES`` of
 them is a reading of the guest's misses, and no probe is made.
 
 Otherwise (a guest that reads little, or whose reads are all held; the
-polling source; the ring-buffer path, where reads are not counted in the
-kernel) each cycle ``probe`` makes up to ``PROBES``
+polling source) each cycle ``probe`` makes up to ``PROBES``
 timed reads of one 4 KiB page each, one at a time (queue depth 1, as a
 guest's sync read), with ``O_DIRECT`` on a descriptor of its own (the
 verified image's reopened, ``Image.reopen_direct``: the file the daemon

@@ -65,6 +65,8 @@ as its caller timed it; 29 in 34 on a warm device); the read program adds
 the wait and a count to the map's first two slots. Any read of the thread
 closes its slot, so pages added by readahead ahead of the read, by a write,
 or by ``fadvise`` are not timed unless the thread's next read starts in them.
+Where reads stay events, ``trace_reader.paired_misses`` applies the same rule
+to them (the system tests give both the same reads).
 
 It needs CAP_BPF and CAP_PERFMON (root has both) and a kernel with
 ``CONFIG_BPF_EVENTS``; ``ReadCounter.create`` raises ``BpfUnavailable`` with

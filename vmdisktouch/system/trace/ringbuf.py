@@ -289,6 +289,10 @@ class Events:
     # Reads counted per block in the kernel since the previous drain (``bpf_reads``), none
     # of them among the events above; None where reads are events.
     counted: CountedReads | None = None
+    # Where reads are events: the reads that waited for a page their thread added, ns
+    # waited and how many (``trace_reader.paired_misses``)
+    miss_wait_ns: int = 0
+    misses_timed: int = 0
 
     def __len__(self) -> int:
         return int(self.kind.size)
