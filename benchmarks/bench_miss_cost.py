@@ -24,10 +24,13 @@ the daemon cannot see (it probes); ``buffered``, fio reading through the page
 cache as QEMU's ``cache=writethrough`` does, in a memory group of 64 MiB so
 that most of its reads miss: the daemon times the guest's own misses
 (``bpf_reads.added_program``), and fio's reads under 10 µs (hits) are left
-out of its figures.
+out of its figures. ``--paths bpf,ring``: a buffered guest also with the daemon
+without the eBPF capabilities (``setpriv``), its misses paired from the ring
+buffer's events (``trace_reader.paired_misses``).
 
     .venv/bin/python benchmarks/bench_miss_cost.py [--devices fast,loaded,throttled]
-        [--guests direct,buffered] [--rounds 1] [--compare-rev REV] [--dir /var/tmp]
+        [--guests direct,buffered] [--paths bpf] [--rounds 1] [--compare-rev REV]
+        [--dir /var/tmp]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from tests.support.common import ROOT  # noqa: E402
+from tests.support.common import ROOT, without_bpf  # noqa: E402
 from tests.support.miss_latency import device, measure  # noqa: E402
 from tests.support.worktree import enter_rev_worktree  # noqa: E402
 
@@ -57,6 +60,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--devices", default="fast,loaded,throttled")
     ap.add_argument("--guests", default="direct,buffered")
+    ap.add_argument("--paths", default="bpf", help="bpf,ring: a buffered guest's misses "
+                    "timed in the kernel, and from the ring buffer's events")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--compare-rev", metavar="REV")
     ap.add_argument("--dir", default="/var/tmp")
@@ -72,9 +77,12 @@ def main() -> int:
               f"{' '.join(sys.argv)}", flush=True)
         print("| device | guest | burst | daemon | daemon's miss cost µs | from | "
               "fio clat p50 µs | fio clat mean µs | fio's CPU wait µs | "
-              "÷ fio mean less CPU wait | ÷ fio mean |"
+              "÷ the guest's figure | ÷ fio mean |"
               "\n|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-        guests = args.guests.split(",")
+        guests = [g for g in args.guests.split(",") if g != "buffered"]
+        if "buffered" in args.guests.split(","):
+            guests += ["buffered" if p == "bpf" else f"buffered-{p}"
+                       for p in args.paths.split(",")]
         for _ in range(args.rounds):
             for kind in args.devices.split(","):
                 with device(kind, tmp) as dev:
@@ -83,7 +91,9 @@ def main() -> int:
                             order = daemons if len(rows) % 2 == 0 else daemons[::-1]
                             for name, cwd in order:
                                 r = measure(tmp, dev, kind, burst=burst, cwd=cwd,
-                                            buffered=guest == "buffered")
+                                            buffered=guest.startswith("buffered"),
+                                            prefix=without_bpf() if guest.endswith("ring")
+                                            else ())
                                 rows.append((name, guest, r))
                                 came = (f"{r.misses:,} misses" if r.misses
                                         else f"{r.probes} probes")
@@ -96,7 +106,7 @@ def main() -> int:
         for guest in guests:
             got = [r.daemon_us / ref(r) for n, g, r in rows
                    if n == "this" and g == guest and r.kind == kind]
-            print(f"# {kind}, {guest}: this ÷ fio's mean less its CPU wait "
+            print(f"# {kind}, {guest}: this ÷ the guest's figure (``ref``) "
                   f"{min(got):.2f}-{max(got):.2f}")
     return 0
 

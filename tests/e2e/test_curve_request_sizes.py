@@ -23,14 +23,13 @@ import threading
 
 import pytest
 
-from tests.support.common import require_tool
+from tests.support.common import without_bpf
 from tests.support.daemon_proc import DaemonProc
 from tests.support.pagecache import data_image
 from tests.support.tracing import tracefs_root  # noqa: F401
 
 MiB = 1 << 20
 ZONE_AT, ZONE = 64 * MiB, 64 * MiB
-NO_BPF = "-bpf,-perfmon,-sys_admin"
 
 
 def zone_reader(path: str, request: int, stop: threading.Event) -> threading.Thread:
@@ -60,8 +59,7 @@ def zone_held(st) -> int:
 def test_a_zone_re_read_in_long_requests_is_wanted_and_held_whole(tmp_path, tracefs_root,  # noqa: F811
                                                                   request_mib, path):
     image = data_image(tmp_path / "disk.img", 256 * MiB)
-    prefix = () if path == "bpf" else (require_tool("setpriv"), f"--inh-caps={NO_BPF}",
-                                       f"--bounding-set={NO_BPF}")
+    prefix = () if path == "bpf" else without_bpf()
     d = DaemonProc(tmp_path, image, "--uri", "", max_hold="128M", interval=1, prefix=prefix)
     stop = threading.Event()
     try:

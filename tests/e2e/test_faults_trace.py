@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.faultkit import LAUNCHER, MiB, Untouched, assert_clean, fault, more_cycles, rows_of
 from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
-from tests.support.common import require_tool
+from tests.support.common import require_tool, without_bpf
 from tests.support.pagecache import data_image, read_range
 from tests.support.sandbox_exec import parse_unit
 from tests.support.tracing import tracefs_root  # noqa: F401 - the test's fixture
@@ -362,8 +362,7 @@ TRACE_PHASES = {   # phase -> (what to wrap, what makes the daemon reach it afte
 }
 # The probe's read of a daemon that counts reads in the kernel always comes back: the
 # instance is remade only where reads are events, as without CAP_BPF and CAP_PERFMON.
-NO_BPF = "-bpf,-perfmon,-sys_admin"
-PHASE_PREFIX = {"instance-remade": ["setpriv", f"--inh-caps={NO_BPF}", f"--bounding-set={NO_BPF}"]}
+PHASE_PREFIX = {"instance-remade": without_bpf}
 
 
 def _sigterm_in(phase: str):
@@ -373,7 +372,7 @@ def _sigterm_in(phase: str):
         argv = ["run", image, "--max-hold", "16M", *FAST, "--debug", "--status",
                 tmp_path / "s.json"]
         with open(logf, "w") as log:
-            proc = subprocess.Popen([*PHASE_PREFIX.get(phase, []), sys.executable, "-c",
+            proc = subprocess.Popen([*PHASE_PREFIX.get(phase, list)(), sys.executable, "-c",
                                      LAUNCHER, target, "1", str(int(signal.SIGTERM)),
                                      *map(str, argv)], stdout=log, stderr=subprocess.STDOUT,
                                     cwd=ROOT)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.common import without_bpf
 from tests.support.miss_latency import device, measure
 from vmdisktouch.system.observe.miss_cost import WINDOW
 
@@ -50,13 +51,15 @@ def test_a_burst_in_part_of_the_window_does_not_move_it(tmp_path):
     assert within(r, r.fio_quiet_device_us), r
 
 
-@pytest.mark.parametrize("kind", ["fast", "loaded", "throttled"])
+@pytest.mark.parametrize("kind", ["fast", "loaded", "throttled", "throttled-ring"])
 def test_a_guest_reading_through_the_cache_is_timed_by_its_own_misses(tmp_path, kind):
     """A guest whose reads go through the page cache, as QEMU's writethrough: the figure is
     its own misses' mean wait, within 25 % of fio's mean clat of its misses (its reads over
     10 us), on this machine's disk, behind another tenant's queue, and behind a throttle of
     its own I/O group that a probe never meets (0.02 x there: docs/benchmarks/miss-cost.md)."""
-    with device(kind, tmp_path) as dev:
-        r = measure(tmp_path, dev, kind, burst=False, buffered=True)
+    ring = kind.endswith("-ring")          # the daemon without eBPF: the ring buffer's path
+    with device(kind.removesuffix("-ring"), tmp_path) as dev:
+        r = measure(tmp_path, dev, kind, burst=False, buffered=True,
+                    prefix=without_bpf() if ring else ())
     assert r.misses > 1000 and r.probes == 0 and r.fio_reads > 1000, r
     assert within(r, r.fio_mean_us), r

@@ -28,6 +28,13 @@ def require_tool(name: str) -> str:
     return path
 
 
+def without_bpf() -> list[str]:
+    """A command prefix that runs its command as root without CAP_BPF, CAP_PERFMON and
+    CAP_SYS_ADMIN (``setpriv``): eBPF refused, the trace reader records reads as events."""
+    drop = "-bpf,-perfmon,-sys_admin"
+    return [require_tool("setpriv"), f"--inh-caps={drop}", f"--bounding-set={drop}"]
+
+
 def stop_process(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: float = 10.0) -> int | None:
     """Signal one child we started, wait, SIGKILL it if it does not exit."""
     if proc is None:

@@ -129,19 +129,22 @@ def run_delay_ns(pid: int) -> int:
 
 
 def measure(tmp_path, image: str, kind: str = "", *, burst: bool, window_cycles: int = 16,
-            burst_s: float = 1.5, cwd=None, args=(), buffered: bool = False) -> Reading:
+            burst_s: float = 1.5, cwd=None, args=(), buffered: bool = False,
+            prefix=()) -> Reading:
     """Serve ``image``, read it with fio for the probe window and then some, burst in
     its middle (with ``burst``); the status's miss cost against fio's clat of the same
     seconds. ``buffered``: fio reads through the page cache, in a memory group of
     ``GUEST_MEMORY`` (most reads miss, and the daemon times the guest's own); its reads
-    under ``HIT_US`` are hits, left out of its figures."""
+    under ``HIT_US`` are hits, left out of its figures. ``prefix``: the daemon's command
+    line starts with it (``setpriv`` without the eBPF capabilities: the ring buffer's path)."""
     fio = require_tool("fio")
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"mc-{os.path.basename(image)}-{int(burst)}-",
                                          dir=tmp_path))
     window = window_cycles * INTERVAL          # WINDOW / PROBES cycles: the probe's window
     runtime = window + 4.0
     kw = {} if cwd is None else {"cwd": cwd}
-    d = DaemonProc(work, image, "--uri", "", *args, max_hold="8M", interval=INTERVAL, **kw)
+    d = DaemonProc(work, image, "--uri", "", *args, max_hold="8M", interval=INTERVAL,
+                   prefix=prefix, **kw)
     job = load = None
     group = MemoryCgroup(f"mc-{int(burst)}", GUEST_MEMORY).create() if buffered else None
     try:

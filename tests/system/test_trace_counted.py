@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.support.common import require_tool
+from tests.support.common import without_bpf
 from tests.support.tracing import PAGE, instance_name, reader, scratch, tracefs_root  # noqa: F401
 from vmdisktouch.core.mrc import FULL, batch_ends, page_hash, pages_read, sample_ranges
 from vmdisktouch.system.trace import bpf_reads, tracefs
@@ -262,9 +262,7 @@ CHILD = textwrap.dedent("""
 def test_without_the_bpf_capabilities_reads_stay_events_of_the_ring_buffer(scratch,
                                                                            tracefs_root):  # noqa: F811,E501
     path = scratch(PPB)
-    drop = "-bpf,-perfmon,-sys_admin"
-    out = subprocess.run([require_tool("setpriv"), f"--inh-caps={drop}",
-                          f"--bounding-set={drop}", sys.executable, "-c", CHILD, path,
+    out = subprocess.run([*without_bpf(), sys.executable, "-c", CHILD, path,
                           instance_name()], cwd=ROOT_DIR, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
