@@ -298,6 +298,7 @@ def _report(watches, failed: dict, hit: float, costs: dict, duration: float,
             "path_extra_us": None if m.path_extra is None else round(m.path_extra * 1e6, 1),
             "write_extra_us": None if m.write_extra is None else round(m.write_extra * 1e6,
                                                                        1),
+            "miss_extra_us": None if m.miss_extra is None else round(m.miss_extra * 1e6, 1),
             "read_latency_us_p50_p99": ([round(float(x) / 1e3, 1)
                                          for x in np.percentile(waits, [50, 99])]
                                         if waits.size else None),

@@ -50,11 +50,14 @@ and that path is not free (``system.observe.io_watch.switch_cost``
 measures it on the host, the write through QEMU itself on the image's own
 file system):
 
-* ``path_extra``: what one read through QEMU's buffered path (its thread
-  pool, ``aio=threads``) takes beyond one through its direct path
+* ``path_extra``: what one hit through QEMU's buffered path (its thread
+  pool, ``aio=threads``) takes beyond one read through its direct path
   (``aio=native``), besides the wait at the device: a worker thread's
-  wake-up. Every read pays it after the switch, hit or miss: why reads got
-  7-13 µs faster, not the 21-28 µs a free hit promised;
+  wake-up; ``miss_extra``, what a miss takes more through the pool (its
+  worker blocks, is woken, and wakes the main loop: 11-14 µs here where a hit
+  paid about 3). A read pays the mix, ``h`` of the one and ``1 - h`` of the
+  other: charging every read the hit's extra promised fast-read 2.3-2.8 x the
+  gain it got (docs/benchmarks/advise.md#advise-cases);
 * ``write_extra``: what one write through QEMU's writethrough path (the
   write, then a flush, each through its thread pool) takes beyond one
   through its direct path. Each write waits that much more after the
@@ -123,6 +126,8 @@ class Watched:
                                       # measured: taken as 0, and said)
     write_extra: float | None = None  # a write through QEMU's writethrough path beyond one
                                       # through its direct path (None: not measured)
+    miss_extra: float | None = None   # a read the device serves, through QEMU's thread pool
+                                      # beyond its direct path (None: ``path_extra``)
 
 
 @dataclass(frozen=True)
@@ -303,7 +308,9 @@ def _forecast(w: Watched, window, hit_at, wants: int, hottest_at, base: dict) ->
     h = max(float(hit_at(size)), float(hottest_at(size)), w.hit_ratio_now)
     if w.miss is None:
         return Forecast("no_latency", size, h, 0.0, 0.0, **base)
-    extra = 0.0 if w.buffered else (w.path_extra or 0.0)
+    extra = 0.0 if w.buffered else (
+        h * (w.path_extra or 0.0) + (1.0 - h) * (w.miss_extra if w.miss_extra is not None
+                                                 else w.path_extra or 0.0))
     saved = max(0.0, h - w.hit_ratio_now) * max(0.0, w.miss - w.hit) - extra
     write_cost: float | None = 0.0
     if not w.buffered and w.writes_per_second > 0:

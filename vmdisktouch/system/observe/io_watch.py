@@ -41,8 +41,15 @@ each request to a worker thread, a wake-up more, which a read pays hit or
 miss; a writethrough write is the write and then a flush, each through the
 pool. Measured on this host, before the watch:
 
-* a read's: one wake-up, half the round trip of a byte between this process
+* a hit's: one wake-up, half the round trip of a byte between this process
   and a forked child over two pipes (the median of ``WAKE_TRIPS``);
+* a miss's: through QEMU itself, ``qemu-img bench`` (4 KiB reads at queue
+  depth 1) through two ``qemu-nbd`` past the cache, ``aio=threads`` and
+  ``aio=native``, as the writes' below (``EXTRA_READS`` reads a run). A miss
+  through the pool blocks its worker, which is woken and wakes the main loop:
+  fio through qemu-nbd paid 11-14 µs more a miss there, and about 3 µs a hit
+  (2026-11-29: 79 µs a read against 65-68, every read a miss, and 41-46
+  through ``cache=writethrough`` with every read a hit);
 * a write's: through QEMU itself, ``qemu-img bench`` (4 KiB writes at queue
   depth 1) through two ``qemu-nbd``, ``cache=writethrough`` and ``cache=none``
   with ``aio=native``, each of its own unnamed scratch file (``O_TMPFILE`` in
@@ -269,14 +276,19 @@ def page_cache_read_time(samples: int = HIT_SAMPLES) -> float:
 @dataclass(frozen=True)
 class PathCost:
     """What a switch from ``cache=none`` to ``cache=writethrough`` costs (module
-    docstring), seconds an I/O at queue depth 1: ``read`` a wake-up, which a read pays hit
-    or miss, and ``write`` a write's whole extra (None: not measured)."""
+    docstring), seconds an I/O at queue depth 1: ``read`` a wake-up, which a hit pays,
+    ``miss`` what a read the device serves pays through the thread pool, and ``write`` a
+    write's whole extra (None: not measured)."""
     read: float | None
     write: float | None
+    miss: float | None = None
 
 
-# (aio, cache) of each server: the direct path, the writethrough path
-DIRECT, WRITETHROUGH = ("native", "none"), ("threads", "writethrough")
+# (aio, cache) of each server: the direct path, the writethrough path, the thread pool's
+# path past the cache
+DIRECT, WRITETHROUGH, POOLED = ("native", "none"), ("threads", "writethrough"), \
+    ("threads", "none")
+EXTRA_READS = 2000         # reads of each run that times the pool's extra on a miss
 
 
 def switch_cost(image_paths: list[str], stop=lambda: False) -> dict[str, PathCost]:
@@ -285,16 +297,17 @@ def switch_cost(image_paths: list[str], stop=lambda: False) -> dict[str, PathCos
     measured."""
     nbd, img = shutil.which("qemu-nbd"), shutil.which("qemu-img")
     wake = None if stop() else wake_time()
-    writes: dict = {}
+    measured: dict = {}
     out = {}
     for path in image_paths:
-        write = None
+        write = miss = None
         if _regular(path) and nbd and img:
             where = os.path.dirname(os.path.abspath(path))
-            if where not in writes:
-                writes[where] = None if stop() else write_time(nbd, img, where, stop)
-            write = writes[where]
-        out[path] = PathCost(wake, write)
+            if where not in measured:
+                measured[where] = (None, None) if stop() else write_time(nbd, img, where,
+                                                                         stop)
+            write, miss = measured[where]
+        out[path] = PathCost(wake, write, miss)
     return out
 
 
@@ -333,23 +346,26 @@ def wake_time(trips: int = WAKE_TRIPS) -> float | None:
     return float(np.median(times)) / 2e9
 
 
-def write_time(nbd: str, img: str, where: str, stop) -> float | None:
+def write_time(nbd: str, img: str, where: str, stop) -> tuple[float | None, float | None]:
     """Seconds a 4 KiB write through QEMU's writethrough path takes beyond one through its
-    direct path, on the file system of the directory ``where`` (module docstring); None
-    where no scratch file can be made there, or a server or a run failed."""
+    direct path, and a 4 KiB read through its thread pool past the cache beyond one through
+    its direct path, on the file system of the directory ``where`` (module docstring);
+    None where no scratch file can be made there, or a server or a run failed."""
     tmp = tempfile.mkdtemp(prefix="vmdisktouch-switch-")
     fds: dict = {}
     servers: dict = {}
     try:
-        for way in (DIRECT, WRITETHROUGH):
+        for way in (DIRECT, WRITETHROUGH, POOLED):
             fds[way] = _scratch(where)
             if fds[way] is None:
-                return None
+                return None, None
             servers[way] = _serve(nbd, f"/proc/{os.getpid()}/fd/{fds[way]}", tmp, *way)
             if servers[way][1] is None:
-                return None
-        return _pairs(img, servers[WRITETHROUGH][1], servers[DIRECT][1], EXTRA_WRITES,
-                      ("-w",), stop)
+                return None, None
+        write = _pairs(img, servers[WRITETHROUGH][1], servers[DIRECT][1], EXTRA_WRITES,
+                       ("-w",), stop)
+        miss = _pairs(img, servers[POOLED][1], servers[DIRECT][1], EXTRA_READS, (), stop)
+        return write, miss
     finally:
         for process, _ in servers.values():
             _stop(process)
@@ -559,7 +575,8 @@ class IOWatch:
                        hit_ratio_now=(cache_hit_ratio(t.pages_read, t.pages_added) or 0.0)
                        if buffered else 0.0, buffered=buffered,
                        path_extra=None if path is None else path.read,
-                       write_extra=None if path is None else path.write)
+                       write_extra=None if path is None else path.write,
+                       miss_extra=None if path is None else path.miss)
 
     def read_waits_ns(self) -> np.ndarray:
         """Every direct read's wait in the window, ns."""
