@@ -63,4 +63,4 @@ def test_a_block_device_gets_no_write_cost_and_a_stop_measures_nothing(tmp_path)
 
 def test_a_directory_that_takes_no_scratch_file_gives_no_write_cost():
     assert io_watch._scratch("/proc") is None             # no O_TMPFILE there
-    assert io_watch.write_time("qemu-nbd", "qemu-img", "/proc", lambda: False) == (None, None)
+    assert io_watch.switch_extras("qemu-nbd", "qemu-img", "/proc", lambda: False) == (None, None)

@@ -53,6 +53,7 @@ from vmdisktouch.core.shift import ReadShift
 from vmdisktouch.core.sparse import Sparse
 from vmdisktouch.core.what_if import cache_hit_ratio
 from vmdisktouch.errors import ConfigError, VmdtError
+from vmdisktouch.system.observe.miss_cost import GuestMisses
 from vmdisktouch.system.trace.ringbuf import no_events
 from vmdisktouch.system.trace.tracefs import PREFIX   # of every instance (``instance_name``)
 from vmdisktouch.unitname import escape_path
@@ -165,7 +166,7 @@ class TraceSource:
         self.mrc = MissRatioCurve.for_image(nblocks * block_size // self.page_size)
         self._mrc_ns = self._mrc_fed_ns = clock_ns()     # the last cycle's end, last feed
         self._pages_read = 0                 # pages the guest read this cycle
-        self._misses = [0, 0]                # its reads that waited for a page added: ns, n
+        self._misses = GuestMisses()         # its reads that waited for a page added
         self._batches = Batches()            # READ events -> the ranges read (ring buffer)
         self.gain: dict | None = None        # what memory served in the last cycle
         self._count_reads()
@@ -221,8 +222,7 @@ class TraceSource:
                                  counted.samples_lost, seconds)
             self._pages_read += counted.pages
         timed = counted if counted is not None else ev
-        self._misses[0] += timed.miss_wait_ns
-        self._misses[1] += timed.misses_timed
+        self._misses.add(timed)
         if counted is None:
             reads = ev.kind == READ
             first, last = self._batches.ranges(ev.first[reads], ev.last[reads], ev.ts[reads])
@@ -285,7 +285,7 @@ class TraceSource:
             # The daemon's own loads are not traced: a held block is all cached.
             self.residency.counts[held] = self.residency.pages_per_block
         kinds, self.kinds = self.kinds, np.zeros(4, dtype=np.int64)
-        misses, self._misses = tuple(self._misses), [0, 0]
+        misses = self._misses.take()
         timed = self.reader is not None and self.reader.times_misses and not missed
         self.gain = self._gain(acc, kinds, held, cycle_seconds)
         self.last = {"reads": acc.read_events, "written_pages": int(acc.write_pages.size),

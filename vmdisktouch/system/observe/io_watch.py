@@ -93,13 +93,13 @@ from vmdisktouch.errors import VmdtError
 from vmdisktouch.system import files, image_lock, libc
 from vmdisktouch.system.image import first_page_cached
 from vmdisktouch.system.observe import residency
-from vmdisktouch.system.observe.miss_cost import PROBES, MissCost
+from vmdisktouch.system.observe.miss_cost import PROBES, GuestMisses, MissCost
 
 PROBE_EVERY = 1.0          # s between miss-cost probes of a buffered disk
 HIT_SAMPLES = 2000         # timed reads of ``page_cache_read_time``
 BLOCK = 1 << 20            # the unit the daemon holds: reads counted per block of it
 WAKE_TRIPS = 2000          # round trips timed for a wake-up (``wake_time``)
-EXTRA_WRITES = 500         # writes of each ``write_time`` run
+EXTRA_WRITES = 500         # writes of each ``switch_extras`` run
 EXTRA_RUNS = 5             # pairs of runs, one of each path (A B, B A, ...)
 SCRATCH = 1 << 20          # bytes of each scratch file
 SERVE_WAIT = 5.0           # s a qemu-nbd may take to come up
@@ -304,8 +304,8 @@ def switch_cost(image_paths: list[str], stop=lambda: False) -> dict[str, PathCos
         if _regular(path) and nbd and img:
             where = os.path.dirname(os.path.abspath(path))
             if where not in measured:
-                measured[where] = (None, None) if stop() else write_time(nbd, img, where,
-                                                                         stop)
+                measured[where] = ((None, None) if stop()
+                                   else switch_extras(nbd, img, where, stop))
             write, miss = measured[where]
         out[path] = PathCost(wake, write, miss)
     return out
@@ -346,7 +346,7 @@ def wake_time(trips: int = WAKE_TRIPS) -> float | None:
     return float(np.median(times)) / 2e9
 
 
-def write_time(nbd: str, img: str, where: str, stop) -> tuple[float | None, float | None]:
+def switch_extras(nbd: str, img: str, where: str, stop) -> tuple[float | None, float | None]:
     """Seconds a 4 KiB write through QEMU's writethrough path takes beyond one through its
     direct path, and a 4 KiB read through its thread pool past the cache beyond one through
     its direct path, on the file system of the directory ``where`` (module docstring);
@@ -476,7 +476,7 @@ class IOWatch:
                                             half_life=0.0, steady=True,
                                             max_per_second=SAMPLED_PER_SECOND)
         self.tally = Tally()
-        self._misses = [0, 0]               # the guest's misses timed since the last probe
+        self._misses = GuestMisses()        # the guest's misses timed since the last probe
         self._batches = Batches()           # the page cache's READ events -> ranges read
         self.block_reads = np.zeros(max(1, -(-image.size // BLOCK)), dtype=np.int64)
         self.clock = clock
@@ -523,8 +523,7 @@ class IOWatch:
             t.paged_writes += int((ev.kind == WRITE).sum())
             t.paged_reads += int(reads.sum())
             t.lost += ev.lost
-            self._misses[0] += ev.miss_wait_ns
-            self._misses[1] += ev.misses_timed
+            self._misses.add(ev)
         if pages:
             first = np.concatenate([f for f, _ in pages])
             last = np.concatenate([l for _, l in pages])
@@ -538,7 +537,7 @@ class IOWatch:
         # would take the probes' own O_DIRECT reads for the guest's
         if self.probe is not None and self.buffered and now - self._last_probe >= PROBE_EVERY:
             self._last_probe = now
-            misses, self._misses = tuple(self._misses), [0, 0]
+            misses = self._misses.take()
             if misses[1] >= PROBES:             # the guest's own: no residency to probe
                 res = np.zeros(0, np.float32)
             else:

@@ -103,6 +103,24 @@ GROUP = 2 * PROBES      # timed reads in turn per mean (two cycles' probes); the
 PROBE_BYTES = 4096      # one page, aligned for any logical block size up to it
 
 
+class GuestMisses:
+    """The guest's own misses timed since the last ``take`` (the kernel's or the ring
+    buffer's pairing: ``miss_wait_ns`` and ``misses_timed`` of what a drain gave), summed
+    for ``MissCost.cycle``."""
+
+    def __init__(self):
+        self.ns = self.n = 0
+
+    def add(self, timed) -> None:
+        self.ns += timed.miss_wait_ns
+        self.n += timed.misses_timed
+
+    def take(self) -> tuple[int, int]:
+        """ns waited and how many, since the last take; zeroed."""
+        out, self.ns, self.n = (self.ns, self.n), 0, 0
+        return out
+
+
 def median_of_means(readings, group: int = GROUP) -> float:
     """The median of the means of ``readings`` (per cycle: ns waited, reads timed) pooled
     in turn until a pool has ``group`` reads (a shorter last pool is one too when it is

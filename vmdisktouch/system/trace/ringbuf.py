@@ -322,11 +322,19 @@ def no_events(lost: int = 0) -> Events:
     return Events(np.zeros(0, dtype=np.uint8), z, z.copy(), z.copy(), lost)
 
 
-def concat_events(parts: list[Events], lost: int) -> Events:
+def time_order(parts: list[Events]) -> np.ndarray:
+    """The order that sorts ``parts``, concatenated, by time (stable: a CPU's own order
+    kept among equal stamps)."""
+    ts = np.concatenate([p.ts for p in parts]) if parts else np.zeros(0, np.int64)
+    return np.argsort(ts, kind="stable")
+
+
+def concat_events(parts: list[Events], lost: int, order: np.ndarray | None = None) -> Events:
+    """``parts`` as one Events in time order (``order``: their ``time_order``, if known)."""
     if not parts:
         return no_events(lost)
     ts = np.concatenate([p.ts for p in parts])
-    order = np.argsort(ts, kind="stable")
+    order = time_order(parts) if order is None else order
     return Events(np.concatenate([p.kind for p in parts])[order], ts[order],
                   np.concatenate([p.first for p in parts])[order],
                   np.concatenate([p.last for p in parts])[order], lost)

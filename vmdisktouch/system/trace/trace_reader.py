@@ -258,7 +258,8 @@ class TraceReader:
     def _collect_apart(self, tid: int) -> tuple[Events, int | None]:
         """Collect, the READ and ADD events of thread ``tid`` taken out; and the ``s_dev``
         of its READ of page 0 (None: none came)."""
-        events, pid, sdev = self._collect(extra=True)
+        events, sources = self._collect()
+        pid, sdev = sources.field("common_pid"), sources.field("s_dev")
         own = (pid == tid) & ((events.kind == READ) | (events.kind == ADD))
         hit = np.flatnonzero(own & (events.kind == READ) & (events.first == 0))
         keep = ~own
@@ -394,11 +395,12 @@ class TraceReader:
             pages.append(page if len(page) == size else page + bytes(size - len(page)))
         return b"".join(pages)
 
-    def _decode(self, recs: ringbuf.Records, extra: bool):
-        """Records -> Events (and, with ``extra``, each event's pid and s_dev)."""
+    def _decode(self, recs: ringbuf.Records):
+        """Records -> Events, one part per event kind; and where each part came from
+        (``Sources.picks``)."""
         any_fmt = next(iter(self._formats.values()))
         types = recs.field(any_fmt.fields["common_type"])
-        parts, pids, sdevs = [], [], []
+        parts, picks = [], []
         for ident, (kind, fmt) in self._by_id.items():
             which = np.flatnonzero(types == ident)
             if which.size == 0:
@@ -413,15 +415,13 @@ class TraceReader:
                 last = first + (np.int64(1) << recs.field(f["order"], which).astype(np.int64)) - 1
             parts.append(Events(np.full(which.size, kind, dtype=np.uint8), recs.ts[which],
                                 first, last, 0))
-            if extra:
-                pids.append(recs.field(f["common_pid"], which).astype(np.int64))
-                sdevs.append(recs.field(f["s_dev"], which).astype(np.int64) if "s_dev" in f
-                             else np.full(which.size, -1, dtype=np.int64))
-        return parts, pids, sdevs
+            picks.append((recs, fmt, which))
+        return parts, picks
 
-    def _collect(self, extra: bool = False):
-        """Read and decode all CPUs; account lost events. Returns Events (and pid, s_dev)."""
-        parts, pids, sdevs = [], [], []
+    def _collect(self) -> tuple[Events, Sources]:
+        """Read and decode all CPUs; account lost events. Returns Events, in time order,
+        and their ``Sources``: a field only some drains need is read by those alone."""
+        parts, picks = [], []
         self.last_bytes = 0
         for cpu, fd in self._fds.items():
             data = self._read_pages(cpu, fd)
@@ -433,10 +433,9 @@ class TraceReader:
                 log.warning("trace: %s: %d unreadable pages from cpu%d", self.name,
                             recs.bad_pages, cpu)
             self._pages_missed[cpu] += recs.missed + recs.missed_unknown
-            got, p, s = self._decode(recs, extra)
+            got, p = self._decode(recs)
             parts += got
-            pids += p
-            sdevs += s
+            picks += p
         # Nothing buffered on any CPU: nothing can have been lost since the last look (an
         # overrun leaves a full buffer behind), so the stats files are not read.
         counted = self._account_lost() if self.last_bytes else 0
@@ -450,13 +449,8 @@ class TraceReader:
         now = time.monotonic_ns()
         self._rate = sum(len(p) for p in parts) / max(now - self._collected_ns, 1)
         self._collected_ns = now
-        events = concat_events(parts, lost)
-        if not extra:
-            return events
-        ts = np.concatenate([p.ts for p in parts]) if parts else np.zeros(0, np.int64)
-        order = np.argsort(ts, kind="stable")
-        cat = (lambda xs: np.concatenate(xs)[order] if xs else np.zeros(0, np.int64))
-        return events, cat(pids), cat(sdevs)
+        order = ringbuf.time_order(parts)
+        return concat_events(parts, lost, order), Sources(picks, order)
 
     def _account_lost(self) -> int:
         stats = self._inst.lost_counts(self._fds)
@@ -520,10 +514,12 @@ class TraceReader:
             events, sdev = self._collect_apart(self._probe_tid)
             self._probe_tid, self.probe_seen = None, sdev is not None
         elif self._counter is None:             # reads are events: their misses are paired
-            events, pid, _sdev = self._collect(extra=True)
-            *misses, self._open = paired_misses(events, pid, self._open)
+            events, sources = self._collect()
+            if self._open.ts.size or (events.kind == ADD).any():    # else: no miss to pair
+                *misses, self._open = paired_misses(events, sources.field("common_pid"),
+                                                    self._open)
         else:
-            events = self._collect()
+            events, _ = self._collect()
         if self._pending:
             parts, self._pending = self._pending + [events], []
             events = concat_events(parts, sum(p.lost for p in parts))
@@ -565,6 +561,22 @@ class TraceReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sources:
+    """Where a drain's events came from: each part's records, its format and the records
+    it took (``picks``, in the order the parts were joined), and the ``order`` that put
+    them in time order. ``field`` reads one more field of every event, in the events'
+    order: the thread only where misses are paired, ``s_dev`` only at the start."""
+    picks: list
+    order: np.ndarray
+
+    def field(self, name: str) -> np.ndarray:
+        """Field ``name`` of each event (-1 where its format has none), int64."""
+        cols = [recs.field(fmt.fields[name], which).astype(np.int64) if name in fmt.fields
+                else np.full(which.size, -1, dtype=np.int64) for recs, fmt, which in self.picks]
+        return np.concatenate(cols)[self.order] if cols else np.zeros(0, np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
