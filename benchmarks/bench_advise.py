@@ -44,7 +44,13 @@ machine's disk as it is; ``loaded``, the image behind two loop devices
 second by the blkio throttle (``tests.support.blockdev``): the guest's
 device, the upper one, waits as on a busy array, in the device (a throttle
 on the guest's own device holds its bios before the block layer traces
-them, and its wait was not seen).
+them, and its wait was not seen); ``app``, a real application:
+PostgreSQL 15 (shared_buffers 16MB, in a memory group of ``PG_LIMIT``: the
+guest's RAM) on ext4 on a loop device (direct I/O) over the image exported by
+``qemu-storage-daemon`` through FUSE in either cache mode
+(``tests.support.pg_disk``), pgbench with one client running its builtin
+``select-only`` or ``tpcb-like`` script; the disk's reads and writes a second
+and their mean time are the loop device's (``/sys/block/loopN/stat``).
 Reported per case: advised against measured, for the share from memory,
 reads/s and the mean I/O time (fio's queue depth over its I/O a second);
 target: the gain in reads/s (or in mean I/O time) within ±25 % of the
@@ -54,7 +60,7 @@ is negative, advise said "no gain". ``--doc`` writes section
 
     .venv/bin/python benchmarks/bench_advise.py [--rounds 2] [--duration 120] [--doc]
     .venv/bin/python benchmarks/bench_advise.py --cost [--duration 60] [--doc]
-    .venv/bin/python benchmarks/bench_advise.py --cases fast-read,fast-80,fast-50,fast-80-qd8,loaded-80 [--duration 60] [--doc]
+    .venv/bin/python benchmarks/bench_advise.py --cases fast-read,fast-80,fast-50,fast-80-qd8,loaded-80,pg-select,pg-tpcb [--duration 60] [--doc]
 """
 
 from __future__ import annotations
@@ -75,9 +81,10 @@ from tests.support.blockdev import loop_device, read_throttle  # noqa: E402
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tests.support.fio import FioJob, FioRun  # noqa: E402
+from tests.support.fio import FioJob, FioRun, mean_latency_us  # noqa: E402
 from tests.support.images import evict, make_image  # noqa: E402
 from tests.support.nbd import QemuNbd  # noqa: E402
+from tests.support.pg_disk import pg_disk, prepare as pg_prepare  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,7 +104,13 @@ CASES = {
     "fast-50": ("fast", 50, 1, GiB, 128 * MiB, 64 * MiB),
     "fast-80-qd8": ("fast", 80, 8, GiB, 128 * MiB, 64 * MiB),
     "loaded-80": ("loaded", 80, 1, GiB, 16 * MiB, 32 * MiB),   # qemu-nbd alone > 8M
+    # a real application: PostgreSQL on ext4 on the disk (``app_phase``); the mix is
+    # pgbench's builtin script, one client
+    "pg-select": ("app", "select-only", 1, GiB, None, 64 * MiB),
+    "pg-tpcb": ("app", "tpcb-like", 1, GiB, None, 64 * MiB),
 }
+PG_SCALE = 20                # pgbench's scale: 2M accounts, about 300 MiB of tables
+PG_LIMIT = 96 * MiB          # the guest's RAM: PostgreSQL's memory group (its ext4 cache)
 
 
 def advise(image: str, seconds: float, tmp: str, save: str | None = None
@@ -134,6 +147,24 @@ def cpu_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+def threads_cpu_ns(pid: int) -> dict[str, int]:
+    """ns each thread of ``pid`` has run (``/proc/PID/task/TID/schedstat``, its first field)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[0])
+        except OSError:                 # the thread ended meanwhile
+            pass
+    return out
+
+
+def busiest_thread(before: dict[str, int], after: dict[str, int], seconds: float) -> float:
+    """The CPU share (of one CPU) of the busiest thread between two ``threads_cpu_ns``."""
+    return max(((ns - before.get(t, 0)) / (seconds * 1e9) for t, ns in after.items()),
+               default=NAN)
 
 
 def steady_reads(fio: FioRun, start: float) -> float:
@@ -179,7 +210,7 @@ def say(args, section: str, title: str, text: str) -> None:
 
 
 def stop_all(*procs) -> None:
-    """Stop what a phase started (a daemon, a qemu-nbd), those it did start."""
+    """Stop what a phase started (a daemon, a qemu-nbd, a pgbench), those it did start."""
     for p in procs:
         if p is not None:
             p.stop()
@@ -253,6 +284,8 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
     """One phase of a case (``--cases``) from a cold cache: ``none`` (advise in its second
     half) or ``served`` (writethrough, the daemon at the size advised)."""
     cls, mix, qd, size, zone, limit = CASES[case]
+    if cls == "app":
+        return app_phase(kind, case, dev, args, tmp, advice)
     evict(dev)
     half = args.duration / 2
     with MemoryCgroup(f"advise-{case}-{kind}", limit) as cg:
@@ -270,6 +303,7 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
             out: dict = {"kind": kind}
             time.sleep(half)
             t0 = time.monotonic() - fio.t0
+            threads0 = threads_cpu_ns(nbd.pid)
             if kind == "none":
                 saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
                 out["advice_disk"], _ = advise(dev, half - 6, tmp, saved)
@@ -279,6 +313,9 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
                 out["served_share"] = served_share(daemon, half - 2)
                 out["held"] = daemon.vmlck() if daemon else 0
             t1 = time.monotonic() - fio.t0
+            out["nbd_busiest_cpu"] = busiest_thread(threads0, threads_cpu_ns(nbd.pid), t1 - t0)
+            out["read_us"] = mean_latency_us(fio.intervals, t0, "read")
+            out["write_us"] = mean_latency_us(fio.intervals, t0, "write") if mix < 100 else NAN
             ivs = [iv for iv in fio.intervals if t0 <= iv.t <= t1]
             out["reads"] = statistics.median(iv.read_iops for iv in ivs) if ivs else NAN
             out["writes"] = statistics.median(iv.write_iops for iv in ivs) if ivs else NAN
@@ -287,6 +324,52 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
             fio.stop()
         finally:
             stop_all(daemon, nbd)
+    return out
+
+
+def app_phase(kind: str, case: str, image: str, args, tmp: str, advice: dict | None) -> dict:
+    """``case_phase`` of a real application: PostgreSQL on ext4 on a loop device over the
+    image exported by qemu-storage-daemon (``tests.support.pg_disk``), QEMU's cache mode
+    ``none`` or ``writethrough``, pgbench (one client) its guest; the disk's reads and
+    writes a second and their mean time are the loop device's (the guest's disk)."""
+    _, script, qd, _, _, limit = CASES[case]
+    evict(image)
+    half = args.duration / 2
+    work = tempfile.mkdtemp(prefix=f"pg-{kind}-", dir=tmp)
+    cache = "none" if kind == "none" else "writethrough"
+    with MemoryCgroup(f"advise-{case}-{kind}", limit) as cg, \
+            MemoryCgroup(f"advise-{case}-{kind}-pg", PG_LIMIT) as pg_cg, \
+            pg_disk(image, work, cache=cache, qsd_cgroup=cg, pg_cgroup=pg_cg) as pg:
+        daemon = bench = None
+        try:
+            if kind == "served" and advice.get("bytes"):
+                daemon = DaemonProc(tmp, image, "--uri", "", max_hold=advice["bytes"],
+                                    interval=5.0, env=env_without_systemd())
+            bench = pg.pgbench(args.duration + 10, builtin=script)
+            start = time.monotonic()
+            time.sleep(half)
+            t0, s0, threads0 = time.monotonic() - start, pg.disk_stat(), threads_cpu_ns(pg.qsd_pid)
+            out: dict = {"kind": kind}
+            if kind == "none":
+                saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
+                out["advice_disk"], _ = advise(image, half - 6, tmp, saved)
+                out["advice"] = out["advice_disk"]["advice"]
+                out["read_latency_us_p50_p99"] = out["advice_disk"]["read_latency_us_p50_p99"]
+            else:
+                out["served_share"] = served_share(daemon, half - 2)
+                out["held"] = daemon.vmlck() if daemon else 0
+            t1, s1 = time.monotonic() - start, pg.disk_stat()
+            out["nbd_busiest_cpu"] = busiest_thread(threads0, threads_cpu_ns(pg.qsd_pid), t1 - t0)
+            reads, writes = s1.reads - s0.reads, s1.writes - s0.writes
+            out["reads"], out["writes"] = reads / (t1 - t0), writes / (t1 - t0)
+            out["read_us"] = 1e3 * (s1.read_ms - s0.read_ms) / reads if reads else NAN
+            out["write_us"] = 1e3 * (s1.write_ms - s0.write_ms) / writes if writes else NAN
+            out["io_time_us"] = (1e3 * (s1.read_ms - s0.read_ms + s1.write_ms - s0.write_ms)
+                                 / (reads + writes) if reads + writes else NAN)
+            tps = [p[1] for p in bench.stop().progress if t0 <= p[0] <= t1]
+            out["tps"] = statistics.median(tps) if tps else NAN
+        finally:
+            stop_all(daemon, bench)
     return out
 
 
@@ -304,6 +387,11 @@ def run_case(case: str, args, tmp: str) -> dict:
                     read_throttle(array, LOADED_RIOPS), \
                     loop_device(array, direct_io=True) as dev:
                 _abba(case, dev, args, tmp, phases)
+        elif cls == "app":
+            os.chmod(tmp, 0o711)        # postgres (its own user) reaches its work below it
+            work = tempfile.mkdtemp(prefix="pg-prepare-", dir=tmp)
+            pg_prepare(image, work, scale=PG_SCALE)
+            _abba(case, image, args, tmp, phases)
         else:
             _abba(case, image, args, tmp, phases)
     finally:
@@ -393,7 +481,28 @@ def cases_report(cases: list[dict]) -> str:
                      f"{v['second'].get('verdict')}, {v['second'].get('more_reads_per_second'):+,.0f} "
                      f"reads/s)")
     return "\n".join(rows + ["", "The advice each case served (from its first none phase):",
-                             ""] + notes)
+                             ""] + notes + ["", where_time_went(cases)])
+
+
+def where_time_went(cases: list[dict]) -> str:
+    """fio's mean read and write time and qemu-nbd's busiest thread (a share of one CPU),
+    none against served, each the mean of its two phases: a rate bound by that thread
+    shows it near 1, one bound by the writes' flushes shows their time; and for the
+    application cases, pgbench's transactions a second."""
+    rows = ["Where the time went (each the mean of the case's two phases of a kind):", "",
+            "| case | read µs none → served | write µs none → served | QEMU's busiest "
+            "thread (qemu-nbd, qemu-storage-daemon), CPUs: none → served | pgbench tps: "
+            "none → served |", "|---|---|---|---|---|"]
+    for c in cases:
+        m = {k: [statistics.mean(p.get(f, NAN) for p in c["phases"] if p["kind"] == k)
+                 for f in ("read_us", "write_us", "nbd_busiest_cpu", "tps")]
+             for k in ("none", "served")}
+        rows.append(f"| {c['case']} | {m['none'][0]:.0f} → {m['served'][0]:.0f} | "
+                    f"{m['none'][1]:.0f} → {m['served'][1]:.0f} | "
+                    f"{m['none'][2]:.2f} → {m['served'][2]:.2f} | "
+                    + (f"{m['none'][3]:,.0f} → {m['served'][3]:,.0f} |"
+                       if m["none"][3] == m["none"][3] else "|"))
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -438,6 +547,10 @@ def main() -> int:
             head = (f"{args.duration:g} s a phase, A B B A (none, served, served, none), "
                     f"measured over each phase's second half; fio 4 KiB random I/O through "
                     f"qemu-nbd, 90 % in a hot zone (CASES in the script), no guest flushes; "
+                    f"pg-*: PostgreSQL 15 on ext4 on a loop device over the image's "
+                    f"qemu-storage-daemon FUSE export, pgbench -c 1 (scale {PG_SCALE}, "
+                    f"PostgreSQL in {format_size(PG_LIMIT)}), the disk's figures the loop "
+                    f"device's; "
                     f"loaded: the image behind two loop devices, the lower one's reads "
                     f"throttled to {LOADED_RIOPS}/s.\n\n")
             say(args, "advise-cases", "Forecast against outcome, by device and guest",

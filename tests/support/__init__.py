@@ -20,6 +20,10 @@ Each module usable alone. The harness (the demo's, the benchmarks'):
 * ``worktree``: ``rev_worktree``, an older commit beside this one, to run its
   daemon side by side (``enter_rev_worktree``: a benchmark's ``--compare-rev``);
 * ``stats``: ``steady_median``, ``first_time_at_or_above``;
+* ``pg_disk``: PostgreSQL on ext4 on a raw image through qemu-storage-daemon's
+  FUSE export and a loop device, in QEMU's ``none`` or ``writethrough`` mode:
+  a real application on a disk, without a guest kernel (``prepare``, ``pg_disk``,
+  ``PgDisk.pgbench``);
 * ``common``: sizes, ``WorkloadError``, ``require_tool``, ``stop_process``.
 * ``host_unit``: the host unit made from the template (``python -m tests.support.host_unit``).
 
