@@ -76,10 +76,13 @@ misses over the share left to miss (``reads * (1 - now) / (1 - h)``). A
 miss's mean wait instead understated the gain 2.7 times on a device
 throttled to 400 reads a second (docs/benchmarks/advise.md#advise-cases).
 
-The depth is the device's (Little's law on the waits seen), not the guest's:
-a guest that keeps several I/O in flight through busy CPUs is bounded by
-the CPU, which the buffered path costs more of; the forecast does not see
-that (docs/advise.md).
+The depth is the device's (Little's law on the waits seen), not the guest's,
+which QEMU's own time hides from the tracepoints: fio at queue depth 8 kept
+2.8 at the device, and its cycle was 175 µs, not the device's 62. With writes
+in flight together, each waits for the others' flushes (QEMU runs one flush
+at a time per disk): 190 -> 376 µs served, where one write alone pays 100 µs
+more. Both are out of the forecast's reach, which promised such a guest +46 %
+where it did 3 % fewer reads (docs/benchmarks/advise.md#advise-app).
 
 With the rates now (``r`` reads, ``w`` writes a second) and ``depth`` I/O in
 flight, an I/O's cycle is ``T = depth / (r + w)``; the switch changes it by
@@ -315,9 +318,11 @@ def _forecast(w: Watched, window, hit_at, wants: int, hottest_at, base: dict) ->
     write_cost: float | None = 0.0
     if not w.buffered and w.writes_per_second > 0:
         write_cost = None if w.write_extra is None else max(0.0, w.write_extra)
-    then = rates(w, base["depth"], -saved, write_cost or 0.0)
-    if queue_bound(w):
+    bound = queue_bound(w)
+    if bound:
         saved, then = _unqueued(w, h, extra, write_cost or 0.0, base["depth"])
+    else:
+        then = rates(w, base["depth"], -saved, write_cost or 0.0)
     more = then.reads - base["now"].reads if base["depth"] else 0.0
     verdict, reason = ("uniform" if uniform else "hold"), None
     if base["depth"] and more <= NO_GAIN:
@@ -332,4 +337,4 @@ def _forecast(w: Watched, window, hit_at, wants: int, hottest_at, base: dict) ->
             reason = (f"a read from memory through QEMU's buffered path saves less than that "
                       f"path costs ({extra * 1e6:,.0f} µs a read)")
     return Forecast(verdict, size, h, saved, more, write_cost=write_cost, reason=reason,
-                    then=then, queue_bound=queue_bound(w), **base)
+                    then=then, queue_bound=bound, **base)
