@@ -349,6 +349,7 @@ def app_phase(kind: str, case: str, image: str, args, tmp: str, advice: dict | N
             start = time.monotonic()
             time.sleep(half)
             t0, s0, threads0 = time.monotonic() - start, pg.disk_stat(), threads_cpu_ns(pg.qsd_pid)
+            w0 = pg.writes()
             out: dict = {"kind": kind}
             if kind == "none":
                 saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
@@ -358,7 +359,16 @@ def app_phase(kind: str, case: str, image: str, args, tmp: str, advice: dict | N
             else:
                 out["served_share"] = served_share(daemon, half - 2)
                 out["held"] = daemon.vmlck() if daemon else 0
-            t1, s1 = time.monotonic() - start, pg.disk_stat()
+            t1, s1, w1 = time.monotonic() - start, pg.disk_stat(), pg.writes()
+            d = {k: w1[k] - w0[k] for k in w0}
+            out["pg_writes"] = {
+                "backend_pages_per_s": d["backend_pages"] / (t1 - t0),
+                "background_pages_per_s": d["background_pages"] / (t1 - t0),
+                "wal_syncs_per_s": d["wal_syncs"] / (t1 - t0),
+                "wal_sync_us": 1e3 * d["wal_sync_ms"] / d["wal_syncs"] if d["wal_syncs"] else NAN,
+                "wal_writes_per_s": d["wal_writes"] / (t1 - t0),
+                "wal_write_us": (1e3 * d["wal_write_ms"] / d["wal_writes"] if d["wal_writes"]
+                                 else NAN)}
             out["nbd_busiest_cpu"] = busiest_thread(threads0, threads_cpu_ns(pg.qsd_pid), t1 - t0)
             reads, writes = s1.reads - s0.reads, s1.writes - s0.writes
             out["reads"], out["writes"] = reads / (t1 - t0), writes / (t1 - t0)
@@ -502,7 +512,31 @@ def where_time_went(cases: list[dict]) -> str:
                     f"{m['none'][2]:.2f} → {m['served'][2]:.2f} | "
                     + (f"{m['none'][3]:,.0f} → {m['served'][3]:,.0f} |"
                        if m["none"][3] == m["none"][3] else "|"))
-    return "\n".join(rows)
+    return "\n".join(rows + pg_writes_table(cases))
+
+
+def pg_writes_table(cases: list[dict]) -> list[str]:
+    """For the application cases: PostgreSQL's own count of its writes (``PgDisk.writes``),
+    none against served, each the mean of its two phases: which of them a transaction
+    waited for (the WAL's, and data pages a backend wrote itself) and what each took."""
+    keys = ("backend_pages_per_s", "background_pages_per_s", "wal_writes_per_s",
+            "wal_write_us", "wal_syncs_per_s", "wal_sync_us")
+    rows = []
+    for c in cases:
+        if not all("pg_writes" in p for p in c["phases"]):
+            continue
+        m = {k: [statistics.mean(p["pg_writes"][f] for p in c["phases"] if p["kind"] == k)
+                 for f in keys] for k in ("none", "served")}
+        rows.append(f"| {c['case']} | " + " | ".join(
+            f"{m['none'][i]:,.0f} → {m['served'][i]:,.0f}" for i in range(len(keys))) + " |")
+    if not rows:
+        return []
+    return ["", "PostgreSQL's writes (`pg_stat_bgwriter`, `pg_stat_wal`; a transaction waits "
+            "for its WAL's write and flush, and for a data page a backend writes itself, not "
+            "for those of the background writer and the checkpointer):", "",
+            "| case | pages written by backends /s | by the background /s | WAL writes /s | "
+            "WAL write µs | WAL flushes /s | WAL flush µs |", "|---|---|---|---|---|---|---|"
+            ] + rows
 
 
 def main() -> int:

@@ -45,7 +45,8 @@ PORT = 5432           # unix socket only, in the work directory: no clash with a
 MODES = {"none": ("on", "native", False), "writethrough": ("off", "threads", True)}
 PG_SETTINGS = {"shared_buffers": "16MB", "fsync": "on", "synchronous_commit": "on",
                "full_page_writes": "on", "listen_addresses": "", "max_connections": "20",
-               "max_wal_size": "256MB"}   # the WAL of a small disk stays small
+               "max_wal_size": "256MB",   # the WAL of a small disk stays small
+               "track_wal_io_timing": "on"}   # pg_stat_wal's write and sync times
 
 
 def _pg(tool: str) -> str:
@@ -282,6 +283,18 @@ class PgDisk:
         with open(f"/sys/block/{os.path.basename(self.loop)}/stat") as f:
             fields = [int(x) for x in f.read().split()]
         return DiskStat(fields[0], fields[3], fields[4], fields[7])
+
+    def writes(self) -> dict[str, float]:
+        """PostgreSQL's own count of its writes, cumulative (take differences): data pages
+        written by the backends (a client waits for those), by the background writer and
+        the checkpointer (none waits), and the WAL's writes and flushes (a commit waits
+        for its flush) with the ms they took."""
+        cols = ("backend_pages", "background_pages", "wal_writes", "wal_syncs",
+                "wal_write_ms", "wal_sync_ms")
+        row = self.sql("SELECT buffers_backend, buffers_clean + buffers_checkpoint, wal_write, "
+                       "wal_sync, wal_write_time, wal_sync_time FROM pg_stat_bgwriter, "
+                       "pg_stat_wal")
+        return dict(zip(cols, map(float, row.split("|"))))
 
     def sql(self, query: str) -> str:
         """``psql -At -c query``'s output."""
