@@ -304,14 +304,7 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
             time.sleep(half)
             t0 = time.monotonic() - fio.t0
             threads0 = threads_cpu_ns(nbd.pid)
-            if kind == "none":
-                saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
-                out["advice_disk"], _ = advise(dev, half - 6, tmp, saved)
-                out["advice"] = out["advice_disk"]["advice"]
-                out["read_latency_us_p50_p99"] = out["advice_disk"]["read_latency_us_p50_p99"]
-            else:
-                out["served_share"] = served_share(daemon, half - 2)
-                out["held"] = daemon.vmlck() if daemon else 0
+            out.update(watch_half(kind, case, dev, tmp, half, daemon))
             t1 = time.monotonic() - fio.t0
             out["nbd_busiest_cpu"] = busiest_thread(threads0, threads_cpu_ns(nbd.pid), t1 - t0)
             out["read_us"] = mean_latency_us(fio.intervals, t0, "read")
@@ -325,6 +318,18 @@ def case_phase(kind: str, case: str, dev: str, args, tmp: str, advice: dict | No
         finally:
             stop_all(daemon, nbd)
     return out
+
+
+def watch_half(kind: str, case: str, image: str, tmp: str, half: float, daemon) -> dict:
+    """A phase's second half: ``none``, advise over it (its advice); ``served``, the share
+    the page cache served and what ``daemon`` held."""
+    if kind == "none":
+        saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
+        disk, _ = advise(image, half - 6, tmp, saved)
+        return {"advice_disk": disk, "advice": disk["advice"],
+                "read_latency_us_p50_p99": disk["read_latency_us_p50_p99"]}
+    return {"served_share": served_share(daemon, half - 2),
+            "held": daemon.vmlck() if daemon else 0}
 
 
 def app_phase(kind: str, case: str, image: str, args, tmp: str, advice: dict | None) -> dict:
@@ -351,14 +356,7 @@ def app_phase(kind: str, case: str, image: str, args, tmp: str, advice: dict | N
             t0, s0, threads0 = time.monotonic() - start, pg.disk_stat(), threads_cpu_ns(pg.qsd_pid)
             w0 = pg.writes()
             out: dict = {"kind": kind}
-            if kind == "none":
-                saved = os.path.join(tmp, f"advise-{case}-{time.monotonic():.0f}.json")
-                out["advice_disk"], _ = advise(image, half - 6, tmp, saved)
-                out["advice"] = out["advice_disk"]["advice"]
-                out["read_latency_us_p50_p99"] = out["advice_disk"]["read_latency_us_p50_p99"]
-            else:
-                out["served_share"] = served_share(daemon, half - 2)
-                out["held"] = daemon.vmlck() if daemon else 0
+            out.update(watch_half(kind, case, image, tmp, half, daemon))
             t1, s1, w1 = time.monotonic() - start, pg.disk_stat(), pg.writes()
             d = {k: w1[k] - w0[k] for k in w0}
             out["pg_writes"] = {
