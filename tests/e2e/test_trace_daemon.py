@@ -184,11 +184,14 @@ def test_past_the_budget_the_next_hottest_zone_is_cached_not_locked(tmp_path, tr
     """A zone read all over, twice the budget: half held, the other half spilled, read back
     into the cache after an eviction, and never locked. ``--min-free 0``: the spill reads
     only into memory nobody uses (``MemFree`` above the floor), and late in a full run the
-    machine's page cache leaves less than the default 1 GiB of it free."""
+    machine's page cache leaves less than the default 1 GiB of it free. ``--decay 0.05``
+    (20 s): the zone stays hot well past the reader's stop and the eviction; at the
+    default 10 s it cooled below the threshold first when a loaded machine was slow to
+    read it back."""
     image = data_image(tmp_path / "disk.img", 64 * MiB)
     stop = threading.Event()
-    d = DaemonProc(tmp_path, image, "--uri", "", "--min-free", "0", max_hold="8M",
-                   interval=0.3)
+    d = DaemonProc(tmp_path, image, "--uri", "", "--min-free", "0", "--decay", "0.05",
+                   max_hold="8M", interval=0.3)
     fd = os.open(image, os.O_RDONLY)
     try:
         d.wait_status(lambda s: s["cycle"] >= 1, "a cycle")
