@@ -309,22 +309,6 @@ class PgDisk:
                            "-P", str(progress), "-n", "postgres"], cgroup)
 
 
-def drop_fs_cache(pg: PgDisk) -> None:
-    """Drop the clean ext4 page cache of the cluster's files and the loop device's own
-    (metadata) cache, as ``POSIX_FADV_DONTNEED``: the guest's RAM emptied, nothing else
-    on the machine touched. Dirty pages stay; PostgreSQL's shared_buffers too."""
-    paths = [os.path.join(d, n) for d, _, names in os.walk(pg.mountpoint) for n in names]
-    for path in [*paths, pg.loop]:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:          # a file PostgreSQL just removed
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def pg_disk(image: str, work: str, *, cache: str, qsd_cgroup=None, pg_cgroup=None):
     """qemu-storage-daemon over ``image`` in mode ``cache`` (in ``qsd_cgroup``), the loop
