@@ -322,19 +322,19 @@ def no_events(lost: int = 0) -> Events:
     return Events(np.zeros(0, dtype=np.uint8), z, z.copy(), z.copy(), lost)
 
 
-def time_order(parts: list[Events]) -> np.ndarray:
-    """The order that sorts ``parts``, concatenated, by time (stable: a CPU's own order
-    kept among equal stamps)."""
+def time_order(parts: list[Events]) -> tuple[np.ndarray, np.ndarray]:
+    """``parts``' times, concatenated, and the order that sorts them (stable: a CPU's own
+    order kept among equal stamps)."""
     ts = np.concatenate([p.ts for p in parts]) if parts else np.zeros(0, np.int64)
-    return np.argsort(ts, kind="stable")
+    return ts, np.argsort(ts, kind="stable")
 
 
-def concat_events(parts: list[Events], lost: int, order: np.ndarray | None = None) -> Events:
-    """``parts`` as one Events in time order (``order``: their ``time_order``, if known)."""
+def concat_events(parts: list[Events], lost: int,
+                  ts_order: tuple[np.ndarray, np.ndarray] | None = None) -> Events:
+    """``parts`` as one Events in time order (``ts_order``: their ``time_order``, if known)."""
     if not parts:
         return no_events(lost)
-    ts = np.concatenate([p.ts for p in parts])
-    order = time_order(parts) if order is None else order
+    ts, order = time_order(parts) if ts_order is None else ts_order
     return Events(np.concatenate([p.kind for p in parts])[order], ts[order],
                   np.concatenate([p.first for p in parts])[order],
                   np.concatenate([p.last for p in parts])[order], lost)

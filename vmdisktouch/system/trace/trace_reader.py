@@ -449,8 +449,8 @@ class TraceReader:
         now = time.monotonic_ns()
         self._rate = sum(len(p) for p in parts) / max(now - self._collected_ns, 1)
         self._collected_ns = now
-        order = ringbuf.time_order(parts)
-        return concat_events(parts, lost, order), Sources(picks, order)
+        ts, order = ringbuf.time_order(parts)
+        return concat_events(parts, lost, (ts, order)), Sources(picks, order)
 
     def _account_lost(self) -> int:
         stats = self._inst.lost_counts(self._fds)
