@@ -92,6 +92,7 @@ SPLIT = [
      [("trace/trace_reader.py", "_read_pages")]),
     ("parsing the pages", [("trace/ringbuf.py", "parse_pages")]),
     ("decoding and sorting the events", [("trace/trace_reader.py", "_decode"),
+                                         ("trace/ringbuf.py", "time_order"),
                                          ("trace/ringbuf.py", "concat_events")]),
     ("per-event bookkeeping (reads, writes, adds, deletes)", [("core/access.py", "feed"),
                                                              ("core/shift.py", "count")]),
