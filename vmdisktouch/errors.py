@@ -22,8 +22,9 @@ and 78):
                  an image, or its residency hidden from this process; the
                  status directory, or no status file serving a PATH
 70  EX_SOFTWARE  internal error: a bug; no input may lead here
-75  EX_TEMPFAIL  the image was deleted or replaced while served: a restart
-                 serves whatever the path names then (a deleted one ends in 66)
+75  EX_TEMPFAIL  not now: the image was deleted or replaced while served (a
+                 restart serves whatever the path names then; a deleted one
+                 ends in 66), or ``adopt`` met a paused, arriving or busy domain
 77  EX_NOPERM    ``advise`` as a user who may not read the kernel's
                  tracepoints (not root)
 78  EX_CONFIG    refused setup: a setting's value, wherever it is given (a

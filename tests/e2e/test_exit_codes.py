@@ -71,6 +71,10 @@ USAGE = [
     (["unit-name", "/a/../b"], "not a normalized path"),
     (["advise"], "give PATHs or --libvirt, not neither"),
     (["advise", "{image}", "--libvirt"], "give PATHs or --libvirt, not both"),
+    (["adopt"], "adopt: the following arguments are required: DOMAIN/TARGET"),
+    (["adopt", "web1"], "'web1': expected DOMAIN/TARGET"),
+    (["release"], "name the disks (DOMAIN/TARGET) or --all"),
+    (["release", "web1/vda", "--all"], "name the disks (DOMAIN/TARGET) or --all"),
 ]
 
 
@@ -254,16 +258,19 @@ def test_a_closed_output_is_1_in_one_line(tmp_path, image, argv):
                                 "cut short"], err
 
 
-def test_libvirt_unreachable_is_1_in_one_line(tmp_path):
+@pytest.mark.parametrize("argv", [["discover"], ["adopt", "web1/vda"], ["release", "--all"]],
+                         ids=lambda v: v[0])
+def test_libvirt_unreachable_is_1_in_one_line(tmp_path, argv):
     """No libvirtd is asked: the socket does not exist."""
-    r = vmdt("discover", "--uri", f"qemu+unix:///system?socket={tmp_path}/gone/libvirt-sock")
+    r = vmdt(*argv, "--uri", f"qemu+unix:///system?socket={tmp_path}/gone/libvirt-sock",
+             env={**os.environ, "VMDISKTOUCH_RUNTIME_DIR": str(tmp_path)})
     one_line(r, errors.EX_ERROR)
 
 
 # -- 70: a bug --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["run", "snapshot", "status", "config", "discover",
-                                     "unit-name", "advise"])
+                                     "unit-name", "advise", "adopt", "release"])
 def test_a_bug_is_70_in_one_line_for_every_subcommand(command):
     module = command.replace("-", "_")
     code = textwrap.dedent(f"""
@@ -275,7 +282,8 @@ def test_a_bug_is_70_in_one_line_for_every_subcommand(command):
         sys.exit(cli.main(["{command}", *sys.argv[1:]]))
     """)
     argv = {"run": ["--libvirt"], "snapshot": ["x"], "config": ["--example"],
-            "unit-name": ["x"], "advise": ["x"]}.get(command, [])
+            "unit-name": ["x"], "advise": ["x"], "adopt": ["web1/vda"],
+            "release": ["--all"]}.get(command, [])
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
     one_line(r, errors.EX_SOFTWARE, "internal error: KeyError: 'a bug' (rerun with --debug)")

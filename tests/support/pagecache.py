@@ -55,8 +55,11 @@ def fincore_pages(path) -> int:
     return int(out.split()[0])
 
 
-def vmtouch_pages(path) -> int:
-    out = subprocess.run([require_tool("vmtouch"), str(path)],
+def vmtouch_pages(path, portion: str | None = None) -> int:
+    """The resident pages of ``path`` by vmtouch, of its ``portion`` (``-p``: "56M-64M")
+    or the whole file."""
+    out = subprocess.run([require_tool("vmtouch"), *(["-p", portion] if portion else []),
+                          str(path)],
                          check=True, capture_output=True, text=True).stdout
     m = re.search(r"Resident Pages:\s+(\d+)/(\d+)", out)
     assert m, out

@@ -32,6 +32,8 @@ COMMANDS = {
     "unit-name": ("vmdisktouch.commands.unit_name", "print the systemd unit name that keeps a disk warm"),
     "status": ("vmdisktouch.commands.status", "show the live state of every running daemon"),
     "advise": ("vmdisktouch.commands.advise", "watch disks, changing nothing, and say what host memory would buy each"),
+    "adopt": ("vmdisktouch.commands.adopt", "switch a running domain's cache=none disk to the host page cache, live"),
+    "release": ("vmdisktouch.commands.release", "switch adopted disks back to O_DIRECT (cache=none), live"),
     "config": ("vmdisktouch.commands.config", "print the example config file, or check one as run reads it"),
 }
 

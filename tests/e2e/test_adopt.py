@@ -1,0 +1,191 @@
+"""``vmdisktouch adopt`` and ``release`` on real domains of a private libvirtd.
+
+Each domain's QEMU runs (no guest OS: the "guest" reads and writes through
+``qemu-io`` in its monitor) with raw ``cache='none'`` disks. What is checked is what
+QEMU and the kernel say, not what the command prints: the image's descriptor in the
+QEMU process (``/proc/PID/fdinfo`` flags, O_DIRECT 040000), QEMU's own
+``cache.direct`` of the node, the page cache (``mincore``) and the bytes on disk
+read with O_DIRECT.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.support.common import require_tool
+from tests.support.faultkit import assert_refused, vmdt
+from tests.support.libvirt_env import disk_xml, libvirt_daemons  # noqa: F401
+from tests.support.pagecache import data_image, fincore_pages, vmtouch_pages
+from tests.support.private_libvirt import PrivateLibvirtd
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def lv(libvirt_daemons, tmp_path_factory):
+    d = PrivateLibvirtd(tmp_path_factory.mktemp("adopt"), name="adopt")
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def env(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    return {**os.environ, "VMDISKTOUCH_RUNTIME_DIR": str(run)}
+
+
+def running(lv, tmp_path, *disks) -> str:
+    name = lv.define(list(disks))
+    lv.virsh("resume", name)
+    return name
+
+
+def image(tmp_path, name: str, size: int = 64 * MiB):
+    path = tmp_path / name
+    data_image(path, size)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return path
+
+
+def o_direct(pid: int, path) -> bool:
+    """Whether QEMU ``pid`` has ``path`` open with O_DIRECT (every descriptor of it)."""
+    flags = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                info = open(f"/proc/{pid}/fdinfo/{fd}").read()
+                flags.append(int(info.split("flags:")[1].split()[0], 8))
+        except OSError:
+            continue
+    assert flags, f"QEMU {pid} does not have {path} open"
+    return all(f & os.O_DIRECT for f in flags)
+
+
+def node_direct(lv, name: str) -> bool:
+    out = lv.virsh("qemu-monitor-command", name,
+                   json.dumps({"execute": "query-named-block-nodes",
+                               "arguments": {"flat": True}})).stdout
+    nodes = [n for n in json.loads(out)["return"] if n["drv"] == "file"]
+    assert len(nodes) == 1, nodes
+    return nodes[0]["cache"]["direct"]
+
+
+def direct_read(path, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, length)
+        os.preadv(fd, [buf], offset)
+        return bytes(buf)
+    finally:
+        os.close(fd)
+
+
+def test_adopt_then_release_switches_the_descriptor_and_keeps_every_flushed_write(
+        lv, tmp_path, env):
+    img = image(tmp_path, "a.img")
+    name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
+    pid = lv.qemu_pid(name)
+    assert o_direct(pid, img) and node_direct(lv, name)
+    for cycle in range(20):
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"{name}/vda: adopted" in r.stdout
+        assert not o_direct(pid, img) and not node_direct(lv, name)
+        # the guest writes and flushes through the page cache, then reads it back
+        pattern = 0x10 + cycle
+        offset = (cycle % 8) * MiB
+        lv.qemu_io(name, f"write -P {pattern} {offset} 1M")
+        lv.qemu_io(name, "flush")
+        assert "Pattern verification failed" not in lv.qemu_io(
+            name, f"read -P {pattern} {offset} 1M")
+        r = vmdt("release", f"{name}/vda", "--uri", lv.uri, env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"{name}/vda: released" in r.stdout
+        assert o_direct(pid, img) and node_direct(lv, name)
+        # every flushed write is on the disk, read past the page cache
+        assert direct_read(img, offset, MiB) == bytes([pattern]) * MiB, f"cycle {cycle}"
+    r = vmdt("release", f"{name}/vda", "--uri", lv.uri, env=env)
+    assert r.returncode == 0 and "not adopted" in r.stdout, r.stdout + r.stderr
+    assert not list((tmp_path / "run").glob("adopted/*.json"))
+
+
+def test_adopt_drops_the_image_s_pages_before_qemu_reads_through_them(lv, tmp_path, env):
+    img = image(tmp_path, "b.img")
+    name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
+    with open(img, "rb") as f:                   # a buffered reader caches the last 8 MiB
+        f.seek(56 * MiB)
+        f.read(8 * MiB)
+    assert fincore_pages(img) >= 8 * MiB // mmap.PAGESIZE
+    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+    assert r.returncode == 0, r.stderr
+    # all gone (QEMU's reopen reads its first pages again: the planted ones are checked)
+    assert vmtouch_pages(img, "56M-64M") == 0
+    # through the page cache now: the guest's reads are cached
+    lv.qemu_io(name, "read 32M 4M")
+    assert vmtouch_pages(img, "32M-36M") == 4 * MiB // mmap.PAGESIZE
+    assert vmdt("release", "--all", "--uri", lv.uri, env=env).returncode == 0
+    assert o_direct(lv.qemu_pid(name), img)
+    assert fincore_pages(img) == 0
+
+
+def test_a_page_that_will_not_leave_the_page_cache_refuses_the_adoption(lv, tmp_path, env):
+    img = image(tmp_path, "c.img")
+    name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
+    # vmtouch maps and mlocks the image's first MiB: no drop can take those pages
+    locker = subprocess.Popen([require_tool("vmtouch"), "-l", "-q", "-p", "0-1M", str(img)])
+    try:
+        deadline = time.monotonic() + 30
+        while fincore_pages(img) < MiB // mmap.PAGESIZE:
+            assert locker.poll() is None and time.monotonic() < deadline, "vmtouch -l"
+            time.sleep(0.1)
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+        last = assert_refused(r, 78, "stay in this host's page cache")
+        assert f"{locker.pid} (vmtouch)" in last, last
+        assert o_direct(lv.qemu_pid(name), img) and node_direct(lv, name)
+    finally:
+        locker.kill()
+        locker.wait()
+    assert vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env).returncode == 0
+    assert vmdt("release", f"{name}/vda", "--uri", lv.uri, env=env).returncode == 0
+
+
+def test_refusals_leave_qemu_as_it_was(lv, tmp_path, env):
+    a, b = image(tmp_path, "d.img"), image(tmp_path, "e.img")
+    name = running(lv, tmp_path, disk_xml("vda", str(a), cache="none", io="threads"),
+                   disk_xml("vdb", str(b), cache="none", io="native"))
+    pid = lv.qemu_pid(name)
+    assert_refused(vmdt("adopt", f"{name}/vdb", "--uri", lv.uri, env=env), 78,
+                   "io=native")
+    assert_refused(vmdt("adopt", f"{name}/vdz", "--uri", lv.uri, env=env), 78,
+                   "no such disk")
+    assert_refused(vmdt("adopt", "no-such-domain/vda", "--uri", lv.uri, env=env), 78,
+                   "no-such-domain")
+    lv.virsh("suspend", name)
+    assert_refused(vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env), 75, "paused")
+    lv.virsh("resume", name)
+    advice = tmp_path / "advise.json"
+    advice.write_text(json.dumps({
+        "when": time.time(), "duration_seconds": 60, "disks": [{
+            "domain": name, "target": "vda", "path": str(a), "advice": {
+                "verdict": "no_gain",
+                "reason": "each write would wait about 100 µs more"}}]}))
+    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, "--advice", advice, env=env)
+    if r.returncode == 0:
+        pytest.fail(f"adopted against advise's no gain: {r.stdout}")
+    assert_refused(r, 78, "advise said no gain")
+    assert o_direct(pid, a) and o_direct(pid, b)
+    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, "--advice", advice, "--force", env=env)
+    assert r.returncode == 0, r.stderr
+    assert not o_direct(pid, a) and o_direct(pid, b)
+    r = vmdt("release", "--all", "--uri", lv.uri, env=env)
+    assert r.returncode == 0 and f"{name}/vda: released" in r.stdout, r.stdout + r.stderr
+    assert o_direct(pid, a)

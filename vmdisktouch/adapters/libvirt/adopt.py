@@ -1,0 +1,371 @@
+"""Adopt a running domain's ``cache=none`` disk: switch QEMU to the host page cache, live, and back.
+
+Theory of operation
+-------------------
+QEMU opens a ``cache=none`` (or ``directsync``) disk with O_DIRECT, so its reads
+never reach the page cache the daemon holds. QEMU 6.1 and later reopen a node in
+place (QMP ``blockdev-reopen``): given every option the node was created with and
+``cache.direct`` false, QEMU drains the node, flushes it, and opens the file again
+without O_DIRECT (``/proc/PID/fdinfo`` flags lose 040000); ``direct`` true switches it
+back. The node is the disk's protocol node, the one that holds the descriptor:
+libvirt names it ``libvirt-N-storage``, N its live XML's ``<source index=N>``. The
+guest-visible write cache (``cache.writeback`` on the device) does not change, so the
+guest's flush contract stays ``cache=none``'s: a write it has not flushed may wait in
+host memory instead of the device's cache. libvirt still says ``cache='none'`` and
+migrates the domain without ``--unsafe``.
+
+QMP goes through libvirt (``libvirt_qemu.qemuMonitorCommand``), which marks the domain
+tainted (custom-monitor) from the first call: only the domain named, or one a record
+says was adopted, is asked. Whether a disk is adopted is QEMU's answer (the node's
+``cache.direct``, ``query-named-block-nodes``), never only ours: a record in the
+runtime directory (``RECORDS``) says which domains to ask, so ``release --all`` after a
+crash of ours finds them.
+
+Every option must be restated with the value it was given (FIELD-NOTES: "Cannot change
+the option 'filename'"; one left out is reset to its default). They are read from the
+domain's QEMU command line (its ``-blockdev`` JSON with that node name, libvirt's form
+since QEMU 4.2): a disk hot-plugged since is not there, and is refused, as is one
+whose options are not JSON.
+
+Adopting is refused, with the reason, unless:
+
+* the domain runs: not paused, not arriving, no job (a migration, a save, a dump, a
+  snapshot: libvirt's job info), no block job (mirror, commit, backup: QMP
+  ``query-block-jobs``);
+* the disk is a local file or block device QEMU opens with O_DIRECT, not with
+  ``io='native'``: ``aio`` cannot change on a reopen, and Linux AIO on a buffered
+  descriptor submits a read that misses synchronously, in QEMU's event loop
+  (``io='threads'`` or ``io_uring`` do not);
+* ``advise``'s last report did not say "no gain" for it (``--force`` overrides);
+* none of its pages stays in this host's page cache once dropped (``system.hold.drop``):
+  such a page was not kept current while QEMU read past it, and QEMU's first buffered
+  read would give it to the guest. The processes that map the image are named.
+
+Releasing needs none of it: it is the safe direction, and must work when the domain
+is about to migrate or the service stops. QEMU's reopen flushes first; what the
+image left in the page cache is dropped after, as it would go stale.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+from vmdisktouch.adapters import atomic, runtime_dir
+from vmdisktouch.adapters.advice_file import advice_of, load_advice
+from vmdisktouch.adapters.libvirt import libvirt_disks
+from vmdisktouch.adapters.libvirt.domain_state import RUNNING, STATE_NAMES
+from vmdisktouch.adapters.libvirt.libvirt_disks import (DIRECT_CACHE_MODES, LibvirtError,
+                                                        import_libvirt, libvirt_message)
+from vmdisktouch.errors import ConfigError, ImageError, UsageError, VmdtError, EX_TEMPFAIL
+from vmdisktouch.system.hold import drop
+from vmdisktouch.system.image import open_image
+
+RECORDS = "adopted"            # under the runtime directory: one JSON file per adopted disk
+PROTOCOL_DRIVERS = ("file", "host_device")
+BUFFERED_AIO = ("threads", "io_uring")
+TAINT = "libvirt marks the domain tainted (custom-monitor)"
+
+
+class NotNow(VmdtError):
+    """The domain's state forbids the switch now (paused, migrating, a job): exit 75, try
+    again later."""
+
+    exit_code = EX_TEMPFAIL
+
+
+class Refused(ConfigError):
+    """The disk cannot be adopted as it is configured (exit 78)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A disk's protocol node: its name, its image, and the options it was created with."""
+    domain: str
+    uuid: str
+    target: str
+    path: str
+    cache: str                   # libvirt's cache mode (none, directsync...)
+    name: str                    # libvirt-N-storage
+    options: dict                # the -blockdev JSON, as given
+
+    @property
+    def key(self) -> str:
+        return f"{self.domain}/{self.target}"
+
+
+def parse_key(key: str) -> tuple[str, str]:
+    """``DOMAIN/TARGET`` -> (domain, target); ``UsageError`` (the command line's shape)
+    else."""
+    domain, sep, target = key.rpartition("/")
+    if not sep or not domain or not target:
+        raise UsageError(f"{key!r}: expected DOMAIN/TARGET, e.g. web1/vda")
+    return domain, target
+
+
+def qmp(dom, command: str, arguments: dict | None = None):
+    """One QMP command through libvirt; its ``return``, or ``LibvirtError`` with QEMU's
+    or libvirt's one-line reason."""
+    libvirt = import_libvirt()
+    try:
+        import libvirt_qemu
+    except ImportError:
+        raise LibvirtError("libvirt_qemu cannot be imported (python3-libvirt)") from None
+    cmd = {"execute": command, **({"arguments": arguments} if arguments else {})}
+    try:
+        reply = json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(cmd), 0))
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"{dom.name()}: {command}: {libvirt_message(exc)}") from None
+    if "error" in reply:
+        raise LibvirtError(f"{dom.name()}: {command}: {reply['error'].get('desc', reply)}")
+    return reply.get("return")
+
+
+def qemu_pid(uuid: str) -> int | None:
+    """The QEMU process of the domain ``uuid`` (its ``-uuid`` argument), None if none."""
+    want = f"-uuid\0{uuid}\0".encode()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if want in f.read():
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def creation_options(pid: int, node: str) -> dict | None:
+    """The ``-blockdev`` JSON options of ``node`` on QEMU ``pid``'s command line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "-blockdev" and value.startswith("{"):
+            try:
+                opts = json.loads(value)
+            except ValueError:
+                continue
+            if opts.get("node-name") == node:
+                return opts
+    return None
+
+
+def _source_index(xml: str, target: str) -> int | None:
+    root = ET.fromstring(xml)
+    for el in root.findall("./devices/disk"):
+        t = el.find("target")
+        if t is not None and t.get("dev") == target:
+            src = el.find("source")
+            index = None if src is None else src.get("index")
+            return int(index) if index and index.isdigit() else None
+    return None
+
+
+def lookup(conn, domain: str):
+    """The libvirt domain named ``domain``; ``ConfigError`` when there is none."""
+    libvirt = import_libvirt()
+    try:
+        return conn.lookupByName(domain)
+    except libvirt.libvirtError as exc:
+        raise ConfigError(f"{domain}: {libvirt_message(exc)}") from None
+
+
+def find_node(dom, target: str) -> Node:
+    """The protocol node of ``dom``'s disk ``target`` (module docstring), or ``Refused``."""
+    xml = dom.XMLDesc(0)
+    disks = {d.target: d for d in libvirt_disks.parse_domain_xml(xml, with_units=False)}
+    d = disks.get(target)
+    key = f"{dom.name()}/{target}"
+    if d is None:
+        raise Refused(f"{key}: no such disk (the domain has {', '.join(disks) or 'none'})")
+    if d.type not in ("file", "block") or not d.source:
+        raise Refused(f"{key}: a {d.type} disk: only a local file or block device is adopted")
+    index = _source_index(xml, target)
+    pid = qemu_pid(d.uuid)
+    if index is None or pid is None:
+        raise Refused(f"{key}: its QEMU node is unknown (no source index in the live XML, "
+                      f"or no QEMU process): is the domain running?")
+    name = f"libvirt-{index}-storage"
+    opts = creation_options(pid, name)
+    if opts is None:
+        raise Refused(f"{key}: node {name} is not on QEMU's command line as -blockdev JSON "
+                      f"(hot-plugged since start?): its options cannot be restated")
+    if opts.get("driver") not in PROTOCOL_DRIVERS or opts.get("filename") != d.source:
+        raise Refused(f"{key}: node {name} is {opts.get('driver')} on "
+                      f"{opts.get('filename')}, not the disk's {d.source}")
+    return Node(dom.name(), d.uuid, target, d.source, d.cache, name, opts)
+
+
+def direct_now(dom, node: Node) -> bool:
+    """QEMU's answer: ``node`` opens its image with O_DIRECT."""
+    for n in qmp(dom, "query-named-block-nodes", {"flat": True}) or []:
+        if n.get("node-name") == node.name:
+            return bool(n.get("cache", {}).get("direct"))
+    raise LibvirtError(f"{node.key}: QEMU has no node {node.name}")
+
+
+def _reopen(dom, node: Node, direct: bool) -> None:
+    opts = dict(node.options)
+    opts["cache"] = {**opts.get("cache", {}), "direct": direct}
+    qmp(dom, "blockdev-reopen", {"options": [opts]})
+    if direct_now(dom, node) != direct:
+        raise LibvirtError(f"{node.key}: QEMU reopened {node.name} but reports "
+                           f"cache.direct {not direct}")
+
+
+def _running(dom, key: str) -> None:
+    libvirt = import_libvirt()
+    state, reason = dom.state()
+    if state != RUNNING:
+        raise NotNow(f"{key}: the domain is {STATE_NAMES.get(state, state)}, not running: "
+                     f"adopt a running domain (not paused, not arriving)")
+    try:
+        job = dom.jobInfo()[0]
+    except libvirt.libvirtError:
+        job = -1
+    if job != libvirt.VIR_DOMAIN_JOB_NONE:
+        raise NotNow(f"{key}: a job runs on the domain (a migration, a save, a dump or a "
+                     f"snapshot): adopt it when the job is done")
+    jobs = qmp(dom, "query-block-jobs") or []
+    if jobs:
+        kinds = ", ".join(sorted({j.get("type", "?") for j in jobs}))
+        raise NotNow(f"{key}: a block job runs ({kinds}): adopt it when the job is done")
+
+
+def _advised_against(node: Node, advice_path: str) -> str | None:
+    report = load_advice(advice_path)
+    a = advice_of(report, node.domain, node.target, node.path)
+    if a and a.get("verdict") == "no_gain":
+        return a.get("reason") or "no gain"
+    return None
+
+
+def adopt(conn, key: str, *, advice_path: str, force: bool = False) -> Node:
+    """Switch the disk ``key`` (``DOMAIN/TARGET``) to the page cache (module docstring)."""
+    domain, target = parse_key(key)
+    dom = lookup(conn, domain)
+    _running(dom, key)
+    node = find_node(dom, target)
+    if node.cache not in DIRECT_CACHE_MODES:
+        raise Refused(f"{key}: cache={node.cache} goes through the page cache already: "
+                      f"serve it as it is")
+    aio = node.options.get("aio", "threads")
+    if aio not in BUFFERED_AIO:
+        raise Refused(f"{key}: io={aio}: QEMU cannot change it on a reopen, and Linux AIO "
+                      f"on the page cache stalls QEMU on every miss: needs io='threads' or "
+                      f"io='io_uring'")
+    if not direct_now(dom, node):
+        record(node)
+        return node                                  # adopted already: recorded again
+    why = None if force else _advised_against(node, advice_path)
+    if why:
+        raise Refused(f"{key}: advise said no gain ({why}); --force adopts it anyway")
+    try:
+        with open_image(node.path) as image:
+            left = drop.drop(image)
+            if left is None:
+                raise Refused(f"{key}: this process may not see {node.path}'s page cache "
+                              f"(run as root)")
+            if left:
+                who = drop.mappers(node.path)
+                raise Refused(f"{key}: {left} page(s) of {node.path} stay in this host's "
+                              f"page cache after dropping them"
+                              + (f", mapped by {', '.join(who)}" if who else "")
+                              + ": they may be older than the disk, and QEMU would read "
+                              "them")
+            _running(dom, key)                       # the drop took time: ask again
+            _reopen(dom, node, direct=False)
+    except ImageError as exc:
+        raise Refused(f"{key}: {exc}") from None
+    record(node)
+    return node
+
+
+def release(conn, key: str) -> tuple[Node, bool]:
+    """Switch the disk ``key`` back to O_DIRECT; ``(node, switched)``, False when QEMU
+    had it on O_DIRECT already. Its record goes either way."""
+    domain, target = parse_key(key)
+    dom = lookup(conn, domain)
+    node = find_node(dom, target)
+    switched = not direct_now(dom, node)
+    if switched:
+        _reopen(dom, node, direct=True)
+        try:
+            with open_image(node.path) as image:
+                drop.drop(image)
+        except ImageError:
+            pass                                   # nothing to drop
+    forget(node.uuid, node.target)
+    return node, switched
+
+
+# --- records: which domains to ask --------------------------------------------------
+
+
+def records_dir() -> str:
+    return os.path.join(runtime_dir.runtime_dir(), RECORDS)
+
+
+def _record_path(uuid: str, target: str) -> str:
+    return os.path.join(records_dir(), f"{uuid}-{target}.json")
+
+
+def record(node: Node) -> None:
+    """Remember that ``node`` was adopted (the module docstring: which domains to ask)."""
+    os.makedirs(records_dir(), mode=0o755, exist_ok=True)
+    path = _record_path(node.uuid, node.target)
+    since = time.time()
+    try:
+        with open(path, encoding="utf-8") as f:
+            since = json.load(f).get("since", since)
+    except (OSError, ValueError):
+        pass
+    atomic.write_json(path, {"domain": node.domain, "uuid": node.uuid,
+                             "target": node.target, "path": node.path,
+                             "node": node.name, "since": since})
+
+
+def forget(uuid: str, target: str) -> None:
+    try:
+        os.unlink(_record_path(uuid, target))
+    except FileNotFoundError:
+        pass
+
+
+def records() -> list[dict]:
+    """Every adoption recorded, oldest first."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(records_dir(), "*.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and {"domain", "uuid", "target"} <= doc.keys():
+            out.append(doc)
+    return sorted(out, key=lambda d: d.get("since", 0))
+
+
+def recorded_keys(conn) -> list[str]:
+    """``DOMAIN/TARGET`` of each recorded adoption whose domain still runs a QEMU (by its
+    UUID: a rename does not lose it); the records of the others go, since a domain
+    without a QEMU has nothing adopted."""
+    libvirt = import_libvirt()
+    keys = []
+    for doc in records():
+        try:
+            dom = conn.lookupByUUIDString(doc["uuid"])
+            active = bool(dom.isActive())
+        except libvirt.libvirtError:
+            dom, active = None, False
+        if not active:
+            forget(doc["uuid"], doc["target"])
+            continue
+        keys.append(f"{dom.name()}/{doc['target']}")
+    return keys

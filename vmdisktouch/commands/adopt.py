@@ -1,0 +1,51 @@
+"""``vmdisktouch adopt DOMAIN/TARGET``: switch a running domain's ``cache=none`` disk to the
+host page cache, live (``adapters.libvirt.adopt``: what it checks first, and why).
+
+One line per disk on standard output, and the same in the journal. A refusal is one
+line and a non-zero exit (docs/exit-codes.md): 75 when the domain's state forbids it
+now (paused, migrating, a job: try again later), 78 when the disk cannot be adopted as
+it is configured, or its pages would not leave the page cache; the disks named before
+it stay adopted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from vmdisktouch.adapters.advice_file import ADVICE_FILE
+from vmdisktouch.adapters.libvirt import adopt, libvirt_disks
+from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI
+
+log = logging.getLogger("vmdisktouch")
+
+
+def set_argparser(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Switch a running libvirt domain's cache=none disk to the host page cache without "
+        "stopping the guest (QEMU's blockdev-reopen; " + adopt.TAINT + "). The image's "
+        "pages are dropped from this host's page cache first and must all go. Refused for "
+        "a domain that is paused, migrating or running a job, a disk with io='native', "
+        "and one advise said would gain nothing (--force). The guest's write cache and "
+        "flush contract do not change. vmdisktouch release switches it back.")
+    parser.add_argument("disks", nargs="+", metavar="DOMAIN/TARGET",
+                        help="the disk, by domain name and target (e.g. web1/vda)")
+    parser.add_argument("--uri", default=DEFAULT_URI,
+                        help=f"libvirt connection URI (default: {DEFAULT_URI})")
+    parser.add_argument("--advice", default=ADVICE_FILE, metavar="FILE",
+                        help=f"advise's report that may say no gain (default: {ADVICE_FILE})")
+    parser.add_argument("--force", action="store_true",
+                        help="adopt even where advise's last report said no gain")
+
+
+def main(args) -> int:
+    for key in args.disks:
+        adopt.parse_key(key)                 # every name checked before anything changes
+    conn = libvirt_disks.connect(args.uri, readonly=False)
+    for key in args.disks:
+        node = adopt.adopt(conn, key, advice_path=args.advice, force=args.force)
+        line = (f"{node.key}: adopted: {node.path} through the host page cache "
+                f"(QEMU node {node.name}, libvirt still says cache={node.cache})")
+        print(line, flush=True)
+        log.info("%s", line)
+    return 0
