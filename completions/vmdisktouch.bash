@@ -5,7 +5,7 @@
 #    source ~/.local/share/bash_completion/vmdisktouch
 # See also: https://github.com/scop/bash-completion/blob/main/doc/configuration.md
 
-_shtab_vmdisktouch_subparsers=(snapshot run discover unit-name status advise config)
+_shtab_vmdisktouch_subparsers=(snapshot run discover unit-name status advise adopt release config)
 
 _shtab_vmdisktouch_snapshot_option_strings=(-h --help --debug --json --png --blocks-per-pixel --width --scale --block-size)
 _shtab_vmdisktouch_run_option_strings=(-h --help --debug --libvirt --max-hold --min-free --interval --block-size --amp-resident --sigma-resident --amp-rewritten --sigma-rewritten --decay --threshold --rewritten-seconds --load-rate --foreign-share --spill --access-source --checksum-share --status --heat-png --map-png --host-png --metrics-file --metrics-listen --state-dir --state-save-interval --carry-heat --carry-interval --blocks-per-pixel --width --aspect --scale --config --uri --force)
@@ -13,6 +13,8 @@ _shtab_vmdisktouch_discover_option_strings=(-h --help --debug --uri --json --adv
 _shtab_vmdisktouch_unit_name_option_strings=(-h --help --debug --instance)
 _shtab_vmdisktouch_status_option_strings=(-h --help --debug --all --json --dir)
 _shtab_vmdisktouch_advise_option_strings=(-h --help --debug --libvirt --duration --cache --json --png --save)
+_shtab_vmdisktouch_adopt_option_strings=(-h --help --debug --uri --advice --force)
+_shtab_vmdisktouch_release_option_strings=(-h --help --debug --all --uri)
 _shtab_vmdisktouch_config_option_strings=(-h --help --debug --example --check)
 _shtab_vmdisktouch_option_strings=(-h --help --version --debug)
 
@@ -21,7 +23,7 @@ _shtab_vmdisktouch_option_strings=(-h --help --version --debug)
 _shtab_vmdisktouch_run___access_source_choices=(auto trace mincore)
 _shtab_vmdisktouch_run___carry_heat_choices=(auto on off)
 _shtab_vmdisktouch_advise___cache_choices=(auto none writethrough)
-_shtab_vmdisktouch_pos_0_choices=(snapshot run discover unit-name status advise config)
+_shtab_vmdisktouch_pos_0_choices=(snapshot run discover unit-name status advise adopt release config)
 
 _shtab_vmdisktouch_snapshot_pos_0_nargs=+
 _shtab_vmdisktouch_snapshot__h_nargs=0
@@ -55,6 +57,16 @@ _shtab_vmdisktouch_advise___help_nargs=0
 _shtab_vmdisktouch_advise___debug_nargs=0
 _shtab_vmdisktouch_advise___libvirt_nargs='?'
 _shtab_vmdisktouch_advise___json_nargs=0
+_shtab_vmdisktouch_adopt_pos_0_nargs=+
+_shtab_vmdisktouch_adopt__h_nargs=0
+_shtab_vmdisktouch_adopt___help_nargs=0
+_shtab_vmdisktouch_adopt___debug_nargs=0
+_shtab_vmdisktouch_adopt___force_nargs=0
+_shtab_vmdisktouch_release_pos_0_nargs='*'
+_shtab_vmdisktouch_release__h_nargs=0
+_shtab_vmdisktouch_release___help_nargs=0
+_shtab_vmdisktouch_release___debug_nargs=0
+_shtab_vmdisktouch_release___all_nargs=0
 _shtab_vmdisktouch_config__h_nargs=0
 _shtab_vmdisktouch_config___help_nargs=0
 _shtab_vmdisktouch_config___debug_nargs=0

@@ -42,17 +42,20 @@ a disk image that does not exist, cannot be opened, or whose residency the kerne
 an internal error (a bug: rerun with \-\-debug)
 .TP
 \fB75\fR
-the disk image went away or was replaced while served
+not now: the disk image went away or was replaced while served; \fBadopt\fR: the domain is paused, arriving, or a job or block job runs on it
 .TP
 \fB77\fR
 \fBadvise\fR as a user who may not read the kernel's tracepoints (not root)
 .TP
 \fB78\fR
-a refused setup: a bad value of a setting, given as a flag of any command or in the config file; the config file; an output path; the lock limit; \fBadvise\fR: a kernel without the tracepoints a disk needs
+a refused setup: a bad value of a setting, given as a flag of any command or in the config file; the config file; an output path; the lock limit; \fBadvise\fR: a kernel without the tracepoints a disk needs; \fBadopt\fR: a disk that cannot be adopted as configured (io=native, hot\-plugged, not local), advise said no gain, or a page of the image stays in the page cache
 .TP
 \fB130\fR, \fB143\fR, \fB129\fR
 \fBadvise\fR stopped by Ctrl\-C (SIGINT), SIGTERM or SIGHUP (128 + the signal's number): what was measured is still printed
 .SH FILES
+.TP
+\fI/run/vmdisktouch/adopted/\fR
+one record per disk \fBadopt\fR switched to the page cache: which domains \fBrelease \-\-all\fR asks (QEMU's answer decides)
 .TP
 \fI/etc/vmdisktouch/host.toml\fR
 the host service's settings (\fBvmdisktouch.service\fR)
