@@ -19,6 +19,7 @@ import time
 import pytest
 
 from tests.support.common import require_tool
+from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from tests.support.faultkit import assert_refused, vmdt
 from tests.support.libvirt_env import disk_xml, libvirt_daemons  # noqa: F401
 from tests.support.pagecache import data_image, fincore_pages, vmtouch_pages
@@ -189,3 +190,38 @@ def test_refusals_leave_qemu_as_it_was(lv, tmp_path, env):
     r = vmdt("release", "--all", "--uri", lv.uri, env=env)
     assert r.returncode == 0 and f"{name}/vda: released" in r.stdout, r.stdout + r.stderr
     assert o_direct(pid, a)
+
+
+def served_paths(status: dict) -> set[str]:
+    return {d["path"] for d in status["host"]["disks"]}
+
+
+def test_the_host_service_serves_an_adopted_disk_and_releases_it_when_it_stops(
+        lv, tmp_path, env):
+    img = image(tmp_path, "f.img")
+    name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
+    pid = lv.qemu_pid(name)
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", lv.uri, "--min-free", "0",
+                   "--interval", "1", max_hold="32M", status="status.json",
+                   env={**env_without_systemd(), "VMDISKTOUCH_RUNTIME_DIR": env[
+                       "VMDISKTOUCH_RUNTIME_DIR"]})
+    try:
+        s = d.wait_status(lambda s: s["host"].get("skipped"), "the disk left out", timeout=60)
+        assert str(img) not in served_paths(s)
+        assert [u["code"] for u in s["host"]["skipped"]] == ["o_direct"], s["host"]
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+        assert r.returncode == 0, r.stderr
+        d.wait_status(lambda s: str(img) in served_paths(s), "the adopted disk served",
+                      timeout=30)
+        for _ in range(3):                                # the guest reads its zone: held
+            lv.qemu_io(name, "read 0 16M")
+        s = d.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold", timeout=30)
+        assert d.vmlck() > 0
+        assert not o_direct(pid, img)
+        assert d.stop() == 0
+        out = d.output()
+        assert f"{name}/vda: released" in out, out[-3000:]
+        assert o_direct(pid, img) and node_direct(lv, name)
+        assert not list((tmp_path / "run").glob("adopted/*.json"))
+    finally:
+        d.cleanup()

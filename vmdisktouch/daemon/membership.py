@@ -55,6 +55,7 @@ class Member:
     #                                  incoming, landed (``domain_state.arriving``)
     activated: bool = True           # QEMU has activated them for certain (running, restored)
     labels: tuple[str, ...] = ()     # its domain's labels (``libvirt_disks.labels_of``)
+    adopted: float | None = None     # switched to the page cache by ``vmdisktouch adopt`` since
 
 
 @dataclass
@@ -125,7 +126,8 @@ class GivenPaths:
         why = {o.arriving for o in found if o.active}
         return Member(path, d.domain, d.target, any(bool(o.active) for o in found), d.carried,
                       next((a for a in ("incoming", "landed", "starting") if a in why), ""),
-                      any(o.activated for o in found if o.active), d.labels)
+                      any(o.activated for o in found if o.active), d.labels,
+                      next((o.adopted for o in found if o.active and o.adopted), None))
 
     def close(self) -> None:
         if self._opens is not None:
@@ -157,7 +159,7 @@ class RunningDomains:
             return None
         w = libvirt_watch.wanted(listed)
         return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving, d.activated,
-                            d.labels) for p, d in w.serve.items()},
+                            d.labels, d.adopted) for p, d in w.serve.items()},
                     dict(w.skipped))
 
     def close(self) -> None:

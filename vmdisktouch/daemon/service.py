@@ -157,6 +157,7 @@ class Service:
         self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
         self.started = False
         self.default_status: str | None = None    # ``runtime_dir``: written without --status
+        self.adopted: dict[str, str] = {}     # path -> DOMAIN/TARGET: served, adopted
 
     def pace(self, seconds: float) -> bool:
         """The holder's sleep between paced loads: the watchdog is fed, a stop ends it."""
@@ -226,6 +227,10 @@ class Service:
             self.host.close()
         finally:
             self.members.close()
+        if self.adopted:            # holds gone: the disks go back to O_DIRECT with them
+            from vmdisktouch.adapters.libvirt import adopt
+            for line in adopt.release_when_stopping(self.args.uri, sorted(self.adopted.values())):
+                log.info("%s", line)
         if self.started:
             log.info("released all holds")
             if self.config.status and self.last_report is not None:
@@ -265,6 +270,9 @@ class Service:
                 w = self._open(path, m)
             if w is not None:
                 self.follower.follow(w, m)
+        served = {w.image.path for w in self.host.watchers}
+        self.adopted = {p: f"{m.domain}/{m.target}" for p, m in want.serve.items()
+                        if m.adopted and p in served}
 
     def carries(self, domain: str | None, target: str | None) -> bool:
         """Whether a disk's heat travels in its domain's metadata (``carry_heat``, the
@@ -297,7 +305,9 @@ class Service:
             self.host.add(w)
             self.members.opened(path, w.image.fd)   # its opens wake the loop (given paths)
             if self.members.retry:
-                log.info("libvirt: serving %s %s (%s)", m.domain, m.target, path)
+                log.info("libvirt: serving %s %s (%s)%s", m.domain, m.target, path,
+                         ", adopted: through the page cache, libvirt says cache=none"
+                         if m.adopted else "")
             self.follower.opened(w, m)
             return w
 

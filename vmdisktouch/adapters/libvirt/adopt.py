@@ -18,7 +18,7 @@ QMP goes through libvirt (``libvirt_qemu.qemuMonitorCommand``), which marks the 
 tainted (custom-monitor) from the first call: only the domain named, or one a record
 says was adopted, is asked. Whether a disk is adopted is QEMU's answer (the node's
 ``cache.direct``, ``query-named-block-nodes``), never only ours: a record in the
-runtime directory (``RECORDS``) says which domains to ask, so ``release --all`` after a
+runtime directory (``adopted``) says which domains to ask, so ``release --all`` after a
 crash of ours finds them.
 
 Every option must be restated with the value it was given (FIELD-NOTES: "Cannot change
@@ -48,16 +48,15 @@ image left in the page cache is dropped after, as it would go stale.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import time
+import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from vmdisktouch.adapters import atomic, runtime_dir
 from vmdisktouch.adapters.advice_file import advice_of, load_advice
 from vmdisktouch.adapters.libvirt import libvirt_disks
+from vmdisktouch.adapters.libvirt.adopted import forget, record, records
 from vmdisktouch.adapters.libvirt.domain_state import RUNNING, STATE_NAMES
 from vmdisktouch.adapters.libvirt.libvirt_disks import (DIRECT_CACHE_MODES, LibvirtError,
                                                         import_libvirt, libvirt_message)
@@ -65,7 +64,6 @@ from vmdisktouch.errors import ConfigError, ImageError, UsageError, VmdtError, E
 from vmdisktouch.system.hold import drop
 from vmdisktouch.system.image import open_image
 
-RECORDS = "adopted"            # under the runtime directory: one JSON file per adopted disk
 PROTOCOL_DRIVERS = ("file", "host_device")
 BUFFERED_AIO = ("threads", "io_uring")
 TAINT = "libvirt marks the domain tainted (custom-monitor)"
@@ -92,6 +90,7 @@ class Node:
     cache: str                   # libvirt's cache mode (none, directsync...)
     name: str                    # libvirt-N-storage
     options: dict                # the -blockdev JSON, as given
+    domain_id: int               # libvirt's ID of the domain's run (new at each start)
 
     @property
     def key(self) -> str:
@@ -199,7 +198,7 @@ def find_node(dom, target: str) -> Node:
     if opts.get("driver") not in PROTOCOL_DRIVERS or opts.get("filename") != d.source:
         raise Refused(f"{key}: node {name} is {opts.get('driver')} on "
                       f"{opts.get('filename')}, not the disk's {d.source}")
-    return Node(dom.name(), d.uuid, target, d.source, d.cache, name, opts)
+    return Node(dom.name(), d.uuid, target, d.source, d.cache, name, opts, int(dom.ID()))
 
 
 def direct_now(dom, node: Node) -> bool:
@@ -305,53 +304,6 @@ def release(conn, key: str) -> tuple[Node, bool]:
     return node, switched
 
 
-# --- records: which domains to ask --------------------------------------------------
-
-
-def records_dir() -> str:
-    return os.path.join(runtime_dir.runtime_dir(), RECORDS)
-
-
-def _record_path(uuid: str, target: str) -> str:
-    return os.path.join(records_dir(), f"{uuid}-{target}.json")
-
-
-def record(node: Node) -> None:
-    """Remember that ``node`` was adopted (the module docstring: which domains to ask)."""
-    os.makedirs(records_dir(), mode=0o755, exist_ok=True)
-    path = _record_path(node.uuid, node.target)
-    since = time.time()
-    try:
-        with open(path, encoding="utf-8") as f:
-            since = json.load(f).get("since", since)
-    except (OSError, ValueError):
-        pass
-    atomic.write_json(path, {"domain": node.domain, "uuid": node.uuid,
-                             "target": node.target, "path": node.path,
-                             "node": node.name, "since": since})
-
-
-def forget(uuid: str, target: str) -> None:
-    try:
-        os.unlink(_record_path(uuid, target))
-    except FileNotFoundError:
-        pass
-
-
-def records() -> list[dict]:
-    """Every adoption recorded, oldest first."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(records_dir(), "*.json"))):
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and {"domain", "uuid", "target"} <= doc.keys():
-            out.append(doc)
-    return sorted(out, key=lambda d: d.get("since", 0))
-
-
 def recorded_keys(conn) -> list[str]:
     """``DOMAIN/TARGET`` of each recorded adoption whose domain still runs a QEMU (by its
     UUID: a rename does not lose it); the records of the others go, since a domain
@@ -369,3 +321,37 @@ def recorded_keys(conn) -> list[str]:
             continue
         keys.append(f"{dom.name()}/{doc['target']}")
     return keys
+
+
+STOP_WAIT_S = 10.0      # the most a stopping service waits for libvirt to release its disks
+
+
+def release_when_stopping(uri: str, keys: list[str], wait: float = STOP_WAIT_S) -> list[str]:
+    """Release ``keys`` as the host service stops, its holds gone (no disk stays adopted
+    that nobody serves): one line each, what was done or why not. In a thread waited for
+    at most ``wait`` s, since a libvirt call can hang (``libvirt_watch``) and a stop must
+    not: what is left is said, and ``release --all`` finishes it."""
+    lines: list[str] = []
+
+    def work() -> None:
+        try:
+            conn = libvirt_disks.connect(uri, readonly=False)
+        except VmdtError as exc:
+            lines.append(f"adopted disks not released ({exc}): vmdisktouch release --all")
+            return
+        for key in keys:
+            try:
+                node, switched = release(conn, key)
+            except VmdtError as exc:
+                lines.append(f"{key}: not released: {exc}")
+                continue
+            lines.append(f"{key}: released: {node.path} with O_DIRECT again (the service "
+                         f"stopped)" if switched else f"{key}: not adopted any more")
+
+    t = threading.Thread(target=work, name="vmdisktouch-release", daemon=True)
+    t.start()
+    t.join(wait)
+    if t.is_alive():
+        lines = [*lines, f"libvirt did not answer within {wait:g} s: "
+                         f"vmdisktouch release --all releases what is left"]
+    return list(lines)

@@ -14,7 +14,9 @@ so it only helps a disk that QEMU reads and writes through that cache:
 
 * ``cache='none'`` and ``cache='directsync'`` open the image with O_DIRECT:
   the guest bypasses the host page cache, so holding pages helps nothing and
-  can collide with direct writes. Ineligible.
+  can collide with direct writes. Ineligible, unless ``vmdisktouch adopt``
+  switched this run of the domain to the page cache (``adopted``: libvirt's XML
+  does not change). Eligible then, as ``writeback``.
 * ``io='native'`` (Linux AIO) needs O_DIRECT too (QEMU refuses it without).
   Ineligible.
 * ``writethrough``, ``writeback`` and ``unsafe`` are buffered. Eligible.
@@ -50,6 +52,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, replace
 
+from vmdisktouch.adapters.libvirt import adopted
 from vmdisktouch.adapters.libvirt.domain_state import domain_state
 from vmdisktouch.config.overrides import LABEL_NS  # noqa: F401 - where labels_of looks
 from vmdisktouch.errors import VmdtError
@@ -105,6 +108,9 @@ class Disk:
     problem: str | None = field(default=None, compare=False)
     # The labels of its domain (``labels_of``), for the host service's scope.
     labels: tuple[str, ...] = ()
+    # When ``vmdisktouch adopt`` switched this run's disk to the page cache (epoch s; libvirt
+    # still says cache=none), or None (``adopted``).
+    adopted: float | None = None
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -135,7 +141,7 @@ def assess(disk: Disk) -> tuple[bool, str, str]:
         return False, ("device=lun passes SCSI commands through to the device (SG_IO), "
                        "bypassing the host page cache"), "passthrough"
     direct = []
-    if disk.cache in DIRECT_CACHE_MODES:
+    if disk.cache in DIRECT_CACHE_MODES and disk.adopted is None:
         direct.append(f"cache={disk.cache}")
     if disk.io == "native":
         direct.append("io=native")
@@ -144,6 +150,9 @@ def assess(disk: Disk) -> tuple[bool, str, str]:
     if disk.readonly or disk.device in ("cdrom", "floppy"):
         return False, (f"read-only {disk.device}: {READ_ONLY_CONSEQUENCE}"), "read_only"
     cache = f"cache={disk.cache}" + (" (QEMU default)" if disk.cache_default else "")
+    if disk.adopted is not None:
+        cache = (f"adopted {time.strftime('%Y-%m-%d %H:%M', time.localtime(disk.adopted))}; "
+                 f"libvirt says cache={disk.cache}")
     notes = [f"buffered I/O through the host page cache ({cache}, io={disk.io})"]
     if disk.format != "raw":
         notes.append(f"{disk.format}: {HOST_OFFSETS_CAVEAT}")
@@ -468,7 +477,19 @@ def list_disks(conn, *, with_units: bool = True, memo: Memo | None = None) -> li
     ``memo``: what is kept between listings (default: the process's ``MEMO``); a domain
     whose XML cannot be read is in ``memo.problems``, with its last known disks if any."""
     memo = MEMO if memo is None else memo
-    out = [disk for _, disks in _domains_and_disks(conn, with_units=with_units, memo=memo)
-           for disk in disks]
+    records = adopted.by_disk()
+    out = []
+    for dom, disks in _domains_and_disks(conn, with_units=with_units, memo=memo):
+        out.extend(disks if not records else [_adopted(d, records, dom) for d in disks])
     out.sort(key=lambda d: (d.domain, d.target))
     return out
+
+
+def _adopted(disk: Disk, records: dict, dom) -> Disk:
+    """``disk`` marked adopted when a record says its domain's run was (``adopted``)."""
+    rec = records.get((disk.uuid, disk.target))
+    if rec is None or not disk.active or rec.get("domain_id") != _domain_id(dom):
+        return disk
+    disk = replace(disk, adopted=float(rec.get("since") or 0.0))
+    disk.eligible, disk.reason, disk.code = assess(disk)
+    return disk

@@ -1,0 +1,74 @@
+"""Which disks ``vmdisktouch adopt`` switched to the page cache: one record per disk.
+
+A record (``RECORDS`` in the runtime directory, ``UUID-TARGET.json``) says that the
+disk of that domain's run (libvirt's domain ID, new at each start) was adopted, and
+since when. It is a hint, not the truth: QEMU's own ``cache.direct`` decides
+(``adopt``), and a record whose run is over (the domain stopped, or started again
+with O_DIRECT) stands for nothing. ``list_disks`` marks a running domain's disk
+adopted by it, so the host service, ``discover`` and ``run PATH`` see it through the
+page cache although libvirt still says ``cache=none``; ``release --all`` asks the
+domains it names. A record lives in ``/run``: a reboot ends every QEMU with it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+
+from vmdisktouch.adapters import atomic, runtime_dir
+
+RECORDS = "adopted"            # under the runtime directory
+
+
+def records_dir() -> str:
+    return os.path.join(runtime_dir.runtime_dir(), RECORDS)
+
+
+def _record_path(uuid: str, target: str) -> str:
+    return os.path.join(records_dir(), f"{uuid}-{target}.json")
+
+
+def record(node) -> None:
+    """Remember that ``node`` (``adopt.Node``) is adopted; ``since`` kept from an earlier
+    record of the same run."""
+    os.makedirs(records_dir(), mode=0o755, exist_ok=True)
+    path = _record_path(node.uuid, node.target)
+    since = time.time()
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("domain_id") == node.domain_id:
+            since = float(old.get("since", since))
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    atomic.write_json(path, {"domain": node.domain, "uuid": node.uuid,
+                             "target": node.target, "path": node.path, "node": node.name,
+                             "domain_id": node.domain_id, "since": since})
+
+
+def forget(uuid: str, target: str) -> None:
+    try:
+        os.unlink(_record_path(uuid, target))
+    except FileNotFoundError:
+        pass
+
+
+def records() -> list[dict]:
+    """Every adoption recorded, oldest first (an unreadable record is skipped)."""
+    out = []
+    for path in glob.glob(os.path.join(records_dir(), "*.json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and {"domain", "uuid", "target"} <= doc.keys():
+            out.append(doc)
+    return sorted(out, key=lambda d: d.get("since", 0))
+
+
+def by_disk() -> dict[tuple[str, str], dict]:
+    """The records by ``(uuid, target)``."""
+    return {(d["uuid"], d["target"]): d for d in records()}
