@@ -110,6 +110,8 @@ class DiskReport:
     mrc: dict = field(default_factory=dict)   # what the curve stands on, or why there is none
     gain: dict | None = None          # what memory served, what a GiB more would (trace)
     miss_cost: dict | None = None     # what a read the cache misses costs (observe.miss_cost)
+    adopted_since: float | None = None   # switched to the page cache by ``vmdisktouch adopt``
+    #                                      since (Unix time; libvirt says cache=none); None: not
 
     @property
     def from_memory(self) -> dict | None:

@@ -202,7 +202,8 @@ def test_the_host_service_serves_an_adopted_disk_and_releases_it_when_it_stops(
     name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
     pid = lv.qemu_pid(name)
     d = DaemonProc(tmp_path, [], "--libvirt", "--uri", lv.uri, "--min-free", "0",
-                   "--interval", "1", max_hold="32M", status="status.json",
+                   "--interval", "1", "--host-png", tmp_path / "host.png", max_hold="32M",
+                   status="status.json",
                    env={**env_without_systemd(), "VMDISKTOUCH_RUNTIME_DIR": env[
                        "VMDISKTOUCH_RUNTIME_DIR"]})
     try:
@@ -218,6 +219,11 @@ def test_the_host_service_serves_an_adopted_disk_and_releases_it_when_it_stops(
         s = d.wait_status(lambda s: s["host"]["held_bytes"] > 0, "a hold", timeout=30)
         assert d.vmlck() > 0
         assert not o_direct(pid, img)
+        disk = next(x for x in s["disks"] if x["path"] == str(img))
+        assert time.time() - 120 < disk["adopted_since"] <= time.time(), disk
+        r = vmdt("status", "--dir", tmp_path, env=env)
+        line = next(x for x in r.stdout.splitlines() if x.startswith(f"  {name}/vda"))
+        assert ", adopted 20" in line, r.stdout
         assert d.stop() == 0
         out = d.output()
         assert f"{name}/vda: released" in out, out[-3000:]

@@ -282,6 +282,8 @@ def disk_part(line: DiskLine, d: DiskReport | None) -> str:
     out += gain_part(d)
     if advised(line.budget_advice):
         out += f", its share {advice_said(line.budget_advice)}"
+    if d is not None and isinstance(d.adopted_since, (int, float)):
+        out += f", adopted {time.strftime('%Y-%m-%d %H:%M', time.localtime(d.adopted_since))}"
     if d is not None and d.events_lost:
         out += lost_part(d)
     return out

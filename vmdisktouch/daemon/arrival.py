@@ -95,7 +95,7 @@ class Follower:
     def follow(self, w, m) -> None:
         """Hold while the owning domain runs (``active`` None: no domain) and has arrived;
         name the disk by its domain and target wherever it appears."""
-        w.domain, w.target = m.domain, m.target
+        w.domain, w.target, w.adopted = m.domain, m.target, m.adopted
         # The log's label: domain/target when libvirt knows it, and the path of one of many.
         name = " ".join(([f"{m.domain}/{m.target}"] if m.domain else [])
                         + ([] if self.single else [w.image.path]))

@@ -87,7 +87,8 @@ class Emitter:
 
     def disk_report(self, r: CycleReport, c, *, path: str, domain, allotment, domain_active,
                     holding: bool, lock_cap, charges, source: dict,
-                    warmed_from: str | None = None) -> DiskReport:
+                    warmed_from: str | None = None,
+                    adopted_since: float | None = None) -> DiskReport:
         """The report of cycle ``r`` under settings ``c``; ``domain``: (domain, target) or
         Nones; ``allotment``: the last selection's (``reasons.Allotment``); ``source``: the
         access source's figures (``access_source``, ``events_lost``, ``trace``, ``spill``,
@@ -109,7 +110,8 @@ class Emitter:
             domain_active=domain_active,
             warmed_from=warmed_from,                  # "state", "metadata" or None (cold)
             holding=holding, lock_cap_bytes=lock_cap, charges=charges,
-            output_errors=self.outputs.errors, time=time.time(), **source)
+            output_errors=self.outputs.errors, time=time.time(),
+            adopted_since=adopted_since, **source)
 
     def _pictures(self, r: CycleReport, c, report: DiskReport, resident: np.ndarray,
                   held: np.ndarray, policy, holes: np.ndarray | None) -> None:

@@ -383,7 +383,8 @@ class Service:
                 wanted_bytes=None if a is None else a.wanted,
                 limited_by=None if d is None else d.limited_by,
                 curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None,
-                from_memory=None if d is None else d.from_memory))
+                from_memory=None if d is None else d.from_memory,
+                adopted=w.adopted is not None))
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1],

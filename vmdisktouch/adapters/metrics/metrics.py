@@ -223,6 +223,9 @@ class Collector:
                                     labels=LABELS + ["reason"])
         holding = GaugeMetricFamily("vmdisktouch_holding", "1 while holding is on, 0 while "
                                     "it is off (its libvirt domain shut off).", labels=LABELS)
+        adopted = GaugeMetricFamily("vmdisktouch_adopted_since_timestamp_seconds", "When "
+                                    "vmdisktouch adopt switched the disk to the page cache "
+                                    "(Unix time; no sample: not adopted).", labels=LABELS)
         info = GaugeMetricFamily("vmdisktouch_disk_info", "The disk's access source, fixed "
                                  "while it is served (1 per disk).",
                                  labels=LABELS + ["access_source"])
@@ -232,7 +235,9 @@ class Collector:
                 limited.add_metric(_labels(d) + [code], float(code == now))
             holding.add_metric(_labels(d), float(bool(d.holding)))
             info.add_metric(_labels(d) + [str(d.access_source)], 1)
-        yield from (limited, holding, info)
+            if isinstance(d.adopted_since, (int, float)):
+                adopted.add_metric(_labels(d), float(d.adopted_since))
+        yield from (limited, holding, adopted, info)
         yield from _curve_families(disks.values())
         if host is not None:
             yield _unserved_family(host.skipped or ())

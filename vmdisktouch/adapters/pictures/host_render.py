@@ -153,6 +153,7 @@ class DiskBand:
     limited_by: str | None = None    # why it holds less than it wants (daemon.reasons)
     curve: list | None = None        # [[bytes, hit ratio], ...] (core.mrc); None: none
     from_memory: dict | None = None  # its share of reads from memory (``report.reads_from_memory``)
+    adopted: bool = False            # a cache=none disk ``vmdisktouch adopt`` switched
 
 
 @dataclass(frozen=True)
@@ -381,7 +382,7 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
         fill_box(img, swatch_box(k), colour)
         x = PAD + SWATCH + 6
         draw.text((x, y), fit_text(draw, disk_key(d), LABEL - x - 8, font), fill=TEXT, font=font)
-        info = f"{short_size(d.size_bytes)} image"
+        info = f"{short_size(d.size_bytes)} image" + (", adopted" if d.adopted else "")
         if d.limited_by:
             info += f", limited by {REASONS.get(d.limited_by, d.limited_by)}"
         draw.text((x, y + LINE), fit_text(draw, info, LABEL - x - 8, font, False), fill=DIM,
