@@ -1,0 +1,118 @@
+"""The parts of ``adopt`` that need no libvirt: the disk's name on the command line, its
+node's options on QEMU's command line, the live XML's source index, an adopted disk's
+eligibility and its record's run, and the page-cache drop on a real file."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from vmdisktouch.adapters.libvirt import adopt, libvirt_disks
+from vmdisktouch.errors import UsageError
+from vmdisktouch.system.hold import drop
+from vmdisktouch.system.image import open_image
+
+
+@pytest.mark.parametrize("key,want", [("web1/vda", ("web1", "vda")),
+                                      ("a.b-c/sdb", ("a.b-c", "sdb"))])
+def test_a_disk_is_domain_slash_target(key, want):
+    assert adopt.parse_key(key) == want
+
+
+@pytest.mark.parametrize("key", ["web1", "/vda", "web1/", ""])
+def test_anything_else_is_a_usage_error(key):
+    with pytest.raises(UsageError, match="expected DOMAIN/TARGET"):
+        adopt.parse_key(key)
+
+
+def test_the_node_s_options_come_from_qemu_s_own_command_line():
+    storage = {"driver": "file", "filename": "/images/a.img", "aio": "threads",
+               "node-name": "libvirt-1-storage", "cache": {"direct": True, "no-flush": False},
+               "auto-read-only": True, "discard": "unmap"}
+    fmt = {"node-name": "libvirt-1-format", "driver": "raw", "file": "libvirt-1-storage"}
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                          "-blockdev", json.dumps(storage), "-blockdev", json.dumps(fmt),
+                          "-blockdev", "driver=file,node-name=libvirt-2-storage,filename=/b"])
+    try:
+        deadline = time.monotonic() + 10               # until it has exec'd
+        while b"-blockdev" not in open(f"/proc/{p.pid}/cmdline", "rb").read():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert adopt.creation_options(p.pid, "libvirt-1-storage") == storage
+        assert adopt.creation_options(p.pid, "libvirt-1-format") == fmt
+        assert adopt.creation_options(p.pid, "libvirt-2-storage") is None   # not JSON
+        assert adopt.creation_options(p.pid, "libvirt-9-storage") is None
+    finally:
+        p.kill()
+        p.wait()
+
+
+XML = """<domain><name>d</name><uuid>u-1</uuid><devices>
+<disk type='file' device='disk'><driver name='qemu' type='raw' cache='none' io='threads'/>
+<source file='/images/a.img' index='3'/><target dev='vda' bus='virtio'/></disk>
+<disk type='file' device='disk'><driver name='qemu' type='raw' cache='none' io='native'/>
+<source file='/images/b.img' index='2'/><target dev='vdb' bus='virtio'/></disk>
+<disk type='file' device='disk'><driver name='qemu' type='raw'/>
+<source file='/images/c.img'/><target dev='vdc' bus='virtio'/></disk>
+</devices></domain>"""
+
+
+def test_the_source_index_names_the_node():
+    assert adopt._source_index(XML, "vda") == 3
+    assert adopt._source_index(XML, "vdb") == 2
+    assert adopt._source_index(XML, "vdc") is None        # an inactive domain's XML
+    assert adopt._source_index(XML, "vdz") is None
+
+
+class Dom:
+    def __init__(self, id_):
+        self.id_ = id_
+
+    def ID(self):
+        return self.id_
+
+
+def disks(active=True):
+    return {d.target: replace(d, active=active)
+            for d in libvirt_disks.parse_domain_xml(XML, with_units=False)}
+
+
+def test_a_record_of_this_run_makes_a_cache_none_disk_eligible():
+    d = disks()["vda"]
+    assert not d.eligible and d.code == "o_direct"
+    records = {("u-1", "vda"): {"domain_id": 7, "since": 1000.0}}
+    got = libvirt_disks._adopted(d, records, Dom(7))
+    assert got.eligible and got.adopted == 1000.0 and "adopted" in got.reason, got
+    assert "cache=none" in got.reason
+
+
+@pytest.mark.parametrize("why", ["another run", "not running", "io=native", "no record"])
+def test_nothing_else_is_taken_for_adopted(why):
+    d = disks(active=why != "not running")["vdb" if why == "io=native" else "vda"]
+    records = {("u-1", d.target): {"domain_id": 7, "since": 1000.0}}
+    if why == "no record":
+        records = {}
+    got = libvirt_disks._adopted(d, records, Dom(8 if why == "another run" else 7))
+    assert not got.eligible and got.code == "o_direct", got
+
+
+def test_drop_empties_a_file_s_page_cache_and_names_who_maps_it(tmp_path):
+    path = tmp_path / "img"
+    path.write_bytes(os.urandom(4 << 20))
+    with open(path, "rb") as f:
+        f.read()                                     # cached
+    with open_image(str(path)) as image:
+        assert drop.resident_pages(image) > 0
+        assert drop.drop(image) == 0
+        assert drop.resident_pages(image) == 0
+        assert drop.mappers(str(path)) == []
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            assert m[:1]                             # a page mapped by this process
+            assert drop.mappers(str(path)) == [f"{os.getpid()} ({open('/proc/self/comm').read().strip()})"]
