@@ -367,3 +367,40 @@ def test_an_adopted_disk_migrates_and_the_destination_reads_the_last_unflushed_w
     assert "verification failed" not in log.new(), "the destination read stale bytes"
     # the destination opens it as libvirt says: O_DIRECT; nothing adopted there
     assert o_direct(dst.qemu_pid(dom), img)
+
+
+def test_the_service_adopts_what_adopt_names_and_leaves_what_the_operator_released(
+        lv, tmp_path, env):
+    img, other = image(tmp_path, "k.img"), image(tmp_path, "l.img")
+    name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
+    left = running(lv, tmp_path, disk_xml("vda", str(other), cache="none", io="threads"))
+    pid = lv.qemu_pid(name)
+    config = tmp_path / "host.toml"
+    config.write_text(f'[adopt]\ninclude = ["{name}"]\n')
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", lv.uri, "--min-free", "0",
+                   "--interval", "1", "--config", config, max_hold="32M",
+                   status="status.json", env={**env_without_systemd(),
+                                              "VMDISKTOUCH_RUNTIME_DIR": env[
+                                                  "VMDISKTOUCH_RUNTIME_DIR"]})
+    try:
+        d.wait_status(lambda s: str(img) in served_paths(s), "adopted by [adopt], served",
+                      timeout=60)
+        assert not o_direct(pid, img)
+        assert o_direct(lv.qemu_pid(left), other)            # not named: left alone
+        assert f"{name}/vda: adopted by [adopt]" in d.output()
+        r = vmdt("release", f"{name}/vda", "--uri", lv.uri, env=env)
+        assert r.returncode == 0 and "released" in r.stdout, r.stdout + r.stderr
+        d.wait_output(f"{name}/vda: released by the operator", "the refusal, said once",
+                      timeout=30)
+        cycle = d.read_status()["host"]["cycle"]
+        d.wait_status(lambda s: s["host"]["cycle"] >= cycle + 3, "three cycles", timeout=30)
+        assert o_direct(pid, img) and str(img) not in served_paths(d.read_status())
+        assert d.output().count("released by the operator") == 1, d.output()[-3000:]
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)   # the operator asks
+        assert r.returncode == 0, r.stderr
+        d.wait_status(lambda s: str(img) in served_paths(s), "served again", timeout=30)
+        assert d.stop() == 0
+        assert f"{name}/vda: released" in d.output().split("received SIGTERM")[-1]
+        assert o_direct(pid, img)
+    finally:
+        d.cleanup()

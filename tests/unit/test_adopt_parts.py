@@ -116,3 +116,55 @@ def test_drop_empties_a_file_s_page_cache_and_names_who_maps_it(tmp_path):
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
             assert m[:1]                             # a page mapped by this process
             assert drop.mappers(str(path)) == [f"{os.getpid()} ({open('/proc/self/comm').read().strip()})"]
+
+
+def rules(adopt_table, scope=None):
+    from vmdisktouch.config import overrides
+    return overrides.Rules({}, overrides.parse_scope(scope, "host.toml"),
+                           overrides.parse_scope(adopt_table, "host.toml", None, "adopt"))
+
+
+def test_adopt_is_off_unless_an_include_names_the_domain():
+    assert not rules(None).adopts("web1", "vda", ())
+    assert not rules({}).adopts("web1", "vda", ())
+    assert not rules({"exclude": ["db*"]}).adopts("web1", "vda", ())
+    assert rules({"include": ["web*"]}).adopts("web1", "vda", ())
+    assert rules({"include_labels": ["adopt"]}).adopts("x", "vda", ("tenant", "adopt"))
+    assert not rules({"include_labels": ["adopt"]}).adopts("x", "vda", ("tenant",))
+
+
+def test_an_exclude_or_the_scope_wins_over_an_adopt_include():
+    assert not rules({"include": ["*"], "exclude": ["web1"]}).adopts("web1", "vda", ())
+    assert not rules({"include": ["*"], "exclude_labels": ["no"]}).adopts("w", "vda", ("no",))
+    assert not rules({"include": ["*"]}, {"exclude": ["web*"]}).adopts("web1", "vda", ())
+
+
+def test_a_bad_adopt_table_names_itself():
+    from vmdisktouch.config import overrides
+    from vmdisktouch.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"host.toml: \[adopt\]: include must be a list"):
+        overrides.parse_scope({"include": "web*"}, "host.toml", None, "adopt")
+
+
+def test_the_adopter_tries_a_candidate_once_and_a_not_now_again_later():
+    from vmdisktouch.daemon import adoption
+    now = [0.0]
+    a = adoption.Adopter("qemu:///nowhere", clock=lambda: now[0])
+    a._thread = object()                       # no worker: the queue is read here
+    a.want(["d/vda", "e/vda"])
+    got = [a._queue.get_nowait(), a._queue.get_nowait()]
+    assert got == ["d/vda", "e/vda"] and a._queue.empty()
+    a._tried.update({"d/vda": ("later", 0.0), "e/vda": ("refused", 0.0)})
+    a.want(["d/vda", "e/vda"])
+    assert a._queue.empty()                    # too soon, and refused
+    now[0] = adoption.RETRY_S
+    a.want(["d/vda", "e/vda"])
+    assert a._queue.get_nowait() == "d/vda" and a._queue.empty()
+    a.want([])                                 # no longer candidates (pending stays)
+    assert set(a._tried) == {"d/vda"}
+    a._tried["d/vda"] = ("refused", now[0])
+    a.want(["d/vda"])
+    assert a._queue.empty()
+    a.forget_refusals()                        # a reload
+    a.want(["d/vda"])
+    assert a._queue.get_nowait() == "d/vda"

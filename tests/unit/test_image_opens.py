@@ -47,6 +47,7 @@ NOT_AN_IMAGE = {
     ("adapters/libvirt/adopt.py", "creation_options"): "/proc/PID/cmdline",
     ("adapters/libvirt/adopted.py", "record"): "an adoption's record in the runtime directory",
     ("adapters/libvirt/adopted.py", "records"): "an adoption's record in the runtime directory",
+    ("adapters/libvirt/adopted.py", "held_back"): "a disk's released mark in the runtime directory",
     ("system/hold/drop.py", "mappers"): "/proc/PID/maps and comm",
     ("adapters/outputs.py", "_head"): "an output file's first bytes",
     ("adapters/runtime_dir.py", "_writer"): "a status file in the runtime directory",

@@ -44,7 +44,7 @@ def main(args) -> int:
     failed = 0
     for key in keys:
         try:
-            node, switched = adopt.release(conn, key)
+            node, switched = adopt.release(conn, key, by_operator=True)
         except VmdtError as exc:
             if not args.all:
                 raise

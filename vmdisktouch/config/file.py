@@ -72,7 +72,7 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
     by ``settings.resolve``); every one has been checked with the setting's
     parser, so a bad value fails here even if the command line overrides it.
     ``warnings`` has one line naming the unknown keys at the top level, then
-    one per ``[domain...]`` or ``[scope]`` table with unknown keys (``overrides``). Only a
+    one per ``[domain...]``, ``[scope]`` or ``[adopt]`` table with unknown keys (``overrides``). Only a
     regular file of at most ``MAX_CONFIG_BYTES`` is read (``configread``).
     """
     data = configread.parse_toml(path, configread.read_text(path))
@@ -86,6 +86,9 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
         if key == overrides.SCOPE:          # ... and which domains it serves
             overrides.parse_scope(value, path, table_warnings)
             continue
+        if key == overrides.ADOPT:          # ... and which cache=none disks it adopts
+            overrides.parse_scope(value, path, table_warnings, overrides.ADOPT)
+            continue
         setting = BY_KEY.get(key)
         if setting is None:
             unknown.append(key)
@@ -97,13 +100,16 @@ def load(path: str) -> tuple[dict[str, Any], list[str]]:
 
 
 def load_rules(path: str | None) -> overrides.Rules:
-    """The ``[domain...]`` tables and the ``[scope]`` of the config file (``overrides``);
+    """The ``[domain...]`` tables, the ``[scope]`` and the ``[adopt]`` of the config file
+    (``overrides``);
     none without a file."""
     if not path:
         return overrides.Rules({})
     data = configread.parse_toml(path, configread.read_text(path))
     return overrides.Rules(overrides.parse(data.get(overrides.TABLE), path),
-                           overrides.parse_scope(data.get(overrides.SCOPE), path))
+                           overrides.parse_scope(data.get(overrides.SCOPE), path),
+                           overrides.parse_scope(data.get(overrides.ADOPT), path, None,
+                                                 overrides.ADOPT))
 
 
 def _where(path: str, key: str) -> str:

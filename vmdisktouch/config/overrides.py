@@ -38,6 +38,11 @@ exclude wins. A label is a word in the domain's ``<label>`` element of the names
 ``LABEL_NS`` (``virsh metadata``; docs/configuration.md). ``Rules.out_of_scope``
 is the one verdict, used by the host service and by ``discover``.
 
+Which ``cache=none`` disks the host service adopts by itself (``[adopt]``, the same four
+keys; ``vmdisktouch adopt``, docs/adopt.md): none unless an include or an include_labels
+matches the domain, and never one an exclude matches (``Rules.adopts``). Off by default:
+an empty or missing table adopts nothing.
+
 The host service asks that verdict for every disk each cycle, so its cost must not
 grow with the cycles: each list is compiled once, when the file is read (``Globs``:
 a set of the names without a wildcard, one regular expression of the others), and
@@ -68,6 +73,7 @@ SCOPE = "scope"
 # element in this namespace of its <metadata> (``libvirt_disks.labels_of``)
 LABEL_NS = "http://vmdisktouch.org/xmlns/label/1"
 SCOPE_KEYS = ("include", "exclude", "include_labels", "exclude_labels")
+ADOPT = "adopt"             # [adopt]: the same keys, for the disks the service adopts
 MAX_SCOPE_PATTERNS = 1000   # globs in one [scope] list (the module docstring)
 MEMO_NAMES = 4096           # names whose match a ``Globs`` keeps; then it starts again
 WILDCARDS = frozenset("*?[")
@@ -154,7 +160,7 @@ def for_disk(overrides: Overrides, domain: str, target: str) -> Override:
 
 
 # docs/configuration.md's section on these tables (``settings.configuration_doc``)
-DOC = f"""## The host service's domains: `[domain...]` and `[scope]`
+DOC = f"""## The host service's domains: `[domain...]`, `[scope]` and `[adopt]`
 
 In the host service's file (`/etc/vmdisktouch/host.toml`, `run --libvirt`), and
 read by any `run` whose disks a libvirt domain uses.
@@ -201,6 +207,22 @@ status` lists each disk not served with its code and reason, and the metric
 `vmdisktouch_disk_unserved` has one series per such disk (docs/metrics.md).
 A bad value (not a list of non-empty strings) stops the start with one line
 naming the file and the key (exit 78; at a reload, the current settings stay).
+
+`[adopt]` says which `cache=none` disks the service switches to the host page
+cache by itself, as `vmdisktouch adopt` does ([adopt.md](adopt.md)), with the
+four keys of `[scope]`. Off by default: a disk is adopted only when an
+`include` or `include_labels` names its domain, and never when an `exclude` or
+`exclude_labels` does, when `[scope]` leaves it out, when advise's last report
+said it gains nothing, or when the operator released it (`vmdisktouch
+release`) since its domain started. Each refusal is said once; a domain paused,
+migrating or running a job is tried again 30 s later. The service serves an
+adopted disk within the one budget, and releases what it adopted when it stops.
+
+```toml
+[adopt]
+include_labels = ["adopt"]
+exclude = ["db-*"]
+```
 """
 
 
@@ -276,14 +298,16 @@ class Scope:
             object.__setattr__(self, key, _globs(getattr(self, key)))
 
 
-def parse_scope(data: Any, path: str, warnings: list[str] | None = None) -> Scope:
-    """The ``[scope]`` table, checked: each key a list of non-empty strings (ConfigError
-    naming the file and the key); unknown keys are a warning, as in ``parse``."""
+def parse_scope(data: Any, path: str, warnings: list[str] | None = None,
+                table: str = SCOPE) -> Scope:
+    """The ``[scope]`` table (or ``[adopt]``: ``table``), checked: each key a list of
+    non-empty strings (ConfigError naming the file and the key); unknown keys are a
+    warning, as in ``parse``."""
     if data is None:
         return Scope()
-    where = f"{path}: [{SCOPE}]"
+    where = f"{path}: [{table}]"
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: key {SCOPE} must be a table: [{SCOPE}] with "
+        raise ConfigError(f"{path}: key {table} must be a table: [{table}] with "
                           f"{', '.join(SCOPE_KEYS)}")
     got: dict[str, tuple[str, ...]] = {}
     for key, value in data.items():
@@ -313,9 +337,20 @@ class Rules:
     the ``[scope]``."""
     per: Overrides
     scope: Scope = Scope()
+    adopt: Scope = Scope()
 
     def for_disk(self, domain: str, target: str) -> Override:
         return for_disk(self.per, domain, target)
+
+    def adopts(self, domain: str, target: str, labels: tuple[str, ...]) -> bool:
+        """Whether the host service adopts this ``cache=none`` disk by itself (the module
+        docstring): in scope, matched by an ``[adopt]`` include, no ``[adopt]`` exclude."""
+        a = self.adopt
+        if self.out_of_scope(domain, target, labels) is not None:
+            return False
+        if a.exclude.first((domain,)) is not None or a.exclude_labels.first(labels) is not None:
+            return False
+        return a.include.first((domain,)) is not None or a.include_labels.first(labels) is not None
 
     def out_of_scope(self, domain: str, target: str,
                      labels: tuple[str, ...]) -> tuple[str, str] | None:

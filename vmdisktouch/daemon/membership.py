@@ -63,6 +63,8 @@ class Want:
     serve: dict[str, Member]                                # image path -> member
     # (domain, target) -> (code, why): ``report.UNSERVED``'s code, the reason in words
     skipped: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # the skipped a ``vmdisktouch adopt`` could switch -> their domain's labels (``[adopt]``)
+    adoptable: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
 
 class GivenPaths:
@@ -160,7 +162,7 @@ class RunningDomains:
         w = libvirt_watch.wanted(listed)
         return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving, d.activated,
                             d.labels, d.adopted) for p, d in w.serve.items()},
-                    dict(w.skipped))
+                    dict(w.skipped), dict(w.adoptable))
 
     def close(self) -> None:
         self.watch.close()

@@ -51,7 +51,7 @@ from vmdisktouch.adapters.systemd import journal, sdnotify
 from vmdisktouch.adapters import outputs, runtime_dir
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
-from vmdisktouch.daemon import arrival, carry
+from vmdisktouch.daemon import adoption, arrival, carry
 from vmdisktouch.daemon import served as served_mod
 from vmdisktouch.daemon.budgetlog import BudgetLog
 from vmdisktouch.daemon.emit import status_bytes
@@ -158,6 +158,8 @@ class Service:
         self.started = False
         self.default_status: str | None = None    # ``runtime_dir``: written without --status
         self.adopted: dict[str, str] = {}     # path -> DOMAIN/TARGET: served, adopted
+        self.adopter = (adoption.Adopter(args.uri) if isinstance(self.members, RunningDomains)
+                        else None)               # [adopt]: the host service's own adoptions
 
     def pace(self, seconds: float) -> bool:
         """The holder's sleep between paced loads: the watchdog is fed, a stop ends it."""
@@ -227,9 +229,13 @@ class Service:
             self.host.close()
         finally:
             self.members.close()
-        if self.adopted:            # holds gone: the disks go back to O_DIRECT with them
+        if self.adopter is not None:
+            self.adopter.close()
+        stopping = set(self.adopted.values()) | (
+            self.adopter.adopted if self.adopter is not None else set())
+        if stopping:                # holds gone: the disks go back to O_DIRECT with them
             from vmdisktouch.adapters.libvirt import adopt
-            for line in adopt.release_when_stopping(self.args.uri, sorted(self.adopted.values())):
+            for line in adopt.release_when_stopping(self.args.uri, sorted(stopping)):
                 log.info("%s", line)
         if self.started:
             log.info("released all holds")
@@ -263,7 +269,9 @@ class Service:
         self.skipped = dict(want.skipped)
         served = {w.image.path: w for w in self.host.watchers}
         for path in sorted(set(served) - set(want.serve)):
-            self.host.remove(path, left.get(path, "no running domain uses it any more"))
+            self.host.remove(path, left.get(path, (
+                "released from adoption: QEMU opens it with O_DIRECT again"
+                if path in self.adopted else "no running domain uses it any more")))
         for path, m in sorted(want.serve.items()):
             w = served.get(path)
             if w is None:
@@ -273,6 +281,10 @@ class Service:
         served = {w.image.path for w in self.host.watchers}
         self.adopted = {p: f"{m.domain}/{m.target}" for p, m in want.serve.items()
                         if m.adopted and p in served}
+        if self.adopter is not None:
+            self.adopter.want(sorted(f"{d}/{t}" for (d, t), labels in want.adoptable.items()
+                                     if (d, t) in want.skipped
+                                     and self.rules.adopts(d, t, labels)))
 
     def carries(self, domain: str | None, target: str | None) -> bool:
         """Whether a disk's heat travels in its domain's metadata (``carry_heat``, the
@@ -425,6 +437,8 @@ class Service:
         released = sum(self.host.each(lambda w: w.reconfigure(
             served_mod.disk_config(new, w.image.path))))
         self.rules = rules
+        if self.adopter is not None:
+            self.adopter.forget_refusals()
         if self.carrier is not None:
             self.carrier.interval = new.carry_interval
         released += self.host.set_budget(new.max_hold)

@@ -56,7 +56,8 @@ from dataclasses import dataclass
 
 from vmdisktouch.adapters.advice_file import advice_of, load_advice
 from vmdisktouch.adapters.libvirt import libvirt_disks
-from vmdisktouch.adapters.libvirt.adopted import forget, record, records
+from vmdisktouch.adapters.libvirt.adopted import (forget, held_back, hold_back, let_go, record,
+                                                  records)
 from vmdisktouch.adapters.libvirt.domain_state import RUNNING, STATE_NAMES
 from vmdisktouch.adapters.libvirt.libvirt_disks import (DIRECT_CACHE_MODES, LibvirtError,
                                                         import_libvirt, libvirt_message)
@@ -245,12 +246,21 @@ def _advised_against(node: Node, advice_path: str) -> str | None:
     return None
 
 
-def adopt(conn, key: str, *, advice_path: str, force: bool = False) -> Node:
-    """Switch the disk ``key`` (``DOMAIN/TARGET``) to the page cache (module docstring)."""
+def adopt(conn, key: str, *, advice_path: str, force: bool = False,
+          by_config: bool = False) -> Node:
+    """Switch the disk ``key`` (``DOMAIN/TARGET``) to the page cache (module docstring).
+    ``by_config``: the host service's ``[adopt]`` asks, not the operator: a disk the
+    operator released in this run of its domain is refused (``adopted.hold_back``); the
+    operator's own adopt lets it go."""
     domain, target = parse_key(key)
     dom = lookup(conn, domain)
     _running(dom, key)
     node = find_node(dom, target)
+    if by_config and held_back(node):
+        raise Refused(f"{key}: released by the operator since the domain started: "
+                      f"vmdisktouch adopt {key} takes it back")
+    if not by_config:
+        let_go(node.uuid, node.target)
     if node.cache not in DIRECT_CACHE_MODES:
         raise Refused(f"{key}: cache={node.cache} goes through the page cache already: "
                       f"serve it as it is")
@@ -286,9 +296,10 @@ def adopt(conn, key: str, *, advice_path: str, force: bool = False) -> Node:
     return node
 
 
-def release(conn, key: str) -> tuple[Node, bool]:
+def release(conn, key: str, *, by_operator: bool = False) -> tuple[Node, bool]:
     """Switch the disk ``key`` back to O_DIRECT; ``(node, switched)``, False when QEMU
-    had it on O_DIRECT already. Its record goes either way."""
+    had it on O_DIRECT already. Its record goes either way; ``by_operator``: the host
+    service's ``[adopt]`` leaves it so for this run of the domain (``adopted.hold_back``)."""
     domain, target = parse_key(key)
     dom = lookup(conn, domain)
     node = find_node(dom, target)
@@ -301,6 +312,8 @@ def release(conn, key: str) -> tuple[Node, bool]:
         except ImageError:
             pass                                   # nothing to drop
     forget(node.uuid, node.target)
+    if by_operator:
+        hold_back(node)
     return node, switched
 
 

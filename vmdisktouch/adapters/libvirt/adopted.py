@@ -48,6 +48,36 @@ def record(node) -> None:
                              "domain_id": node.domain_id, "since": since})
 
 
+HELD_BACK = ".released"      # a disk the operator released: not adopted again by [adopt]
+
+
+def hold_back(node) -> None:
+    """The operator released ``node`` (``vmdisktouch release``): the host service's
+    ``[adopt]`` does not take it again in this run of its domain, until the operator adopts
+    it (``let_go``)."""
+    os.makedirs(records_dir(), mode=0o755, exist_ok=True)
+    atomic.write_json(_record_path(node.uuid, node.target) + HELD_BACK,
+                      {"domain": node.domain, "target": node.target,
+                       "domain_id": node.domain_id, "since": time.time()})
+
+
+def held_back(node) -> bool:
+    """Whether the operator released ``node`` in this run of its domain (``hold_back``)."""
+    try:
+        with open(_record_path(node.uuid, node.target) + HELD_BACK, encoding="utf-8") as f:
+            return json.load(f).get("domain_id") == node.domain_id
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def let_go(uuid: str, target: str) -> None:
+    """The operator adopted the disk: ``[adopt]`` may take it again (``hold_back``)."""
+    try:
+        os.unlink(_record_path(uuid, target) + HELD_BACK)
+    except FileNotFoundError:
+        pass
+
+
 def forget(uuid: str, target: str) -> None:
     try:
         os.unlink(_record_path(uuid, target))

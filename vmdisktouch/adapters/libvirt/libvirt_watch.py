@@ -58,7 +58,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vmdisktouch.adapters.libvirt import libvirt_disks
 from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI, Disk, LibvirtError
@@ -79,6 +79,9 @@ class Wanted:
     """The disks to serve (by path) and those left out, with their reasons."""
     serve: dict[str, Disk]                                # image path -> its disk
     skipped: dict[tuple[str, str], tuple[str, str]]       # (domain, target) -> (code, why)
+    # skipped for O_DIRECT alone, a local file or device that ``vmdisktouch adopt`` could
+    # switch: (domain, target) -> its domain's labels (``[adopt]``)
+    adoptable: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
 
 def wanted(disks: list[Disk]) -> Wanted:
@@ -86,6 +89,7 @@ def wanted(disks: list[Disk]) -> Wanted:
     finds eligible, the others listed with its reason (the one verdict)."""
     serve: dict[str, Disk] = {}
     skipped: dict[tuple[str, str], tuple[str, str]] = {}
+    adoptable: dict[tuple[str, str], tuple[str, ...]] = {}
     for d in disks:
         if not d.active:
             continue
@@ -93,7 +97,9 @@ def wanted(disks: list[Disk]) -> Wanted:
             serve.setdefault(d.source, d)
         else:
             skipped[(d.domain, d.target)] = (d.code, d.reason)
-    return Wanted(serve, skipped)
+            if d.code == "o_direct" and d.io != "native" and not d.readonly:
+                adoptable[(d.domain, d.target)] = d.labels
+    return Wanted(serve, skipped, adoptable)
 
 
 def owners(disks: list[Disk], path: str) -> list[Disk]:
