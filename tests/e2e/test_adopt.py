@@ -234,7 +234,7 @@ def test_the_host_service_serves_an_adopted_disk_and_releases_it_when_it_stops(
         assert o_direct(pid, img) and node_direct(lv, name)
         assert not list((tmp_path / "run").glob("adopted/*.json"))
     finally:
-        d.cleanup()
+        d.stop()
 
 
 def test_after_a_sigkill_the_restarted_service_takes_its_adopted_disks_back_then_releases_them(
@@ -258,7 +258,7 @@ def test_after_a_sigkill_the_restarted_service_takes_its_adopted_disks_back_then
                           timeout=60)
         first.kill()                                    # SIGKILL: nothing released
     finally:
-        first.cleanup()
+        first.kill()
     assert not o_direct(pid, a) and not o_direct(pid, b)
     (tmp_path / "status.json").unlink()
     second = service("second.log")
@@ -274,7 +274,7 @@ def test_after_a_sigkill_the_restarted_service_takes_its_adopted_disks_back_then
         for target in ("vda", "vdb"):
             assert out.count(f"{name}/{target}: released") == 1, out[-3000:]
     finally:
-        second.cleanup()
+        second.stop()
     assert o_direct(pid, a) and o_direct(pid, b)
 
 
@@ -403,4 +403,4 @@ def test_the_service_adopts_what_adopt_names_and_leaves_what_the_operator_releas
         assert f"{name}/vda: released" in d.output().split("received SIGTERM")[-1]
         assert o_direct(pid, img)
     finally:
-        d.cleanup()
+        d.stop()
