@@ -38,7 +38,8 @@ sys.path.insert(0, ROOT)
 from benchmarks.report import provenance  # noqa: E402
 from tests.support.blockdev import loop_device, read_throttle  # noqa: E402
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
-from tests.support.common import require_tool  # noqa: E402
+from tests.support.common import require_tool, stop_process  # noqa: E402
+from tests.support.images import evict  # noqa: E402
 
 MiB = 1 << 20
 SIZE, HOT = 1024 * MiB, 64 * MiB
@@ -68,15 +69,6 @@ class Qmp:
 
     def close(self):
         self.sock.close()
-
-
-def evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def fio(uri: str, name: str, *, offset: int, size: int, depth: int, seconds: float,
@@ -135,12 +127,7 @@ def one_mode(work: str, image: str, aio: str, seconds: float, cg: MemoryCgroup) 
                 "beside_iops": beside[0], "beside_us": beside[1],
                 "miss_iops": misses[0], "miss_us": misses[1]}
     finally:
-        qsd.terminate()
-        try:
-            qsd.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            qsd.kill()
-            qsd.wait()
+        stop_process(qsd)
 
 
 def rounds(work: str, image: str, args) -> list[dict]:

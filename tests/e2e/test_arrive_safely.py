@@ -45,11 +45,12 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.support.arrival_env import (STILL_IN_USE, CheckedQemu, QemuLog, SlowFeed,
-                               checked_domain_xml, vsh)
+                               checked_domain_xml, qemu_io_at, vsh)
 from tests.support.libvirt_env import PREFIX, disk_xml, libvirt_daemons  # noqa: F401
 from tests.support.images import evict
 from tests.support.pagecache import data_image
-from tests.support.private_libvirt import PrivateLibvirtd, own_libvirtd  # noqa: F401
+from tests.support.private_libvirt import (PrivateLibvirtd, own_libvirtd,  # noqa: F401
+                                           shared_storage)
 from tests.support.common import ROOT, free_port
 from tests.support.daemon_proc import DaemonProc
 from vmdisktouch.adapters.libvirt import domain_heat as dh
@@ -270,13 +271,6 @@ def two_libvirtds(libvirt_daemons, tmp_path):
     src.close()
 
 
-def qemu_io_at(uri: str, name: str, command: str) -> str:
-    out = vsh(uri, "qemu-monitor-command", name, "--hmp",
-              f'qemu-io -d /machine/peripheral/virtio-disk0/virtio-backend "{command}"')
-    assert "error" not in out.lower() and "failed" not in out.lower(), out
-    return out
-
-
 FILLED = 96 * MiB                  # guest RAM filled with random bytes: the stream's length
 SPEED_MIB = 16                     # migrate-setspeed: about 6 s of incoming
 
@@ -335,24 +329,9 @@ def resume_later(b, dst, dom, log):
 
 @pytest.fixture
 def two_hosts(libvirt_daemons, tmp_path, checked_qemu):
-    """Two libvirtds as two hosts on shared storage: each mounts one directory with bindfs
-    and ``kernel_cache`` at the same path in its own mount namespace, so each has its own
-    page cache over the same image (a write through one leaves the other's cached pages
-    as they were until they are dropped)."""
-    store = tmp_path / "store"
-    store.mkdir()
-    shared = checked_qemu.dir / f"shared-{uuid.uuid4().hex[:8]}"
-    shared.mkdir()
-    src = PrivateLibvirtd(tmp_path, name="src", fuse=(store, shared))
-    try:
-        dst = PrivateLibvirtd(tmp_path, name="dst", fuse=(store, shared))
-    except BaseException:
-        src.close()
-        raise
-    yield src, dst, store, shared
-    dst.close()
-    src.close()
-    shared.rmdir()
+    """Two libvirtds as two hosts on shared storage (``private_libvirt.shared_storage``)."""
+    with shared_storage(tmp_path, checked_qemu.dir) as hosts:
+        yield hosts
 
 
 NEW = "0x5a"

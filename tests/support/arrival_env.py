@@ -153,3 +153,11 @@ def vsh(uri: str, *args: str, check: bool = True, timeout: float = 300) -> str:
     if check and r.returncode != 0:
         raise AssertionError(f"virsh -c {uri} {' '.join(args)}: {r.stderr.strip()}")
     return r.stdout
+
+
+def qemu_io_at(uri: str, name: str, command: str) -> str:
+    """A qemu-io command on the domain's first virtio disk, through its monitor."""
+    out = vsh(uri, "qemu-monitor-command", name, "--hmp",
+              f'qemu-io -d /machine/peripheral/virtio-disk0/virtio-backend "{command}"')
+    assert "error" not in out.lower() and "failed" not in out.lower(), out
+    return out

@@ -25,6 +25,7 @@ still alive after that (the namespaces end with it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -212,6 +213,31 @@ class PrivateLibvirtd:
                 except ProcessLookupError:
                     pass
         pidfile.unlink()
+
+
+@contextlib.contextmanager
+def shared_storage(tmp_path: Path, mounts: Path):
+    """Two libvirtds as two hosts on shared storage: each mounts one directory
+    (``tmp_path/store``) with bindfs ``kernel_cache`` at the same path (a new directory
+    under ``mounts``) in its own mount namespace, so each has its own page cache over the
+    same image (a write through one leaves the other's cached pages as they were until
+    they are dropped). Yields ``(src, dst, store, shared)``."""
+    store = tmp_path / "store"
+    store.mkdir()
+    shared = mounts / f"shared-{uuid.uuid4().hex[:8]}"
+    shared.mkdir()
+    src = PrivateLibvirtd(tmp_path, name="src", fuse=(store, shared))
+    try:
+        dst = PrivateLibvirtd(tmp_path, name="dst", fuse=(store, shared))
+    except BaseException:
+        src.close()
+        raise
+    try:
+        yield src, dst, store, shared
+    finally:
+        dst.close()
+        src.close()
+        shared.rmdir()
 
 
 @pytest.fixture
