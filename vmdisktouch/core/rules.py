@@ -176,6 +176,25 @@ RULES = (
          "A verdict said stands at least this long, whatever its curve's noise says, unless "
          "the disk's share moves past the verdict's margin (a new max_hold, a disk added or "
          "gone).", "core.advice"),
+    # -- an adopted disk is never slower (core.never_slower) --
+    Rule("ADOPT_WINDOW_S", 10.0, "s",
+         "The guest's I/O (QEMU's accounting) is compared in windows this long, before the "
+         "switch and after it.", "core.never_slower"),
+    Rule("ADOPT_BASELINE_WINDOWS", 3, "windows",
+         "Windows timed before the switch: the baseline, and their spread the disk's noise.",
+         "core.never_slower"),
+    Rule("ADOPT_SETTLE_WINDOWS", 2, "windows",
+         "Windows after the switch not judged: the page cache starts empty.",
+         "core.never_slower"),
+    Rule("ADOPT_MARGIN", 0.05, "of the mean I/O time",
+         "A window is slower when its mean I/O time (at the baseline's mix) is above the "
+         "baseline's by more than this plus the noise.", "core.never_slower"),
+    Rule("ADOPT_SLOW_WINDOWS", 2, "windows",
+         "Slower windows in a row that release an adopted disk by itself.",
+         "core.never_slower"),
+    Rule("ADOPT_MIN_OPS", 50, "I/Os",
+         "A window with fewer I/Os is not judged (and breaks no run of slower ones).",
+         "core.never_slower"),
 )
 
 BY_NAME = {r.name: r for r in RULES}
@@ -216,3 +235,9 @@ ADVISE_MIN_REREADS = BY_NAME["ADVISE_MIN_REREADS"].value
 ADVISE_COVER = BY_NAME["ADVISE_COVER"].value
 VERDICT_CONFIRM_SECONDS = BY_NAME["VERDICT_CONFIRM_SECONDS"].value
 VERDICT_HOLD_SECONDS = BY_NAME["VERDICT_HOLD_SECONDS"].value
+ADOPT_WINDOW_S = BY_NAME["ADOPT_WINDOW_S"].value
+ADOPT_BASELINE_WINDOWS = BY_NAME["ADOPT_BASELINE_WINDOWS"].value
+ADOPT_SETTLE_WINDOWS = BY_NAME["ADOPT_SETTLE_WINDOWS"].value
+ADOPT_MARGIN = BY_NAME["ADOPT_MARGIN"].value
+ADOPT_SLOW_WINDOWS = BY_NAME["ADOPT_SLOW_WINDOWS"].value
+ADOPT_MIN_OPS = BY_NAME["ADOPT_MIN_OPS"].value
