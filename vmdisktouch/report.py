@@ -112,6 +112,9 @@ class DiskReport:
     miss_cost: dict | None = None     # what a read the cache misses costs (observe.miss_cost)
     adopted_since: float | None = None   # switched to the page cache by ``vmdisktouch adopt``
     #                                      since (Unix time; libvirt says cache=none); None: not
+    adopted_gain: float | None = None    # the guest's mean I/O time before the switch over
+    #                                      since (``core.never_slower``); None: not measured
+    advised_gain: float | None = None    # what advise forecast of the same ratio
 
     @property
     def from_memory(self) -> dict | None:
@@ -193,6 +196,8 @@ UNSERVED = {
     "no_source": "no source: an empty drive",
     "passthrough": "device=lun: SCSI commands passed through (SG_IO)",
     "o_direct": "opened with O_DIRECT (cache=none/directsync, io=native)",
+    "adopt_slower": "adopted, then released by the service because the guest's I/O got "
+                    "slower (vmdisktouch adopt takes it back)",
     "read_only": "read-only: a CD-ROM, a floppy, <readonly/>",
     "excluded": "excluded by the config file ([scope] exclude or exclude_labels, or "
                 "[domain...] exclude = true)",

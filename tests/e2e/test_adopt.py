@@ -29,6 +29,8 @@ from tests.support.pagecache import data_image, fincore_pages, vmtouch_pages
 from tests.support.private_libvirt import PrivateLibvirtd, shared_storage
 
 MiB = 1 << 20
+UNTIMED = ("--measure", "0")       # adopt without timing the guest first (the never-slower
+#                                    test times it)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,7 @@ def test_adopt_then_release_switches_the_descriptor_and_keeps_every_flushed_writ
     pid = lv.qemu_pid(name)
     assert o_direct(pid, img) and node_direct(lv, name)
     for cycle in range(20):
-        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, env=env)
         assert r.returncode == 0, r.stderr
         assert f"{name}/vda: adopted" in r.stdout
         assert not o_direct(pid, img) and not node_direct(lv, name)
@@ -125,7 +127,7 @@ def test_adopt_drops_the_image_s_pages_before_qemu_reads_through_them(lv, tmp_pa
         f.seek(56 * MiB)
         f.read(8 * MiB)
     assert fincore_pages(img) >= 8 * MiB // mmap.PAGESIZE
-    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, env=env)
     assert r.returncode == 0, r.stderr
     # all gone (QEMU's reopen reads its first pages again: the planted ones are checked)
     assert vmtouch_pages(img, "56M-64M") == 0
@@ -147,14 +149,14 @@ def test_a_page_that_will_not_leave_the_page_cache_refuses_the_adoption(lv, tmp_
         while fincore_pages(img) < MiB // mmap.PAGESIZE:
             assert locker.poll() is None and time.monotonic() < deadline, "vmtouch -l"
             time.sleep(0.1)
-        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, env=env)
         last = assert_refused(r, 78, "stay in this host's page cache")
         assert f"{locker.pid} (vmtouch)" in last, last
         assert o_direct(lv.qemu_pid(name), img) and node_direct(lv, name)
     finally:
         locker.kill()
         locker.wait()
-    assert vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env).returncode == 0
+    assert vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, env=env).returncode == 0
     assert vmdt("release", f"{name}/vda", "--uri", lv.uri, env=env).returncode == 0
 
 
@@ -163,14 +165,14 @@ def test_refusals_leave_qemu_as_it_was(lv, tmp_path, env):
     name = running(lv, tmp_path, disk_xml("vda", str(a), cache="none", io="threads"),
                    disk_xml("vdb", str(b), cache="none", io="native"))
     pid = lv.qemu_pid(name)
-    assert_refused(vmdt("adopt", f"{name}/vdb", "--uri", lv.uri, env=env), 78,
+    assert_refused(vmdt("adopt", f"{name}/vdb", "--uri", lv.uri, *UNTIMED, env=env), 78,
                    "io=native")
-    assert_refused(vmdt("adopt", f"{name}/vdz", "--uri", lv.uri, env=env), 78,
+    assert_refused(vmdt("adopt", f"{name}/vdz", "--uri", lv.uri, *UNTIMED, env=env), 78,
                    "no such disk")
-    assert_refused(vmdt("adopt", "no-such-domain/vda", "--uri", lv.uri, env=env), 78,
+    assert_refused(vmdt("adopt", "no-such-domain/vda", "--uri", lv.uri, *UNTIMED, env=env), 78,
                    "no-such-domain")
     lv.virsh("suspend", name)
-    assert_refused(vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env), 75, "paused")
+    assert_refused(vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, env=env), 75, "paused")
     lv.virsh("resume", name)
     advice = tmp_path / "advise.json"
     advice.write_text(json.dumps({
@@ -178,10 +180,11 @@ def test_refusals_leave_qemu_as_it_was(lv, tmp_path, env):
             "domain": name, "target": "vda", "path": str(a), "advice": {
                 "verdict": "no_gain",
                 "reason": "each write would wait about 100 µs more"}}]}))
-    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, "--advice", advice, env=env)
+    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, "--advice", advice, env=env)
     assert_refused(r, 78, "advise said no gain")
     assert o_direct(pid, a) and o_direct(pid, b)
-    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, "--advice", advice, "--force", env=env)
+    r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, "--advice", advice, "--force",
+             env=env)
     assert r.returncode == 0, r.stderr
     assert not o_direct(pid, a) and o_direct(pid, b)
     r = vmdt("release", "--all", "--uri", lv.uri, env=env)
@@ -209,7 +212,7 @@ def test_the_host_service_serves_an_adopted_disk_and_releases_it_when_it_stops(
         assert str(img) not in served_paths(s)
         assert [u["code"] for u in s["host"]["skipped"] if u["domain"] == name] == \
             ["o_direct"], s["host"]
-        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, env=env)
         assert r.returncode == 0, r.stderr
         d.wait_status(lambda s: str(img) in served_paths(s), "the adopted disk served",
                       timeout=30)
@@ -245,7 +248,7 @@ def test_after_a_sigkill_the_restarted_service_takes_its_adopted_disks_back_then
                           "--interval", "1", max_hold="32M", status="status.json",
                           log=log, env=run_env)
 
-    r = vmdt("adopt", f"{name}/vda", f"{name}/vdb", "--uri", lv.uri, env=env)
+    r = vmdt("adopt", f"{name}/vda", f"{name}/vdb", "--uri", lv.uri, *UNTIMED, env=env)
     assert r.returncode == 0 and r.stdout.count(": adopted:") == 2, r.stdout + r.stderr
     first = service("first.log")
     try:
@@ -309,7 +312,7 @@ def test_an_adopted_disk_migrates_and_the_destination_reads_the_last_unflushed_w
     vsh(src.uri, "start", dom)
     src.names.append(dom)
     at_src = [*src.prefix(), f"--wd={ROOT}"]
-    r = vmdt("adopt", f"{dom}/vda", "--uri", src.uri, env=env, prefix=at_src)
+    r = vmdt("adopt", f"{dom}/vda", "--uri", src.uri, *UNTIMED, env=env, prefix=at_src)
     assert r.returncode == 0, r.stderr
     assert "cache='none'" in vsh(src.uri, "dumpxml", dom)
     qemu_io_at(src.uri, dom, "write -P 0x11 8M 8M")          # in the source's page cache
@@ -324,7 +327,7 @@ def test_an_adopted_disk_migrates_and_the_destination_reads_the_last_unflushed_w
             assert mig.poll() is None and time.monotonic() < deadline, \
                 f"no migration job: {mig.communicate()[1] if mig.poll() is not None else ''}"
             time.sleep(0.1)
-        r = vmdt("adopt", f"{dom}/vda", "--uri", src.uri, env=env, prefix=at_src)
+        r = vmdt("adopt", f"{dom}/vda", "--uri", src.uri, *UNTIMED, env=env, prefix=at_src)
         assert_refused(r, 75, "a job runs on the domain")
         qemu_io_at(src.uri, dom, "write -P 0x5a 8M 8M")       # unflushed, during it
         assert mig.poll() is None, "the migration ended before the guest's write"
@@ -348,22 +351,27 @@ def test_an_adopted_disk_migrates_and_the_destination_reads_the_last_unflushed_w
     assert o_direct(dst.qemu_pid(dom), img)
 
 
+def adopting_service(lv, tmp_path, env, name: str) -> DaemonProc:
+    """The host service, its ``[adopt]`` naming the domain ``name``."""
+    config = tmp_path / "host.toml"
+    config.write_text(f'[adopt]\ninclude = ["{name}"]\n')
+    return DaemonProc(tmp_path, [], "--libvirt", "--uri", lv.uri, "--min-free", "0",
+                      "--interval", "1", "--config", config, max_hold="32M",
+                      status="status.json", env={**env_without_systemd(),
+                                                 "VMDISKTOUCH_RUNTIME_DIR": env[
+                                                     "VMDISKTOUCH_RUNTIME_DIR"]})
+
+
 def test_the_service_adopts_what_adopt_names_and_leaves_what_the_operator_released(
         lv, tmp_path, env):
     img, other = image(tmp_path, "k.img"), image(tmp_path, "l.img")
     name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
     left = running(lv, tmp_path, disk_xml("vda", str(other), cache="none", io="threads"))
     pid = lv.qemu_pid(name)
-    config = tmp_path / "host.toml"
-    config.write_text(f'[adopt]\ninclude = ["{name}"]\n')
-    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", lv.uri, "--min-free", "0",
-                   "--interval", "1", "--config", config, max_hold="32M",
-                   status="status.json", env={**env_without_systemd(),
-                                              "VMDISKTOUCH_RUNTIME_DIR": env[
-                                                  "VMDISKTOUCH_RUNTIME_DIR"]})
+    d = adopting_service(lv, tmp_path, env, name)
     try:
         d.wait_status(lambda s: str(img) in served_paths(s), "adopted by [adopt], served",
-                      timeout=60)
+                      timeout=90)                    # its guest timed 30 s first
         assert not o_direct(pid, img)
         assert o_direct(lv.qemu_pid(left), other)            # not named: left alone
         assert f"{name}/vda: adopted by [adopt]" in d.output()
@@ -375,11 +383,88 @@ def test_the_service_adopts_what_adopt_names_and_leaves_what_the_operator_releas
         d.wait_status(lambda s: s["host"]["cycle"] >= cycle + 3, "three cycles", timeout=30)
         assert o_direct(pid, img) and str(img) not in served_paths(d.read_status())
         assert d.output().count("released by the operator") == 1, d.output()[-3000:]
-        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, env=env)   # the operator asks
+        r = vmdt("adopt", f"{name}/vda", "--uri", lv.uri, *UNTIMED, env=env)   # the operator asks
         assert r.returncode == 0, r.stderr
         d.wait_status(lambda s: str(img) in served_paths(s), "served again", timeout=30)
         assert d.stop() == 0
         assert f"{name}/vda: released" in d.output().split("received SIGTERM")[-1]
         assert o_direct(pid, img)
     finally:
+        d.stop()
+
+
+class Guest:
+    """A guest that reads 4 KiB at a time, one in flight, through the disk's device as long
+    as it runs: ``aio_read`` then ``aio_flush`` of qemu-io in the monitor, which QEMU
+    accounts as the device's own I/O (its block statistics)."""
+
+    def __init__(self, lv, name: str, span: int):
+        import threading
+        import libvirt
+        import libvirt_qemu
+        self.conn = libvirt.open(lv.uri)
+        self.dom, self.qemu = self.conn.lookupByName(name), libvirt_qemu
+        self.span, self.done = span, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def hmp(self, command: str) -> None:
+        self.qemu.qemuMonitorCommand(
+            self.dom, f'qemu-io -d /machine/peripheral/virtio-disk0/virtio-backend '
+                      f'"{command}"', self.qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+
+    def run(self) -> None:
+        import random
+        rng = random.Random(7)
+        while not self.done.is_set():
+            self.hmp(f"aio_read -q {rng.randrange(self.span >> 12) << 12} 4k")
+            self.hmp("aio_flush")
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(30)
+        self.conn.close()
+
+
+@pytest.mark.timeout(400)
+def test_an_adopted_disk_that_gets_slower_is_released_by_itself_and_not_adopted_again(
+        lv, tmp_path, env):
+    img = image(tmp_path, "s.img")
+    name = running(lv, tmp_path, disk_xml("vda", str(img), cache="none", io="threads"))
+    pid = lv.qemu_pid(name)
+    guest = Guest(lv, name, 16 * MiB)
+    d = adopting_service(lv, tmp_path, env, name)
+    try:
+        # [adopt] times the guest first (its baseline in the record), then adopts
+        d.wait_status(lambda s: str(img) in served_paths(s), "adopted by [adopt], served",
+                      timeout=120)
+        rec = json.loads(next((tmp_path / "run").glob("adopted/*.json")).read_text())
+        assert len(rec["baseline"]) == 3 and all(sum(w["ops"]) > 50 for w in rec["baseline"])
+        # its I/O measured since the switch, beside the baseline: the gain in status
+        s = d.wait_status(lambda s: any(x.get("adopted_gain") for x in s["disks"]),
+                          "a gain measured", timeout=90)
+        disk = next(x for x in s["disks"] if x["path"] == str(img))
+        assert disk["adopted_gain"] > 0.5, disk
+        r = vmdt("status", "--dir", tmp_path, env=env)
+        assert "as fast as before" in r.stdout, r.stdout
+        # the device gets slow: QEMU's throttle, 20 reads a second
+        lv.virsh("blkdeviotune", name, "vda", "--read-iops-sec", "20", "--live")
+        d.wait_output(f"{name}/vda: released by itself: the guest's I/O took", "a release",
+                      timeout=90)
+        assert o_direct(pid, img) and node_direct(lv, name)
+        lv.virsh("blkdeviotune", name, "vda", "--read-iops-sec", "0", "--live")
+        # not adopted again by [adopt]: said once, held back
+        d.wait_output(f"{name}/vda: released by vmdisktouch, slower", "the refusal",
+                      timeout=60)
+        s = d.wait_status(lambda s: any(u["domain"] == name for u in s["host"].get(
+            "skipped") or ()), "the disk left out", timeout=30)
+        why = next(u for u in s["host"]["skipped"] if u["domain"] == name)
+        assert why["code"] == "adopt_slower", why
+        assert "released from adoption by itself" in json.dumps(why), why
+        time.sleep(5)
+        assert o_direct(pid, img) and str(img) not in served_paths(d.read_status())
+        assert d.output().count("released by itself") == 1, d.output()[-3000:]
+        assert d.stop() == 0
+    finally:
+        guest.stop()
         d.stop()

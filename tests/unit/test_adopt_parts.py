@@ -168,3 +168,75 @@ def test_the_adopter_tries_a_candidate_once_and_a_not_now_again_later():
     a.forget_refusals()                        # a reload
     a.want(["d/vda"])
     assert a._queue.get_nowait() == "d/vda"
+
+
+class StatsDom:
+    """A domain whose block statistics grow as a guest that reads ``per_tick`` 4 KiB at
+    ``us`` each, between readings."""
+
+    def __init__(self, per_tick: int, us: float):
+        self.per_tick, self.us, self.n = per_tick, us, 0
+
+    def name(self):
+        return "d"
+
+    def blockStatsFlags(self, target, flags):
+        assert target == "vda" and flags == 0
+        ops = self.n * self.per_tick
+        self.n += 1
+        return {"rd_operations": ops, "rd_total_times": int(ops * self.us * 1000),
+                "wr_operations": 0, "wr_total_times": 0}
+
+
+class StatsConn:
+    def __init__(self, dom):
+        self.dom = dom
+
+    def lookupByName(self, name):
+        return self.dom
+
+
+def test_measure_times_the_guest_in_three_windows_and_0_s_times_nothing():
+    slept = []
+    got = adopt.measure(StatsConn(StatsDom(200, 150.0)), ["d/vda"], 30, sleep=slept.append)
+    assert slept == [10.0, 10.0, 10.0]
+    assert [w.ops[0] for w in got["d/vda"]] == [200, 200, 200]
+    assert abs(got["d/vda"][0].mean(0) - 150e-6) < 1e-9
+    assert adopt.measure(StatsConn(StatsDom(1, 1)), ["d/vda"], 0) == {}
+
+
+def test_the_record_keeps_the_baseline_and_the_advised_gain_and_a_release_s_reason(
+        tmp_path, monkeypatch):
+    from vmdisktouch.adapters.libvirt import adopted
+    from vmdisktouch.core.never_slower import Window
+    monkeypatch.setenv("VMDISKTOUCH_RUNTIME_DIR", str(tmp_path))
+    node = adopt.Node("d", "u-1", "vda", "/images/a.img", "none", "libvirt-3-storage", {}, 7)
+    base = [Window(10.0, (100, 5, 5), (1_000_000, 50_000, 20_000))] * 3
+    adopted.record(node, base, 1.8)
+    adopted.record(node)                              # again, the same run: both kept
+    rec = adopted.by_disk()[("u-1", "vda")]
+    assert adopted.baseline_of(rec) == base and rec["advised_gain"] == 1.8
+    assert adopted.baseline_of({"baseline": [{"seconds": 1}]}) is None   # damaged
+    assert adopted.held_back(node) is None
+    adopted.hold_back(node, "by vmdisktouch, slower: 2x")
+    assert adopted.held_back(node) == "by vmdisktouch, slower: 2x"
+    assert adopted.held_back(replace(node, domain_id=8)) is None        # another run
+    adopted.hold_back(node)
+    assert adopted.held_back(node) == "by the operator"
+
+
+def test_the_advised_gain_is_advise_s_mean_io_time_now_over_then():
+    a = {"now": {"mean_io_time_us": 300.0}, "then": {"mean_io_time_us": 120.0}}
+    assert adopt.advised_gain(a) == 2.5
+    assert adopt.advised_gain({"now": None, "then": None}) is None
+    assert adopt.advised_gain(None) is None
+
+
+def test_status_shows_the_gain_measured_beside_the_gain_advised():
+    from vmdisktouch.commands.status import adopted_gain_part
+    from vmdisktouch.report import DiskReport
+    d = DiskReport.__new__(DiskReport)
+    d.adopted_gain, d.advised_gain = 1.623, 1.8
+    assert adopted_gain_part(d) == " (I/O 1.62x as fast as before, 1.80x advised)"
+    d.adopted_gain, d.advised_gain = None, float("nan")
+    assert adopted_gain_part(d) == " (I/O since not measured yet)"

@@ -1,7 +1,10 @@
 """``vmdisktouch adopt DOMAIN/TARGET``: switch a running domain's ``cache=none`` disk to the
 host page cache, live (``adapters.libvirt.adopt``: what it checks first, and why).
 
-One line per disk on standard output, and the same in the journal. A refusal is one
+The guest's I/O is timed first (``--measure``, by QEMU's own accounting): the host
+service compares the disk with it once adopted, and releases it by itself if it got
+slower (``core.never_slower``). One line per disk on standard output, and the same in
+the journal. A refusal is one
 line and a non-zero exit (docs/exit-codes.md): 75 when the domain's state forbids it
 now (paused, migrating, a job: try again later), 78 when the disk cannot be adopted as
 it is configured, or its pages would not leave the page cache; the disks named before
@@ -16,6 +19,10 @@ import logging
 from vmdisktouch.adapters.advice_file import ADVICE_FILE
 from vmdisktouch.adapters.libvirt import adopt, libvirt_disks
 from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI
+from vmdisktouch.core import never_slower
+from vmdisktouch.errors import UsageError
+
+MEASURE_S = never_slower.BASELINE_WINDOWS * never_slower.WINDOW_S   # the baseline's seconds
 
 log = logging.getLogger("vmdisktouch")
 
@@ -36,16 +43,28 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help=f"advise's report that may say no gain (default: {ADVICE_FILE})")
     parser.add_argument("--force", action="store_true",
                         help="adopt even where advise's last report said no gain")
+    parser.add_argument("--measure", type=float, default=MEASURE_S, metavar="SECONDS",
+                        help=f"time the guest's I/O this long before the switch, the "
+                             f"baseline the host service releases a disk that got slower "
+                             f"against (default: {MEASURE_S:g}; 0: not timed, never "
+                             f"released for it)")
 
 
 def main(args) -> int:
+    if not 0 <= args.measure <= 3600:
+        raise UsageError(f"--measure {args.measure:g}: seconds from 0 to 3600")
     for key in args.disks:
         adopt.parse_key(key)                 # every name checked before anything changes
     conn = libvirt_disks.connect(args.uri, readonly=False)
+    for key in args.disks:                   # every refusal said before the guests are timed
+        adopt.check(conn, key, advice_path=args.advice, force=args.force)
+    baselines = adopt.measure(conn, args.disks, args.measure)
     for key in args.disks:
-        node = adopt.adopt(conn, key, advice_path=args.advice, force=args.force)
+        node, switched = adopt.adopt(conn, key, advice_path=args.advice, force=args.force,
+                                     baseline=baselines.get(key))
         line = (f"{node.key}: adopted: {node.path} through the host page cache "
-                f"(QEMU node {node.name}, libvirt still says cache={node.cache})")
+                f"(QEMU node {node.name}, libvirt still says cache={node.cache})"
+                if switched else f"{node.key}: adopted already: {node.path}")
         print(line, flush=True)
         log.info("%s", line)
     return 0

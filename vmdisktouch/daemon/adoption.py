@@ -11,10 +11,17 @@ because a libvirt or QEMU call can hang and the loop must not. The listing after
 finds the disk adopted, and the service serves it within the one budget; when the
 service stops, it releases what it adopted with the rest (``Service.close``).
 
+Before a candidate is adopted its guest's I/O is timed for ``BASELINE_WINDOWS`` ticks
+of ``WINDOW_S`` (QEMU's accounting, ``core.never_slower``), candidates together. Every
+disk the service serves adopted (by it or by ``vmdisktouch adopt``) is then timed each
+tick and judged against the baseline its record keeps: one that got slower is released
+by itself, with the reason in the journal and in ``status``, and held back from
+``[adopt]`` until the operator adopts it again (``adopted.hold_back``).
+
 A candidate is tried once while it stays one. "Not now" (the domain paused, a job, a
 migration: exit 75 of adopt) is tried again ``RETRY_S`` later. A refusal (``io``,
-advise's no gain, a page that stays cached, one the operator released in this run of
-its domain) is said once and not tried again until the disk stops being a candidate
+advise's no gain, a page that stays cached, one released for good in this run of its
+domain) is said once and not tried again until the disk stops being a candidate
 (its domain stopped) or the config is reloaded (``forget_refusals``).
 """
 
@@ -26,6 +33,8 @@ import threading
 import time
 
 from vmdisktouch.adapters.advice_file import ADVICE_FILE
+from vmdisktouch.core import never_slower
+from vmdisktouch.core.never_slower import Judge
 from vmdisktouch.errors import VmdtError
 
 log = logging.getLogger("vmdisktouch")
@@ -35,15 +44,23 @@ CLOSE_WAIT_S = 10.0     # the most ``close`` waits for an adoption under way
 
 
 class Adopter:
-    """The worker that adopts the candidates ``want`` names (the module docstring)."""
+    """The worker that adopts the candidates ``want`` names, and judges the adopted disks
+    ``watch`` names (the module docstring)."""
 
-    def __init__(self, uri: str, advice_path: str = ADVICE_FILE, clock=time.monotonic):
-        self.uri, self.advice_path, self.clock = uri, advice_path, clock
+    def __init__(self, uri: str, advice_path: str = ADVICE_FILE, clock=time.monotonic,
+                 window: float = never_slower.WINDOW_S):
+        self.uri, self.advice_path, self.clock, self.window = uri, advice_path, clock, window
         self._lock = threading.Lock()
         self._tried: dict[str, tuple[str, float]] = {}   # key -> (pending|later|refused|done, when)
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._watched: set[str] = set()
+        self._figures: dict[str, tuple[float | None, float | None]] = {}
         self.adopted: set[str] = set()                 # DOMAIN/TARGET it adopted
+        self.released: dict[str, str] = {}             # DOMAIN/TARGET it released -> why
+        # the worker's own: the baselines being timed, and the judges of the adopted
+        self._timing: dict[str, list] = {}
+        self._judges: dict[str, tuple[Judge | None, object]] = {}
 
     def want(self, keys: list[str]) -> None:
         """The candidates now (``DOMAIN/TARGET``): each new one, or one whose "not now" is
@@ -61,10 +78,22 @@ class Adopter:
                     queued.append(key)
         for key in queued:
             self._queue.put(key)
-        if queued and self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="vmdisktouch-adopt",
-                                            daemon=True)
-            self._thread.start()
+        if queued:
+            self._start()
+
+    def watch(self, keys) -> None:
+        """The disks the service serves adopted now (``DOMAIN/TARGET``): each is judged."""
+        with self._lock:
+            self._watched = set(keys)
+            for key in set(self._figures) - self._watched:
+                del self._figures[key]
+        if keys:
+            self._start()
+
+    def figures(self, key: str) -> tuple[float | None, float | None]:
+        """``(gain measured since the switch, gain advise forecast)`` of an adopted disk."""
+        with self._lock:
+            return self._figures.get(key, (None, None))
 
     def forget_refusals(self) -> None:
         """A reload: the refused are tried again."""
@@ -72,33 +101,133 @@ class Adopter:
             for key in [k for k, (s, _) in self._tried.items() if s == "refused"]:
                 del self._tried[key]
 
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="vmdisktouch-adopt",
+                                            daemon=True)
+            self._thread.start()
+
     def _work(self) -> None:
-        from vmdisktouch.adapters.libvirt import adopt, libvirt_disks
+        from vmdisktouch.adapters.libvirt import libvirt_disks
         conn = None
+        tick = self.clock() + self.window
         while True:
-            key = self._queue.get()
+            try:
+                key = self._queue.get(timeout=max(0.0, tick - self.clock()))
+            except queue.Empty:
+                key = ""
             if key is None:
                 return
             try:
                 if conn is None:
                     conn = libvirt_disks.connect(self.uri, readonly=False)
-                node = adopt.adopt(conn, key, advice_path=self.advice_path, by_config=True)
-                state = "done"
-                self.adopted.add(key)
-                log.info("%s: adopted by [adopt]: %s through the host page cache (QEMU node "
-                         "%s, libvirt still says cache=%s)", key, node.path, node.name,
-                         node.cache)
-            except adopt.NotNow as exc:
-                state = "later"
-                log.info("[adopt]: %s (tried again in %.0f s)", exc, RETRY_S)
-            except adopt.Refused as exc:
-                state = "refused"
-                log.warning("[adopt]: not adopted: %s", exc)
-            except VmdtError as exc:           # libvirt unreachable, a QMP command failed
-                state, conn = "later", None
+                if key:
+                    self._candidate(conn, key)
+                if self.clock() >= tick:
+                    tick = self.clock() + self.window
+                    self._tick(conn)
+            except VmdtError as exc:                   # libvirt unreachable
+                conn = None
+                if key:
+                    self._done(key, "later")
                 log.warning("[adopt]: %s (tried again in %.0f s)", exc, RETRY_S)
+
+    def _done(self, key: str, state: str) -> None:
+        self._timing.pop(key, None)
+        with self._lock:
+            self._tried[key] = (state, self.clock())
+
+    def _refusal(self, key: str, call) -> bool:
+        """Run ``call``; False, said and recorded, when it refuses."""
+        from vmdisktouch.adapters.libvirt import adopt
+        try:
+            call()
+            return True
+        except adopt.NotNow as exc:
+            self._done(key, "later")
+            log.info("[adopt]: %s (tried again in %.0f s)", exc, RETRY_S)
+        except adopt.Refused as exc:
+            self._done(key, "refused")
+            log.warning("[adopt]: not adopted: %s", exc)
+        except VmdtError as exc:                      # a QMP command failed
+            self._done(key, "later")
+            log.warning("[adopt]: %s (tried again in %.0f s)", exc, RETRY_S)
+        return False
+
+    def _candidate(self, conn, key: str) -> None:
+        """A new candidate: checked, then timed from the next tick."""
+        from vmdisktouch.adapters.libvirt import adopt
+        if self._refusal(key, lambda: adopt.check(conn, key, advice_path=self.advice_path,
+                                                  by_config=True)):
+            self._timing[key] = []
+
+    def _tick(self, conn) -> None:
+        from vmdisktouch.adapters.libvirt import adopt
+        with self._lock:
+            pending = {k for k, (state, _) in self._tried.items() if state == "pending"}
+        for key in set(self._timing) - pending:          # no longer a candidate
+            del self._timing[key]
+        for key in list(self._timing):
+            def read(key=key):
+                domain, target = adopt.parse_key(key)
+                self._timing[key].append(adopt.counters(adopt.lookup(conn, domain), target))
+            if not self._refusal(key, read):
+                continue
+            readings = self._timing[key]
+            if len(readings) > never_slower.BASELINE_WINDOWS:
+                baseline = [b.since(a) for a, b in zip(readings, readings[1:])]
+                self._refusal(key, lambda key=key, baseline=baseline: self._adopt(
+                    conn, key, baseline))
+        with self._lock:
+            watched = sorted(self._watched)
+        for key in set(self._judges) - set(watched):
+            del self._judges[key]
+        for key in watched:
+            try:
+                self._judge(conn, key)
+            except VmdtError as exc:
+                log.warning("%s: its I/O could not be timed: %s", key, exc)
+
+    def _adopt(self, conn, key: str, baseline: list) -> None:
+        from vmdisktouch.adapters.libvirt import adopt
+        node, _ = adopt.adopt(conn, key, advice_path=self.advice_path, by_config=True,
+                              baseline=baseline)
+        self._done(key, "done")
+        self.adopted.add(key)
+        log.info("%s: adopted by [adopt]: %s through the host page cache (QEMU node %s, "
+                 "libvirt still says cache=%s)", key, node.path, node.name, node.cache)
+
+    def _judge(self, conn, key: str) -> None:
+        """One tick of an adopted disk: its window judged; released when it got slower."""
+        from vmdisktouch.adapters.libvirt import adopt, adopted
+        domain, target = adopt.parse_key(key)
+        dom = adopt.lookup(conn, domain)
+        now = adopt.counters(dom, target)
+        if key not in self._judges:
+            rec = adopted.by_disk().get((dom.UUIDString(), target)) or {}
+            baseline = adopted.baseline_of(rec)
+            judge = Judge(baseline) if baseline else None
+            self._judges[key] = (judge, now)
             with self._lock:
-                self._tried[key] = (state, self.clock())
+                self._figures[key] = (None, rec.get("advised_gain"))
+            return
+        judge, before = self._judges[key]
+        self._judges[key] = (judge, now)
+        if judge is None:
+            return
+        verdict = judge.add(now.since(before))
+        with self._lock:
+            self._figures[key] = (judge.gain, self._figures.get(key, (None, None))[1])
+        if verdict is None or not verdict.release:
+            return
+        adopt.release(conn, key, why=f"by vmdisktouch, slower: {verdict.reason}")
+        del self._judges[key]
+        with self._lock:
+            self.released[key] = verdict.reason
+            self._watched.discard(key)
+        self.adopted.discard(key)
+        log.warning("%s: released by itself: %s: with O_DIRECT again, and not adopted "
+                    "again until vmdisktouch adopt %s", key, verdict.reason, key)
 
     def close(self) -> None:
         """Stop the worker (an adoption under way finishes first, ``CLOSE_WAIT_S`` at most)."""

@@ -99,6 +99,7 @@ class DiskWatcher:
         self.domain_active: bool | None = None   # from libvirt; None: not under libvirt
         self.domain: str | None = None           # its libvirt domain and target, if known
         self.adopted: float | None = None        # ``vmdisktouch adopt`` switched it since
+        self.adopted_gain: tuple = (None, None)  # since then: measured, advised (``adoption``)
         self.target: str | None = None
         self.allotment: Allotment | None = None  # the last selection's share (``host``)
         self.warmed_from: str | None = None      # "state", "metadata" (``served``); None: cold
@@ -333,7 +334,8 @@ class DiskWatcher:
             allotment=self.allotment, domain_active=self.domain_active,
             holding=self.hold_enabled, lock_cap=self.holder.lock_cap,
             charges=self.recharger.charges.status(), source=self._source_status(),
-            warmed_from=self.warmed_from, adopted_since=self.adopted)
+            warmed_from=self.warmed_from, adopted_since=self.adopted,
+            adopted_gain=self.adopted_gain)
 
     def _source_status(self) -> dict:
         bs, size = self.block_size, self.image.size

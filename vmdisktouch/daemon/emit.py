@@ -54,6 +54,12 @@ def process_fields(interval: float) -> dict:
     return {"pid": os.getpid(), "version": __version__, "interval_seconds": interval}
 
 
+def _ratio(v) -> float | None:
+    """A gain for the status file: rounded, None unless a finite positive number."""
+    return round(float(v), 3) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 \
+        else None
+
+
 def status_bytes(status: dict) -> bytes:
     """The status file's text: one line of compact JSON, because ``json`` encodes it in C
     only without ``indent`` (docs/benchmarks.md, why-status). ``python3 -m json.tool FILE``
@@ -88,7 +94,8 @@ class Emitter:
     def disk_report(self, r: CycleReport, c, *, path: str, domain, allotment, domain_active,
                     holding: bool, lock_cap, charges, source: dict,
                     warmed_from: str | None = None,
-                    adopted_since: float | None = None) -> DiskReport:
+                    adopted_since: float | None = None,
+                    adopted_gain: tuple = (None, None)) -> DiskReport:
         """The report of cycle ``r`` under settings ``c``; ``domain``: (domain, target) or
         Nones; ``allotment``: the last selection's (``reasons.Allotment``); ``source``: the
         access source's figures (``access_source``, ``events_lost``, ``trace``, ``spill``,
@@ -111,7 +118,9 @@ class Emitter:
             warmed_from=warmed_from,                  # "state", "metadata" or None (cold)
             holding=holding, lock_cap_bytes=lock_cap, charges=charges,
             output_errors=self.outputs.errors, time=time.time(),
-            adopted_since=adopted_since, **source)
+            adopted_since=adopted_since,
+            adopted_gain=_ratio(adopted_gain[0]) if adopted_since else None,
+            advised_gain=_ratio(adopted_gain[1]) if adopted_since else None, **source)
 
     def _pictures(self, r: CycleReport, c, report: DiskReport, resident: np.ndarray,
                   held: np.ndarray, policy, holes: np.ndarray | None) -> None:

@@ -262,7 +262,11 @@ class Service:
                 ov = (self.rules.for_disk(m.domain, m.target) if m.domain
                       else overrides.Override())
                 self.host.set_override(path, ov.weight, ov.cap)
-        for key, (_, why) in want.skipped.items():
+        for key, (kind, why) in list(want.skipped.items()):
+            slower = self.adopter.released.get("/".join(key)) if self.adopter else None
+            if slower:
+                want.skipped[key] = ("adopt_slower", why := f"{why}; released from "
+                                                           f"adoption by itself: {slower}")
             if self.skipped.get(key, (None, None))[1] != why:
                 log.info("libvirt: %s %s skipped: %s", key[0], key[1], why,
                          extra=journal.fields(domain=key[0], target=key[1]))
@@ -281,7 +285,12 @@ class Service:
         served = {w.image.path for w in self.host.watchers}
         self.adopted = {p: f"{m.domain}/{m.target}" for p, m in want.serve.items()
                         if m.adopted and p in served}
+        for w in self.host.watchers:
+            key = self.adopted.get(w.image.path)
+            w.adopted_gain = (self.adopter.figures(key) if key and self.adopter is not None
+                              else (None, None))
         if self.adopter is not None:
+            self.adopter.watch(self.adopted.values())
             self.adopter.want(sorted(f"{d}/{t}" for (d, t), labels in want.adoptable.items()
                                      if (d, t) in want.skipped
                                      and self.rules.adopts(d, t, labels)))
@@ -396,7 +405,7 @@ class Service:
                 limited_by=None if d is None else d.limited_by,
                 curve=d.curve if d is not None and (d.mrc or {}).get("reads") else None,
                 from_memory=None if d is None else d.from_memory,
-                adopted=w.adopted is not None))
+                adopted=w.adopted is not None, adopted_gain=w.adopted_gain[0]))
         return render.png_bytes(host_render.host_overview_image(
             bands, self.host.budget, when=time.time(),
             above_floor=self.host.memory(self.config.min_free)[1],

@@ -41,6 +41,11 @@ Adopting is refused, with the reason, unless:
   such a page was not kept current while QEMU read past it, and QEMU's first buffered
   read would give it to the guest. The processes that map the image are named.
 
+Before the switch the guest's I/O is timed by QEMU's own accounting (``measure``: the
+baseline of ``core.never_slower``), and the record keeps it with the gain advise
+forecast: the host service compares the windows after the switch with it, and releases
+a disk that got slower by itself (``daemon.adoption``).
+
 Releasing needs none of it: it is the safe direction, and must work when the domain
 is about to migrate or the service stops. QEMU's reopen flushes first; what the
 image left in the page cache is dropped after, as it would go stale.
@@ -51,6 +56,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
@@ -59,6 +65,8 @@ from vmdisktouch.adapters.libvirt import libvirt_disks
 from vmdisktouch.adapters.libvirt.adopted import (forget, held_back, hold_back, let_go, record,
                                                   records)
 from vmdisktouch.adapters.libvirt.domain_state import RUNNING, STATE_NAMES
+from vmdisktouch.core import never_slower
+from vmdisktouch.core.never_slower import Counters, Window
 from vmdisktouch.adapters.libvirt.libvirt_disks import (DIRECT_CACHE_MODES, LibvirtError,
                                                         import_libvirt, libvirt_message)
 from vmdisktouch.errors import ConfigError, ImageError, UsageError, VmdtError, EX_TEMPFAIL
@@ -238,29 +246,64 @@ def _running(dom, key: str) -> None:
         raise NotNow(f"{key}: a block job runs ({kinds}): adopt it when the job is done")
 
 
-def _advised_against(node: Node, advice_path: str) -> str | None:
-    report = load_advice(advice_path)
-    a = advice_of(report, node.domain, node.target, node.path)
-    if a and a.get("verdict") == "no_gain":
-        return a.get("reason") or "no gain"
-    return None
+def _advice(node: Node, advice_path: str) -> dict | None:
+    return advice_of(load_advice(advice_path), node.domain, node.target, node.path)
 
 
-def adopt(conn, key: str, *, advice_path: str, force: bool = False,
-          by_config: bool = False) -> Node:
-    """Switch the disk ``key`` (``DOMAIN/TARGET``) to the page cache (module docstring).
-    ``by_config``: the host service's ``[adopt]`` asks, not the operator: a disk the
-    operator released in this run of its domain is refused (``adopted.hold_back``); the
-    operator's own adopt lets it go."""
+def advised_gain(a: dict | None) -> float | None:
+    """The gain advise forecast for a disk (its mean I/O time now over with the size held),
+    None without a forecast of both."""
+    try:
+        now, then = a["now"]["mean_io_time_us"], a["then"]["mean_io_time_us"]
+        return float(now) / float(then) if now and then else None
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def counters(dom, target: str) -> Counters:
+    """QEMU's block accounting of the disk ``target`` now (libvirt's block statistics:
+    no QMP, no taint)."""
+    libvirt = import_libvirt()
+    try:
+        stats = dom.blockStatsFlags(target, 0)
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"{dom.name()}/{target}: block statistics: "
+                           f"{libvirt_message(exc)}") from None
+    return Counters.from_libvirt(stats, time.monotonic())
+
+
+def measure(conn, keys: list[str], seconds: float,
+            sleep=time.sleep) -> dict[str, list[Window]]:
+    """Time the guests' I/O of ``keys`` together over ``seconds``, in
+    ``never_slower.BASELINE_WINDOWS`` windows: the baseline each adoption is judged
+    against. Nothing for 0 s."""
+    if seconds <= 0:
+        return {}
+    doms = {key: (lookup(conn, parse_key(key)[0]), parse_key(key)[1]) for key in keys}
+    step = seconds / never_slower.BASELINE_WINDOWS
+    readings = {key: [counters(dom, t)] for key, (dom, t) in doms.items()}
+    for _ in range(never_slower.BASELINE_WINDOWS):
+        sleep(step)
+        for key, (dom, t) in doms.items():
+            readings[key].append(counters(dom, t))
+    return {key: [b.since(a) for a, b in zip(r, r[1:])] for key, r in readings.items()}
+
+
+def check(conn, key: str, *, advice_path: str, force: bool = False,
+          by_config: bool = False):
+    """Every refusal of adopting ``key`` that does not change anything (module docstring):
+    ``(dom, node, advice, direct)``; ``direct`` False: QEMU has it adopted already.
+    ``by_config``: the host service's ``[adopt]`` asks, not the operator: a disk released
+    for good in this run of its domain (by the operator, or slower) is refused
+    (``adopted.hold_back``)."""
     domain, target = parse_key(key)
     dom = lookup(conn, domain)
     _running(dom, key)
     node = find_node(dom, target)
-    if by_config and held_back(node):
-        raise Refused(f"{key}: released by the operator since the domain started: "
+    why_back = held_back(node) if by_config else None
+    if why_back:
+        raise Refused(f"{key}: released {why_back} since the domain started: "
                       f"vmdisktouch adopt {key} takes it back")
-    if not by_config:
-        let_go(node.uuid, node.target)
     if node.cache not in DIRECT_CACHE_MODES:
         raise Refused(f"{key}: cache={node.cache} goes through the page cache already: "
                       f"serve it as it is")
@@ -269,12 +312,27 @@ def adopt(conn, key: str, *, advice_path: str, force: bool = False,
         raise Refused(f"{key}: io={aio}: QEMU cannot change it on a reopen, and Linux AIO "
                       f"on the page cache stalls QEMU on every miss: needs io='threads' or "
                       f"io='io_uring'")
-    if not direct_now(dom, node):
+    direct = direct_now(dom, node)
+    advice = _advice(node, advice_path)
+    if direct and not force and advice and advice.get("verdict") == "no_gain":
+        raise Refused(f"{key}: advise said no gain ({advice.get('reason') or 'no gain'}); "
+                      f"--force adopts it anyway")
+    return dom, node, advice, direct
+
+
+def adopt(conn, key: str, *, advice_path: str, force: bool = False,
+          by_config: bool = False, baseline: list[Window] | None = None) -> tuple[Node, bool]:
+    """Switch the disk ``key`` (``DOMAIN/TARGET``) to the page cache (module docstring,
+    ``check``): ``(node, switched)``, False when QEMU had it adopted already. The
+    operator's own adopt lets a disk released for good go (``adopted.let_go``).
+    ``baseline``: the guest's I/O timed before (``measure``), kept in the record."""
+    dom, node, advice, direct = check(conn, key, advice_path=advice_path, force=force,
+                                      by_config=by_config)
+    if not by_config:
+        let_go(node.uuid, node.target)
+    if not direct:
         record(node)
-        return node                                  # adopted already: recorded again
-    why = None if force else _advised_against(node, advice_path)
-    if why:
-        raise Refused(f"{key}: advise said no gain ({why}); --force adopts it anyway")
+        return node, False                           # adopted already: recorded again
     try:
         with open_image(node.path) as image:
             left = drop.drop(image)
@@ -292,14 +350,16 @@ def adopt(conn, key: str, *, advice_path: str, force: bool = False,
             _reopen(dom, node, direct=False)
     except ImageError as exc:
         raise Refused(f"{key}: {exc}") from None
-    record(node)
-    return node
+    record(node, baseline, advised_gain(advice))
+    return node, True
 
 
-def release(conn, key: str, *, by_operator: bool = False) -> tuple[Node, bool]:
+def release(conn, key: str, *, by_operator: bool = False,
+            why: str | None = None) -> tuple[Node, bool]:
     """Switch the disk ``key`` back to O_DIRECT; ``(node, switched)``, False when QEMU
-    had it on O_DIRECT already. Its record goes either way; ``by_operator``: the host
-    service's ``[adopt]`` leaves it so for this run of the domain (``adopted.hold_back``)."""
+    had it on O_DIRECT already. Its record goes either way; ``by_operator``, or the host
+    service's ``why`` (it got slower): ``[adopt]`` leaves it so for this run of the domain
+    (``adopted.hold_back``)."""
     domain, target = parse_key(key)
     dom = lookup(conn, domain)
     node = find_node(dom, target)
@@ -312,8 +372,8 @@ def release(conn, key: str, *, by_operator: bool = False) -> tuple[Node, bool]:
         except ImageError:
             pass                                   # nothing to drop
     forget(node.uuid, node.target)
-    if by_operator:
-        hold_back(node)
+    if by_operator or why:
+        hold_back(node, why)
     return node, switched
 
 

@@ -30,44 +30,63 @@ def _record_path(uuid: str, target: str) -> str:
     return os.path.join(records_dir(), f"{uuid}-{target}.json")
 
 
-def record(node) -> None:
-    """Remember that ``node`` (``adopt.Node``) is adopted; ``since`` kept from an earlier
-    record of the same run."""
+def record(node, baseline: list | None = None, advised_gain: float | None = None) -> None:
+    """Remember that ``node`` (``adopt.Node``) is adopted; ``since``, the ``baseline``
+    (``core.never_slower`` windows timed before the switch) and the gain advise forecast
+    are kept from an earlier record of the same run."""
     os.makedirs(records_dir(), mode=0o755, exist_ok=True)
     path = _record_path(node.uuid, node.target)
     since = time.time()
+    baseline_json = None if baseline is None else [w.to_json() for w in baseline]
     try:
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
         if old.get("domain_id") == node.domain_id:
             since = float(old.get("since", since))
+            baseline_json = old.get("baseline") if baseline is None else baseline_json
+            advised_gain = old.get("advised_gain") if advised_gain is None else advised_gain
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     atomic.write_json(path, {"domain": node.domain, "uuid": node.uuid,
                              "target": node.target, "path": node.path, "node": node.name,
-                             "domain_id": node.domain_id, "since": since})
+                             "domain_id": node.domain_id, "since": since,
+                             "baseline": baseline_json, "advised_gain": advised_gain})
 
 
-HELD_BACK = ".released"      # a disk the operator released: not adopted again by [adopt]
+def baseline_of(doc: dict) -> list | None:
+    """The windows a record's disk was timed over before its switch
+    (``core.never_slower.Window``), None when it was not timed or the record is damaged."""
+    from vmdisktouch.core.never_slower import Window
+    try:
+        return [Window.from_json(w) for w in doc["baseline"]] if doc.get("baseline") else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
-def hold_back(node) -> None:
-    """The operator released ``node`` (``vmdisktouch release``): the host service's
-    ``[adopt]`` does not take it again in this run of its domain, until the operator adopts
-    it (``let_go``)."""
+HELD_BACK = ".released"      # a disk released for good: not adopted again by [adopt]
+
+
+def hold_back(node, why: str | None = None) -> None:
+    """``node`` was released by the operator (``vmdisktouch release``), or by the host
+    service because it got slower (``why``): ``[adopt]`` does not take it again in this
+    run of its domain, until the operator adopts it (``let_go``)."""
     os.makedirs(records_dir(), mode=0o755, exist_ok=True)
     atomic.write_json(_record_path(node.uuid, node.target) + HELD_BACK,
                       {"domain": node.domain, "target": node.target,
-                       "domain_id": node.domain_id, "since": time.time()})
+                       "domain_id": node.domain_id, "since": time.time(), "why": why})
 
 
-def held_back(node) -> bool:
-    """Whether the operator released ``node`` in this run of its domain (``hold_back``)."""
+def held_back(node) -> str | None:
+    """Why ``node`` was released for this run of its domain (``hold_back``): the service's
+    reason, or "by the operator"; None when it was not."""
     try:
         with open(_record_path(node.uuid, node.target) + HELD_BACK, encoding="utf-8") as f:
-            return json.load(f).get("domain_id") == node.domain_id
-    except (OSError, ValueError, AttributeError):
-        return False
+            mark = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(mark, dict) or mark.get("domain_id") != node.domain_id:
+        return None
+    return str(mark.get("why") or "by the operator")
 
 
 def let_go(uuid: str, target: str) -> None:

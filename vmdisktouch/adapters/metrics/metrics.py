@@ -226,6 +226,11 @@ class Collector:
         adopted = GaugeMetricFamily("vmdisktouch_adopted_since_timestamp_seconds", "When "
                                     "vmdisktouch adopt switched the disk to the page cache "
                                     "(Unix time; no sample: not adopted).", labels=LABELS)
+        gain = GaugeMetricFamily("vmdisktouch_adopted_gain_ratio", "An adopted disk's "
+                                 "guest mean I/O time before the switch over since "
+                                 "(measured), and advise's forecast of it (advised); no "
+                                 "sample: not adopted or not measured yet.",
+                                 labels=LABELS + ["kind"])
         info = GaugeMetricFamily("vmdisktouch_disk_info", "The disk's access source, fixed "
                                  "while it is served (1 per disk).",
                                  labels=LABELS + ["access_source"])
@@ -237,7 +242,10 @@ class Collector:
             info.add_metric(_labels(d) + [str(d.access_source)], 1)
             if isinstance(d.adopted_since, (int, float)):
                 adopted.add_metric(_labels(d), float(d.adopted_since))
-        yield from (limited, holding, adopted, info)
+            for kind, v in (("measured", d.adopted_gain), ("advised", d.advised_gain)):
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    gain.add_metric(_labels(d) + [kind], float(v))
+        yield from (limited, holding, adopted, gain, info)
         yield from _curve_families(disks.values())
         if host is not None:
             yield _unserved_family(host.skipped or ())

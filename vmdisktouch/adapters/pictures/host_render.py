@@ -154,6 +154,7 @@ class DiskBand:
     curve: list | None = None        # [[bytes, hit ratio], ...] (core.mrc); None: none
     from_memory: dict | None = None  # its share of reads from memory (``report.reads_from_memory``)
     adopted: bool = False            # a cache=none disk ``vmdisktouch adopt`` switched
+    adopted_gain: float | None = None   # its I/O measured since, as fast as before by
 
 
 @dataclass(frozen=True)
@@ -383,6 +384,8 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
         x = PAD + SWATCH + 6
         draw.text((x, y), fit_text(draw, disk_key(d), LABEL - x - 8, font), fill=TEXT, font=font)
         info = f"{short_size(d.size_bytes)} image" + (", adopted" if d.adopted else "")
+        if d.adopted and d.adopted_gain:
+            info += f", I/O {d.adopted_gain:.1f}x"
         if d.limited_by:
             info += f", limited by {REASONS.get(d.limited_by, d.limited_by)}"
         draw.text((x, y + LINE), fit_text(draw, info, LABEL - x - 8, font, False), fill=DIM,
