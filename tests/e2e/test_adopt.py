@@ -29,6 +29,7 @@ from tests.support.pagecache import data_image, fincore_pages, vmtouch_pages
 from tests.support.private_libvirt import PrivateLibvirtd, shared_storage
 
 MiB = 1 << 20
+MARK = "http://vmdisktouch.org/xmlns/adopted/1"     # the adopted targets a domain carries
 UNTIMED = ("--measure", "0")       # adopt without timing the guest first (the never-slower
 #                                    test times it)
 
@@ -290,7 +291,7 @@ def two_hosts(libvirt_daemons, tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_an_adopted_disk_migrates_and_the_destination_reads_the_last_unflushed_writes(
+def test_an_adopted_disk_migrates_the_destination_reads_its_unflushed_writes_and_adopts_it(
         tmp_path, two_hosts, env):
     """Adopted on the source, whose page cache holds the guest's writes unflushed; the
     guest rewrites a zone while the migration runs (never flushing). QEMU flushes the
@@ -315,6 +316,7 @@ def test_an_adopted_disk_migrates_and_the_destination_reads_the_last_unflushed_w
     r = vmdt("adopt", f"{dom}/vda", "--uri", src.uri, *UNTIMED, env=env, prefix=at_src)
     assert r.returncode == 0, r.stderr
     assert "cache='none'" in vsh(src.uri, "dumpxml", dom)
+    assert MARK in vsh(src.uri, "dumpxml", dom)             # the domain carries it
     qemu_io_at(src.uri, dom, "write -P 0x11 8M 8M")          # in the source's page cache
     vsh(src.uri, "migrate-setspeed", dom, "16")
     mig = subprocess.Popen(["virsh", "-c", src.uri, "migrate", "--live", "--unsafe", dom, dst.uri,
@@ -347,8 +349,28 @@ def test_an_adopted_disk_migrates_and_the_destination_reads_the_last_unflushed_w
         assert time.monotonic() < deadline, f"qemu-io said nothing: {log.new()[-500:]}"
         time.sleep(0.1)
     assert "verification failed" not in log.new(), "the destination read stale bytes"
-    # the destination opens it as libvirt says: O_DIRECT; nothing adopted there
+    # the destination opens it as libvirt says: O_DIRECT; nothing adopted there yet
     assert o_direct(dst.qemu_pid(dom), img)
+    assert MARK in vsh(dst.uri, "dumpxml", dom)
+    # its host service adopts it again, now that the domain runs there: its own drop
+    # and check, and its own timing of the guest
+    run_dst = tmp_path / "run-dst"
+    run_dst.mkdir()
+    d = DaemonProc(tmp_path, [], "--libvirt", "--uri", dst.uri, "--min-free", "0",
+                   "--interval", "1", max_hold="32M", status="dst-status.json",
+                   log="dst.log", prefix=[*dst.prefix(), f"--wd={ROOT}"],
+                   env={**env_without_systemd(), "VMDISKTOUCH_RUNTIME_DIR": str(run_dst)})
+    try:
+        d.wait_output(f"{dom}/vda: adopted again, as where its domain ran before",
+                      "the adoption at the destination", timeout=90)
+        assert not o_direct(dst.qemu_pid(dom), img)
+        d.wait_status(lambda s: img in served_paths(s), "served at the destination",
+                      timeout=30)
+        assert d.stop() == 0
+        assert f"{dom}/vda: released" in d.output()
+    finally:
+        d.stop()
+    assert o_direct(dst.qemu_pid(dom), img) and MARK not in vsh(dst.uri, "dumpxml", dom)
 
 
 def adopting_service(lv, tmp_path, env, name: str) -> DaemonProc:

@@ -76,6 +76,7 @@ def test_advise_libvirt_sees_a_cache_none_native_disk_and_discover_shows_its_adv
             assert d["path"] == images[d["target"]]
         assert vda["miss_latency_us"] > 0
         assert vda["advice"]["verdict"] in ("hold", "uniform"), vda["advice"]
+        assert vda["advice"]["adopted"] is None        # io='native': adopt refuses it
         # a 256 KiB zone read over and over: the curve is near its top by 512 KiB
         top = vda["curve"][-1][1]
         near = [h for b, h in vda["curve"] if b >= 512 << 10][0]

@@ -240,3 +240,77 @@ def test_status_shows_the_gain_measured_beside_the_gain_advised():
     assert adopted_gain_part(d) == " (I/O 1.62x as fast as before, 1.80x advised)"
     d.adopted_gain, d.advised_gain = None, float("nan")
     assert adopted_gain_part(d) == " (I/O since not measured yet)"
+
+
+def test_adopt_weighs_advise_s_forecast_of_adopting_over_its_writethrough_one(tmp_path):
+    node = adopt.Node("d", "u-1", "vda", "/images/a.img", "none", "libvirt-3-storage", {}, 7)
+    report = tmp_path / "advise.json"
+
+    def save(advice):
+        report.write_text(json.dumps({"when": time.time(), "duration_seconds": 60,
+                                      "disks": [{"domain": "d", "target": "vda",
+                                                 "path": node.path, "advice": advice}]}))
+    save({"verdict": "no_gain", "now": {"mean_io_time_us": 100.0},
+          "adopted": {"verdict": "hold", "now": {"mean_io_time_us": 100.0},
+                      "then": {"mean_io_time_us": 40.0}}})
+    a = adopt._advice(node, str(report))
+    assert a["verdict"] == "hold" and adopt.advised_gain(a) == 2.5
+    save({"verdict": "no_gain", "reason": "writes"})          # a report from before
+    assert adopt._advice(node, str(report))["verdict"] == "no_gain"
+    assert adopt._advice(node, str(tmp_path / "none.json")) is None
+
+
+MARKED = XML.replace("<devices>", "<metadata><va:adopted xmlns:va='"
+                     "http://vmdisktouch.org/xmlns/adopted/1'><va:disk target='vda'/>"
+                     "</va:adopted></metadata><devices>")
+
+
+def test_the_domain_carries_its_adopted_targets_and_the_service_adopts_them_again():
+    from vmdisktouch.adapters.libvirt import libvirt_watch
+    listed = libvirt_disks.parse_domain_xml(MARKED, state=1, active=True, with_units=False)
+    assert {d.target: d.adopt_marked for d in listed} == {"vda": True, "vdb": False,
+                                                          "vdc": False}
+    w = libvirt_watch.wanted(listed)
+    assert w.readopt == {("d", "vda")} and ("d", "vda") in w.adoptable
+    plain = libvirt_disks.parse_domain_xml(XML, state=1, active=True, with_units=False)
+    assert libvirt_watch.wanted(plain).readopt == frozenset()
+
+
+class MarkDom:
+    """A running domain whose live metadata ``setMetadata`` changes."""
+
+    def __init__(self, xml, job=0):
+        self.xml, self.job, self.calls = xml, job, []
+
+    def XMLDesc(self, flags):
+        return self.xml
+
+    def jobInfo(self):
+        return [self.job]
+
+    def name(self):
+        return "d"
+
+    def setMetadata(self, kind, xml, key, uri, flags):
+        self.calls.append((xml, key, uri))
+        body = "" if xml is None else xml.replace("<adopted>", f"<va:adopted xmlns:va='{uri}'>") \
+            .replace("<disk", "<va:disk").replace("</adopted>", "</va:adopted>")
+        self.xml = XML.replace("<devices>", f"<metadata>{body}</metadata><devices>")
+
+
+def test_adopting_marks_the_target_and_releasing_removes_it_not_during_a_job(caplog):
+    from vmdisktouch.adapters.libvirt import adopted
+    import xml.etree.ElementTree as ET
+    dom = MarkDom(XML)
+    adopt.mark(dom, "vda", True)
+    adopt.mark(dom, "vdb", True)
+    assert adopted.marked(ET.fromstring(dom.xml)) == {"vda", "vdb"}
+    adopt.mark(dom, "vda", True)                         # already: no call
+    assert len(dom.calls) == 2
+    adopt.mark(dom, "vda", False)
+    adopt.mark(dom, "vdb", False)
+    assert dom.calls[-1] == (None, None, adopted.MARK_NS)   # the last one: the element goes
+    assert adopted.marked(ET.fromstring(dom.xml)) == frozenset()
+    busy = MarkDom(MARKED, job=2)
+    adopt.mark(busy, "vda", False)
+    assert busy.calls == [] and "a job runs" in caplog.text

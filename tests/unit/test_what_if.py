@@ -28,11 +28,11 @@ def watched(**kw) -> what_if.Watched:
     return what_if.Watched(**base)
 
 
-def advise(m: MissRatioCurve, w: what_if.Watched) -> what_if.Forecast:
+def advise(m: MissRatioCurve, w: what_if.Watched, adopt: bool = False) -> what_if.Forecast:
     w = what_if.Watched(**{**w.__dict__, "pages_read": m.reads})
     status = m.status(w.image_bytes, w.page_size)
     return what_if.forecast(w, status["curve"], lambda b: m.hit_ratio(b / w.page_size),
-                            m.wants(w.image_bytes, w.page_size))
+                            m.wants(w.image_bytes, w.page_size), adopt=adopt)
 
 
 def zone_reads(zone_pages: int = 64 * MiB // PAGE, n: int = 200_000, seed: int = 1):
@@ -224,6 +224,23 @@ def test_a_mixed_workload_on_a_fast_disk_comes_out_negative_and_says_no_gain():
     assert "reads/s" in said and "writes/s" in said and "mean I/O" in said, said
     said.encode("latin-1")                  # the table and the picture: no arrows
     assert f.to_json()["then"]["reads_per_second"] < f.to_json()["now"]["reads_per_second"]
+
+
+def test_adopting_keeps_the_guest_s_write_cache_so_writes_pay_the_path_not_a_flush():
+    m = curve_of(zone_reads())
+    writethrough, adopted = advise(m, fast_disk()), advise(m, fast_disk(), adopt=True)
+    assert writethrough.verdict == "no_gain" and adopted.verdict == "hold", adopted
+    assert adopted.adopt and not writethrough.adopt
+    assert adopted.write_cost == pytest.approx(15e-6)           # the path's, no flush
+    assert adopted.saved_per_read == pytest.approx(writethrough.saved_per_read)
+    assert adopted.then.io_time < adopted.now.io_time < writethrough.then.io_time
+    assert sentence(adopted, IMAGE).startswith("adopted with ")
+    assert adopted.to_json()["adopt"] is True
+    # writes that cost more than the reads save are no gain for adopt either
+    heavy = advise(m, fast_disk(writes_per_second=20000.0), adopt=True)
+    assert heavy.verdict == "no_gain" and "buffered path" in heavy.reason, heavy.reason
+    # a disk through the page cache already has nothing to adopt
+    assert not advise(m, fast_disk(buffered=True), adopt=True).adopt
 
 
 def test_reads_only_on_a_fast_disk_gain_what_the_buffered_path_leaves():

@@ -94,6 +94,7 @@ def sentence(f: Forecast, image_bytes: int) -> str:
     if f.verdict == "no_reuse":
         return "no size helps: no page was read twice in the window"
     held = (f"with {format_size(f.bytes)} held" if f.buffered
+            else f"adopted with {format_size(f.bytes)} held" if f.adopt
             else f"with cache=writethrough and {format_size(f.bytes)} held")
     share = f"about {f.hit_ratio:.0%} of reads from memory"
     if f.verdict == "no_latency":

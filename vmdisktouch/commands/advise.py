@@ -118,7 +118,7 @@ def _disks(args) -> tuple[list[dict], list[outputs.Protected]]:
     finally:
         conn.close()
     return ([{"path": d.source, "name": f"{d.domain}/{d.target}", "cache": d.cache,
-              "domain": d.domain, "target": d.target}
+              "domain": d.domain, "target": d.target, "io": d.io}
              for d in disks if d.active and d.source and d.type in ("file", "block")
              and d.device == "disk"],
             [outputs.Protected.of_path(d.source, f"the disk {d.target} of domain {d.domain}")
@@ -274,12 +274,17 @@ def _report(watches, failed: dict, hit: float, costs: dict, duration: float,
         curve = w.mrc.status(m.image_bytes, m.page_size)
         window = w.mrc.status(m.image_bytes, m.page_size, steady=False)["curve"]
         wants = w.mrc.wants(m.image_bytes, m.page_size)
-        f = what_if.forecast(m, window,
-                             lambda b, w=w, m=m: w.mrc.hit_ratio(b / m.page_size), wants,
-                             lambda b, w=w: what_if.hottest_share(w.block_reads,
-                                                                  -(-b // io_watch.BLOCK)),
-                             lambda b, w=w, m=m: advice.of_curve(w.mrc, advice.ADVISE,
-                                                                 b / m.page_size))
+        def forecast(adopt: bool, w=w, m=m, window=window, wants=wants):
+            return what_if.forecast(
+                m, window, lambda b: w.mrc.hit_ratio(b / m.page_size), wants,
+                lambda b: what_if.hottest_share(w.block_reads, -(-b // io_watch.BLOCK)),
+                lambda b: advice.of_curve(w.mrc, advice.ADVISE, b / m.page_size),
+                adopt=adopt)
+        f = forecast(False)
+        # vmdisktouch adopt's (docs/adopt.md): a domain's disk past the page cache, not
+        # io='native' (which adopt refuses)
+        adopted = (forecast(True) if not m.buffered and d.get("domain")
+                   and d.get("io") != "native" else None)
         t = w.tally
         waits = w.read_waits_ns()
         out.append({
@@ -303,8 +308,11 @@ def _report(watches, failed: dict, hit: float, costs: dict, duration: float,
                                          for x in np.percentile(waits, [50, 99])]
                                         if waits.size else None),
             "events_lost": t.lost, "wants_bytes": wants,
-            **curve, "window_curve": window, "advice": {**f.to_json(),
-                                "advice": advice_file.sentence(f, m.image_bytes)}})
+            **curve, "window_curve": window, "advice": {
+                **f.to_json(), "advice": advice_file.sentence(f, m.image_bytes),
+                "adopted": None if adopted is None else {
+                    **adopted.to_json(), "advice": advice_file.sentence(adopted,
+                                                                        m.image_bytes)}}})
     return {"duration_seconds": duration, "interrupted": interrupted,
             "watched_seconds": max([d["seconds"] for d in out] or [0.0]),
             "kernel": os.uname().release, "when": time.time(),
@@ -349,6 +357,10 @@ def _output(report: dict, args, protected: list) -> bool:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for d in report["disks"]:
+        a = d["advice"].get("adopted")
+        if a and a["verdict"] in ("hold", "no_gain", "uniform") and d.get("domain"):
+            print(f"{d['name']}: vmdisktouch adopt {d['domain']}/{d['target']}: {a['advice']}")
     for d in report["disks"]:
         e = d["advice"].get("evidence")
         if e and d["reads_per_second"] > 0:

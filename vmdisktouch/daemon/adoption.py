@@ -5,7 +5,9 @@ Theory of operation
 -------------------
 Each sync, the disks of running domains left out for O_DIRECT alone (``Want.adoptable``:
 a local file or device, not ``io='native'``) that the config file's ``[adopt]`` names
-(``Rules.adopts``) are candidates. One worker thread adopts them, one at a time, as
+(``Rules.adopts``) are candidates, and so are those their domain carries as adopted
+(``adopted.mark``: adopted on the host it ran on before a migration or a save; in the
+``[scope]``, whatever ``[adopt]`` says), once it runs here. One worker thread adopts them, one at a time, as
 ``vmdisktouch adopt`` does (``adapters.libvirt.adopt``, with every check it makes),
 because a libvirt or QEMU call can hang and the loop must not. The listing after it
 finds the disk adopted, and the service serves it within the one budget; when the
@@ -55,6 +57,7 @@ class Adopter:
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._watched: set[str] = set()
+        self._carried: set[str] = set()
         self._figures: dict[str, tuple[float | None, float | None]] = {}
         self.adopted: set[str] = set()                 # DOMAIN/TARGET it adopted
         self.released: dict[str, str] = {}             # DOMAIN/TARGET it released -> why
@@ -62,11 +65,13 @@ class Adopter:
         self._timing: dict[str, list] = {}
         self._judges: dict[str, tuple[Judge | None, object]] = {}
 
-    def want(self, keys: list[str]) -> None:
+    def want(self, keys: list[str], carried=frozenset()) -> None:
         """The candidates now (``DOMAIN/TARGET``): each new one, or one whose "not now" is
-        ``RETRY_S`` old, is queued; one no longer a candidate is forgotten."""
+        ``RETRY_S`` old, is queued; one no longer a candidate is forgotten. ``carried``:
+        those their domain carries as adopted (adopted where it ran before)."""
         now = self.clock()
         with self._lock:
+            self._carried = set(carried)
             for key in set(self._tried) - set(keys):
                 if self._tried[key][0] != "pending":
                     del self._tried[key]
@@ -194,8 +199,11 @@ class Adopter:
                               baseline=baseline)
         self._done(key, "done")
         self.adopted.add(key)
-        log.info("%s: adopted by [adopt]: %s through the host page cache (QEMU node %s, "
-                 "libvirt still says cache=%s)", key, node.path, node.name, node.cache)
+        with self._lock:
+            how = ("adopted again, as where its domain ran before (the mark it carries)"
+                   if key in self._carried else "adopted by [adopt]")
+        log.info("%s: %s: %s through the host page cache (QEMU node %s, libvirt still says "
+                 "cache=%s)", key, how, node.path, node.name, node.cache)
 
     def _judge(self, conn, key: str) -> None:
         """One tick of an adopted disk: its window judged; released when it got slower."""

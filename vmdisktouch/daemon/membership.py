@@ -65,6 +65,8 @@ class Want:
     skipped: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     # the skipped a ``vmdisktouch adopt`` could switch -> their domain's labels (``[adopt]``)
     adoptable: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    # of those, the ones their domain carries as adopted (``adopted.mark``)
+    readopt: frozenset[tuple[str, str]] = frozenset()
 
 
 class GivenPaths:
@@ -162,7 +164,7 @@ class RunningDomains:
         w = libvirt_watch.wanted(listed)
         return Want({p: Member(p, d.domain, d.target, True, d.carried, d.arriving, d.activated,
                             d.labels, d.adopted) for p, d in w.serve.items()},
-                    dict(w.skipped), dict(w.adoptable))
+                    dict(w.skipped), dict(w.adoptable), w.readopt)
 
     def close(self) -> None:
         self.watch.close()

@@ -291,9 +291,12 @@ class Service:
                               else (None, None))
         if self.adopter is not None:
             self.adopter.watch(self.adopted.values())
-            self.adopter.want(sorted(f"{d}/{t}" for (d, t), labels in want.adoptable.items()
-                                     if (d, t) in want.skipped
-                                     and self.rules.adopts(d, t, labels)))
+            self.adopter.want(
+                sorted(f"{d}/{t}" for (d, t), labels in want.adoptable.items()
+                       if (d, t) in want.skipped and (self.rules.adopts(d, t, labels) or (
+                           (d, t) in want.readopt
+                           and self.rules.out_of_scope(d, t, labels) is None))),
+                carried={f"{d}/{t}" for d, t in want.readopt})
 
     def carries(self, domain: str | None, target: str | None) -> bool:
         """Whether a disk's heat travels in its domain's metadata (``carry_heat``, the

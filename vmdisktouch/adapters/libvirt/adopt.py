@@ -54,24 +54,28 @@ image left in the page cache is dropped after, as it would go stale.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from xml.sax.saxutils import quoteattr
 
 from vmdisktouch.adapters.advice_file import advice_of, load_advice
-from vmdisktouch.adapters.libvirt import libvirt_disks
+from vmdisktouch.adapters.libvirt import adopted, libvirt_disks
 from vmdisktouch.adapters.libvirt.adopted import (forget, held_back, hold_back, let_go, record,
                                                   records)
 from vmdisktouch.adapters.libvirt.domain_state import RUNNING, STATE_NAMES
-from vmdisktouch.core import never_slower
-from vmdisktouch.core.never_slower import Counters, Window
 from vmdisktouch.adapters.libvirt.libvirt_disks import (DIRECT_CACHE_MODES, LibvirtError,
                                                         import_libvirt, libvirt_message)
+from vmdisktouch.core import never_slower
+from vmdisktouch.core.never_slower import Counters, Window
 from vmdisktouch.errors import ConfigError, ImageError, UsageError, VmdtError, EX_TEMPFAIL
 from vmdisktouch.system.hold import drop
 from vmdisktouch.system.image import open_image
+
+log = logging.getLogger("vmdisktouch")
 
 PROTOCOL_DRIVERS = ("file", "host_device")
 BUFFERED_AIO = ("threads", "io_uring")
@@ -247,7 +251,10 @@ def _running(dom, key: str) -> None:
 
 
 def _advice(node: Node, advice_path: str) -> dict | None:
-    return advice_of(load_advice(advice_path), node.domain, node.target, node.path)
+    """advise's forecast of adopting the disk (its ``adopted``: the guest's write cache
+    kept), else of a switch to cache=writethrough (a report from before the first)."""
+    a = advice_of(load_advice(advice_path), node.domain, node.target, node.path)
+    return (a.get("adopted") or a) if isinstance(a, dict) else None
 
 
 def advised_gain(a: dict | None) -> float | None:
@@ -320,6 +327,29 @@ def check(conn, key: str, *, advice_path: str, force: bool = False,
     return dom, node, advice, direct
 
 
+def mark(dom, target: str, adopting: bool) -> None:
+    """Add ``target`` to the adopted targets its domain carries (``adopting``; the
+    metadata of ``adopted``), or remove it; the element goes with the last. A failure is said in one line and changes
+    nothing else: the switch is QEMU's, the mark only travels. Not during a job (a
+    migration): libvirt would make the write wait for its end."""
+    libvirt = import_libvirt()
+    try:
+        before = adopted.marked(ET.fromstring(dom.XMLDesc(0)))
+        targets = before | {target} if adopting else before - {target}
+        if targets == before:
+            return
+        if dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE:
+            raise libvirt.libvirtError("a job runs on the domain")
+        xml = ("<adopted>" + "".join(f"<disk target={quoteattr(t)}/>" for t in sorted(targets))
+               + "</adopted>") if targets else None
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml,
+                        adopted.MARK_KEY if xml else None, adopted.MARK_NS, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    except (libvirt.libvirtError, ET.ParseError) as exc:
+        why = libvirt_message(exc) if isinstance(exc, libvirt.libvirtError) else str(exc)
+        log.warning("%s/%s: the adoption's mark in the domain's metadata not %s: %s",
+                    dom.name(), target, "written" if adopting else "removed", why)
+
+
 def adopt(conn, key: str, *, advice_path: str, force: bool = False,
           by_config: bool = False, baseline: list[Window] | None = None) -> tuple[Node, bool]:
     """Switch the disk ``key`` (``DOMAIN/TARGET``) to the page cache (module docstring,
@@ -351,6 +381,7 @@ def adopt(conn, key: str, *, advice_path: str, force: bool = False,
     except ImageError as exc:
         raise Refused(f"{key}: {exc}") from None
     record(node, baseline, advised_gain(advice))
+    mark(dom, node.target, True)
     return node, True
 
 
@@ -372,6 +403,7 @@ def release(conn, key: str, *, by_operator: bool = False,
         except ImageError:
             pass                                   # nothing to drop
     forget(node.uuid, node.target)
+    mark(dom, node.target, False)
     if by_operator or why:
         hold_back(node, why)
     return node, switched

@@ -8,6 +8,12 @@ with O_DIRECT) stands for nothing. ``list_disks`` marks a running domain's disk
 adopted by it, so the host service, ``discover`` and ``run PATH`` see it through the
 page cache although libvirt still says ``cache=none``; ``release --all`` asks the
 domains it names. A record lives in ``/run``: a reboot ends every QEMU with it.
+
+The domain carries its adopted targets too, in its live XML's metadata (``mark``:
+``<adopted><disk target="vda"/></adopted>`` in ``MARK_NS``, the persistent definition
+untouched), which libvirt sends with a migration and keeps in a save: the host service
+of the host it arrives on adopts those disks again once the domain runs there, with
+its own checks, drop and timing (``daemon.adoption``). A release removes the target.
 """
 
 from __future__ import annotations
@@ -16,10 +22,13 @@ import glob
 import json
 import os
 import time
+import xml.etree.ElementTree as ET
 
 from vmdisktouch.adapters import atomic, runtime_dir
 
 RECORDS = "adopted"            # under the runtime directory
+MARK_NS = "http://vmdisktouch.org/xmlns/adopted/1"
+MARK_KEY = "vmdisktouch-adopted"
 
 
 def records_dir() -> str:
@@ -121,3 +130,13 @@ def records() -> list[dict]:
 def by_disk() -> dict[tuple[str, str], dict]:
     """The records by ``(uuid, target)``."""
     return {(d["uuid"], d["target"]): d for d in records()}
+
+
+def marked(root: ET.Element) -> frozenset[str]:
+    """The targets a domain's live XML (parsed) carries as adopted (``mark``)."""
+    elem = root.find(f"./metadata/{{{MARK_NS}}}adopted")
+    if elem is None:
+        return frozenset()
+    return frozenset(d.get("target") for d in elem if d.tag == f"{{{MARK_NS}}}disk"
+                     and d.get("target"))
+

@@ -111,6 +111,9 @@ class Disk:
     # When ``vmdisktouch adopt`` switched this run's disk to the page cache (epoch s; libvirt
     # still says cache=none), or None (``adopted``).
     adopted: float | None = None
+    # Its domain carries it as adopted (``adopted.mark``: it was adopted where the domain ran
+    # before a migration or a save): the host service adopts it again here.
+    adopt_marked: bool = False
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -204,6 +207,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
     uuid = root.findtext("uuid") or ""
     carried = problem or _carried(root)
     labels = labels_of(root)
+    marks = adopted.marked(root)
     disks = []
     for el in root.findall("./devices/disk"):
         dtype = el.get("type", "file")
@@ -228,6 +232,7 @@ def parse_domain_xml(xml: str, *, state: str = "unknown", active: bool | None = 
             readonly=el.find("readonly") is not None,
             backing=_backing_chain(el), problem=problem, labels=labels,
         )
+        disk.adopt_marked = disk.target in marks
         disk.carried = carried if isinstance(carried, str) else carried.get(disk.target)
         disk.eligible, disk.reason, disk.code = assess(disk)
         if with_units and source and dtype in ("file", "block"):

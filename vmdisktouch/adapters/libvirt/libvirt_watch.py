@@ -82,6 +82,8 @@ class Wanted:
     # skipped for O_DIRECT alone, a local file or device that ``vmdisktouch adopt`` could
     # switch: (domain, target) -> its domain's labels (``[adopt]``)
     adoptable: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    # of those, the ones their domain carries as adopted (``adopted.mark``): adopted again
+    readopt: frozenset[tuple[str, str]] = frozenset()
 
 
 def wanted(disks: list[Disk]) -> Wanted:
@@ -90,6 +92,7 @@ def wanted(disks: list[Disk]) -> Wanted:
     serve: dict[str, Disk] = {}
     skipped: dict[tuple[str, str], tuple[str, str]] = {}
     adoptable: dict[tuple[str, str], tuple[str, ...]] = {}
+    readopt = set()
     for d in disks:
         if not d.active:
             continue
@@ -99,7 +102,9 @@ def wanted(disks: list[Disk]) -> Wanted:
             skipped[(d.domain, d.target)] = (d.code, d.reason)
             if d.code == "o_direct" and d.io != "native" and not d.readonly:
                 adoptable[(d.domain, d.target)] = d.labels
-    return Wanted(serve, skipped, adoptable)
+                if d.adopt_marked:
+                    readopt.add((d.domain, d.target))
+    return Wanted(serve, skipped, adoptable, frozenset(readopt))
 
 
 def owners(disks: list[Disk], path: str) -> list[Disk]:
