@@ -13,8 +13,8 @@ _shtab_vmdisktouch_discover_option_strings=(-h --help --debug --uri --json --adv
 _shtab_vmdisktouch_unit_name_option_strings=(-h --help --debug --instance)
 _shtab_vmdisktouch_status_option_strings=(-h --help --debug --all --json --dir)
 _shtab_vmdisktouch_advise_option_strings=(-h --help --debug --libvirt --duration --cache --json --png --save)
-_shtab_vmdisktouch_adopt_option_strings=(-h --help --debug --uri --advice --force --measure)
-_shtab_vmdisktouch_release_option_strings=(-h --help --debug --all --uri)
+_shtab_vmdisktouch_adopt_option_strings=(-h --help --debug --qmp --uri --advice --force --measure)
+_shtab_vmdisktouch_release_option_strings=(-h --help --debug --all --uri --qmp)
 _shtab_vmdisktouch_config_option_strings=(-h --help --debug --example --check)
 _shtab_vmdisktouch_option_strings=(-h --help --version --debug)
 

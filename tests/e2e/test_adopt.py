@@ -25,7 +25,9 @@ from tests.support.common import ROOT, free_port, require_tool
 from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from tests.support.faultkit import assert_refused, vmdt
 from tests.support.libvirt_env import disk_xml, libvirt_daemons  # noqa: F401
+from tests.support.images import direct_read
 from tests.support.pagecache import data_image, fincore_pages, vmtouch_pages
+from tests.support.procfs import o_direct
 from tests.support.private_libvirt import PrivateLibvirtd, shared_storage
 
 MiB = 1 << 20
@@ -59,20 +61,6 @@ def image(tmp_path, name: str, size: int = 64 * MiB):
     return data_image(tmp_path / name, size)
 
 
-def o_direct(pid: int, path) -> bool:
-    """Whether QEMU ``pid`` has ``path`` open with O_DIRECT (every descriptor of it)."""
-    flags = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
-                info = open(f"/proc/{pid}/fdinfo/{fd}").read()
-                flags.append(int(info.split("flags:")[1].split()[0], 8))
-        except OSError:
-            continue
-    assert flags, f"QEMU {pid} does not have {path} open"
-    return all(f & os.O_DIRECT for f in flags)
-
-
 def node_direct(lv, name: str) -> bool:
     out = lv.virsh("qemu-monitor-command", name,
                    json.dumps({"execute": "query-named-block-nodes",
@@ -80,16 +68,6 @@ def node_direct(lv, name: str) -> bool:
     nodes = [n for n in json.loads(out)["return"] if n["drv"] == "file"]
     assert len(nodes) == 1, nodes
     return nodes[0]["cache"]["direct"]
-
-
-def direct_read(path, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        buf = mmap.mmap(-1, length)
-        os.preadv(fd, [buf], offset)
-        return bytes(buf)
-    finally:
-        os.close(fd)
 
 
 def test_adopt_then_release_switches_the_descriptor_and_keeps_every_flushed_write(

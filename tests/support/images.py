@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 
@@ -88,3 +89,12 @@ def resident_bytes(path: str, offset: int = 0, length: int | None = None) -> int
     finally:
         os.close(fd)
 
+
+def direct_read(path, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, length)
+        os.preadv(fd, [buf], offset)
+        return bytes(buf)
+    finally:
+        os.close(fd)

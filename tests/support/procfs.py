@@ -54,3 +54,17 @@ def cpu_ns(pid: int) -> int:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 total += int(f.read().split()[0])
     return total
+
+
+def o_direct(pid: int, path) -> bool:
+    """Whether QEMU ``pid`` has ``path`` open with O_DIRECT (every descriptor of it)."""
+    flags = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                info = open(f"/proc/{pid}/fdinfo/{fd}").read()
+                flags.append(int(info.split("flags:")[1].split()[0], 8))
+        except OSError:
+            continue
+    assert flags, f"QEMU {pid} does not have {path} open"
+    return all(f & os.O_DIRECT for f in flags)

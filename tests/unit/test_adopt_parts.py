@@ -314,3 +314,23 @@ def test_adopting_marks_the_target_and_releasing_removes_it_not_during_a_job(cap
     busy = MarkDom(MARKED, job=2)
     adopt.mark(busy, "vda", False)
     assert busy.calls == [] and "a job runs" in caplog.text
+
+
+def test_a_drive_s_options_come_from_qemu_s_command_line_commas_doubled_in_values():
+    from vmdisktouch.adapters import qemu_socket
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                          "-drive", "file=/images/a,,b.raw,if=none,id=drive-scsi0,cache=none,"
+                                    "aio=io_uring,format=raw",
+                          "-drive", "file=/images/c.raw,if=none,id=drive-scsi1"])
+    try:
+        deadline = time.monotonic() + 10
+        while b"-drive" not in open(f"/proc/{p.pid}/cmdline", "rb").read():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        got = qemu_socket.drive_options(p.pid, "drive-scsi0")
+        assert got["file"] == "/images/a,b.raw" and got["aio"] == "io_uring", got
+        assert "aio" not in qemu_socket.drive_options(p.pid, "drive-scsi1")
+        assert qemu_socket.drive_options(p.pid, "drive-virtio9") is None
+    finally:
+        p.kill()
+        p.wait()

@@ -36,7 +36,12 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
         "and one advise said would gain nothing (--force). The guest's write cache and "
         "flush contract do not change. vmdisktouch release switches it back.")
     parser.add_argument("disks", nargs="+", metavar="DOMAIN/TARGET",
-                        help="the disk, by domain name and target (e.g. web1/vda)")
+                        help="the disk, by domain name and target (e.g. web1/vda); with "
+                             "--qmp, the -drive id (e.g. drive-scsi0)")
+    parser.add_argument("--qmp", metavar="SOCKET",
+                        help="a QEMU libvirt does not run, by its QMP socket (Proxmox VE: "
+                             "/var/run/qemu-server/VMID.qmp); its guest is not timed first "
+                             "(--measure: libvirt only)")
     parser.add_argument("--uri", default=DEFAULT_URI,
                         help=f"libvirt connection URI (default: {DEFAULT_URI})")
     parser.add_argument("--advice", default=ADVICE_FILE, metavar="FILE",
@@ -53,6 +58,8 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     if not 0 <= args.measure <= 3600:
         raise UsageError(f"--measure {args.measure:g}: seconds from 0 to 3600")
+    if args.qmp:
+        return _through_socket(args)
     for key in args.disks:
         adopt.parse_key(key)                 # every name checked before anything changes
     conn = libvirt_disks.connect(args.uri, readonly=False)
@@ -65,6 +72,20 @@ def main(args) -> int:
         line = (f"{node.key}: adopted: {node.path} through the host page cache "
                 f"(QEMU node {node.name}, libvirt still says cache={node.cache})"
                 if switched else f"{node.key}: adopted already: {node.path}")
+        print(line, flush=True)
+        log.info("%s", line)
+    return 0
+
+
+def _through_socket(args) -> int:
+    """``--qmp SOCKET DRIVE...`` (``adapters.qemu_socket``)."""
+    from vmdisktouch.adapters import qemu_socket
+    qemu_socket.check_socket(args.qmp)
+    for drive in args.disks:
+        path, switched = qemu_socket.adopt_drive(args.qmp, drive, advice_path=args.advice,
+                                                 force=args.force)
+        line = (f"{args.qmp} {drive}: adopted: {path} through the host page cache"
+                if switched else f"{args.qmp} {drive}: adopted already: {path}")
         print(line, flush=True)
         log.info("%s", line)
     return 0

@@ -150,15 +150,21 @@ def qemu_pid(uuid: str) -> int | None:
     return None
 
 
-def creation_options(pid: int, node: str) -> dict | None:
-    """The ``-blockdev`` JSON options of ``node`` on QEMU ``pid``'s command line."""
+def qemu_options(pid: int, flag: str) -> list[str]:
+    """The values of each ``flag`` (``-blockdev``, ``-drive``) on QEMU ``pid``'s command
+    line; [] when it cannot be read."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
-        return None
-    for flag, value in zip(argv, argv[1:]):
-        if flag == "-blockdev" and value.startswith("{"):
+        return []
+    return [value for f, value in zip(argv, argv[1:]) if f == flag]
+
+
+def creation_options(pid: int, node: str) -> dict | None:
+    """The ``-blockdev`` JSON options of ``node`` on QEMU ``pid``'s command line."""
+    for value in qemu_options(pid, "-blockdev"):
+        if value.startswith("{"):
             try:
                 opts = json.loads(value)
             except ValueError:
@@ -251,10 +257,30 @@ def _running(dom, key: str) -> None:
 
 
 def _advice(node: Node, advice_path: str) -> dict | None:
+    return advice_for(advice_path, node.path, node.domain, node.target)
+
+
+def advice_for(advice_path: str, path: str, domain: str | None = None,
+               target: str | None = None) -> dict | None:
     """advise's forecast of adopting the disk (its ``adopted``: the guest's write cache
     kept), else of a switch to cache=writethrough (a report from before the first)."""
-    a = advice_of(load_advice(advice_path), node.domain, node.target, node.path)
+    a = advice_of(load_advice(advice_path), domain, target, path)
     return (a.get("adopted") or a) if isinstance(a, dict) else None
+
+
+def no_gain_refusal(key: str, advice: dict | None) -> None:
+    """``Refused`` when advise's last report said no gain for the disk."""
+    if advice and advice.get("verdict") == "no_gain":
+        raise Refused(f"{key}: advise said no gain ({advice.get('reason') or 'no gain'}); "
+                      f"--force adopts it anyway")
+
+
+def aio_refusal(key: str, aio: str) -> None:
+    """``Refused`` for an ``aio`` a reopen cannot change and the page cache would stall."""
+    if aio not in BUFFERED_AIO:
+        raise Refused(f"{key}: io={aio}: QEMU cannot change it on a reopen, and Linux AIO "
+                      f"on the page cache stalls QEMU on every miss: needs io='threads' or "
+                      f"io='io_uring'")
 
 
 def advised_gain(a: dict | None) -> float | None:
@@ -314,16 +340,11 @@ def check(conn, key: str, *, advice_path: str, force: bool = False,
     if node.cache not in DIRECT_CACHE_MODES:
         raise Refused(f"{key}: cache={node.cache} goes through the page cache already: "
                       f"serve it as it is")
-    aio = node.options.get("aio", "threads")
-    if aio not in BUFFERED_AIO:
-        raise Refused(f"{key}: io={aio}: QEMU cannot change it on a reopen, and Linux AIO "
-                      f"on the page cache stalls QEMU on every miss: needs io='threads' or "
-                      f"io='io_uring'")
+    aio_refusal(key, node.options.get("aio", "threads"))
     direct = direct_now(dom, node)
     advice = _advice(node, advice_path)
-    if direct and not force and advice and advice.get("verdict") == "no_gain":
-        raise Refused(f"{key}: advise said no gain ({advice.get('reason') or 'no gain'}); "
-                      f"--force adopts it anyway")
+    if direct and not force:
+        no_gain_refusal(key, advice)
     return dom, node, advice, direct
 
 
@@ -350,6 +371,37 @@ def mark(dom, target: str, adopting: bool) -> None:
                     dom.name(), target, "written" if adopting else "removed", why)
 
 
+def drop_then_switch(key: str, path: str, switch) -> None:
+    """Drop the image's pages from this host's page cache, check that none stays (the
+    module docstring), then ``switch``; ``Refused`` naming who maps a page that stayed."""
+    try:
+        with open_image(path) as image:
+            left = drop.drop(image)
+            if left is None:
+                raise Refused(f"{key}: this process may not see {path}'s page cache "
+                              f"(run as root)")
+            if left:
+                who = drop.mappers(path)
+                raise Refused(f"{key}: {left} page(s) of {path} stay in this host's "
+                              f"page cache after dropping them"
+                              + (f", mapped by {', '.join(who)}" if who else "")
+                              + ": they may be older than the disk, and QEMU would read "
+                              "them")
+            switch()
+    except ImageError as exc:
+        raise Refused(f"{key}: {exc}") from None
+
+
+def drop_after_release(path: str) -> None:
+    """What the image left in the page cache goes: it would go stale once QEMU reads past
+    it again."""
+    try:
+        with open_image(path) as image:
+            drop.drop(image)
+    except ImageError:
+        pass                                   # nothing to drop
+
+
 def adopt(conn, key: str, *, advice_path: str, force: bool = False,
           by_config: bool = False, baseline: list[Window] | None = None) -> tuple[Node, bool]:
     """Switch the disk ``key`` (``DOMAIN/TARGET``) to the page cache (module docstring,
@@ -363,23 +415,11 @@ def adopt(conn, key: str, *, advice_path: str, force: bool = False,
     if not direct:
         record(node)
         return node, False                           # adopted already: recorded again
-    try:
-        with open_image(node.path) as image:
-            left = drop.drop(image)
-            if left is None:
-                raise Refused(f"{key}: this process may not see {node.path}'s page cache "
-                              f"(run as root)")
-            if left:
-                who = drop.mappers(node.path)
-                raise Refused(f"{key}: {left} page(s) of {node.path} stay in this host's "
-                              f"page cache after dropping them"
-                              + (f", mapped by {', '.join(who)}" if who else "")
-                              + ": they may be older than the disk, and QEMU would read "
-                              "them")
-            _running(dom, key)                       # the drop took time: ask again
-            _reopen(dom, node, direct=False)
-    except ImageError as exc:
-        raise Refused(f"{key}: {exc}") from None
+
+    def switch():
+        _running(dom, key)                           # the drop took time: ask again
+        _reopen(dom, node, direct=False)
+    drop_then_switch(key, node.path, switch)
     record(node, baseline, advised_gain(advice))
     mark(dom, node.target, True)
     return node, True
@@ -397,11 +437,7 @@ def release(conn, key: str, *, by_operator: bool = False,
     switched = not direct_now(dom, node)
     if switched:
         _reopen(dom, node, direct=True)
-        try:
-            with open_image(node.path) as image:
-                drop.drop(image)
-        except ImageError:
-            pass                                   # nothing to drop
+        drop_after_release(node.path)
     forget(node.uuid, node.target)
     mark(dom, node.target, False)
     if by_operator or why:
