@@ -292,13 +292,14 @@ def disk_part(line: DiskLine, d: DiskReport | None) -> str:
 
 def adopted_gain_part(d: DiskReport) -> str:
     """An adopted disk's gain measured since the switch, beside the gain advised: the
-    guest's mean I/O time before over after (``core.never_slower``)."""
+    guest's mean I/O time before over after (``core.never_slower``); and the taint libvirt
+    marks its domain with (QMP through libvirt, docs/adopt.md)."""
     def ok(v):
         return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
     measured = (f"I/O {d.adopted_gain:.2f}x as fast as before" if ok(d.adopted_gain)
                 else "I/O since not measured yet")
     advised = f", {d.advised_gain:.2f}x advised" if ok(d.advised_gain) else ""
-    return f" ({measured}{advised})"
+    return f" ({measured}{advised}; libvirt: tainted, custom-monitor)"
 
 
 def lost_part(d: DiskReport) -> str:

@@ -136,6 +136,12 @@ class Adopter:
                 if key:
                     self._done(key, "later")
                 log.warning("[adopt]: %s (tried again in %.0f s)", exc, RETRY_S)
+            except Exception as exc:  # noqa: BLE001 - the worker must outlive any failure
+                conn = None
+                if key:
+                    self._done(key, "later")
+                log.error("[adopt]: %s: %s (tried again in %.0f s)", type(exc).__name__,
+                          exc, RETRY_S)
 
     def _done(self, key: str, state: str) -> None:
         self._timing.pop(key, None)
