@@ -356,7 +356,8 @@ def adopting_service(lv, tmp_path, env, name: str) -> DaemonProc:
     config = tmp_path / "host.toml"
     config.write_text(f'[adopt]\ninclude = ["{name}"]\n')
     return DaemonProc(tmp_path, [], "--libvirt", "--uri", lv.uri, "--min-free", "0",
-                      "--interval", "1", "--config", config, max_hold="32M",
+                      "--interval", "1", "--config", config, "--host-png",
+                      tmp_path / "host.png", max_hold="32M",
                       status="status.json", env={**env_without_systemd(),
                                                  "VMDISKTOUCH_RUNTIME_DIR": env[
                                                      "VMDISKTOUCH_RUNTIME_DIR"]})

@@ -265,8 +265,8 @@ class Service:
         for key, (kind, why) in list(want.skipped.items()):
             slower = self.adopter.released.get("/".join(key)) if self.adopter else None
             if slower:
-                want.skipped[key] = ("adopt_slower", why := f"{why}; released from "
-                                                           f"adoption by itself: {slower}")
+                want.skipped[key] = ("adopt_slower", why := "released from adoption by "
+                                                           f"itself: {slower}")
             if self.skipped.get(key, (None, None))[1] != why:
                 log.info("libvirt: %s %s skipped: %s", key[0], key[1], why,
                          extra=journal.fields(domain=key[0], target=key[1]))
