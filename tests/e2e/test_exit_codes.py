@@ -258,7 +258,7 @@ def test_a_closed_output_is_1_in_one_line(tmp_path, image, argv):
                                 "cut short"], err
 
 
-@pytest.mark.parametrize("argv", [["discover"], ["adopt", "web1/vda"], ["release", "--all"]],
+@pytest.mark.parametrize("argv", [["discover"], ["adopt", "web1/vda"], ["release", "web1/vda"]],
                          ids=lambda v: v[0])
 def test_libvirt_unreachable_is_1_in_one_line(tmp_path, argv):
     """No libvirtd is asked: the socket does not exist."""
