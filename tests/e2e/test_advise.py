@@ -115,6 +115,11 @@ def test_advise_sees_a_cache_none_disk_its_rates_and_a_curve_within_5_points_of_
         assert advice["advice"].startswith("no gain: with cache=writethrough and ")
         assert advice["more_reads_per_second"] <= 0 and advice["reason"], advice
     assert advice["evidence"]["re_reads"] > 0
+    # and of adopting it live: the writes pay the buffered path, not a flush
+    adopted = advice["adopted"]
+    assert adopted["adopt"] and adopted["advice"].startswith(("adopted with ",
+                                                               "no gain: adopted with "))
+    assert d["writes_per_second"] > 0 and adopted["write_cost_us"] < advice["write_cost_us"]
     assert d["path_extra_us"] > 0, d        # a read's extra wake-up, measured on this host
     assert d["write_extra_us"] > d["path_extra_us"], d   # a flush on the image's fs
     assert resident_bytes(image) == 0, "advise brought pages of the image into the cache"

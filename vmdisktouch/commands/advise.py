@@ -281,10 +281,9 @@ def _report(watches, failed: dict, hit: float, costs: dict, duration: float,
                 lambda b: advice.of_curve(w.mrc, advice.ADVISE, b / m.page_size),
                 adopt=adopt)
         f = forecast(False)
-        # vmdisktouch adopt's (docs/adopt.md): a domain's disk past the page cache, not
+        # vmdisktouch adopt's (docs/adopt.md): a disk past the page cache, not libvirt's
         # io='native' (which adopt refuses)
-        adopted = (forecast(True) if not m.buffered and d.get("domain")
-                   and d.get("io") != "native" else None)
+        adopted = forecast(True) if not m.buffered and d.get("io") != "native" else None
         t = w.tally
         waits = w.read_waits_ns()
         out.append({

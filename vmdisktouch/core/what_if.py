@@ -90,10 +90,9 @@ the page cache and done, and the guest's next flush writes back what came before
 A guest that flushes after each write pays what it paid (the write at the device,
 then the flush), and one that flushes less pays less. The forecast takes the first,
 the bound: a write waits ``path_extra`` more (the worker's wake-up), no flush more.
-Measured with fio 80/20 at queue depth 1 through QEMU (qemu-storage-daemon, a
-256 MiB image): with a flush after each write, cache=none did 6.4-7.0k reads/s and
-adopted 8.6-8.8k, as writethrough did; without, cache=none 10.2k and adopted
-17.4-18.9k, where writethrough did 12.5-13.2k.
+Measured (docs/benchmarks/adopt.md#adopt-writes: fio 80 % reads at queue depth 1
+through QEMU): adopted did 1.31 x cache=none's reads/s with a flush after each write,
+1.77 x without one; the forecast said 1.25 x and 1.43 x.
 
 With the rates now (``r`` reads, ``w`` writes a second) and ``depth`` I/O in
 flight, an I/O's cycle is ``T = depth / (r + w)``; the switch changes it by
