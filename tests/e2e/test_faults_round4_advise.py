@@ -177,7 +177,8 @@ def test_save_replaces_the_report_an_earlier_advise_left(tmp_path):
 
 def test_the_default_save_makes_the_runtime_directory_and_only_it(tmp_path):
     """``advise IMG`` (the default ``--save``, /run/vmdisktouch/advise.json) where
-    /run/vmdisktouch does not exist yet (a private mount namespace, an empty tmpfs on /run):
+    /run/vmdisktouch does not exist yet (a private mount namespace, an empty tmpfs on /run;
+    no ``VMDISKTOUCH_RUNTIME_DIR``, which would move it):
     the project's runtime directory is the one directory advise makes, root's, 0755, as
     the daemon's lock makes it."""
     image = data_image(tmp_path / "disk.img", 16 * MiB)
@@ -186,8 +187,9 @@ def test_the_default_save_makes_the_runtime_directory_and_only_it(tmp_path):
               "echo rc=$?; ls /run; "
               f"{advise}; echo rc=$?; "
               "stat -c '%a %U %F' /run/vmdisktouch; cat /run/vmdisktouch/advise.json")
+    env = {k: v for k, v in os.environ.items() if k != "VMDISKTOUCH_RUNTIME_DIR"}
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+                       capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
     assert_clean(r.stderr)
     assert "refusing --save /run/other/a.json: its directory /run/other does not exist" \
         in r.stderr, r.stderr

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from tests.support.daemon_proc import DaemonProc
 from tests.support.images import make_image
 from tests.support.libvirt_env import (URI, disk_xml, domains, libvirt_daemons,  # noqa: F401
                                        qemu_io)
-from vmdisktouch.adapters.advice_file import ADVICE_FILE
+from vmdisktouch.adapters.advice_file import ADVICE_NAME
 from vmdisktouch.adapters.pictures.host_render import LINE, WOULD_GAIN, band_top
 
 pytestmark = [pytest.mark.qemu, pytest.mark.root]
@@ -37,23 +36,17 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def advice_file(tmp_path):
-    """``ADVICE_FILE`` for this test: the one already there is kept aside and put back."""
-    kept = tmp_path / "advise.json.kept"
-    if os.path.exists(ADVICE_FILE):
-        shutil.move(ADVICE_FILE, kept)
-    try:
-        yield ADVICE_FILE
-    finally:
-        if os.path.exists(ADVICE_FILE):
-            os.unlink(ADVICE_FILE)
-        if kept.exists():
-            shutil.move(kept, ADVICE_FILE)
+def run_dir(tmp_path):
+    """This test's runtime directory (``VMDISKTOUCH_RUNTIME_DIR``), where advise keeps its
+    report and the host service reads it: the host's own is not touched."""
+    run = tmp_path / "run"
+    run.mkdir()
+    return run
 
 
 @pytest.mark.timeout(300)
 def test_the_host_png_marks_a_cache_none_disk_that_would_gain(domains, tmp_path,  # noqa: F811
-                                                              advice_file):
+                                                              run_dir):
     wt, none = (make_image(tmp_path / f"{n}.raw", 32 * MiB, sparse=False)
                 for n in ("wt", "none"))
     name = domains.define([disk_xml("vda", wt), disk_xml("vdb", none, cache="none",
@@ -71,7 +64,8 @@ def test_the_host_png_marks_a_cache_none_disk_that_would_gain(domains, tmp_path,
         time.sleep(2)
         r = subprocess.run([sys.executable, "-m", "vmdisktouch", "advise", "--libvirt", URI,
                             "--duration", "20", "--json"], capture_output=True, text=True,
-                           timeout=120)
+                           timeout=120, env={**os.environ,
+                                             "VMDISKTOUCH_RUNTIME_DIR": str(run_dir)})
     finally:
         stop.set()
         t.join(10)
@@ -79,11 +73,12 @@ def test_the_host_png_marks_a_cache_none_disk_that_would_gain(domains, tmp_path,
     mine = [d for d in json.loads(r.stdout)["disks"] if d.get("domain") == name]
     vdb = next(d for d in mine if d["target"] == "vdb")
     assert vdb["advice"]["verdict"] == "hold", vdb["advice"]
-    assert json.load(open(advice_file))["disks"] == json.loads(r.stdout)["disks"]
+    assert json.load(open(run_dir / ADVICE_NAME))["disks"] == json.loads(r.stdout)["disks"]
 
     png = tmp_path / "host.png"
     d = DaemonProc(tmp_path, [], "--libvirt", "--uri", URI, "--min-free", "0", "--interval",
-                   "0.5", "--host-png", str(png), max_hold="16M", status="host.json")
+                   "0.5", "--host-png", str(png), max_hold="16M", status="host.json",
+                   env={**os.environ, "VMDISKTOUCH_RUNTIME_DIR": str(run_dir)})
     try:
         st = d.wait_status(lambda s: any(x["domain"] == name for x in s["host"]["disks"])
                            and any(x.get("domain") == name for x in s["host"]["skipped"]),

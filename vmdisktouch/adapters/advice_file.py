@@ -1,6 +1,7 @@
 """The last report of ``vmdisktouch advise``, kept for the host's other views.
 
-``advise`` writes its report to ``ADVICE_FILE`` (``--save``); ``discover``
+``advise`` writes its report to ``advice_path()`` (``--save``: ``ADVICE_NAME`` in the
+runtime directory, ``/run/vmdisktouch`` or ``$VMDISKTOUCH_RUNTIME_DIR``); ``discover``
 shows each disk's advice from it in its ADVICE column, and the host PNG marks
 the disks it does not serve that would gain. Each disk is found by
 ``domain/target`` under libvirt, else by its image path.
@@ -9,15 +10,23 @@ the disks it does not serve that would gain. Each disk is found by
 from __future__ import annotations
 
 import json
+import os
 import time
 
-from vmdisktouch.adapters import outputs
+from vmdisktouch.adapters import outputs, runtime_dir
 from vmdisktouch.core.advice import not_enough
 from vmdisktouch.core.what_if import Forecast
 from vmdisktouch.sizes import format_size
 
 ADVISE_HINT = "vmdisktouch advise --libvirt"
-ADVICE_FILE = "/run/vmdisktouch/advise.json"   # the last ``advise`` report (it writes it)
+ADVICE_NAME = "advise.json"     # the last ``advise`` report, in the runtime directory
+ADVICE_FILE = "/run/vmdisktouch/" + ADVICE_NAME   # where it is by default (the help's words)
+
+
+def advice_path() -> str:
+    """Where ``advise`` keeps its last report: in the runtime directory, where ``status``
+    and adopt's records are (``$VMDISKTOUCH_RUNTIME_DIR`` moves them all)."""
+    return os.path.join(runtime_dir.runtime_dir(), ADVICE_NAME)
 
 
 def is_report(doc) -> bool:
@@ -31,7 +40,7 @@ def is_report(doc) -> bool:
 
 
 def load_advice(path: str) -> dict | None:
-    """The last ``advise`` report (``ADVICE_FILE``), None when there is none or it
+    """The last ``advise`` report (``advice_path``), None when there is none or it
     cannot be read: ``{"when": ..., "disks": {key: advice}}``, each disk under its path
     and its ``domain/target``."""
     try:

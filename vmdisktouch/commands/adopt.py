@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from vmdisktouch.adapters.advice_file import ADVICE_FILE
+from vmdisktouch.adapters.advice_file import ADVICE_FILE, advice_path
 from vmdisktouch.adapters.libvirt import adopt, libvirt_disks
 from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI
 from vmdisktouch.core import never_slower
@@ -44,8 +44,9 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                              "(--measure: libvirt only)")
     parser.add_argument("--uri", default=DEFAULT_URI,
                         help=f"libvirt connection URI (default: {DEFAULT_URI})")
-    parser.add_argument("--advice", default=ADVICE_FILE, metavar="FILE",
-                        help=f"advise's report that may say no gain (default: {ADVICE_FILE})")
+    parser.add_argument("--advice", metavar="FILE",
+                        help=f"advise's report that may say no gain (default: {ADVICE_FILE}, "
+                             f"in the runtime directory)")
     parser.add_argument("--force", action="store_true",
                         help="adopt even where advise's last report said no gain")
     parser.add_argument("--measure", type=float, default=MEASURE_S, metavar="SECONDS",
@@ -56,6 +57,7 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
+    args.advice = args.advice or advice_path()
     if not 0 <= args.measure <= 3600:
         raise UsageError(f"--measure {args.measure:g}: seconds from 0 to 3600")
     if args.qmp:

@@ -38,7 +38,7 @@ import time
 from vmdisktouch.adapters import atomic
 from vmdisktouch.adapters import advice_file
 from vmdisktouch.adapters import outputs
-from vmdisktouch.adapters.advice_file import ADVICE_FILE
+from vmdisktouch.adapters.advice_file import ADVICE_FILE, advice_path
 from vmdisktouch.core import advice, what_if
 from vmdisktouch.system.trace.tracefs import PREFIX
 import numpy as np
@@ -82,10 +82,11 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                              "them open (default)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--png", metavar="FILE", help="also draw the curves into FILE")
-    parser.add_argument("--save", default=ADVICE_FILE, metavar="FILE",
+    parser.add_argument("--save", metavar="FILE",
                         help=f"keep the report in FILE for discover's ADVICE column "
-                             f"(default: {ADVICE_FILE}; '' keeps none); FILE must be new "
-                             f"or an earlier report, in a directory that exists")
+                             f"(default: {ADVICE_FILE}, in the runtime directory; '' keeps "
+                             f"none); FILE must be new or an earlier report, in a directory "
+                             f"that exists")
 
 
 def watch_duration(text: str) -> float:
@@ -129,10 +130,11 @@ def check_outputs(args, protected: list) -> None:
     """Refuse (``ConfigError``, 78) a ``--png`` or ``--save`` path that must not be written
     (``outputs.path_problem``: a disk, a link, a FIFO, a file advise does not write, a
     missing directory), or both naming one file; the default report's directory
-    (``/run/vmdisktouch``) is made when missing."""
-    if args.save == ADVICE_FILE:
+    (the runtime directory) is made when missing."""
+    if args.save is None:
+        args.save = advice_path()
         try:
-            os.close(files.open_dir(os.path.dirname(ADVICE_FILE), create=0o755))
+            os.close(files.open_dir(os.path.dirname(args.save), create=0o755))
         except OSError:
             pass                                    # path_problem says why, in one line
     outputs.check_named([(flag, key, path) for flag, key, path in

@@ -12,7 +12,7 @@ import os
 import sys
 
 from vmdisktouch.adapters.libvirt import libvirt_disks
-from vmdisktouch.adapters.advice_file import ADVICE_FILE, advice_of, load_advice
+from vmdisktouch.adapters.advice_file import ADVICE_FILE, advice_of, advice_path, load_advice
 from vmdisktouch.commands.discover_table import (HOST_UNIT, format_table, is_empty_drive,
                                                  unit_states, unread)
 from vmdisktouch.adapters.libvirt.libvirt_disks import DEFAULT_URI
@@ -34,9 +34,10 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                         help=f"libvirt connection URI (default: {DEFAULT_URI})")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON array with one object per disk")
-    parser.add_argument("--advice", default=ADVICE_FILE, metavar="FILE",
+    parser.add_argument("--advice", metavar="FILE",
                         help="the ADVICE column from this report of vmdisktouch advise "
-                             f"(default: {ADVICE_FILE}, where advise keeps its last one)")
+                             f"(default: {ADVICE_FILE} in the runtime directory, where advise "
+                             f"keeps its last one)")
     parser.add_argument("--eligible", action="store_true",
                         help="list only the disks vmdisktouch can help")
     parser.add_argument("--config", metavar="FILE",
@@ -63,7 +64,7 @@ def main(args) -> int:
         shown = [d for d in shown if d.eligible]
     states = unit_states(sorted({d.unit for d in shown if d.eligible and d.unit}
                                 | {HOST_UNIT}))
-    advice = load_advice(args.advice)
+    advice = load_advice(args.advice or advice_path())
     scope = out_of_scope(shown, *rules)
     if args.json:
         json.dump([dict(d.to_json(), unit_enabled=states.get(d.unit, (None, None))[0],

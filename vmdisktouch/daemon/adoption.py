@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 
-from vmdisktouch.adapters.advice_file import ADVICE_FILE
+from vmdisktouch.adapters.advice_file import advice_path
 from vmdisktouch.core import never_slower
 from vmdisktouch.core.never_slower import Judge
 from vmdisktouch.errors import VmdtError
@@ -49,9 +49,10 @@ class Adopter:
     """The worker that adopts the candidates ``want`` names, and judges the adopted disks
     ``watch`` names (the module docstring)."""
 
-    def __init__(self, uri: str, advice_path: str = ADVICE_FILE, clock=time.monotonic,
+    def __init__(self, uri: str, advice: str | None = None, clock=time.monotonic,
                  window: float = never_slower.WINDOW_S):
-        self.uri, self.advice_path, self.clock, self.window = uri, advice_path, clock, window
+        self.uri, self.clock, self.window = uri, clock, window
+        self.advice_path = advice or advice_path()
         self._lock = threading.Lock()
         self._tried: dict[str, tuple[str, float]] = {}   # key -> (pending|later|refused|done, when)
         self._queue: queue.Queue = queue.Queue()

@@ -422,7 +422,7 @@ class Service:
         skipped = self.last_report.skipped if self.last_report is not None else None
         if not skipped:
             return []
-        return unserved_rows(skipped, advice_file.load_advice(advice_file.ADVICE_FILE))
+        return unserved_rows(skipped, advice_file.load_advice(advice_file.advice_path()))
 
     # -- reload --------------------------------------------------------------
 
