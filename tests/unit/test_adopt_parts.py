@@ -170,6 +170,26 @@ def test_the_adopter_tries_a_candidate_once_and_a_not_now_again_later():
     assert a._queue.get_nowait() == "d/vda"
 
 
+class FakeLibvirt:
+    """What adopt asks of libvirt-python's module, without it (the Python 3.9 tier has
+    none)."""
+
+    class libvirtError(Exception):
+        def get_error_message(self):
+            return str(self)
+
+    VIR_DOMAIN_JOB_NONE = 0
+    VIR_DOMAIN_METADATA_ELEMENT = 2
+    VIR_DOMAIN_AFFECT_LIVE = 1
+
+
+@pytest.fixture
+def fake_libvirt(monkeypatch):
+    fake = FakeLibvirt()
+    monkeypatch.setattr(adopt, "import_libvirt", lambda: fake)
+    return fake
+
+
 class StatsDom:
     """A domain whose block statistics grow as a guest that reads ``per_tick`` 4 KiB at
     ``us`` each, between readings."""
@@ -196,7 +216,7 @@ class StatsConn:
         return self.dom
 
 
-def test_measure_times_the_guest_in_three_windows_and_0_s_times_nothing():
+def test_measure_times_the_guest_in_three_windows_and_0_s_times_nothing(fake_libvirt):
     slept = []
     got = adopt.measure(StatsConn(StatsDom(200, 150.0)), ["d/vda"], 30, sleep=slept.append)
     assert slept == [10.0, 10.0, 10.0]
@@ -299,7 +319,8 @@ class MarkDom:
         self.xml = XML.replace("<devices>", f"<metadata>{body}</metadata><devices>")
 
 
-def test_adopting_marks_the_target_and_releasing_removes_it_not_during_a_job(caplog):
+def test_adopting_marks_the_target_and_releasing_removes_it_not_during_a_job(
+        caplog, fake_libvirt):
     from vmdisktouch.adapters.libvirt import adopted
     import xml.etree.ElementTree as ET
     dom = MarkDom(XML)
