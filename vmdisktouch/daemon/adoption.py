@@ -115,7 +115,7 @@ class Adopter:
 
     def _work(self) -> None:
         from vmdisktouch.adapters.libvirt import libvirt_disks
-        conn = None
+        conn, said = None, None
         tick = self.clock() + self.window
         while True:
             try:
@@ -127,22 +127,20 @@ class Adopter:
             try:
                 if conn is None:
                     conn = libvirt_disks.connect(self.uri, readonly=False)
+                said = None
                 if key:
                     self._candidate(conn, key)
                 if self.clock() >= tick:
                     tick = self.clock() + self.window
                     self._tick(conn)
-            except VmdtError as exc:                   # libvirt unreachable
-                conn = None
-                if key:
-                    self._done(key, "later")
-                log.warning("[adopt]: %s (tried again in %.0f s)", exc, RETRY_S)
             except Exception as exc:  # noqa: BLE001 - the worker must outlive any failure
-                conn = None
+                conn = None                            # libvirt unreachable, or a bug
                 if key:
                     self._done(key, "later")
-                log.error("[adopt]: %s: %s (tried again in %.0f s)", type(exc).__name__,
-                          exc, RETRY_S)
+                why = str(exc) if isinstance(exc, VmdtError) else f"{type(exc).__name__}: {exc}"
+                if why != said:                        # said once while it lasts
+                    log.warning("[adopt]: %s (tried again in %.0f s)", why, RETRY_S)
+                said = why
 
     def _done(self, key: str, state: str) -> None:
         self._timing.pop(key, None)
