@@ -58,7 +58,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -71,14 +70,14 @@ sys.path.insert(0, ROOT)
 from benchmarks.report import provenance  # noqa: E402
 from tests.support.blockdev import loop_device, read_throttle  # noqa: E402
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
-from tests.support.common import GiB, MiB, WorkloadError, require_tool, stop_process  # noqa: E402
+from tests.support.common import GiB, MiB, require_tool  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
 from tests.support.fio import FioJob, FioRun  # noqa: E402
 from tests.support.images import evict, make_image  # noqa: E402
-from tests.support import libvirt_env  # noqa: E402
+from tests.support import libvirt_env, pg_disk  # noqa: E402
 from tests.support.libvirt_env import disk_xml  # noqa: E402
 from tests.support.pg_disk import (PORT, PgDisk, _mounted, _postgres,  # noqa: E402
-                                   _socket_dir, limit_fuse_connection,
+                                   _socket_dir,
                                    prepare as pg_prepare)
 from tests.support.private_libvirt import PrivateLibvirtd  # noqa: E402
 from vmdisktouch.sizes import format_size, parse_size  # noqa: E402
@@ -241,26 +240,8 @@ def guest_disk(sock: str, work: str):
                           "export=disk,discard=unmap",
             "--blockdev", "driver=raw,node-name=d0,file=n0,discard=unmap",
             "--export", f"type=fuse,id=g0,node-name=d0,mountpoint={mountfile},writable=on"]
-    log = open(os.path.join(work, "qsd.log"), "ab")
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 30
-        while os.stat(mountfile).st_dev == os.stat(work).st_dev:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise WorkloadError(f"qemu-storage-daemon did not export: see {log.name}")
-            time.sleep(0.05)
-        limit_fuse_connection(mountfile)
-        with loop_device(mountfile, direct_io=True) as loop:
-            with open(f"/sys/block/{os.path.basename(loop)}/loop/dio") as f:
-                if f.read().strip() != "1":
-                    raise WorkloadError(f"{loop}: direct I/O refused by the FUSE export")
-            yield loop, proc
-    finally:
-        stop_process(proc, signal.SIGTERM, 30)
-        log.close()
-        if os.stat(mountfile).st_dev != os.stat(work).st_dev:
-            subprocess.run([require_tool("umount"), "-l", mountfile])
-        os.unlink(mountfile)
+    with pg_disk.fuse_loop(argv, mountfile, work, sock) as out:
+        yield out
 
 
 # -- the phases -------------------------------------------------------------------------

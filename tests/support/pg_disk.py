@@ -128,13 +128,22 @@ def qsd_loop(image: str, work: str, *, cache: str, cgroup=None):
     argv = qsd_argv(image, mountfile, cache)
     if cgroup is not None:
         argv = cgroup.wrap(argv)
+    with fuse_loop(argv, mountfile, work, image) as out:
+        yield out
+
+
+@contextlib.contextmanager
+def fuse_loop(argv: list, mountfile: str, work: str, what: str):
+    """Run ``argv`` (a qemu-storage-daemon whose FUSE export is ``mountfile``, an empty
+    file in ``work``) until it exports ``what``, its FUSE connection limited, a direct-I/O
+    loop device over the export; yields ``(loop device, qsd Popen)``."""
     log = open(os.path.join(work, "qsd.log"), "ab")
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 30
         while os.stat(mountfile).st_dev == os.stat(work).st_dev:    # not mounted yet
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise WorkloadError(f"qemu-storage-daemon did not export {image}: see {log.name}")
+                raise WorkloadError(f"qemu-storage-daemon did not export {what}: see {log.name}")
             time.sleep(0.05)
         limit_fuse_connection(mountfile)
         with loop_device(mountfile, direct_io=True) as loop:
