@@ -96,6 +96,34 @@ def test_each_block_counts_the_read_events_that_touched_it_as_the_ring_buffer_sa
         os.close(fd)
 
 
+def test_reads_across_many_chunks_count_as_the_ring_buffer_saw_them(scratch, reader):  # noqa: F811
+    """Page-sized blocks: 16 chunks of counters, reads of up to 64 pages that cross their
+    edges; a take reads the chunks that moved and finds every block's count."""
+    nblocks = 16 * bpf_reads.CHUNK
+    path = scratch(nblocks)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counted, events = reader(fd), reader(fd)
+        assert counted.count_reads(1, nblocks)
+        taken(counted), events.drain()
+        rng = np.random.default_rng(5)
+        plan = [(int(p) * PAGE, int(n) * PAGE) for p, n in
+                zip(rng.integers(0, nblocks - 64, 400), rng.integers(1, 65, 400))]
+        plan += [((k * bpf_reads.CHUNK - 2) * PAGE, 4 * PAGE) for k in range(1, 16)]
+        in_thread(reads_of, fd, plan)
+        c = counted.drain().counted
+        ev = events.drain()
+        r = ev.kind == READ
+        want = np.zeros(nblocks, np.int64)
+        for first, last in zip(ev.first[r], ev.last[r]):
+            want[first:last + 1] += 1
+        got = np.zeros(nblocks, np.int64)
+        got[c.blocks] = c.counts
+        assert got.tolist() == want.tolist() and np.count_nonzero(got) > nblocks // 4
+    finally:
+        os.close(fd)
+
+
 def test_the_pages_read_are_sampled_in_order_as_the_ring_buffer_saw_them(scratch, reader):  # noqa: F811
     """The kernel's sample for the miss-ratio curve: every page under the threshold, in
     the order read, as the ring buffer's READ events of a second reader expand; every page

@@ -3,6 +3,7 @@ them (the kernel's verifier loads it in tests/system/test_trace_counted.py)."""
 
 import struct
 
+import numpy as np
 import pytest
 
 from vmdisktouch.system.trace import bpf_reads
@@ -64,8 +65,9 @@ def test_a_range_counts_for_at_most_span_blocks(ppb, span):
     assert bpf_reads.span_blocks(ppb) == span
     insns = program(pages_per_block=ppb)
     adds = [ins for ins in insns if ins[0] == 0xdb]         # lock *(u64 *)(r0) += r1
-    # the probe's slot, the slot beyond the map, and span blocks of one range
-    assert len(adds) == 2 + span
+    # the probe's slot, the slot beyond the map, span blocks of one range, and the chunks
+    # of its first and last block
+    assert len(adds) == 2 + span + 2
     insns = program()
     assert ((0x15, 7, 0, None, 4242) in
             {(op, d, s, None, imm) for op, d, s, _, imm in insns})     # the loader left out
@@ -75,3 +77,49 @@ def test_too_many_blocks_are_refused_before_anything_is_made():
     with pytest.raises(bpf_reads.BpfUnavailable, match="counters"):
         bpf_reads.ReadCounter.create(1, OFFSETS, ino=1, sdev=1, exclude_tid=None,
                                      pages_per_block=1, nblocks=bpf_reads.MAX_SLOTS)
+
+
+def counter_over_anonymous_maps(nblocks: int):
+    """A ReadCounter over anonymous memory laid out as the program's maps: the test writes
+    what the program would."""
+    import mmap
+    words = nblocks + bpf_reads.FIRST_BLOCK + bpf_reads.chunks_of(nblocks)
+    counters = mmap.mmap(-1, -(-8 * words // mmap.PAGESIZE) * mmap.PAGESIZE)
+    samples = mmap.mmap(-1, -(-8 * (bpf_reads.S_PEND + 4 * bpf_reads.PEND_SLOTS)
+                              // mmap.PAGESIZE) * mmap.PAGESIZE)
+    c = bpf_reads.ReadCounter([], counters, samples, nblocks)
+    slots = np.frombuffer(counters, dtype=np.uint64, count=words)
+    return c, slots
+
+
+def read_range(slots, nblocks, first, last):
+    """What the program does for one read of blocks first..last: each block, then the
+    chunks of the first and the last."""
+    slots[bpf_reads.FIRST_BLOCK + first:bpf_reads.FIRST_BLOCK + last + 1] += np.uint64(1)
+    base = bpf_reads.FIRST_BLOCK + nblocks
+    for chunk in {first >> bpf_reads.CHUNK_SHIFT, last >> bpf_reads.CHUNK_SHIFT}:
+        slots[base + chunk] += np.uint64(1)
+
+
+def test_a_take_reads_the_blocks_of_the_chunks_that_moved_and_loses_none():
+    nblocks = 65536 + 100                                    # a last chunk left short
+    c, slots = counter_over_anonymous_maps(nblocks)
+    assert not c.pending() and c.take()[0].size == 0
+    read_range(slots, nblocks, 10, 12)
+    read_range(slots, nblocks, 250, 260)                     # across two chunks
+    read_range(slots, nblocks, nblocks - 1, nblocks - 1)
+    read_range(slots, nblocks, 11, 11)
+    assert c.pending()
+    blocks, counts, probe, beyond = c.take()
+    want = {10: 1, 11: 2, 12: 1, nblocks - 1: 1, **{b: 1 for b in range(250, 261)}}
+    assert dict(zip(blocks.tolist(), counts.tolist())) == want
+    assert (probe, beyond) == (0, 0) and not c.pending()
+    # A block counted before its chunk (a take between the program's two adds): the take
+    # does not see it, the next one that finds the chunk moved does, with nothing lost.
+    slots[bpf_reads.FIRST_BLOCK + 3000] += np.uint64(5)
+    assert c.take()[0].size == 0
+    read_range(slots, nblocks, 3001, 3001)
+    blocks, counts, _, _ = c.take()
+    assert dict(zip(blocks.tolist(), counts.tolist())) == {3000: 5, 3001: 1}
+    slots[bpf_reads.BEYOND] += np.uint64(2)
+    assert c.pending() and c.take()[3] == 2 and not c.pending()

@@ -9,16 +9,19 @@ where the event happens: ``ReadCounter`` loads a program of a few dozen
 instructions (written here as raw eBPF, no compiler, no libbpf), attaches
 it to the same tracepoint through perf_event_open(2), and the program adds
 one to the 8-byte counter of every block the read touches, in an array map
-the daemon maps into its memory (``BPF_F_MMAPABLE``). A drain is then one
-copy of that array and a subtraction, whatever the read rate: nothing can
-be lost, and reads stay exact.
+the daemon maps into its memory (``BPF_F_MMAPABLE``). Each read also adds
+one to the counter of the chunk (``CHUNK`` blocks) of its first block and
+of its last, after the blocks'; a drain copies the chunks' counters and
+reads only the blocks of the chunks that moved, whatever the read rate and
+the image's size: nothing can be lost, and reads stay exact.
 
 The program matches what the tracefs filter matched: ``i_ino`` and
 ``s_dev`` of the image, never the daemon's own loading thread
 (``exclude_tid``). Slot 0 of the map holds a thread id set by ``probe``: a
 read by that thread counts in slot 1 instead (the probe's read proves the
 path without counting as the guest's). Slot 2 counts reads that start
-beyond the blocks the map has (the image grew); blocks start at slot 3. A
+beyond the blocks the map has (the image grew); blocks start at slot 3,
+the chunks' counters follow them. A
 read range longer than ``span_blocks`` blocks (8, or as many as 512 pages
 cover, at most 256, for smaller blocks) counts for its first ones here; the
 rest of the batch it read, past them, is counted when the daemon takes the
@@ -90,6 +93,8 @@ MAX_SPAN = 8               # blocks one read range counts for, at most, with blo
 SPAN_PAGES = 512           # ... up to this many pages: smaller blocks count more of a range
 MOST_SPAN = 256            # and at most this many blocks (the program's size: 14 each)
 MAX_SLOTS = 1 << 22        # 32 MiB of counters: a bigger map is not made
+CHUNK_SHIFT = 8            # a chunk: 256 blocks (at least MOST_SPAN: a range touches 2 at most)
+CHUNK = 1 << CHUNK_SHIFT
 PROBE_TID, PROBE_HITS, BEYOND, FIRST_BLOCK = 0, 1, 2, 3
 SAMPLE_SPAN = 256          # pages of a range the kernel samples; a longer one goes whole
 RING = 1 << 16             # sampled pages the ring holds between two takes (512 KiB)
@@ -169,6 +174,12 @@ def _jump(op: str, dst: int, off: int, *, src: int | None = None, imm: int = 0) 
     if src is not None:
         return _insn(code | 0x08, dst, src, off)
     return _insn(code, dst, 0, off, imm)
+
+
+def chunks_of(nblocks: int) -> int:
+    """The chunks of ``nblocks`` blocks: each has a counter of the read events that
+    touched it, after the blocks' (``ReadCounter.take`` reads only the chunks that moved)."""
+    return -(-int(nblocks) // CHUNK)
 
 
 def span_blocks(pages_per_block: int) -> int:
@@ -268,11 +279,21 @@ def program(offsets: dict[str, int], *, map_fd: int, ino: int, sdev: int | None,
            _div_k(7, pages_per_block), _div_k(8, pages_per_block))
     a.jump("jge", 7, "beyond", imm=nblocks)
     done = "out" if sample_fd is None else "sample"
+    a.emit(_stx_dw(10, 7, -16))                      # the first block, for its chunk
     for i in range(span_blocks(pages_per_block)):
         a.emit(_mov(9, 7), _add_k(9, FIRST_BLOCK), count())
         a.emit(_add_k(7, 1))
-        a.jump("jgt", 7, done, src=8)
-        a.jump("jge", 7, done, imm=nblocks)
+        a.jump("jgt", 7, "chunks", src=8)
+        a.jump("jge", 7, "chunks", imm=nblocks)
+    # The chunks of the first and the last block counted (r7 - 1), once each, after the
+    # blocks: a take that sees a chunk's count move finds its blocks' counts there.
+    a.label("chunks")
+    first_chunk = FIRST_BLOCK + nblocks
+    a.emit(_mov(9, 7), _add_k(9, -1), _alu("rsh", 9, imm=CHUNK_SHIFT), _add_k(9, first_chunk),
+           count(), _ldx("dw", 8, 10, -16), _alu("rsh", 8, imm=CHUNK_SHIFT),
+           _add_k(8, first_chunk))
+    a.jump("jeq", 8, done, src=9)
+    a.emit(_mov(9, 8), count())
     a.jump("ja", 0, done)
     a.label("beyond")
     a.emit(_mov_k(9, BEYOND), count())
@@ -425,8 +446,11 @@ class ReadCounter:
         self._misses_base = (0, 0)
         self.nblocks = nblocks
         self.pages_per_block = int(pages_per_block)
-        self._slots = np.frombuffer(counters, dtype=np.uint64, count=nblocks + FIRST_BLOCK)
+        words = np.frombuffer(counters, dtype=np.uint64,
+                              count=nblocks + FIRST_BLOCK + chunks_of(nblocks))
+        self._slots, self._chunks = words[:nblocks + FIRST_BLOCK], words[nblocks + FIRST_BLOCK:]
         self._base = self._slots.copy()
+        self._chunks_base = self._chunks.copy()
         self._sample = np.frombuffer(samples, dtype=np.uint64, count=S_PEND + 4 * PEND_SLOTS)
         self._ring = self._sample[S_RING:S_PEND]
         self._pend = self._sample[S_PEND:].reshape(PEND_SLOTS, 4)
@@ -441,7 +465,7 @@ class ReadCounter:
         """Load and attach the program; ``BpfUnavailable`` with the reason otherwise.
         ``added``: the insertion tracepoint's id and record layout, to time the misses
         (``added_program``)."""
-        nslots = int(nblocks) + FIRST_BLOCK
+        nslots = int(nblocks) + FIRST_BLOCK + chunks_of(nblocks)
         if nslots > MAX_SLOTS:
             raise BpfUnavailable(f"{nblocks} blocks need more than {MAX_SLOTS} counters")
         fds: list[int] = []
@@ -490,18 +514,35 @@ class ReadCounter:
         self._slots[PROBE_TID] = np.uint64(0 if tid is None else tid)
 
     def pending(self) -> bool:
-        """Whether a read was counted since the last ``take``."""
-        return not np.array_equal(self._slots[PROBE_HITS:], self._base[PROBE_HITS:])
+        """Whether a read was counted since the last ``take``: the chunks' counts and the
+        probe's and beyond's slots, not the blocks'."""
+        return (not np.array_equal(self._chunks, self._chunks_base)
+                or not np.array_equal(self._slots[PROBE_HITS:FIRST_BLOCK],
+                                      self._base[PROBE_HITS:FIRST_BLOCK]))
 
     def take(self) -> tuple[np.ndarray, np.ndarray, int, int]:
         """Since the last take: the blocks read, how many read events each, the probe's
-        reads and the reads beyond the blocks counted."""
-        now = self._slots.copy()
-        delta = (now - self._base).astype(np.int64)
-        self._base = now
-        counts = delta[FIRST_BLOCK:]
-        blocks = np.flatnonzero(counts)
-        return blocks, counts[blocks], int(delta[PROBE_HITS]), int(delta[BEYOND])
+        reads and the reads beyond the blocks counted. Only the blocks of the chunks whose
+        count moved are read: a drain costs what was read, not the image's size (a 64 GiB
+        image's 65,539 counters were copied and scanned at every drain, read or not). A
+        block counted after its chunk's count was read waits for the chunk's next read
+        (the program counts the chunk after the blocks), never lost."""
+        chunks = self._chunks.copy()
+        moved = np.flatnonzero(chunks != self._chunks_base)
+        self._chunks_base = chunks
+        head = self._slots[:FIRST_BLOCK].copy()
+        heads = (head - self._base[:FIRST_BLOCK]).astype(np.int64)
+        self._base[:FIRST_BLOCK] = head
+        if not moved.size:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), \
+                int(heads[PROBE_HITS]), int(heads[BEYOND])
+        slots = (moved[:, None] * CHUNK + np.arange(CHUNK)).ravel()
+        slots = slots[slots < self.nblocks] + FIRST_BLOCK
+        now = self._slots[slots]
+        delta = (now - self._base[slots]).astype(np.int64)
+        self._base[slots] = now
+        hit = np.flatnonzero(delta)
+        return slots[hit] - FIRST_BLOCK, delta[hit], int(heads[PROBE_HITS]), int(heads[BEYOND])
 
     @property
     def times_misses(self) -> bool:
@@ -578,8 +619,8 @@ class ReadCounter:
         """Detach and free the program and the maps; idempotent."""
         fds, self._fds = self._fds, []
         if fds:
-            self._slots = np.zeros(0, dtype=np.uint64)
-            self._base = self._slots
+            self._slots = self._chunks = np.zeros(0, dtype=np.uint64)
+            self._base = self._chunks_base = self._slots
             self._sample = self._ring = np.zeros(0, dtype=np.uint64)
             self._misses = None if self._misses is None else np.zeros(0, dtype=np.uint64)
             for mem in self._mems:
