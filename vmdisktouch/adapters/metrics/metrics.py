@@ -61,6 +61,7 @@ from vmdisktouch import __version__
 from vmdisktouch.adapters import outputs
 from vmdisktouch.adapters.systemd import listen_fds
 from vmdisktouch.adapters.metrics.metrics_http import Endpoint, listen
+from vmdisktouch.core.mrc import CURVE_POINTS
 from vmdisktouch.errors import ConfigError
 from vmdisktouch.report import CODES, UNSERVED, DiskReport, HostReport
 
@@ -163,6 +164,15 @@ def _import():
                           "the prometheus_client package: pip install 'vmdisktouch[metrics]' "
                           "(Debian: python3-prometheus-client)") from None
     return prometheus_client
+
+
+# The series one disk adds to a scrape, at most: its gauges, counters and the gauge of
+# when events were lost; a reason each (and one more for a code not in CODES); holding,
+# adopted since, the two adopted gains, the info metric; the curve's points and its gauges.
+# Bounded by the code, not by the disk, so a scrape of a hundred disks stays small
+# (docs/metrics.md#the-size-of-a-scrape).
+SERIES_A_DISK = (len(GAUGES) + len(COUNTERS) + 2 + 1 + len(CODES) + 1 + 1 + 1 + 2 + 1
+                 + CURVE_POINTS + len(CURVE_GAUGES))
 
 
 def _labels(d: DiskReport) -> list[str]:
