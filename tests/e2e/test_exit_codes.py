@@ -64,6 +64,7 @@ USAGE = [
      "--png needs exactly one PATH (got 2)"),
     (["snapshot", "--width", "4", "--blocks-per-pixel", "2", "{image}"], "not allowed with"),
     (["status", "--bogus"], "unrecognized arguments: --bogus"),
+    (["status", "--top", "5", "--all"], "status: argument --all: not allowed with argument --top"),
     (["config"], "one of the arguments --example --check is required"),
     (["config", "--example", "--check", "x.toml"], "not allowed with"),
     (["discover", "--uri"], "discover: argument --uri: expected one argument"),
@@ -111,6 +112,9 @@ SETUP = [
     (["snapshot", "--png", "{tmp}/no/dir/m.png", "{image}"], "refusing --png"),
     (["snapshot", "--png", "{image}", "{image}"], "it is the disk image"),
     (["advise", "{image}", "--duration", "x"], "bad value 'x' for --duration"),
+    (["status", "--top", "0"], "bad value '0' for --top: at least 1 disk line"),
+    (["status", "--top", "-3"], "bad value '-3' for --top: at least 1 disk line"),
+    (["status", "--top", "x"], "bad value 'x' for --top: not a whole number"),
     (["advise", "{image}", "--png", "{image}"], "refusing --png"),
 ]
 

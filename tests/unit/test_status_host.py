@@ -12,6 +12,7 @@ import time
 import pytest
 
 from vmdisktouch.commands import cli
+from vmdisktouch.sizes import format_size
 
 MiB = 1 << 20
 
@@ -346,3 +347,133 @@ def test_each_skipped_disk_is_listed_with_its_reason(tmp_path, capsys):
         "  test-1/vda: skipped (excluded): excluded by [scope] exclude 'test-*'",
         "  vm3/hdc: skipped (read_only): read-only cdrom: the host budget is for the disks "
         "guests work on"]
+
+
+# -- a host of a hundred disks: the order, the limit, --top and --all -------------------------
+
+def hundred(**over) -> list[dict]:
+    """100 disks holding 1M..100M, written in a shuffled order (held i MiB: ``/img/dNNN``)."""
+    order = list(range(1, 101))
+    import random
+    random.Random(7).shuffle(order)
+    return [disk(f"/img/d{i:03}.img", held_bytes=i * MiB, wanted_bytes=i * MiB,
+                 budget_bytes=i * MiB, regions=[[0, i * MiB]], not_held_reason=None,
+                 limited_by=None, **over) for i in order]
+
+
+def disk_lines(out: str) -> list[str]:
+    return [x for x in out.splitlines()[1:] if x.startswith("  /img/")]
+
+
+def held_of(lines: list[str]) -> list[int]:
+    """The NNN of each ``/img/dNNN.img`` line (its held MiB)."""
+    return [int(x.split("/img/d")[1][:3]) for x in lines]
+
+
+def test_a_hundred_disks_show_the_twenty_holding_most_and_a_line_for_the_rest(tmp_path,
+                                                                              capsys):
+    write(tmp_path, "host.json", host(hundred(), budget_bytes=8192 * MiB))
+    rc, out, err = status(capsys, tmp_path)
+    lines = out.splitlines()
+    assert rc == 0 and err == "", err
+    assert lines[0].startswith("host (") and ", 100 disks served, 1 skipped, 0 failed" in lines[0]
+    assert len(lines) == 1 + 20 + 1, lines
+    assert held_of(lines[1:21]) == list(range(100, 80, -1))         # held, descending
+    assert lines[1] == "  /img/d100.img: held 100M/100M in 1 region"
+    # 1M + ... + 80M = 3240M (3.16 GiB) left out, and the one disk skipped (the skipped come last)
+    assert lines[21] == "  ... and 80 more disks holding 3.2G, 1 more skipped; --all shows them"
+    assert "skipped:" not in out
+
+
+def test_top_n_shows_n_disk_lines_and_all_every_one(tmp_path, capsys):
+    write(tmp_path, "host.json", host(hundred(), budget_bytes=8192 * MiB))
+    rc, out, _ = status(capsys, tmp_path, "--top", "5")
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == 1 + 5 + 1, lines
+    assert held_of(lines[1:6]) == [100, 99, 98, 97, 96]
+    # 1M + ... + 95M = 4560M (4.45 GiB)
+    assert lines[6] == "  ... and 95 more disks holding 4.5G, 1 more skipped; --all shows them"
+
+    rc, out, _ = status(capsys, tmp_path, "--all")
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == 1 + 100 + 1, lines
+    assert held_of(lines[1:101]) == list(range(100, 0, -1))
+    assert lines[101] == "  vm3/hdc: skipped: cache=none" and "more" not in out
+
+    # room for every disk served and some of the skipped: those that fit are shown
+    rc, out, _ = status(capsys, tmp_path, "--top", "100")
+    assert out.splitlines()[-1] == "  ... and 1 more skipped; --all shows them"
+    rc, out, _ = status(capsys, tmp_path, "--top", "101")
+    assert out.splitlines()[-1] == "  vm3/hdc: skipped: cache=none" and "more" not in out
+
+
+def test_ties_of_held_go_by_what_is_wanted_then_by_name(tmp_path, capsys):
+    same = dict(held_bytes=MiB, regions=[[0, MiB]], not_held_reason=None, limited_by=None)
+    disks = [disk("/img/b.img", wanted_bytes=MiB, **same),
+             disk("/img/z.img", wanted_bytes=4 * MiB, **same),
+             disk("/img/a.img", wanted_bytes=MiB, **same),
+             disk("/img/y.img", domain="vm0", target="vda", wanted_bytes=MiB, **same),
+             disk("/img/big.img", held_bytes=2 * MiB, wanted_bytes=0, regions=[]),
+             disk("/img/c.img", wanted_bytes=2 * MiB, **same)]
+    write(tmp_path, "host.json", host(disks))
+    rc, out, _ = status(capsys, tmp_path)
+    names = [x.split(":")[0].strip() for x in out.splitlines()[1:7]]
+    assert rc == 0 and names == ["/img/big.img", "/img/z.img", "/img/c.img", "/img/a.img",
+                                 "/img/b.img", "vm0/vda (/img/y.img)"], out
+
+
+def test_failed_disks_and_disks_with_an_error_are_never_left_out(tmp_path, capsys):
+    """A failed disk (``host.failed``), and a disk whose holder met an error (a refused lock,
+    a failed load), need the operator: shown whatever ``--top``, in their place in the
+    order, and not counted among those left out."""
+    disks = hundred()
+    bad = [disk("/img/lock.img", limited_by="lock_limit", wanted_bytes=5 * MiB,
+                not_held_reason="the kernel refused to lock more (ENOMEM)"),
+           disk("/img/load.img", held_bytes=MiB, wanted_bytes=3 * MiB, regions=[[0, MiB]],
+                limited_by="not_loaded",
+                not_held_reason="2M targeted was not loaded (a lock or read error)")]
+    failed = [{"path": f"/img/gone{i}.img", "error": "deleted"} for i in range(3)]
+    write(tmp_path, "host.json", host(disks + bad, failed=failed, budget_bytes=8192 * MiB))
+    for argv in ([], ["--top", "1"]):
+        rc, out, _ = status(capsys, tmp_path, *argv)
+        lines = out.splitlines()
+        n = 20 if not argv else 1
+        assert rc == 0 and len(lines) == 1 + n + 2 + 3 + 1, lines
+        assert held_of(lines[1:1 + n]) == list(range(100, 100 - n, -1))
+        assert lines[1 + n].startswith("  /img/load.img: held 1M/8M in 1 region, wants 3M (2M ")
+        assert lines[2 + n].startswith("  /img/lock.img: held 0/8M in 0 regions, wants 5M (the "
+                                       "kernel refused")
+        assert lines[3 + n:6 + n] == [f"  /img/gone{i}.img: FAILED: deleted" for i in range(3)]
+        left = 100 - n
+        held = format_size(sum(range(1, left + 1)) * MiB)
+        assert lines[-1] == (f"  ... and {left} more disks holding {held}, 1 more skipped; "
+                             "--all shows them")
+
+
+def test_json_and_path_are_not_cut_by_the_limit(tmp_path, capsys):
+    write(tmp_path, "host.json", host(hundred(), budget_bytes=8192 * MiB))
+    rc, out, _ = status(capsys, tmp_path, "--json", "--top", "5")
+    [got] = json.loads(out)
+    assert rc == 0 and len(got["disks"]) == 100 == len(got["host"]["disks"])
+    rc, out, _ = status(capsys, tmp_path, "/img/d003.img")
+    assert rc == 0 and out.splitlines()[1:] == ["  /img/d003.img: held 3M/3M in 1 region"], out
+
+
+@pytest.mark.parametrize("argv, code, said", [
+    (["--top", "0"], 78, "bad value '0' for --top: at least 1 disk line"),
+    (["--top", "-3"], 78, "bad value '-3' for --top: at least 1 disk line"),
+    (["--top", "x"], 78, "bad value 'x' for --top: not a whole number"),
+    (["--top", "2.5"], 78, "bad value '2.5' for --top: not a whole number"),
+    (["--top", ""], 78, "bad value '' for --top: not a whole number"),
+    (["--top", "5", "--all"], 2, "argument --all: not allowed with argument --top"),
+    (["--top"], 2, "argument --top: expected one argument"),
+])
+def test_a_bad_top_is_one_line_and_a_non_zero_exit(tmp_path, capsys, argv, code, said):
+    write(tmp_path, "host.json", host(hundred()))
+    try:
+        rc, out, err = status(capsys, tmp_path, *argv)
+    except SystemExit as exc:             # argparse's refusal (cli.Parser.error): exit 2
+        rc, (out, err) = exc.code, capsys.readouterr()
+    assert rc == code and out == "", out
+    assert err.startswith("vmdisktouch: ") and said in err and err.count("\n") == 1, err
+    assert "Traceback" not in err

@@ -23,6 +23,24 @@ host of one disk, nothing skipped or failed, is shown as that line. An entry is 
 host's included), each with ``file``, ``age_seconds`` and ``stale`` added;
 with ``PATH`` their lists of disks hold only PATH's.
 
+**A host of many disks** (``host_lines``). Its disk lines are in one order
+(``disk_order``): by what they hold (held bytes) descending, ties by what they
+want (wanted bytes) descending, then by the name shown (``domain/target
+(path)``, or the path). Its failed disks follow, then its disks skipped (by
+domain and target). By default at most ``DEFAULT_TOP`` (20) disk lines are shown,
+the served disks' first, then the skipped ones', and one line ends the file's
+lines saying what was left out: ``... and 80 more disks holding 1.2G; --all
+shows them`` (with ``, 3 more skipped`` when skipped disks were left out
+too). Never left out, whatever the limit, since they need the operator: a
+failed disk (``host.failed``) and a disk whose holder met an error
+(``limited_by`` in ``ATTENTION``: the kernel refused a lock, a load failed),
+shown in its place in the order beyond the limit. ``--top N`` shows N disk
+lines, ``--all`` every one; ``--json`` always prints everything. A bad
+``--top`` (not a whole number of at least 1) is a ``ConfigError`` (78), as
+every bad value is (docs/exit-codes.md); ``--top`` with ``--all`` is refused
+by argparse (2). A one-disk file is one line and is not counted: the limit is
+of one host's disk lines.
+
 The exit status is that of ``systemctl is-active``: ``EX_LIVE`` (0) when
 at least one file shown is live, ``EX_INACTIVE`` (3) when none is (no file,
 every one stale, unreadable or malformed, or the default directory missing:
@@ -51,6 +69,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import sys
 import time
@@ -58,7 +77,7 @@ import time
 from vmdisktouch.adapters import advice_file, runtime_dir
 from vmdisktouch.commands.status_read import Malformed, check, sanitise
 from vmdisktouch.core.advice import TOO_LARGE, TOO_SMALL, not_enough
-from vmdisktouch.errors import ImageError, file_kind
+from vmdisktouch.errors import ConfigError, ImageError, file_kind
 from vmdisktouch.daemon.reasons import advice_said
 from vmdisktouch.report import DiskLine, DiskReport, HostReport
 from vmdisktouch.sizes import format_size
@@ -69,12 +88,25 @@ STALE_MIN_SECONDS = 15.0
 EX_LIVE = 0                 # as ``systemctl is-active``: some daemon is live
 EX_INACTIVE = 3             # no status file, or every one stale or bad
 MAX_STATUS_BYTES = 4 << 20  # read of one status file at most (see the docstring)
+# Disk lines shown of one host by default: a terminal of 24 rows (the VT100's and most
+# emulators' default) holds the command, the host line, 20 disk lines, the line saying
+# what was left out and the next prompt.
+DEFAULT_TOP = 20
+# A disk whose holder met an error (``daemon.reasons``): never left out of the lines.
+ATTENTION = ("lock_limit", "not_loaded")
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH", nargs="?",
                         help="only the daemon(s) serving this disk image")
-    parser.add_argument("--all", action="store_true", help="every status file (the default)")
+    lines = parser.add_mutually_exclusive_group()
+    lines.add_argument("--all", action="store_true",
+                       help="every disk line of a host (every status file is shown either "
+                            "way)")
+    lines.add_argument("--top", metavar="N",
+                       help=f"at most N disk lines of a host, those holding the most (default "
+                            f"{DEFAULT_TOP}); a failed disk or one with an error is always "
+                            f"shown; --json prints every disk whatever N")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--dir", default=None,
                         help=f"where the status files are (default {STATUS_DIR}, or "
@@ -262,6 +294,27 @@ def advised(v) -> bool:
         isinstance(v.get("bytes"), int)
 
 
+def _of(line: DiskLine, d: DiskReport | None, key: str, theirs: str):
+    """A figure of a disk's line, or of its full report when the line has none."""
+    mine = getattr(line, key)
+    return mine if mine is not None or d is None else getattr(d, theirs)
+
+
+def disk_order(entry: tuple[DiskLine, DiskReport | None]):
+    """The sort key of a host's disk lines: held descending, then wanted descending,
+    then the name shown (the figures the line shows)."""
+    line, d = entry
+    held = _of(line, d, "held_bytes", "held_bytes") or 0
+    wanted = _of(line, d, "wanted_bytes", "wanted_bytes") or 0
+    return (-held, -wanted, disk_name(line))
+
+
+def attention(entry: tuple[DiskLine, DiskReport | None]) -> bool:
+    """A disk whose holder met an error (``ATTENTION``): never left out."""
+    line, d = entry
+    return _of(line, d, "limited_by", "limited_by") in ATTENTION
+
+
 def disk_part(line: DiskLine, d: DiskReport | None) -> str:
     """A disk's name, what it holds of its share, and why not more: sanitised. ``d``: its
     full report, when the file has one; what the line leaves out is taken from it."""
@@ -408,9 +461,12 @@ def line_of(d: DiskReport) -> DiskLine:
                     d.limited_by, d.not_held_reason, 0.0, None, 1.0)
 
 
-def host_lines(item: dict) -> list[str]:
-    """A host status file: its host line, then one indented line per disk, per failure and
-    per disk skipped (its code and reason; not under ``status PATH``, which is about PATH)."""
+def host_lines(item: dict, top: int | None = None) -> list[str]:
+    """A host status file: its host line, then one indented line per disk (``disk_order``),
+    per failure and per disk skipped (its code and reason; not under ``status PATH``, which
+    is about PATH). ``top``: at most that many disk lines, the served disks' first, and a
+    line saying what was left out; a failed disk or one needing attention is never left
+    out. None: every line."""
     r = item["report"]
     disks = host_disks(r)
     counts = [f"{len(disks)} disk{'' if len(disks) == 1 else 's'} served"]
@@ -424,26 +480,69 @@ def host_lines(item: dict) -> list[str]:
             + ", ".join(counts) + f", cycle {r.cycle}, {_state(item)}"
             + ("" if r.stopped else best_next_gib(r))
             + (f", max_hold {advice_said(r.budget_advice)}" if advised(r.budget_advice) else ""))
-    return ([head] + [f"  {disk_part(x, d)}" for x, d in disks]
+    served = sorted(disks, key=disk_order)
+    skipped = [] if item.get("cut") else sorted(
+        r.skipped or (), key=lambda s: (str(s["domain"]), str(s["target"])))
+    room = len(served) + len(skipped) if top is None else top
+    shown = [e for i, e in enumerate(served) if i < room or attention(e)]
+    left = [e for i, e in enumerate(served) if not (i < room or attention(e))]
+    room = max(0, room - len(served))
+    return ([head] + [f"  {disk_part(x, d)}" for x, d in shown]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
                for f in r.failed]
             + [f"  {sanitise(str(s['domain']))}/{sanitise(str(s['target']))}: skipped"
                + (f" ({sanitise(s['code'])})" if s.get("code") else "")
                + f": {sanitise(s['reason'])}"
-               for s in ([] if item.get("cut") else sorted(
-                   r.skipped or (), key=lambda s: (str(s["domain"]), str(s["target"]))))])
+               for s in skipped[:room]]
+            + left_out(left, len(skipped[room:])))
 
 
-def lines_of(item: dict) -> list[str]:
-    """One status file's lines; every string in them sanitised."""
+def left_out(left: list[tuple[DiskLine, DiskReport | None]], skipped: int) -> list[str]:
+    """The line saying what the limit left out: the disks served and what they hold, the
+    disks skipped; none when nothing was."""
+    if not (left or skipped):
+        return []
+    parts = []
+    if left:
+        held = sum(_of(x, d, "held_bytes", "held_bytes") or 0 for x, d in left)
+        parts.append(f"{len(left)} more disk{'' if len(left) == 1 else 's'} holding "
+                     f"{format_size(held)}")
+    if skipped:
+        parts.append(f"{skipped} more skipped")
+    return [f"  ... and {', '.join(parts)}; --all shows them"]
+
+
+def lines_of(item: dict, top: int | None = None) -> list[str]:
+    """One status file's lines; every string in them sanitised. ``top``: ``host_lines``."""
     if "error" in item:
         return [f"{sanitise(item['file'])}: {sanitise(item['error'])}"]
     r = item["report"]
     if not item["one"]:
-        return host_lines(item)
+        return host_lines(item, top)
     d = r.disks[0]                       # a daemon of one disk: one line
     return [f"{disk_part(r.lines[0], d)}, source {sanitise(d.access_source or '?')}, "
             f"cycle {d.cycle}, pid {d.pid}, v{sanitise(d.version)}, {_state(item)}"]
+
+
+def top_of(args) -> int | None:
+    """The disk lines to show of a host: ``--top N`` (a whole number of at least 1, else
+    ``ConfigError``, 78), None with ``--all`` (every one), else ``DEFAULT_TOP``."""
+    if args.all:
+        return None
+    if args.top is None:
+        return DEFAULT_TOP
+    text = args.top
+    try:
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise ValueError
+        n = int(text)
+    except ValueError:                  # int() refuses more than 4300 digits too
+        raise ConfigError(f"bad value {text!r} for --top: not a whole number of disk "
+                          f"lines") from None
+    if n < 1:
+        raise ConfigError(f"bad value {text!r} for --top: at least 1 disk line (--all shows "
+                          f"every one)")
+    return n
 
 
 def json_of(item: dict) -> dict:
@@ -456,6 +555,7 @@ def json_of(item: dict) -> dict:
 
 
 def main(args) -> int:
+    top = top_of(args)
     default = default_dir()
     if args.dir is None:
         args.dir = default
@@ -479,5 +579,5 @@ def main(args) -> int:
         print(f"no status files in {sanitise(args.dir)}")
     else:
         for i in items:
-            print("\n".join(lines_of(i)))
+            print("\n".join(lines_of(i, top)))
     return EX_LIVE if any(not i["stale"] for i in items) else EX_INACTIVE
