@@ -92,8 +92,8 @@ def test_benchmarks_import_only_the_support_of_the_tests(path):
 
 def test_tools_keep_only_entry_points():
     names = {p.stem for p in files("tools")} - {"__init__"}
-    assert names == {"cli_docs", "curve_example", "demo", "golden_replan", "readme_pictures",
-                     "rules_doc"}, names
+    assert names == {"cli_docs", "curve_example", "demo", "golden_replan", "host_example",
+                     "readme_pictures", "rules_doc"}, names
 
 
 @pytest.mark.parametrize("folder", ["tests/support", "tools", "benchmarks"])

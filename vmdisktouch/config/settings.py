@@ -405,7 +405,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host_png", path_value, None, "path", "",
             "Several images or --libvirt: write the host overview PNG here every cycle "
             "(replaced atomically): the budget split between the disks, and one band per "
-            "disk with what it holds and has cached.", group="output"),
+            "disk with what it holds and has cached (past 13 disks, the 12 holding most "
+            "and one band summing the rest).", group="output"),
     Setting("metrics_file", path_value, None, "path", "",
             "Write Prometheus metrics here every cycle (text format, replaced atomically; "
             "removed at a clean stop), for node_exporter's textfile collector: a *.prom "

@@ -1,7 +1,10 @@
 """The host overview PNG: every disk in one picture, who got the budget and why.
 
 Layout, top to bottom (``WIDTH`` pixels wide, at least ``MIN_WIDTH``; a
-band per disk, so the height grows with the disks):
+band per disk up to ``TOP_BANDS`` + 1 disks, then the top bands and one
+summary band, so the height never passes that of ``TOP_BANDS`` + 1 disks,
+``UNSERVED_ROWS`` disks not served and the curves, ``picture_height``: 1056
+px, 840 with no disk not served, however many disks):
 
 * a header: the sum held of the budget and the number of disks; the time
   (as the block map's header, ``figure.header_lines``) and the free memory
@@ -48,6 +51,28 @@ band per disk, so the height grows with the disks):
   it is flat, it would not;
 * a legend of all these marks.
 
+A host of many disks. Up to ``TOP_BANDS`` + 1 disks (13) the picture is as
+above: every disk a band, in the daemon's order. Past that it draws the
+``TOP_BANDS`` (12) disks holding most as bands (by held bytes, then wanted,
+then the daemon's order), in that rank, and the rest as one *summary band*
+(``top_and_rest``, ``summary_lines``): a grey swatch (``OTHERS``, no disk's
+colour), "88 more disks" and, below, how many of them are adopted or have
+no share yet; their allocation bar with held, share and wanted summed, on
+the budget's scale as every bar; right, where a band has its image strip,
+how many are limited and by what (the reasons the bands would show:
+"60 limited: 18 by its weight, 14 by its cap, ..."; the total first, so a
+line cut short still counts them) and, when that takes one line,
+"88 more disks: hold X of Y share, want Z". The budget bar draws the bands'
+segments in their colours, in their rank, then the others' held bytes as
+one ``OTHERS`` segment. The curves panel draws only the bands' curves, and
+its title says so ("curves of the 12 disks holding most"). The disks not
+served list at most ``UNSERVED_ROWS`` rows: past that, those that would
+gain first, and the last row says how many more ``discover`` lists. Only
+the bands take a colour from the book (below), so twelve disks never need
+one past ``palette(12)``: they stay at least 23 apart. A 100-disk example,
+docs/img/host-100-example.png, is drawn by ``python -m tools.host_example``
+from a made-up host (no daemon).
+
 Colours. The block map's four colours keep their meaning here: sky blue is
 held and bluish green cached (only in the image strips); vermillion
 (rewritten) and yellow (thrashing) are not used. A disk's own colour is a
@@ -78,7 +103,8 @@ at least 14: each further one is as far from the others as the cube allows.
 Past the six they are told apart by normal vision only.
 
 A disk keeps its colour while it stays in the picture (``ColourBook``, one
-per daemon): it never follows the disk's position, so a domain that
+per daemon; past ``TOP_BANDS`` + 1 disks, while it stays a band): it never
+follows the disk's position, so a domain that
 restarts, and moves to the end of the list, keeps it. A disk new to the
 picture takes the colour its name picks, ``blake2b(key) % 6`` with ``key``
 = ``domain/target`` when known, else the image path (``disk_key``; a fixed
@@ -126,12 +152,17 @@ FRAME = (90, 90, 90)        # around an image strip
 SHARE = (255, 255, 255)     # the share's outline
 NEUTRAL = (200, 200, 200)   # the legend's stand-in for a disk's colour
 WOULD_GAIN = (255, 255, 255)  # the triangle of a disk not served that would gain
+OTHERS = (160, 160, 160)    # the disks past the top bands, summed: one grey, no disk's colour
+# Twelve bands and the summary keep the picture with its curves at 840 px, one screen, and
+# twelve disks never need a colour past palette(12), whose colours stay at least 23 apart.
+TOP_BANDS = 12
+UNSERVED_ROWS = 12          # the most rows of disks not served (past it, one line counts them)
 # Okabe-Ito orange, blue, reddish purple; Tol light pink, bright red, bright purple
 PALETTE = [(230, 159, 0), (0, 114, 178), (204, 121, 167), (255, 170, 187),
            (238, 102, 119), (170, 51, 119)]
 # what a disk's colour must stay away from: the block map's four, greys, white, the background
 RESERVED = [render.HELD, render.CACHED, render.REWRITTEN, render.THRASHING, UNUSED, TRACK, BG,
-            SHARE, NEUTRAL]
+            SHARE, NEUTRAL, OTHERS]
 REASONS = {"domain_off": "domain off", "no_evidence": "no reads yet",
            "below_threshold": "the threshold", "budget": "budget", "cap": "its cap",
            "weight": "its weight", "curve": "its curve share", "floor": "the memory floor",
@@ -351,6 +382,87 @@ def header(disks: list[DiskBand], budget: int, when: float | None,
     return [first, "  ".join(parts)]
 
 
+def top_and_rest(disks: list[DiskBand]) -> tuple[list[DiskBand], list[DiskBand]]:
+    """The disks drawn as bands and those the summary band sums: all of them, in the
+    daemon's order, up to ``TOP_BANDS`` + 1 disks (a summary of one disk would be a band
+    as tall); past that, the ``TOP_BANDS`` disks holding most (then wanting most, then
+    first in the daemon's order), in that rank, and the rest in the daemon's order."""
+    if len(disks) <= TOP_BANDS + 1:
+        return list(disks), []
+    rank = sorted(range(len(disks)),
+                  key=lambda k: (-disks[k].held_bytes, -(disks[k].wanted_bytes or 0)))
+    return [disks[k] for k in rank[:TOP_BANDS]], [disks[k] for k in sorted(rank[TOP_BANDS:])]
+
+
+def _counts(items) -> str:
+    """``{what: n}`` as "n what, n what", the most first."""
+    return ", ".join(f"{n} {what}" for what, n in sorted(items.items(), key=lambda i: -i[1]))
+
+
+def summary_lines(rest: list[DiskBand]) -> tuple[str, str, str, str]:
+    """The summary band's words for ``rest``: its name ("88 more disks"), its sums
+    ("hold X of Y share, want Z"), and what the bands would show, counted, so that no disk
+    needing a look vanishes into the sums: how many hold less than they want and by which
+    reason (``REASONS``; "" when none: "60 limited: 18 by its weight, ..."), and how many
+    are adopted or have no share yet (the first words, "" when none)."""
+    n = len(rest)
+    name = f"{n} more disk{'' if n == 1 else 's'}"
+    shares = [d.share_bytes for d in rest if d.share_bytes is not None]
+    wanted = [d.wanted_bytes for d in rest if d.wanted_bytes is not None]
+    sums = f"hold {short_size(sum(d.held_bytes for d in rest))}"
+    if shares:
+        sums += f" of {short_size(sum(shares))} share"
+    if wanted:
+        sums += f", want {short_size(sum(wanted))}"
+    why: dict[str, int] = {}
+    for d in rest:
+        if d.limited_by:
+            word = REASONS.get(d.limited_by, d.limited_by)
+            why[word] = why.get(word, 0) + 1
+    limited = ", ".join(f"{k} by {w}" for w, k in sorted(why.items(), key=lambda i: (-i[1], i[0])))
+    if len(why) == 1:
+        limited = f"{sum(why.values())} limited by {next(iter(why))}"
+    elif limited:
+        limited = f"{sum(why.values())} limited: {limited}"
+    adopted = sum(1 for d in rest if d.adopted)
+    bare = sum(1 for d in rest if d.share_bytes is None)
+    flags = ", ".join([f"{adopted} adopted"] * bool(adopted)
+                      + [f"{bare} no share yet"] * bool(bare))
+    return name, sums, limited, flags
+
+
+def _two_lines(draw, text: str, room: float, font) -> list[str]:
+    """``text`` in at most two lines of ``room`` px, broken after a comma; the second
+    shortened with "..." when it does not fit."""
+    if draw.textlength(text, font=font) <= room:
+        return [text]
+    cut = [i + 1 for i, c in enumerate(text) if c == ","]
+    first = max((i for i in cut if draw.textlength(text[:i], font=font) <= room), default=None)
+    if first is None:
+        return [fit_text(draw, text, room, font, False)]
+    return [text[:first], fit_text(draw, text[first:].strip(), room, font, False)]
+
+
+def _summed(rest: list[DiskBand]) -> DiskBand:
+    """The disks of ``rest`` as one band: held, share and wanted summed (a share or a want
+    when any of them has one)."""
+    shares = [d.share_bytes for d in rest if d.share_bytes is not None]
+    wanted = [d.wanted_bytes for d in rest if d.wanted_bytes is not None]
+    return DiskBand("", sum(d.held_bytes for d in rest), np.zeros(0), np.zeros(0, bool),
+                    size_bytes=sum(d.size_bytes for d in rest),
+                    share_bytes=sum(shares) if shares else None,
+                    wanted_bytes=sum(wanted) if wanted else None)
+
+
+def picture_height(n_disks: int, n_unserved: int = 0, curves: bool = False) -> int:
+    """The picture's height for ``n_disks`` disks, ``n_unserved`` not served, with or
+    without the curves panel: at most that of ``TOP_BANDS`` + 1 disks and
+    ``UNSERVED_ROWS`` disks not served, however many there are."""
+    bands = min(n_disks, TOP_BANDS + 1)
+    others = (min(n_unserved, UNSERVED_ROWS) + 1) * LINE + PAD if n_unserved else 0
+    return band_top(bands) + others + (CURVES if curves else 0) + PAD + LEGEND * LINE + PAD
+
+
 def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, *,
                         when: float | None = None, above_floor: int | None = None,
                         unserved: list[Unserved] = (),
@@ -358,27 +470,31 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
     """The overview of ``disks`` under ``budget`` bytes at time ``when``, with
     ``above_floor`` bytes of MemAvailable above the free-memory floor, and the
     ``unserved`` disks listed below them; the colours from ``book`` (the daemon's, so a
-    disk keeps its colour from frame to frame)."""
+    disk keeps its colour from frame to frame). Past ``TOP_BANDS`` + 1 disks, the top
+    ones as bands and the rest summed in one (``top_and_rest``; the module's theory)."""
     font = load_font()
     width = max(MIN_WIDTH, width)
-    legend_h = PAD + LEGEND * LINE + PAD
-    curves = [d for d in disks if d.curve and len(d.curve) >= 2]
+    top, rest = top_and_rest(disks)
+    bands = len(top) + (1 if rest else 0)
+    curves = [d for d in top if d.curve and len(d.curve) >= 2]
     panel = CURVES if curves else 0
-    others = (len(unserved) + 1) * LINE + PAD if unserved else 0
-    img = Image.new("RGB", (width, band_top(len(disks)) + others + panel + legend_h), BG)
+    shown_unserved = min(len(unserved), UNSERVED_ROWS)
+    others = (shown_unserved + 1) * LINE + PAD if unserved else 0
+    img = Image.new("RGB", (width, picture_height(len(disks), len(unserved), bool(curves))), BG)
     draw = ImageDraw.Draw(img)
     for k, line in enumerate(header(disks, budget, when, above_floor)):
         draw.text((PAD, PAD + k * LINE), line, fill=TEXT if k == 0 else DIM, font=font)
-    marks = colours(disks, book)
-    _budget_bar(img, disks, marks, budget, width)
+    marks = colours(top, book)          # only the bands take a colour: the first ones, apart
+    _budget_bar(img, [d.held_bytes for d in top] + [sum(d.held_bytes for d in rest)],
+                marks + [OTHERS], budget, width)
     alloc_w, strip_x, span = columns_x(width)
     y = HEAD + BAR + 6
     for x, room, title in ((PAD, LABEL - PAD - 8, "disk: image size, why it holds less"),
                            (LABEL, alloc_w, "held / share / wanted of the budget"),
                            (strip_x, span, "the image: held, cached blocks")):
         draw.text((x, y), fit_text(draw, title, room, font, False), fill=DIM, font=font)
-    largest = max((d.size_bytes for d in disks), default=0)
-    for k, (d, colour) in enumerate(zip(disks, marks)):
+    largest = max((d.size_bytes for d in top), default=0)
+    for k, (d, colour) in enumerate(zip(top, marks)):
         y = band_top(k)
         fill_box(img, swatch_box(k), colour)
         x = PAD + SWATCH + 6
@@ -395,25 +511,59 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
         draw.rectangle([strip_x - 1, y, strip_x + w, y + 2 * LINE - 1], outline=FRAME)
         img.paste(_strip(d, w, 2 * LINE - 2), (strip_x, y + 1))
         draw.line([PAD, y + BAND - 3, width - PAD, y + BAND - 3], fill=(36, 36, 36))
+    if rest:
+        _summary(img, draw, font, rest, budget, band_top(len(top)), width)
     if unserved:
-        _unserved(img, draw, font, unserved, band_top(len(disks)), width)
+        _unserved(img, draw, font, unserved, band_top(bands), width)
     if curves:
-        curves_panel(img, draw, font, disks, marks, band_top(len(disks)) + others, width)
-    _legend(img, draw, font, band_top(len(disks)) + others + panel + PAD, width)
+        title = CURVES_TITLE if not rest else (
+            f"curves of the {len(top)} disks holding most: " + CURVES_TITLE.split(": ", 1)[1])
+        curves_panel(img, draw, font, top, marks, band_top(bands) + others, width, title)
+    _legend(img, draw, font, band_top(bands) + others + panel + PAD, width,
+            len(top) if rest else None)
     return img
+
+
+def _summary(img, draw, font, rest: list[DiskBand], budget: int, y: int, width: int) -> None:
+    """The summary band at ``y``: a grey swatch (``OTHERS``), how many disks, and how many
+    are adopted or have no share yet; their allocation bar summed (held, share, wanted); in
+    the image column, how many are limited and by what (``summary_lines``)."""
+    name, sums, limited, flags = summary_lines(rest)
+    alloc_w, strip_x, _ = columns_x(width)
+    fill_box(img, (PAD, y + 2, PAD + SWATCH - 1, y + 1 + SWATCH), OTHERS)
+    x = PAD + SWATCH + 6
+    draw.text((x, y), fit_text(draw, name, LABEL - x - 8, font, False), fill=TEXT, font=font)
+    size = f"{short_size(sum(d.size_bytes for d in rest))} of images"
+    draw.text((x, y + LINE), fit_text(draw, f"{flags}, {size}" if flags else f"{size}, summed",
+                                      LABEL - x - 8, font, False),
+              fill=TEXT if flags else DIM, font=font)
+    _allocation(img, draw, font, _summed(rest), OTHERS, budget, (LABEL, y + 2, alloc_w))
+    room = width - PAD - strip_x
+    lines = [(t, TEXT) for t in (_two_lines(draw, limited, room, font) if limited else [])]
+    if len(lines) < 2:            # room for the sums in words above the reasons
+        lines.insert(0, (f"{name}: {sums}", DIM))
+    for j, (line, colour) in enumerate(lines):
+        draw.text((strip_x, y + j * LINE), fit_text(draw, line, room, font, False),
+                  fill=colour, font=font)
+    draw.line([PAD, y + BAND - 3, width - PAD, y + BAND - 3], fill=(36, 36, 36))
 
 
 def _unserved(img, draw, font, unserved: list[Unserved], y: int, width: int) -> None:
     """A line per disk not served: its name and why; a disk that would gain (``gain``) in
     the text colour with a triangle (``WOULD_GAIN``) and what it would gain, the others
-    dim."""
+    dim. Past ``UNSERVED_ROWS``, those that would gain first, then the others in order,
+    and the last row counts those left out."""
     n = len(unserved)
     gains = sum(1 for u in unserved if u.gain)
     draw.text((PAD, y), fit_text(draw, f"not served: {n} disk{'' if n == 1 else 's'}"
                                  + (f", {gains} would gain (by vmdisktouch advise)" if gains
                                     else ""), width - 2 * PAD, font, False),
               fill=DIM, font=font)
-    for k, u in enumerate(unserved):
+    rows = list(unserved)
+    if n > UNSERVED_ROWS:
+        rows = ([u for u in unserved if u.gain] + [u for u in unserved if not u.gain])
+        rows = rows[:UNSERVED_ROWS - 1]
+    for k, u in enumerate(rows):
         yy = y + (k + 1) * LINE
         x = PAD + SWATCH + 6
         if u.gain:
@@ -422,6 +572,11 @@ def _unserved(img, draw, font, unserved: list[Unserved], y: int, width: int) -> 
         text = f"{u.key}: {u.reason}" + (f"; would gain {u.gain}" if u.gain else "")
         draw.text((x, yy), fit_text(draw, text, width - x - PAD, font, False),
                   fill=TEXT if u.gain else DIM, font=font)
+    if len(rows) < n:
+        left = n - len(rows)
+        draw.text((PAD + SWATCH + 6, y + UNSERVED_ROWS * LINE),
+                  f"and {left} more (vmdisktouch discover lists every disk)", fill=DIM,
+                  font=font)
 
 
 CURVES_TITLE = ("what memory buys: the share of each disk's reads from memory at each size "
@@ -493,13 +648,14 @@ def _hit_at(curve: list, size: int) -> float:
     return float(np.interp(math.log2(max(size, 1)), xs, [h for _, h in pts]))
 
 
-def _budget_bar(img, disks, marks, budget: int, width: int) -> None:
-    """Each disk's held bytes as a segment in its colour, 1 px apart; the rest grey."""
+def _budget_bar(img, held: list[int], marks, budget: int, width: int) -> None:
+    """Each of ``held`` (bytes: a disk's, or the summed others') as a segment in its
+    colour, 1 px apart; the rest grey."""
     fill_box(img, (PAD, HEAD, width - PAD - 1, HEAD + BAR - 1), UNUSED)
     w = width - 2 * PAD
     x = float(PAD)
-    for d, colour in zip(disks, marks):
-        dx = w * min(d.held_bytes, budget) / budget if budget > 0 else 0.0
+    for n, colour in zip(held, marks):
+        dx = w * min(n, budget) / budget if budget > 0 else 0.0
         if dx > 0:
             x1 = min(width - PAD - 1, max(int(x), int(x + dx) - 2))
             fill_box(img, (int(x), HEAD, x1, HEAD + BAR - 1), colour)
@@ -528,8 +684,9 @@ def _allocation(img, draw, font, d: DiskBand, colour, budget, at) -> None:
     draw.text((x, y - 2 + LINE), fit_text(draw, text, w, font, False), fill=DIM, font=font)
 
 
-def _legend(img, draw, font, y: int, width: int) -> None:
-    """What every mark means, a line per picture part."""
+def _legend(img, draw, font, y: int, width: int, top: int | None = None) -> None:
+    """What every mark means, a line per picture part; the summary band's grey when the
+    picture draws only the ``top`` disks holding most as bands."""
     def entries(yy: int, items) -> None:
         x = PAD
         for kind, colour, label in items:
@@ -549,7 +706,9 @@ def _legend(img, draw, font, y: int, width: int) -> None:
     entries(y, [("solid", NEUTRAL, "held, in the disk's colour (each bar is the budget)"),
                 ("plain", _dim(NEUTRAL), "wanted: all it would hold"),
                 ("outline", SHARE, "share: given + free budget it could take")])
-    entries(y + LINE, [("plain", UNUSED, "top bar: budget not held")])
+    entries(y + LINE, [("plain", UNUSED, "top bar: budget not held")]
+            + ([("plain", OTHERS, f"the disks past the {top} holding most, summed")]
+               if top is not None else []))
     entries(y + 2 * LINE, [("solid", render.HELD, "image: held blocks"),
                            ("solid", render.CACHED, "cached (brighter = more)"),
                            ("solid", render.UNCACHED, "not cached"),
