@@ -379,3 +379,42 @@ def test_a_cached_idle_disk_gets_no_budget_before_it_is_read(watcher):
         assert idle.holder.held_bytes() == 0, cycle
         assert idle.last_report.limited_by == "no_evidence"
     assert busy.holder.held_bytes() >= 8 * MiB
+
+
+def test_an_idle_disk_skips_its_cycles_until_read_and_keeps_its_schedule(watcher):
+    """A disk nobody reads is observed once every ``RECONCILE_EVERY`` cycles, not every
+    cycle (``DiskWatcher._quiet``); the guest's first read ends the quiet at the next
+    cycle, and what it read is held as if no cycle had been skipped."""
+    from vmdisktouch.daemon.sources import RECONCILE_EVERY
+    w = watcher(map_png=None)
+    observed = []
+    observe = w.source.observe
+    w.source.observe = lambda *a: (observed.append(w.cycle), observe(*a))[1]
+    reports = [tick(w) for _ in range(2 * RECONCILE_EVERY + 2)]
+    assert [r.cycle for r in reports] == list(range(1, 2 * RECONCILE_EVERY + 3))
+    # the first cycle (it saw nothing: idle), then one full cycle each time a
+    # reconciliation is due
+    assert observed == [0, RECONCILE_EVERY, 2 * RECONCILE_EVERY], observed
+    assert all(r.held_bytes == 0 and r.loaded_bytes == 0 for r in reports)
+    assert w.last_disk.cycle == reports[-1].cycle          # every cycle reported
+    guest_reads(w.test_path, zone_pages(20, 28))
+    observed.clear()
+    r = tick(w)
+    assert observed == [r.cycle - 1]                         # read: a full cycle at once
+    r = tick(w)
+    assert r.held_bytes >= 8 * MiB and len(observed) == 2
+    # while it holds, no cycle is skipped: its holds are re-judged each one
+    n = len(observed)
+    for _ in range(3):
+        tick(w)
+    assert len(observed) == n + 3
+
+
+def test_a_per_disk_picture_or_a_polling_source_never_skips(watcher):
+    w = watcher()                                           # the map PNG is drawn
+    calls = []
+    observe = w.source.observe
+    w.source.observe = lambda *a: (calls.append(1), observe(*a))[1]
+    for _ in range(5):
+        tick(w)
+    assert len(calls) == 5

@@ -107,6 +107,12 @@ class AccessLog:
         self._reads = 0
         self._lost = 0
 
+    @property
+    def empty(self) -> bool:
+        """Nothing fed since the last ``take``: no read, write or refault, nothing lost."""
+        return not (self._read_blocks or self._write_pages or self._refault_pages
+                    or self._reads or self._lost)
+
     def feed(self, kind, ts, first, last, lost: int = 0, counted=None):
         """Fold in one drain's events (arrays of equal length, in time order), and the
         reads counted per block in the kernel since the last drain (``counted``: blocks,

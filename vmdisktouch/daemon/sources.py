@@ -184,8 +184,10 @@ class TraceSource:
         (``ReadShift.cold``) is drained whenever anything is buffered (``pending``: one
         poll), so the guest's first reads start a cycle within a second. Where reads are
         counted in the kernel (``TraceReader.counting``), a pump that leaves the buffer
-        takes the counted reads all the same (a copy of the counters): the reads leaving
-        what is held are seen within a second however few events the buffer has.
+        takes the counted reads all the same (the counters of the chunks that moved): the
+        reads leaving what is held are seen within a second however few events the buffer
+        has. A pump that finds nothing pending (``pending``) takes nothing: an idle disk's
+        pump is one poll.
 
         Returns True, between cycles, when the drained reads ask for a cycle now: they
         left the held blocks (``core.shift``)."""
@@ -195,12 +197,14 @@ class TraceSource:
         if between and self._drained_ns is not None:
             span = max(self._drained_ns - self._previous_ns, 1)
             expected = self.reader.last_bytes * (now - self._drained_ns) / span
-            if expected < self.reader.buffer_kb * 1024 / 8 and not (
-                    self.shift.cold and self.reader.pending()):
-                counted = self.reader.take_counted()
-                if counted is None:
+            if expected < self.reader.buffer_kb * 1024 / 8:
+                if not self.reader.pending():          # nothing buffered, nothing counted
                     return False
-                return self._fold(no_events(), counted) and self.shift.wanted()
+                if not self.shift.cold:                # a cold disk's first reads: drained
+                    counted = self.reader.take_counted()
+                    if counted is None:
+                        return False
+                    return self._fold(no_events(), counted) and self.shift.wanted()
         ev = self.reader.drain()
         self._previous_ns = now if self._drained_ns is None else self._drained_ns
         self._drained_ns = now
@@ -242,6 +246,21 @@ class TraceSource:
         self.early_cycles += self.shift.woke
         self.last["woken_early"] = self.shift.woke
         self.shift.settled(held)
+
+    def quiet(self) -> bool:
+        """Whether this cycle has nothing to observe, so the disk may skip it
+        (``DiskWatcher.prepare``): the last observation saw no event and lost none, none
+        came since (what the pumps folded, then one poll of the ring buffer and of the
+        kernel's counters' chunks), and no mincore reconciliation is due. A cycle skipped
+        counts toward the next reconciliation, which also checks the tracefs instance: an
+        idle disk still runs a full cycle every ``RECONCILE_EVERY``."""
+        if (self.reader is None or self.cycles % RECONCILE_EVERY == 0
+                or self.last.get("lost") != 0 or any(self.last.get("events", {}).values())
+                or self.kinds.any() or self._pages_read or not self.log.empty
+                or self.reader.pending()):
+            return False
+        self.cycles += 1
+        return True
 
     def observe(self, size: int, held: np.ndarray, config) -> Seen:
         first = self.cycles == 0
