@@ -206,7 +206,7 @@ class DiskWatcher:
 
         A quiet cycle is skipped (``_quiet``): its map is the last full cycle's, which
         had no candidate, and ``act`` only reports; a disk nobody reads costs a poll a
-        cycle, not a pass over its blocks (100 idle 64 GiB disks took 6 % of a core)."""
+        cycle, not passes over its blocks (docs/benchmarks/host-cost.md)."""
         t0 = self.clock()
         self._skipping = self._quiet()
         if self._skipping:
