@@ -373,3 +373,36 @@ def test_the_ring_buffer_times_the_same_misses_as_the_kernel(scratch, reader):  
         assert events.drain().misses_timed == 0
     finally:
         os.close(fd)
+
+
+def test_past_the_kernels_programs_a_tracepoint_a_disks_reads_stay_events(scratch, reader):  # noqa: F811
+    """The kernel runs at most 64 programs on a tracepoint, host-wide: the disk that finds
+    them taken says so, its reads stay events of the ring buffer, nothing of its attempt
+    stays open, and a slot freed is taken by the next disk."""
+    fds, counted = [], []
+    try:
+        refused = None
+        for _ in range(70):                          # 64, less what other tools hold
+            fds.append(os.open(scratch(16), os.O_RDONLY))
+            r = reader(fds[-1])
+            if not r.count_reads(1, 16):
+                refused = r
+                break
+            counted.append(r)
+        assert refused is not None and len(counted) <= 64
+        assert refused.counting_refused == bpf_reads.TRACEPOINT_FULL and not refused.counting
+        again = reader(fds[-1])
+        open_fds = len(os.listdir("/proc/self/fd"))
+        assert not again.count_reads(1, 16)
+        assert len(os.listdir("/proc/self/fd")) == open_fds     # its maps and programs closed
+        refused.drain()
+        in_thread(reads_of, fds[-1], [(0, PAGE), (5 * PAGE, PAGE)])
+        ev = refused.drain()
+        assert sorted(ev.first[ev.kind == READ].tolist()) == [0, 5]
+        counted.pop().close()                        # a slot freed: the next disk counts
+        assert reader(fds[-1]).count_reads(1, 16)
+    finally:
+        for r in counted:
+            r.close()
+        for fd in fds:
+            os.close(fd)

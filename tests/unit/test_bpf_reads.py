@@ -123,3 +123,35 @@ def test_a_take_reads_the_blocks_of_the_chunks_that_moved_and_loses_none():
     assert dict(zip(blocks.tolist(), counts.tolist())) == {3000: 5, 3001: 1}
     slots[bpf_reads.BEYOND] += np.uint64(2)
     assert c.pending() and c.take()[3] == 2 and not c.pending()
+
+
+def test_a_verification_a_signal_interrupted_is_tried_again(monkeypatch):
+    """The verifier returns EAGAIN when a signal is pending; a busy host met it and the
+    disk's reads stayed events for its life. Any other refusal is not tried again."""
+    import errno
+
+    from vmdisktouch.errors import SyscallError
+    from vmdisktouch.system import libc
+    calls = []
+
+    def bpf(cmd, attr, what, errs=[errno.EAGAIN, errno.EINTR]):
+        calls.append(cmd)
+        if errs:
+            raise SyscallError("bpf", errs.pop(0), what)
+        return 42
+    monkeypatch.setattr(libc, "bpf", bpf)
+    assert libc.bpf_prog_load(5, b"\0" * 16, b"t") == 42 and len(calls) == 3
+
+    calls.clear()
+    monkeypatch.setattr(libc, "bpf", lambda cmd, attr, what: (calls.append(cmd), (
+        _ for _ in ()).throw(SyscallError("bpf", errno.EACCES, what)))[1])
+    with pytest.raises(SyscallError) as refused:
+        libc.bpf_prog_load(5, b"\0" * 16, b"t")
+    assert refused.value.errno == errno.EACCES and len(calls) == 2    # and the log's load
+
+    calls.clear()
+    monkeypatch.setattr(libc, "bpf", lambda cmd, attr, what: (calls.append(cmd), (
+        _ for _ in ()).throw(SyscallError("bpf", errno.EAGAIN, what)))[1])
+    with pytest.raises(SyscallError):
+        libc.bpf_prog_load(5, b"\0" * 16, b"t")
+    assert len(calls) == libc.BPF_LOAD_TRIES + 1

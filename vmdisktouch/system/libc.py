@@ -230,9 +230,15 @@ def bpf(cmd: int, attr: bytes, what: str) -> int:
     return int(fd)
 
 
+BPF_LOAD_TRIES = 5     # a verification a signal interrupted is tried again, this many times
+
+
 def bpf_prog_load(prog_type: int, code: bytes, name: bytes) -> int:
     """BPF_PROG_LOAD of the instructions ``code`` (GPL): its descriptor. Refused, it is
-    loaded again with the verifier's log, whose last line the ``SyscallError`` tells."""
+    loaded again with the verifier's log, whose last line the ``SyscallError`` tells.
+    The verifier gives up with EAGAIN when a signal is pending (``do_check``): on a busy
+    host a long verification met one and the disk's reads stayed events for its life,
+    so that is tried again, up to ``BPF_LOAD_TRIES`` times."""
     insns = ctypes.create_string_buffer(code, len(code))
     lic = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(1 << 20)
@@ -241,17 +247,21 @@ def bpf_prog_load(prog_type: int, code: bytes, name: bytes) -> int:
         return struct.pack("<IIQQIIQII16s", prog_type, len(code) // 8, ctypes.addressof(insns),
                            ctypes.addressof(lic), level, len(log) if level else 0,
                            ctypes.addressof(log) if level else 0, 0, 0, name)
-    try:
-        return bpf(_BPF_PROG_LOAD, attr(0), "BPF_PROG_LOAD")
-    except SyscallError as exc:
+    for tries_left in range(BPF_LOAD_TRIES - 1, -1, -1):
         try:
-            os.close(bpf(_BPF_PROG_LOAD, attr(1), "BPF_PROG_LOAD"))
-        except SyscallError:
-            pass
-        lines = log.value.decode(errors="replace").strip().splitlines()
-        detail = "BPF_PROG_LOAD" + (f": the verifier: {lines[-2] if len(lines) > 1 else lines[-1]}"
-                                    if lines else "")
-        raise SyscallError("bpf", exc.errno, detail) from None
+            return bpf(_BPF_PROG_LOAD, attr(0), "BPF_PROG_LOAD")
+        except SyscallError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EINTR) or not tries_left:
+                refused = exc
+                break
+    try:
+        os.close(bpf(_BPF_PROG_LOAD, attr(1), "BPF_PROG_LOAD"))
+    except SyscallError:
+        pass
+    lines = log.value.decode(errors="replace").strip().splitlines()
+    detail = "BPF_PROG_LOAD" + (f": the verifier: {lines[-2] if len(lines) > 1 else lines[-1]}"
+                                if lines else "")
+    raise SyscallError("bpf", refused.errno, detail) from None
 
 
 def perf_event_open(attr: bytes, pid: int, cpu: int, group_fd: int, flags: int) -> int:

@@ -79,6 +79,7 @@ buffer (``trace_reader``).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -116,6 +117,13 @@ _FUNC_MAP_LOOKUP, _FUNC_KTIME, _FUNC_CPU, _FUNC_PID_TGID = 1, 5, 8, 14
 
 class BpfUnavailable(VmdtError):
     """The kernel or the daemon's privileges do not allow the counting program."""
+
+
+# The kernel runs at most 64 programs on one tracepoint, host-wide (BPF_TRACE_MAX_PROGS;
+# E2BIG past it): a disk each, so the 65th disk's reads, or any disk's while other tools
+# hold the tracepoint's programs, are events of the ring buffer.
+TRACEPOINT_FULL = ("the kernel's 64 programs a tracepoint, host-wide, are all taken "
+                   "(each disk counted in the kernel takes one)")
 
 
 # -- eBPF instructions (linux/bpf.h, Documentation/bpf/standardization) -------------------
@@ -482,7 +490,12 @@ class ReadCounter:
             event_fd = libc.perf_event_open(_perf_attr(tp_id), -1, 0, -1,
                                             _PERF_FLAG_FD_CLOEXEC)
             fds.append(event_fd)
-            libc.ioctl(event_fd, _IOC_SET_BPF, prog_fd, "PERF_EVENT_IOC_SET_BPF")
+            try:
+                libc.ioctl(event_fd, _IOC_SET_BPF, prog_fd, "PERF_EVENT_IOC_SET_BPF")
+            except SyscallError as exc:
+                if exc.errno == errno.E2BIG:
+                    raise BpfUnavailable(TRACEPOINT_FULL) from None
+                raise
             libc.ioctl(event_fd, _IOC_ENABLE, 0, "PERF_EVENT_IOC_ENABLE")
         mems: list[mmap.mmap] = []
         try:
@@ -501,7 +514,7 @@ class ReadCounter:
                            exclude_tid=exclude_tid, pages_per_block=pages_per_block,
                            nblocks=nblocks, sample_fd=sample_fd, miss_fd=miss_fd),
                    b"vmdt_reads")
-        except (SyscallError, OSError) as exc:
+        except (SyscallError, OSError, BpfUnavailable) as exc:
             for mem in mems:
                 mem.close()
             for fd in fds:
