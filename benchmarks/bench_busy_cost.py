@@ -54,14 +54,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.source_common import (  # noqa: E402
-    RateGuest, add_cost_options, cache_range, exit_on_sigterm, fill_defaults, fmt, machine,
-    median, publish, ratio_text, round_orders)
+    RateGuest, Window, add_cost_options, cache_range, exit_on_sigterm, fill_defaults, fmt,
+    guests_iops, machine, median, nbd_guests, publish, ratio_text, round_orders, thread_cpu)
 from tests.support.cgroup import MemoryCgroup  # noqa: E402
 from tests.support.common import ROOT as CHECKOUT, GiB, MiB  # noqa: E402
 from tests.support.daemon_proc import DaemonProc, env_without_systemd  # noqa: E402
-from tests.support.fio import FioJob, FioRun  # noqa: E402
 from tests.support.images import evict  # noqa: E402
-from tests.support.nbd import QemuNbd  # noqa: E402
 from tests.support.pagecache import data_image  # noqa: E402
 from tests.support.procfs import CLK_TCK, cpu_ticks, memory_fields  # noqa: E402
 from tests.support.worktree import enter_rev_worktree  # noqa: E402
@@ -69,8 +67,6 @@ from vmdisktouch.sizes import parse_size  # noqa: E402
 
 TARGETS = {"nbd-max": 1.0, "flood": 5.0, "three": 2.0}      # % of one core
 TARGET_RSS = 100 * MiB
-HOT = 256 * MiB
-KINDS = ("read", "write", "add", "delete")
 
 
 def scenario(name: str) -> dict:
@@ -129,21 +125,6 @@ def profile_split(path: str) -> list[tuple[str, float]]:
     return out
 
 
-def thread_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of the main thread and of all the others (/proc/PID/task/*/stat)."""
-    main = other = 0.0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            sec = (int(fields[11]) + int(fields[12])) / CLK_TCK
-            if int(tid) == pid:
-                main += sec
-            else:
-                other += sec
-    return main, other
-
-
 PROFILED = """
 import cProfile, runpy, sys, time
 out = sys.argv.pop(1)
@@ -170,26 +151,6 @@ def profiling_python(tmp: str, out: str) -> str:
     return path
 
 
-class Window:
-    """Per-cycle figures of every disk, from the status file, while the window lasts."""
-
-    def __init__(self):
-        self.events: dict[tuple[str, int], dict] = {}       # (path, cycle) -> its events
-        self.lost: dict[str, list[int]] = {}                 # path -> events_lost samples
-
-    def look(self, st: dict | None, count: bool) -> None:
-        for d in (st or {}).get("disks", []):
-            if count and "trace" in d:
-                self.events[(d["path"], d["cycle"])] = d["trace"].get("events", {})
-            self.lost.setdefault(d["path"], []).append(int(d.get("events_lost", 0)))
-
-    def total(self) -> dict[str, int]:
-        return {k: sum(e.get(k, 0) for e in self.events.values()) for k in KINDS}
-
-    def lost_in(self) -> int:
-        return sum(max(v) - min(v) for v in self.lost.values())
-
-
 def run_one(name: str, tag: str, cwd, images: list[str], args, tmp: str,
             profile: str | None) -> dict:
     sc = scenario(name)
@@ -209,15 +170,7 @@ def run_one(name: str, tag: str, cwd, images: list[str], args, tmp: str,
         else:
             cg = MemoryCgroup(f"busy-{name}-{tag}-{os.getpid()}", args.limit).create()
             stack.callback(cg.cleanup)
-            for k, p in enumerate(paths):
-                nbd = QemuNbd(p, cgroup=cg, log=os.path.join(tmp, f"nbd-{k}.log")).start()
-                stack.callback(nbd.stop)
-                extra = [f"--rate_iops={sc['rate']}"] if sc["rate"] else []
-                job = FioJob(p, args.image_size, [(0, HOT)], hot_share=50, runtime=runtime,
-                             seed=20261127 + k, name=f"g{k}", extra=extra, nbd_uri=nbd.uri)
-                run = FioRun(job, cg, stderr_path=os.path.join(tmp, f"fio-{k}.err")).start()
-                stack.callback(run.stop)
-                guests.append(run)
+            guests = nbd_guests(stack, paths, args.image_size, cg, tmp, runtime, sc["rate"])
         python = profiling_python(tmp, profile) if profile else sys.executable
         d = DaemonProc(tmp, paths, "--uri", "", "--min-free", "0", "--access-source", "trace",
                        max_hold=args.max_hold * len(paths), interval=args.interval,
@@ -254,8 +207,7 @@ def run_one(name: str, tag: str, cwd, images: list[str], args, tmp: str,
         rc = d.stop()
         if rc != 0:
             raise RuntimeError(f"{name} {tag}: the daemon exited {rc}:\n{d.log_tail(20)}")
-    iops = sum(median([iv.iops for iv in g.intervals if iv.t > args.warmup] or [0])
-               for g in guests)
+    iops = guests_iops(guests, args.warmup)
     if flood is not None:           # fio's own figure over its whole run, from its JSON
         iops = sum(j["read"]["iops"] for j in (flood.result or {}).get("jobs", []))
     events = w.total()

@@ -54,7 +54,8 @@ PAGE_TITLES = {
 SECTION_PAGES = {"cold-start": "hotzone", "budget-per-byte": "hotzone",
                  "redesign": "side-by-side", "one-runtime": "side-by-side",
                  "curve-exact": "curve-accuracy", "curve-exact-golden": "curve-accuracy",
-                 "curve-exact-requests": "curve-accuracy"}
+                 "curve-exact-requests": "curve-accuracy", "host-of-a-hundred": "host-cost",
+                 "host-of-a-hundred-rev": "host-cost"}
 
 LATEST, HISTORY = "## Latest reading", "## History"
 

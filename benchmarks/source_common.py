@@ -1,5 +1,6 @@
-"""Shared by the access-source benchmarks (bench_source_cost, bench_trace_overhead,
-bench_readonly_hold): images, caching, the rate-limited guest, the daemon's cost over a window.
+"""Shared by the access-source and cost benchmarks (bench_source_cost, bench_trace_overhead,
+bench_readonly_hold, bench_busy_cost, bench_host_cost): images, caching, the rate-limited
+guest, busy guests through qemu-nbd, the daemon's cost over a window.
 
 * ``ensure_image``: a non-sparse image (``tests.support.images.make_image``) in a
   directory, or an existing one reused (``--image``); disk space checked
@@ -9,6 +10,11 @@ bench_readonly_hold): images, caching, the rate-limited guest, the daemon's cost
   the image, ``psync``, buffered, ``--invalidate=0`` (fio would otherwise drop
   the file's cache at start); writes opened ``O_DSYNC`` (``sync=dsync``), as
   QEMU's ``cache=writethrough``; stopped by PID, fio's JSON read at the end;
+* ``nbd_guests``: busy disks, each a real client at its highest rate (or a fixed
+  one) through ``qemu-nbd`` in a memory group, as a VM's QEMU does its I/O
+  (bench_busy_cost, bench_host_cost); ``guests_iops`` what they did;
+* ``Window`` and ``thread_cpu``: the events lost of every disk over a window, from
+  the status file; the CPU of the daemon's main thread and of its others;
 * ``watch``: the daemon's CPU (utime + stime of ``/proc/PID/stat``, and the
   threads' ``schedstat`` run time as a cross-check, as in bench_daemon_cost)
   over a window, every cycle's status, and ``VmLck`` once a second;
@@ -43,6 +49,8 @@ from tests.support.procfs import CLK_TCK, cpu_ns, cpu_ticks  # noqa: E402
 from benchmarks.report import machine, provenance, update_section  # noqa: E402,F401 - machine re-exported
 from vmdisktouch.system.meminfo import mem_available  # noqa: E402,F401 - re-exported
 from tests.support.common import GiB, MiB, WorkloadError, require_tool, stop_process  # noqa: E402
+from tests.support.fio import FioJob, FioRun  # noqa: E402
+from tests.support.nbd import QemuNbd  # noqa: E402
 from tests.support.images import make_image  # noqa: E402
 from vmdisktouch.sizes import format_size  # noqa: E402
 
@@ -224,6 +232,73 @@ def rates_text(rates: dict) -> str:
     r = sum(v[0] for v in rates.values())
     w = sum(v[1] for v in rates.values())
     return f"reads {r:,.0f}/s, writes {w:,.0f}/s"
+
+
+# -- busy disks: a real client through qemu-nbd ----------------------------------------
+
+BUSY_HOT = 256 * MiB        # half of a busy guest's I/O falls in the first 256 MiB
+KINDS = ("read", "write", "add", "delete")      # the trace events of a cycle
+
+
+def nbd_guests(stack: contextlib.ExitStack, paths, size: int, cgroup, log_dir: str,
+               runtime: float, rate: int = 0, seed: int = 20261127) -> list[FioRun]:
+    """A busy guest on each of ``paths``: ``qemu-nbd --cache=writethrough --aio=threads``
+    in the memory group ``cgroup`` and fio through it (``ioengine=nbd``), 4 KiB random
+    I/O, 80 % reads, half of them in the first ``BUSY_HOT`` bytes and the rest over
+    ``size``, at ``rate`` I/Os a second (0: as fast as it goes), for ``runtime`` s. Each
+    qemu-nbd and fio is stopped by its PID when ``stack`` closes; the fio runs, in order."""
+    guests = []
+    for k, p in enumerate(paths):
+        nbd = QemuNbd(p, cgroup=cgroup, log=os.path.join(log_dir, f"nbd-{k}.log")).start()
+        stack.callback(nbd.stop)
+        extra = [f"--rate_iops={rate}"] if rate else []
+        job = FioJob(p, size, [(0, BUSY_HOT)], hot_share=50, runtime=runtime, seed=seed + k,
+                     name=f"g{k}", extra=extra, nbd_uri=nbd.uri)
+        run = FioRun(job, cgroup, stderr_path=os.path.join(log_dir, f"fio-{k}.err")).start()
+        stack.callback(run.stop)
+        guests.append(run)
+    return guests
+
+
+def guests_iops(guests, after: float) -> float:
+    """The I/Os a second of ``guests`` together: each one's median over its intervals
+    later than ``after`` s from its start."""
+    return sum(median([iv.iops for iv in g.intervals if iv.t > after] or [0]) for g in guests)
+
+
+class Window:
+    """Per-cycle figures of every disk, from the status file, while a window lasts."""
+
+    def __init__(self):
+        self.events: dict[tuple[str, int], dict] = {}       # (path, cycle) -> its events
+        self.lost: dict[str, list[int]] = {}                 # path -> events_lost samples
+
+    def look(self, st: dict | None, count: bool) -> None:
+        for d in (st or {}).get("disks", []):
+            if count and "trace" in d:
+                self.events[(d["path"], d["cycle"])] = d["trace"].get("events", {})
+            self.lost.setdefault(d["path"], []).append(int(d.get("events_lost", 0)))
+
+    def total(self) -> dict[str, int]:
+        return {k: sum(e.get(k, 0) for e in self.events.values()) for k in KINDS}
+
+    def lost_in(self) -> int:
+        return sum(max(v) - min(v) for v in self.lost.values())
+
+
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of the main thread and of all the others (/proc/PID/task/*/stat)."""
+    main = other = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            sec = (int(fields[11]) + int(fields[12])) / CLK_TCK
+            if int(tid) == pid:
+                main += sec
+            else:
+                other += sec
+    return main, other
 
 
 # -- the daemon over a window ----------------------------------------------------------

@@ -4,6 +4,7 @@ import pytest
 
 from benchmarks.bench_host_budget import NAMES, compare_lines, round_orders, with_rev_twins
 from benchmarks.bench_host_cost import compare_lines as cost_lines
+from benchmarks.bench_host_cost import summary as host_cost_summary
 from benchmarks.source_common import ratio_text, side_by_side
 
 pytestmark = pytest.mark.repo     # the repository's files and tools: the same on every Python
@@ -47,8 +48,23 @@ def test_host_budget_compares_each_pair_and_the_target_ratios():
 
 
 def test_host_cost_compares_the_headline_figures():
-    cur = {"cpu": 1.0, "rss_max": 100 << 20, "rss_median": 90 << 20, "held_median": 1 << 30,
-           "host_cycle": 0.08, "disk_cycle_max": 0.003, "warm": 30.0}
-    text = "\n".join(cost_lines(cur, dict(cur, cpu=2.0), "OLD", SHA))
-    assert "| CPU, % of a core | 1.00 | 2.00 | **0.500** |" in text
-    assert "| last cycle, the host's | 80 ms | 80 ms | **1.000** |" in text
+    cur = {"cpu_quiet": 1.0, "cpu_busy": 3.0, "per_busy": 0.2, "iops": 9000.0,
+           "rss_max": 400 << 20, "rss_disk": 4 << 20, "held_quiet": 1 << 30,
+           "cycle_max": 0.08, "lost": 0}
+    text = "\n".join(cost_lines(cur, dict(cur, cpu_quiet=2.0), "OLD", SHA, "how"))
+    assert "| CPU, quiet window, % of a core | 1.00 | 2.00 | **0.500** |" in text
+    assert "| the longest cycle | 80 ms | 80 ms | **1.000** |" in text
+    assert "| memory besides held pages, a disk | 4M | 4M | **1.000** |" in text
+    idle = "\n".join(cost_lines(dict(cur, cpu_busy=None), cur, "OLD", SHA, "how"))
+    assert "busy window" not in idle
+
+
+def test_host_cost_summary_takes_the_busy_disks_share_of_each_round():
+    def run(quiet, busy):
+        w = {"cpu": quiet, "rss_max": 300 << 20, "cycle_max": 0.1, "lost": 0,
+             "held_median": 1 << 30}
+        return {"quiet": w, "busy": dict(w, cpu=busy, iops=100.0, cycle_max=0.3, lost=2)}
+    s = host_cost_summary([run(1.0, 3.0), run(1.2, 4.2)], busy=10, disks=100)
+    assert s["per_busy"] == pytest.approx(0.25)        # the median of 0.2 and 0.3
+    assert s["cycle_max"] == 0.3 and s["lost"] == 2
+    assert s["rss_disk"] == 3 << 20
