@@ -32,6 +32,7 @@ from tests.support.faultkit import image  # noqa: F401 - the rows' fixture
 from tests.support.common import require_tool
 from tests.support.pagecache import data_image, read_range
 from tests.support.common import ROOT
+from vmdisktouch.daemon.sources import RECONCILE_EVERY
 from tests.support.daemon_proc import DaemonProc
 from tests.support.procfs import vmlck
 from vmdisktouch.daemon.host import host_of
@@ -44,7 +45,8 @@ from vmdisktouch.daemon.build import build
 from vmdisktouch.system.image import open_image
 
 HOT = (8 * MiB, 6 * MiB)
-FAST = ("--uri", "", "--min-free", "0", "--interval", "0.2", "--decay", "1")
+FAST_INTERVAL = 0.2
+FAST = ("--uri", "", "--min-free", "0", "--interval", str(FAST_INTERVAL), "--decay", "1")
 SERVE = "the daemon keeps cycling and holding; the image is untouched"
 
 
@@ -195,7 +197,7 @@ def _(tmp_path, image):
         orig, calls = heat.step, [0]
         def step(*a, **k):
             calls[0] += 1
-            if calls[0] == 3:
+            if calls[0] == 2:
                 os.kill(os.getpid(), signal.SIGHUP); os.kill(os.getpid(), signal.SIGHUP)
             return orig(*a, **k)
         heat.step = step
@@ -206,7 +208,9 @@ def _(tmp_path, image):
                              "from vmdisktouch.commands import cli; import sys; sys.exit(cli.main("
                              "sys.argv[1:]))", "run", image, "--config", cfg, *FAST],
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    time.sleep(3)
+    # An idle disk's heat steps at its full cycles only: one every RECONCILE_EVERY
+    # intervals (``DiskWatcher._quiet``); the second comes after that many, and a second.
+    time.sleep(RECONCILE_EVERY * FAST_INTERVAL + 3)
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err[-2000:]

@@ -210,6 +210,8 @@ class DiskWatcher:
         t0 = self.clock()
         self._skipping = self._quiet()
         if self._skipping:
+            if self.miss_cost is not None:         # its probes keep their pace all the same
+                self.miss_cost.cycle(self._cycle[1].resident, self.image.size)
             self._cycle = (t0,) + self._cycle[1:3] + (self.clock(),)
             return self._map
         obs, resident_bytes, misses = self._observe(t0)
