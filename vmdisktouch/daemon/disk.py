@@ -108,8 +108,7 @@ class DiskWatcher:
         self._released_between = 0               # by a reload or a size change
         self._cycle: tuple | None = None         # prepare's (start, observation, resident)
         self._map = None                         # prepare's map of the last full cycle
-        self._idle: tuple | None = None          # what an idle full cycle saw (``_quiet``)
-        self._idle_config = None                 # ... and under which settings
+        self._idle: tuple | None = None          # an idle full cycle's state (``_quiet``)
         self._skipping = False                   # this cycle is skipped (``prepare``)
         self._hole_map: tuple | None = None      # ((allocation, nblocks), holes per block)
 
@@ -229,14 +228,18 @@ class DiskWatcher:
         and its source saw nothing since (``TraceSource.quiet``: the polling source never
         is). The heat only decays meanwhile: the next full cycle decays it over the whole
         time since the last (``heat.step`` over ``dt``), as the cycles skipped would have."""
-        if self._idle is None or self._idle != (self.hold_enabled, self.domain_active) \
-                or self._idle_config is not self.config:
+        if self._idle != self._idle_key():
             return False
         self.image.check_identity()
         if self.image.current_size() != self.image.size:
             return False
         quiet = getattr(self.source, "quiet", None)
         return quiet is not None and quiet()
+
+    def _idle_key(self) -> tuple:
+        """What a skipped cycle must find as the idle full cycle left it: the holding and
+        domain state, and the settings (a reload makes new ones)."""
+        return (self.hold_enabled, self.domain_active, self.config)
 
     def _was_idle(self, r: CycleReport) -> bool:
         """The full cycle just run left nothing that a next cycle without events would
@@ -276,9 +279,7 @@ class DiskWatcher:
         self.source.brace(acted.held, self.last_spill.target_bytes)
         self.cycle += 1
         report = self._report(own_start, obs, acted, resident_bytes)
-        idle = self._was_idle(report)
-        self._idle = (self.hold_enabled, self.domain_active) if idle else None
-        self._idle_config = self.config
+        self._idle = self._idle_key() if self._was_idle(report) else None
         if self.recorder:
             self.recorder.disk(self.image.path, self.config, self.image.is_regular,
                                obs, plan, acted, self.policy)
@@ -300,8 +301,7 @@ class DiskWatcher:
         self.last_report = replace(self.last_report, cycle=self.cycle,
                                    cycle_seconds=self.clock() - t0,
                                    mem_available_bytes=self.mem_available(),
-                                   share_bytes=(self.config.max_hold if self.allotment is None
-                                                else self.allotment.share))
+                                   share_bytes=self._share_bytes())
         self.last_disk = self.disk_report(self.last_report)
         self.emitter.emit(self.last_report, self.config, self.last_disk, obs.resident,
                           self.policy.held_after, self.policy)
@@ -383,8 +383,7 @@ class DiskWatcher:
             relocked_bytes=min(relocked, acted.result.loaded_bytes),
             spill_read_bytes=self.last_spill.read_bytes,
             shed_bytes=acted.result.shed_bytes,
-            share_bytes=(self.config.max_hold if self.allotment is None
-                         else self.allotment.share),
+            share_bytes=self._share_bytes(),
         )
         why = why_not_held(self.last_report, self.config, Facts(
             obs.holding, self.allotment, lambda: float(self.policy.state.total.max(initial=0.0)),
@@ -392,6 +391,10 @@ class DiskWatcher:
             int(self.policy.ceded.blocks.size) * bs, arriving=self.domain_active is True))
         self.last_report.limited_by, self.last_report.not_held_reason = why or (None, None)
         return self.last_report
+
+    def _share_bytes(self) -> int:
+        """Its share of the budget: the last selection's, or ``max_hold`` before one."""
+        return self.config.max_hold if self.allotment is None else self.allotment.share
 
     def disk_report(self, r: CycleReport) -> DiskReport:
         return self.emitter.disk_report(
