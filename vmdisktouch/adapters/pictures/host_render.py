@@ -394,11 +394,6 @@ def top_and_rest(disks: list[DiskBand]) -> tuple[list[DiskBand], list[DiskBand]]
     return [disks[k] for k in rank[:TOP_BANDS]], [disks[k] for k in sorted(rank[TOP_BANDS:])]
 
 
-def _counts(items) -> str:
-    """``{what: n}`` as "n what, n what", the most first."""
-    return ", ".join(f"{n} {what}" for what, n in sorted(items.items(), key=lambda i: -i[1]))
-
-
 def summary_lines(rest: list[DiskBand]) -> tuple[str, str, str, str]:
     """The summary band's words for ``rest``: its name ("88 more disks"), its sums
     ("hold X of Y share, want Z"), and what the bands would show, counted, so that no disk
@@ -407,13 +402,12 @@ def summary_lines(rest: list[DiskBand]) -> tuple[str, str, str, str]:
     are adopted or have no share yet (the first words, "" when none)."""
     n = len(rest)
     name = f"{n} more disk{'' if n == 1 else 's'}"
-    shares = [d.share_bytes for d in rest if d.share_bytes is not None]
-    wanted = [d.wanted_bytes for d in rest if d.wanted_bytes is not None]
-    sums = f"hold {short_size(sum(d.held_bytes for d in rest))}"
-    if shares:
-        sums += f" of {short_size(sum(shares))} share"
-    if wanted:
-        sums += f", want {short_size(sum(wanted))}"
+    summed = _summed(rest)
+    sums = f"hold {short_size(summed.held_bytes)}"
+    if summed.share_bytes is not None:
+        sums += f" of {short_size(summed.share_bytes)} share"
+    if summed.wanted_bytes is not None:
+        sums += f", want {short_size(summed.wanted_bytes)}"
     why: dict[str, int] = {}
     for d in rest:
         if d.limited_by:
@@ -459,8 +453,14 @@ def picture_height(n_disks: int, n_unserved: int = 0, curves: bool = False) -> i
     without the curves panel: at most that of ``TOP_BANDS`` + 1 disks and
     ``UNSERVED_ROWS`` disks not served, however many there are."""
     bands = min(n_disks, TOP_BANDS + 1)
-    others = (min(n_unserved, UNSERVED_ROWS) + 1) * LINE + PAD if n_unserved else 0
-    return band_top(bands) + others + (CURVES if curves else 0) + PAD + LEGEND * LINE + PAD
+    return (band_top(bands) + unserved_height(n_unserved) + (CURVES if curves else 0) + PAD
+            + LEGEND * LINE + PAD)
+
+
+def unserved_height(n_unserved: int) -> int:
+    """The height of the list of ``n_unserved`` disks not served: a title and at most
+    ``UNSERVED_ROWS`` rows (0 with none)."""
+    return (min(n_unserved, UNSERVED_ROWS) + 1) * LINE + PAD if n_unserved else 0
 
 
 def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, *,
@@ -478,8 +478,7 @@ def host_overview_image(disks: list[DiskBand], budget: int, width: int = WIDTH, 
     bands = len(top) + (1 if rest else 0)
     curves = [d for d in top if d.curve and len(d.curve) >= 2]
     panel = CURVES if curves else 0
-    shown_unserved = min(len(unserved), UNSERVED_ROWS)
-    others = (shown_unserved + 1) * LINE + PAD if unserved else 0
+    others = unserved_height(len(unserved))
     img = Image.new("RGB", (width, picture_height(len(disks), len(unserved), bool(curves))), BG)
     draw = ImageDraw.Draw(img)
     for k, line in enumerate(header(disks, budget, when, above_floor)):
