@@ -294,42 +294,41 @@ def advised(v) -> bool:
         isinstance(v.get("bytes"), int)
 
 
-def _of(line: DiskLine, d: DiskReport | None, key: str, theirs: str):
-    """A figure of a disk's line, or of its full report when the line has none."""
+def _of(line: DiskLine, d: DiskReport | None, key: str, theirs: str | None = None):
+    """A figure of a disk's line, or of its full report (its field ``theirs``, else
+    ``key``) when the line has none."""
     mine = getattr(line, key)
-    return mine if mine is not None or d is None else getattr(d, theirs)
+    return mine if mine is not None or d is None else getattr(d, theirs or key)
 
 
 def disk_order(entry: tuple[DiskLine, DiskReport | None]):
     """The sort key of a host's disk lines: held descending, then wanted descending,
     then the name shown (the figures the line shows)."""
     line, d = entry
-    held = _of(line, d, "held_bytes", "held_bytes") or 0
-    wanted = _of(line, d, "wanted_bytes", "wanted_bytes") or 0
+    held = _of(line, d, "held_bytes") or 0
+    wanted = _of(line, d, "wanted_bytes") or 0
     return (-held, -wanted, disk_name(line))
 
 
 def attention(entry: tuple[DiskLine, DiskReport | None]) -> bool:
     """A disk whose holder met an error (``ATTENTION``): never left out."""
     line, d = entry
-    return _of(line, d, "limited_by", "limited_by") in ATTENTION
+    return _of(line, d, "limited_by") in ATTENTION
 
 
 def disk_part(line: DiskLine, d: DiskReport | None) -> str:
     """A disk's name, what it holds of its share, and why not more: sanitised. ``d``: its
     full report, when the file has one; what the line leaves out is taken from it."""
-    def of(mine, theirs: str):
-        return mine if mine is not None or d is None else getattr(d, theirs)
-
-    held = of(line.held_bytes, "held_bytes") or 0
-    out = f"{disk_name(line)}: held {format_size(held)}/{_size(of(line.share_bytes, 'budget_bytes'))}"
+    held = _of(line, d, "held_bytes") or 0
+    share = _of(line, d, "share_bytes", "budget_bytes")
+    out = f"{disk_name(line)}: held {format_size(held)}/{_size(share)}"
     if d is not None and isinstance(d.regions, list):
         n = len(d.regions)
         out += f" in {n} region{'' if n == 1 else 's'}"
-    wanted = of(line.wanted_bytes, "wanted_bytes")
+    wanted = _of(line, d, "wanted_bytes")
     if wanted is not None and wanted > held:
         out += f", wants {format_size(wanted)}"
-    reason = of(line.not_held_reason, "not_held_reason")
+    reason = _of(line, d, "not_held_reason")
     if reason:
         out += f" ({sanitise(reason)})"
     out += gain_part(d)
@@ -504,7 +503,7 @@ def left_out(left: list[tuple[DiskLine, DiskReport | None]], skipped: int) -> li
         return []
     parts = []
     if left:
-        held = sum(_of(x, d, "held_bytes", "held_bytes") or 0 for x, d in left)
+        held = sum(_of(x, d, "held_bytes") or 0 for x, d in left)
         parts.append(f"{len(left)} more disk{'' if len(left) == 1 else 's'} holding "
                      f"{format_size(held)}")
     if skipped:
