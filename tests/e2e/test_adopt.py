@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from tests.support.arrival_env import (CheckedQemu, QemuLog, checked_domain_xml, qemu_io_at,
-                                       vsh)
+from tests.support.arrival_env import (STILL_IN_USE, CheckedQemu, QemuLog, checked_domain_xml,
+                                       qemu_io_at, vsh)
 from tests.support.common import ROOT, free_port, require_tool
 from tests.support.daemon_proc import DaemonProc, env_without_systemd
 from tests.support.faultkit import assert_refused, vmdt
@@ -277,13 +277,20 @@ def test_an_adopted_disk_migrates_the_destination_reads_its_unflushed_writes_and
     image with O_DIRECT as libvirt says (its XML still says cache='none', the mode its
     migration check takes as safe), reads the new bytes. adopt during the migration is
     refused (75). ``--unsafe`` only because libvirt does not know the bindfs mount
-    for shared storage (it refuses any disk on it: "Migration without shared storage")."""
+    for shared storage (it refuses any disk on it: "Migration without shared storage").
+
+    Both QEMUs run with ``x-check-cache-dropped`` (``CheckedQemu``), and the destination's
+    log has no "page cache still in use". QEMU skips its drop and its check for a node
+    opened with O_DIRECT (``raw_co_invalidate_cache``), as the destination's is: what
+    makes the destination's later adoption safe is the service's own drop and check.
+    So a stale copy of the zone is planted in the destination's page cache before the
+    migration, and the guest there must read the new bytes through the page cache once
+    its service has adopted the disk again."""
     src, dst, store, shared, qemu = two_hosts
     data_image(store / "a.raw", 64 * MiB)
     img = str(shared / "a.raw")
     dom = f"vdt-adopt-mig-{uuid.uuid4().hex[:8]}"
     qemu.fill_ram(dom, 96 * MiB)
-    qemu.unchecked(dom)
     xml = tmp_path / f"{dom}.xml"
     xml.write_text(checked_domain_xml(dom, [disk_xml("vda", img, cache="none", io="threads")],
                                       qemu.path, 160))
@@ -296,6 +303,10 @@ def test_an_adopted_disk_migrates_the_destination_reads_its_unflushed_writes_and
     assert "cache='none'" in vsh(src.uri, "dumpxml", dom)
     assert MARK in vsh(src.uri, "dumpxml", dom)             # the domain carries it
     qemu_io_at(src.uri, dom, "write -P 0x11 8M 8M")          # in the source's page cache
+    # the destination host's page cache: the zone as it was (stale from now on)
+    subprocess.run([*dst.prefix(), "dd", f"if={img}", "of=/dev/null", "bs=1M", "skip=8",
+                    "count=8", "status=none"], check=True)
+    assert fincore_pages(img, dst.prefix()) >= 8 * MiB // mmap.PAGESIZE
     vsh(src.uri, "migrate-setspeed", dom, "16")
     mig = subprocess.Popen(["virsh", "-c", src.uri, "migrate", "--live", "--unsafe", dom, dst.uri,
                             "--migrateuri", f"tcp://127.0.0.1:{free_port()}"],
@@ -327,6 +338,10 @@ def test_an_adopted_disk_migrates_the_destination_reads_its_unflushed_writes_and
         assert time.monotonic() < deadline, f"qemu-io said nothing: {log.new()[-500:]}"
         time.sleep(0.1)
     assert "verification failed" not in log.new(), "the destination read stale bytes"
+    assert '"x-check-cache-dropped":true' in open(f"/proc/{dst.qemu_pid(dom)}/cmdline").read()
+    with open(dst.qemu_log(dom)) as f:                         # the incoming's lines too
+        assert STILL_IN_USE not in f.read()
+    assert fincore_pages(img, dst.prefix()) >= 8 * MiB // mmap.PAGESIZE   # still there
     # the destination opens it as libvirt says: O_DIRECT; nothing adopted there yet
     assert o_direct(dst.qemu_pid(dom), img)
     assert MARK in vsh(dst.uri, "dumpxml", dom)
@@ -342,6 +357,14 @@ def test_an_adopted_disk_migrates_the_destination_reads_its_unflushed_writes_and
         d.wait_output(f"{dom}/vda: adopted again, as where its domain ran before",
                       "the adoption at the destination", timeout=90)
         assert not o_direct(dst.qemu_pid(dom), img)
+        adopted_log = QemuLog(dom, dst.qemu_log(dom))    # now through the page cache
+        qemu_io_at(dst.uri, dom, "read -P 0x5a 8M 8M")
+        deadline = time.monotonic() + 10
+        while "read 8388608/8388608 bytes" not in adopted_log.new():
+            assert time.monotonic() < deadline, f"qemu-io said nothing: {adopted_log.new()}"
+            time.sleep(0.1)
+        assert "verification failed" not in adopted_log.new(), \
+            "the stale page reached the guest"
         d.wait_status(lambda s: img in served_paths(s), "served at the destination",
                       timeout=30)
         assert d.stop() == 0

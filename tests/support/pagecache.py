@@ -49,8 +49,11 @@ def read_range(path, offset: int, length: int, *, direct_readahead: bool = False
         os.close(fd)
 
 
-def fincore_pages(path) -> int:
-    out = subprocess.run([require_tool("fincore"), "-n", "-b", "-o", "PAGES", str(path)],
+def fincore_pages(path, prefix=()) -> int:
+    """util-linux fincore's count of ``path``'s resident pages; ``prefix`` runs it in
+    another mount namespace (``PrivateLibvirtd.prefix``: another host's page cache)."""
+    out = subprocess.run([*prefix, require_tool("fincore"), "-n", "-b", "-o", "PAGES",
+                          str(path)],
                          check=True, capture_output=True, text=True).stdout
     return int(out.split()[0])
 
