@@ -79,17 +79,18 @@ def test_too_many_blocks_are_refused_before_anything_is_made():
                                      pages_per_block=1, nblocks=bpf_reads.MAX_SLOTS)
 
 
-def counter_over_anonymous_maps(nblocks: int):
+def counter_over_anonymous_maps(nblocks: int, preset: dict[int, int] | None = None):
     """A ReadCounter over anonymous memory laid out as the program's maps: the test writes
-    what the program would."""
+    what the program would (``preset``: slot -> its count when the counter is made)."""
     import mmap
     words = nblocks + bpf_reads.FIRST_BLOCK + bpf_reads.chunks_of(nblocks)
     counters = mmap.mmap(-1, -(-8 * words // mmap.PAGESIZE) * mmap.PAGESIZE)
     samples = mmap.mmap(-1, -(-8 * (bpf_reads.S_PEND + 4 * bpf_reads.PEND_SLOTS)
                               // mmap.PAGESIZE) * mmap.PAGESIZE)
-    c = bpf_reads.ReadCounter([], counters, samples, nblocks)
     slots = np.frombuffer(counters, dtype=np.uint64, count=words)
-    return c, slots
+    for slot, value in (preset or {}).items():              # counted before the counter
+        slots[slot] = np.uint64(value)
+    return bpf_reads.ReadCounter([], counters, samples, nblocks), slots
 
 
 def read_range(slots, nblocks, first, last):
@@ -123,6 +124,22 @@ def test_a_take_reads_the_blocks_of_the_chunks_that_moved_and_loses_none():
     assert dict(zip(blocks.tolist(), counts.tolist())) == {3000: 5, 3001: 1}
     slots[bpf_reads.BEYOND] += np.uint64(2)
     assert c.pending() and c.take()[3] == 2 and not c.pending()
+
+
+def test_counts_are_exact_across_the_32_bit_wrap_of_the_kept_base():
+    """The counter keeps each slot's last count modulo 2**32 (half the map's width): a
+    count that passes 2**32 between two takes still gives its exact growth."""
+    nblocks, near = 1000, (1 << 32) - 3                      # as if read that often before
+    c, slots = counter_over_anonymous_maps(nblocks, {bpf_reads.FIRST_BLOCK + 7: near,
+                                                     bpf_reads.BEYOND: near})
+    assert c._base.dtype == np.uint32 and c._base.nbytes < slots.nbytes // 2 + 64
+    for _ in range(5):
+        read_range(slots, nblocks, 7, 7)
+    slots[bpf_reads.BEYOND] += np.uint64(4)
+    assert c.pending()
+    blocks, counts, _, beyond = c.take()
+    assert dict(zip(blocks.tolist(), counts.tolist())) == {7: 5} and beyond == 4
+    assert int(slots[bpf_reads.FIRST_BLOCK + 7]) > 1 << 32 and not c.pending()
 
 
 def test_a_verification_a_signal_interrupted_is_tried_again(monkeypatch):
