@@ -364,3 +364,23 @@ def test_a_recharge_nothing_could_reload_is_shown_as_it_ends():
     assert acted.result.loaded_bytes == 0 and guest.pinned() == 4 * MiB
     c, = tracker.last
     assert c.held == 4 * MiB and c.excess == 0, c
+
+
+def test_the_group_codes_of_released_blocks_are_dropped_and_the_others_kept(monkeypatch):
+    """A block keeps a 32-bit code of its group (the inode in a table): groups come and go
+    on a host, so past ``CODES_KEPT`` codes the unused ones go, and every held block still
+    names its group."""
+    from vmdisktouch.system.cgroup import charge_tracker
+    from vmdisktouch.system.cgroup.charge_tracker import ChargeTracker
+
+    monkeypatch.setattr(charge_tracker, "CODES_KEPT", 4)
+    t = ChargeTracker(None, MiB, 8)
+    assert t.group.dtype == np.uint32 and t.bytes.dtype == np.uint32
+    for block, ino in enumerate([101, 102, 103, 104, 105, 106, 107, 108]):
+        if block >= 2:
+            t.group[block - 2] = 0                           # released, its group unused
+        t.group[block] = t._code(ino)
+    assert t.ino.tolist() == [0] * 6 + [107, 108]
+    assert len(t._inos) <= 4 + 2
+    t.group[3] = t._code(107)                                # a known group: its code
+    assert t.ino.tolist() == [0, 0, 0, 107, 0, 0, 107, 108]

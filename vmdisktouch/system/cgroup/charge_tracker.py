@@ -34,6 +34,7 @@ from vmdisktouch.core.charges import GroupCharge, GroupFigures
 log = logging.getLogger("vmdisktouch")
 
 STEP_PAGES = 16            # one sample per 64 KiB
+CODES_KEPT = 1024          # group codes kept before the unused ones are dropped
 RESAMPLE_SECONDS = 60.0
 RESAMPLE_MAX_BYTES = 32 << 20      # per cycle (docs/benchmarks.md, why-charge-tracker)
 
@@ -44,8 +45,13 @@ class ChargeTracker:
     def __init__(self, reader, block_size: int, nblocks: int):
         self.reader = reader           # memcg.MemcgReader, or None when not available
         self.block_size = block_size
-        self.ino = np.zeros(nblocks, dtype=np.uint64)
-        self.bytes = np.zeros(nblocks, dtype=np.int64)
+        # Per block, a code for its group (0: none foreign; ``_inos[code]`` is the group's
+        # inode) and the bytes charged to it, 32 bits each: 8 bytes a block where the
+        # inode and a count of 64 bits took 16 (half a MiB of a 64 GiB image).
+        self.group = np.zeros(nblocks, dtype=np.uint32)
+        self.bytes = np.zeros(nblocks, dtype=np.uint32 if block_size < 1 << 32 else np.uint64)
+        self._inos: list[int] = [0]
+        self._codes: dict[int, int] = {}
         self.recharged = 0             # bytes dropped to be reloaded under our charge
         self.last: list[GroupCharge] = []
         self._sampled_at: float | None = None
@@ -57,8 +63,28 @@ class ChargeTracker:
     def active(self) -> bool:
         return self.reader is not None
 
+    @property
+    def ino(self) -> np.ndarray:
+        """Per block, the inode of the foreign group its bytes are charged to (0: none)."""
+        return np.asarray(self._inos, dtype=np.uint64)[self.group]
+
+    def _code(self, ino: int) -> int:
+        code = self._codes.get(ino)
+        if code is None:
+            if len(self._inos) > CODES_KEPT:          # groups come and go on a host
+                live = np.unique(self.group)
+                inos = [self._inos[c] for c in live.tolist() if c]
+                self.group = np.searchsorted(live, self.group).astype(np.uint32)
+                if not live.size or live[0]:
+                    self.group += 1                   # code 0 stays "none"
+                self._inos = [0] + inos
+                self._codes = {i: c for c, i in enumerate(self._inos) if c}
+            code = self._codes[ino] = len(self._inos)
+            self._inos.append(ino)
+        return code
+
     def resize(self, nblocks: int) -> None:
-        for name in ("ino", "bytes"):
+        for name in ("group", "bytes"):
             old = getattr(self, name)
             new = np.zeros(nblocks, dtype=old.dtype)
             k = min(nblocks, old.size)
@@ -69,9 +95,9 @@ class ChargeTracker:
         """Forget released blocks; sample the newly held ones (all of them now and then)."""
         if not self.active:
             return
-        charged = np.flatnonzero(self.ino)          # a few held blocks of a huge map
+        charged = np.flatnonzero(self.group)        # a few held blocks of a huge map
         gone = charged[~held_now[charged]]
-        self.ino[gone] = 0
+        self.group[gone] = 0
         self.bytes[gone] = 0
         fresh = held_now & ~held_before
         if self._sampled_at is None or now < self._sampled_at:
@@ -107,11 +133,11 @@ class ChargeTracker:
         for k in range(nb):
             row = rows[k][(rows[k] != 0) & (rows[k] != self.own_ino)]   # foreign charges only
             if not row.size:
-                self.ino[a + k], self.bytes[a + k] = 0, 0
+                self.group[a + k], self.bytes[a + k] = 0, 0
                 continue
             values, counts = np.unique(row, return_counts=True)
             top = int(np.argmax(counts))
-            self.ino[a + k] = values[top]
+            self.group[a + k] = self._code(int(values[top]))
             block_len = min(self.block_size, length - k * self.block_size)
             self.bytes[a + k] = int(block_len * counts[top] / per_block)
 
@@ -123,28 +149,29 @@ class ChargeTracker:
         """
         if not self.active:
             return []
-        charged = self.ino[self.ino != 0]
-        if not charged.size:                        # the common case: nothing foreign held
+        if not self.group.any():                    # the common case: nothing foreign held
             self.last = []
             return []
+        block_ino = self.ino
         groups = {}
-        for ino in np.unique(charged).tolist():
+        for ino in np.unique(block_ino[block_ino != 0]).tolist():
             g = self.reader.group(int(ino))
             if g is not None:
                 pinned = (g.anon or 0) + (g.unevictable or 0)
                 groups[int(ino)] = GroupFigures(g.ino, g.path, g.limit, pinned)
-        self.last = charges.charges(self.ino, self.bytes, groups, self.own_ino, share)
+        self.last = charges.charges(block_ino, self.bytes, groups, self.own_ino, share)
         over = [c for c in self.last if c.excess > 0]
         if not over:
             return []
-        runs = charges.to_recharge(self.ino, self.bytes, quiet, heat, over, per_cycle)
+        runs = charges.to_recharge(block_ino, self.bytes, quiet, heat, over, per_cycle)
         if count:
             self.recharged += sum(int(self.bytes[a:b].sum()) for a, b in runs)
         return runs
 
     def recount(self, share: float) -> None:
         """``last`` after releases since it was read (``charges.recount``: no group read)."""
-        self.last = charges.recount(self.last, self.ino, self.bytes, share)
+        if self.last:
+            self.last = charges.recount(self.last, self.ino, self.bytes, share)
 
     def status(self) -> dict:
         """For the status JSON: held bytes per foreign group, their caps, what was recharged."""
