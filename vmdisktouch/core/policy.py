@@ -214,7 +214,10 @@ class Policy:
 
     def finish(self, targets: list[Run]) -> Plan:
         """The plan of this cycle, with the targets the selection gave this disk."""
-        total, recent, cand = self._prepared
+        # The plan has them now: kept here past the cycle they would be one heat map, a
+        # candidate mask and a rewritten map a disk held for nothing (a quarter MiB and
+        # more of a 64 GiB image).
+        (total, recent, cand), self._prepared = self._prepared, None
         return Plan(targets, total, recent, cand)
 
     def settle(self, held: np.ndarray, *, holes: list[Run] = (), ceded: list[Run] = ()) -> None:
