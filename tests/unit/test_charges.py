@@ -93,8 +93,12 @@ def test_a_block_counts_only_its_foreign_pages():
     block0 = [7] * 6 + [OWN] * 10                              # 6 of 16 pages the guest's
     block1 = [0] * 16                                          # not present
     block2 = [9] * 3 + [7] * 5 + [OWN] * 8                     # mostly group 7
+    own_only = ChargeTracker(FakeReader([OWN] * 16 + block1), MiB, 4)
+    own_only._sample(0, 2, addr=0, length=2 * MiB)              # nothing foreign
+    assert own_only.group.size == 0 and own_only.bytes.size == 0   # no per-block arrays
     t = ChargeTracker(FakeReader(block0 + block1 + block2), MiB, 4)
     t._sample(0, 3, addr=0, length=3 * MiB)
+    assert t.group.size == 4
     assert t.ino[:3].tolist() == [7, 0, 7]
     assert t.bytes[:3].tolist() == [6 * MiB // per_block, 0, 5 * MiB // per_block]
 
@@ -375,6 +379,7 @@ def test_the_group_codes_of_released_blocks_are_dropped_and_the_others_kept(monk
 
     monkeypatch.setattr(charge_tracker, "CODES_KEPT", 4)
     t = ChargeTracker(None, MiB, 8)
+    t._made()
     assert t.group.dtype == np.uint32 and t.bytes.dtype == np.uint32
     for block, ino in enumerate([101, 102, 103, 104, 105, 106, 107, 108]):
         if block >= 2:

@@ -47,9 +47,12 @@ class ChargeTracker:
         self.block_size = block_size
         # Per block, a code for its group (0: none foreign; ``_inos[code]`` is the group's
         # inode) and the bytes charged to it, 32 bits each: 8 bytes a block where the
-        # inode and a count of 64 bits took 16 (half a MiB of a 64 GiB image).
-        self.group = np.zeros(nblocks, dtype=np.uint32)
-        self.bytes = np.zeros(nblocks, dtype=np.uint32 if block_size < 1 << 32 else np.uint64)
+        # inode and a count of 64 bits took 16 (half a MiB of a 64 GiB image). Made at the
+        # first foreign charge seen: a disk that holds nothing of another group's (an idle
+        # one, or on a host without memory groups) keeps none.
+        self.nblocks = nblocks
+        self.group = np.zeros(0, dtype=np.uint32)
+        self.bytes = np.zeros(0, dtype=np.uint32 if block_size < 1 << 32 else np.uint64)
         self._inos: list[int] = [0]
         self._codes: dict[int, int] = {}
         self.recharged = 0             # bytes dropped to be reloaded under our charge
@@ -83,7 +86,15 @@ class ChargeTracker:
             self._inos.append(ino)
         return code
 
+    def _made(self) -> None:
+        if self.group.size != self.nblocks:
+            self.group = np.zeros(self.nblocks, dtype=self.group.dtype)
+            self.bytes = np.zeros(self.nblocks, dtype=self.bytes.dtype)
+
     def resize(self, nblocks: int) -> None:
+        self.nblocks = nblocks
+        if not self.group.size:
+            return
         for name in ("group", "bytes"):
             old = getattr(self, name)
             new = np.zeros(nblocks, dtype=old.dtype)
@@ -133,10 +144,12 @@ class ChargeTracker:
         for k in range(nb):
             row = rows[k][(rows[k] != 0) & (rows[k] != self.own_ino)]   # foreign charges only
             if not row.size:
-                self.group[a + k], self.bytes[a + k] = 0, 0
+                if self.group.size:
+                    self.group[a + k], self.bytes[a + k] = 0, 0
                 continue
             values, counts = np.unique(row, return_counts=True)
             top = int(np.argmax(counts))
+            self._made()
             self.group[a + k] = self._code(int(values[top]))
             block_len = min(self.block_size, length - k * self.block_size)
             self.bytes[a + k] = int(block_len * counts[top] / per_block)
