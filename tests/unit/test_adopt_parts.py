@@ -256,11 +256,13 @@ def test_status_shows_the_gain_measured_beside_the_gain_advised():
     from vmdisktouch.commands.status import adopted_gain_part
     from vmdisktouch.report import DiskReport
     d = DiskReport.__new__(DiskReport)
-    d.adopted_gain, d.advised_gain = 1.623, 1.8
+    d.adopted_gain, d.advised_gain, d.domain = 1.623, 1.8, "web1"
     assert adopted_gain_part(d) == (" (I/O 1.62x as fast as before, 1.80x advised; libvirt: "
                                     "tainted, custom-monitor)")
     d.adopted_gain, d.advised_gain = None, float("nan")
     assert adopted_gain_part(d).startswith(" (I/O since not measured yet; ")
+    d.domain = None                      # adopted through its QEMU's QMP socket: no libvirt
+    assert adopted_gain_part(d) == " (I/O since not measured yet)"
 
 
 def test_adopt_weighs_advise_s_forecast_of_adopting_over_its_writethrough_one(tmp_path):

@@ -25,6 +25,28 @@ def test_counters_from_libvirt_make_a_window_of_differences():
     assert Window.from_json(w.to_json()) == w
 
 
+def test_counters_from_qmp_read_query_blockstats_fields():
+    stats = {"rd_operations": 30, "rd_total_time_ns": 5000, "wr_operations": 5,
+             "wr_total_time_ns": 500, "flush_operations": 2, "flush_total_time_ns": 40,
+             "rd_bytes": 4096, "timed_stats": [], "invalid_rd_operations": 9}
+    c = Counters.from_qmp(stats, 7.0)
+    assert (c.when, c.ops, c.ns) == (7.0, (30, 5, 2), (5000, 500, 40))
+    assert Counters.from_qmp({}, 1.0).ops == (0, 0, 0)       # a missing field counts 0
+
+
+def test_timed_reads_every_disk_in_three_windows_and_nothing_for_0_s():
+    n = {"a": 0, "b": 0}
+
+    def read(key, per):
+        n[key] += 1
+        return Counters(float(n[key]), (n[key] * per, 0, 0), (n[key] * per * 1000, 0, 0))
+    slept = []
+    got = ns.timed({"a": lambda: read("a", 100), "b": lambda: read("b", 7)}, 30, slept.append)
+    assert slept == [10.0] * ns.BASELINE_WINDOWS
+    assert [w.ops[0] for w in got["a"]] == [100] * 3 and [w.ops[0] for w in got["b"]] == [7] * 3
+    assert ns.timed({"a": lambda: read("a", 1)}, 0, slept.append) == {}
+
+
 def test_a_disk_as_fast_as_before_is_kept_and_its_gain_is_one():
     judge = Judge([win(1000, 100), win(1000, 104), win(1000, 96)])
     verdicts = feed(judge, [win(1000, 100)] * 6)

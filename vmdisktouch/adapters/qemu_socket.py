@@ -21,9 +21,13 @@ said) is not ``native``; advise's report does not say no gain for its image; and
 image's pages are dropped and verified gone (``adopt.drop_then_switch``). QEMU's own
 ``cache.direct`` of the drive is read back after each switch.
 
-A record per drive (``RECORDS``, in the runtime directory) names the socket, the
-drive and QEMU's PID (the socket's peer): ``release --all`` finds them, and a record
-whose QEMU is gone stands for nothing. QMP on a socket serves one client at a time:
+Before the switch the guest's I/O is timed by QEMU's own accounting (``measure``,
+``query-blockstats``: the baseline of ``core.never_slower``), as for a libvirt
+domain's disk. A record per drive (``RECORDS``, in the runtime directory) names the
+socket, the drive, its image and QEMU's PID (the socket's peer), and keeps the baseline
+and the gain advise forecast: ``release --all`` finds them, a host service serving the
+image judges the drive against its baseline and releases it when it stops
+(``daemon.adoption``), and a record whose QEMU is gone stands for nothing. QMP on a socket serves one client at a time:
 each call connects, asks, and closes within ``TIMEOUT_S``.
 """
 
@@ -41,6 +45,8 @@ import time
 from vmdisktouch.adapters import atomic, runtime_dir
 from vmdisktouch.adapters.libvirt import adopt
 from vmdisktouch.adapters.libvirt.adopt import NotNow, Refused
+from vmdisktouch.core import never_slower
+from vmdisktouch.core.never_slower import Counters, Window
 from vmdisktouch.errors import ConfigError, VmdtError
 
 TIMEOUT_S = 10.0
@@ -153,27 +159,45 @@ def _record_path(sock: str, drive: str) -> str:
     return os.path.join(runtime_dir.runtime_dir(), RECORDS, f"{tag}-{drive}.json")
 
 
-def adopt_drive(sock: str, drive: str, *, advice_path: str,
-                force: bool = False) -> tuple[str, bool]:
+def check_drive(sock: str, drive: str, *, advice_path: str,
+                force: bool = False) -> None:
+    """Every refusal of adopting ``drive`` that changes nothing (module docstring): said
+    before the guest is timed."""
+    with Monitor(sock) as mon:
+        _check(mon, f"{sock} {drive}", drive, advice_path, force)
+
+
+def _check(mon: Monitor, key: str, drive: str, advice_path: str,
+           force: bool) -> tuple[str, bool, dict | None]:
+    """``(image path, direct, advise's forecast)``; ``direct`` False: adopted already."""
+    _runs(mon, key)
+    inserted = _drive(mon, drive)
+    path = inserted.get("file") or ""
+    opts = drive_options(mon.pid, drive)
+    if opts is None:
+        raise Refused(f"{key}: not a -drive on QEMU's command line (pid {mon.pid}): "
+                      f"only a -drive with an id is adopted through a QMP socket")
+    if not path.startswith("/") or not os.path.exists(path):
+        raise Refused(f"{key}: {path or 'its image'} is not a local file or block "
+                      f"device: only those are adopted")
+    adopt.aio_refusal(key, opts.get("aio", "threads"))
+    direct = bool(inserted.get("cache", {}).get("direct"))
+    advice = adopt.advice_for(advice_path, path)
+    if direct and not force:
+        adopt.no_gain_refusal(key, advice)
+    return path, direct, advice
+
+
+def adopt_drive(sock: str, drive: str, *, advice_path: str, force: bool = False,
+                baseline: list | None = None) -> tuple[str, bool]:
     """Switch ``drive`` of the QEMU at ``sock`` to the page cache (module docstring):
-    ``(image path, switched)``, False when QEMU had it so already."""
+    ``(image path, switched)``, False when QEMU had it so already. ``baseline``: the
+    guest's I/O timed before (``measure``), kept in the record with advise's gain."""
     key = f"{sock} {drive}"
     with Monitor(sock) as mon:
-        _runs(mon, key)
-        inserted = _drive(mon, drive)
-        path = inserted.get("file") or ""
-        opts = drive_options(mon.pid, drive)
-        if opts is None:
-            raise Refused(f"{key}: not a -drive on QEMU's command line (pid {mon.pid}): "
-                          f"only a -drive with an id is adopted through a QMP socket")
-        if not path.startswith("/") or not os.path.exists(path):
-            raise Refused(f"{key}: {path or 'its image'} is not a local file or block "
-                          f"device: only those are adopted")
-        adopt.aio_refusal(key, opts.get("aio", "threads"))
-        if not inserted.get("cache", {}).get("direct"):
+        path, direct, advice = _check(mon, key, drive, advice_path, force)
+        if not direct:
             return path, False
-        if not force:
-            adopt.no_gain_refusal(key, adopt.advice_for(advice_path, path))
 
         def switch():
             _runs(mon, key)                          # the drop took time: ask again
@@ -182,8 +206,48 @@ def adopt_drive(sock: str, drive: str, *, advice_path: str,
         rec = _record_path(sock, drive)
         os.makedirs(os.path.dirname(rec), mode=0o755, exist_ok=True)
         atomic.write_json(rec, {"socket": os.path.realpath(sock), "drive": drive,
-                                "path": path, "pid": mon.pid, "since": time.time()})
+                                "path": path, "pid": mon.pid, "since": time.time(),
+                                "baseline": None if baseline is None
+                                else [w.to_json() for w in baseline],
+                                "advised_gain": adopt.advised_gain(advice)})
     return path, True
+
+
+def counters(sock: str, drive: str) -> Counters:
+    """QEMU's block accounting of ``drive`` now (``query-blockstats``), of a drive QEMU
+    has through the page cache: when it opens it with O_DIRECT again, the drive is not
+    adopted and its record goes (``QmpError``)."""
+    key = f"{sock} {drive}"
+    with Monitor(sock) as mon:
+        if _drive(mon, drive).get("cache", {}).get("direct"):
+            forget(sock, drive)
+            raise QmpError(f"{key}: QEMU opens it with O_DIRECT: not adopted, its record "
+                           f"goes")
+        return _counters(mon, key, drive)
+
+
+def _counters(mon: Monitor, key: str, drive: str) -> Counters:
+    for b in mon.run("query-blockstats") or []:
+        if b.get("device") == drive:
+            return Counters.from_qmp(b.get("stats") or {}, time.monotonic())
+    raise QmpError(f"{key}: no block statistics for the drive")
+
+
+def measure(sock: str, drives: list[str], seconds: float,
+            sleep=time.sleep) -> dict[str, list[Window]]:
+    """Time the guest's I/O of ``drives`` before their switch (``never_slower.timed``),
+    by drive; nothing for 0 s."""
+    def read(drive):
+        with Monitor(sock) as mon:
+            return _counters(mon, f"{sock} {drive}", drive)
+    return never_slower.timed({d: lambda d=d: read(d) for d in drives}, seconds, sleep)
+
+
+def forget(sock: str, drive: str) -> None:
+    try:
+        os.unlink(_record_path(sock, drive))
+    except FileNotFoundError:
+        pass
 
 
 def release_drive(sock: str, drive: str) -> tuple[str, bool]:
@@ -195,30 +259,59 @@ def release_drive(sock: str, drive: str) -> tuple[str, bool]:
         if switched:
             _switch(mon, key, drive, direct=True)
             adopt.drop_after_release(path)
-    try:
-        os.unlink(_record_path(sock, drive))
-    except FileNotFoundError:
-        pass
+    forget(sock, drive)
     return path, switched
 
 
-def recorded() -> list[tuple[str, str]]:
-    """``(socket, drive)`` of each recorded adoption whose QEMU still runs; the records
-    of the others go."""
+def records() -> list[dict]:
+    """The record of each adoption whose QEMU still runs (its ``socket``, ``drive``,
+    ``path``, ``since``, ``baseline`` and ``advised_gain``); the records of the others go."""
     out = []
     for path in sorted(glob.glob(os.path.join(runtime_dir.runtime_dir(), RECORDS,
                                               "*.json"))):
         try:
             with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
-            sock, drive, pid = str(doc["socket"]), str(doc["drive"]), int(doc["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+            sock, pid = str(doc["socket"]), int(doc["pid"])
+            doc.update(drive=str(doc["drive"]), path=str(doc.get("path") or ""),
+                       since=float(doc.get("since") or 0.0))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if os.path.exists(f"/proc/{pid}") and os.path.exists(sock):
-            out.append((sock, drive))
-        else:
+            out.append(doc)
+            continue
+        try:
             os.unlink(path)
+        except OSError:
+            pass                               # gone already, or not ours to remove
     return out
+
+
+def recorded() -> list[tuple[str, str]]:
+    """``(socket, drive)`` of each recorded adoption whose QEMU still runs (``records``)."""
+    return [(str(d["socket"]), str(d["drive"])) for d in records()]
+
+
+def record_of(sock: str, drive: str) -> dict:
+    """The record of ``drive``'s adoption ({} when there is none, or it is damaged)."""
+    try:
+        with open(_record_path(sock, drive), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def key_of(sock: str, drive: str) -> str:
+    """A drive as the host service names it: ``SOCKET DRIVE``, the socket's real path
+    (absolute: a libvirt disk's ``DOMAIN/TARGET`` never starts with "/")."""
+    return f"{os.path.realpath(sock)} {drive}"
+
+
+def parse_key(key: str) -> tuple[str, str]:
+    """``SOCKET DRIVE`` -> (socket, drive): a drive's id has no space."""
+    sock, _, drive = key.rpartition(" ")
+    return sock, drive
 
 
 def check_socket(sock: str) -> None:

@@ -40,8 +40,7 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                              "--qmp, the -drive id (e.g. drive-scsi0)")
     parser.add_argument("--qmp", metavar="SOCKET",
                         help="a QEMU libvirt does not run, by its QMP socket (Proxmox VE: "
-                             "/var/run/qemu-server/VMID.qmp); its guest is not timed first "
-                             "(--measure: libvirt only)")
+                             "/var/run/qemu-server/VMID.qmp)")
     parser.add_argument("--uri", default=DEFAULT_URI,
                         help=f"libvirt connection URI (default: {DEFAULT_URI})")
     parser.add_argument("--advice", metavar="FILE",
@@ -83,9 +82,13 @@ def _through_socket(args) -> int:
     """``--qmp SOCKET DRIVE...`` (``adapters.qemu_socket``)."""
     from vmdisktouch.adapters import qemu_socket
     qemu_socket.check_socket(args.qmp)
+    for drive in args.disks:                 # every refusal said before the guest is timed
+        qemu_socket.check_drive(args.qmp, drive, advice_path=args.advice, force=args.force)
+    baselines = qemu_socket.measure(args.qmp, args.disks, args.measure)
     for drive in args.disks:
         path, switched = qemu_socket.adopt_drive(args.qmp, drive, advice_path=args.advice,
-                                                 force=args.force)
+                                                 force=args.force,
+                                                 baseline=baselines.get(drive))
         line = (f"{args.qmp} {drive}: adopted: {path} through the host page cache"
                 if switched else f"{args.qmp} {drive}: adopted already: {path}")
         print(line, flush=True)

@@ -345,13 +345,15 @@ def disk_part(line: DiskLine, d: DiskReport | None) -> str:
 def adopted_gain_part(d: DiskReport) -> str:
     """An adopted disk's gain measured since the switch, beside the gain advised: the
     guest's mean I/O time before over after (``core.never_slower``); and the taint libvirt
-    marks its domain with (QMP through libvirt, docs/adopt.md)."""
+    marks its domain with (QMP through libvirt, docs/adopt.md): none for a drive adopted
+    through its QEMU's own QMP socket (no domain)."""
     def ok(v):
         return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
     measured = (f"I/O {d.adopted_gain:.2f}x as fast as before" if ok(d.adopted_gain)
                 else "I/O since not measured yet")
     advised = f", {d.advised_gain:.2f}x advised" if ok(d.advised_gain) else ""
-    return f" ({measured}{advised}; libvirt: tainted, custom-monitor)"
+    taint = "; libvirt: tainted, custom-monitor" if d.domain else ""
+    return f" ({measured}{advised}{taint})"
 
 
 def lost_part(d: DiskReport) -> str:
@@ -489,11 +491,18 @@ def host_lines(item: dict, top: int | None = None) -> list[str]:
     return ([head] + [f"  {disk_part(x, d)}" for x, d in shown]
             + [f"  {sanitise(f['path'])}: FAILED: {sanitise(f['error'])}"
                for f in r.failed]
-            + [f"  {sanitise(str(s['domain']))}/{sanitise(str(s['target']))}: skipped"
+            + [f"  {sanitise(str(s['domain']))}{skipped_sep(s)}{sanitise(str(s['target']))}"
+               ": skipped"
                + (f" ({sanitise(s['code'])})" if s.get("code") else "")
                + f": {sanitise(s['reason'])}"
                for s in skipped[:room]]
             + left_out(left, len(skipped[room:])))
+
+
+def skipped_sep(s: dict) -> str:
+    """``DOMAIN/TARGET``, or ``SOCKET DRIVE`` for a drive adopted through a QMP socket (a
+    socket's path starts with "/", a libvirt domain's name has none)."""
+    return " " if str(s["domain"]).startswith("/") else "/"
 
 
 def left_out(left: list[tuple[DiskLine, DiskReport | None]], skipped: int) -> list[str]:

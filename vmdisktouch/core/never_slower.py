@@ -5,7 +5,8 @@ Theory of operation
 QEMU times every request of a disk's device from the guest's submission to its
 completion, hit or miss, read, write or flush: its block accounting (libvirt's block
 statistics ``rd_total_times``, ``wr_total_times``, ``flush_total_times`` and their
-counts; QMP ``query-blockstats``). That is the guest's own wait, the figure adopting
+counts; QMP ``query-blockstats``' ``rd_total_time_ns`` and the rest, for a QEMU libvirt
+does not run). That is the guest's own wait, the figure adopting
 must not make worse. The tracepoints see the host's side only: once adopted, a read the
 page cache serves and a write it takes reach neither the device nor the direct-I/O
 tracepoints, and a flush reaches none of them.
@@ -66,6 +67,12 @@ class Counters:
         return cls(when, (get("rd_operations"), get("wr_operations"), get("flush_operations")),
                    (get("rd_total_times"), get("wr_total_times"), get("flush_total_times")))
 
+    @classmethod
+    def from_qmp(cls, stats: dict, when: float) -> "Counters":
+        """From a drive's ``stats`` in QMP ``query-blockstats`` (a missing one counts 0)."""
+        return cls.from_libvirt({k.replace("_total_time_ns", "_total_times"): v
+                                 for k, v in stats.items()}, when)
+
     def since(self, earlier: "Counters") -> "Window":
         """The window between ``earlier`` and this reading."""
         return Window(max(0.0, self.when - earlier.when),
@@ -108,6 +115,20 @@ class Window:
         if len(ops) != len(KINDS) or len(ns) != len(KINDS):
             raise ValueError("a window has one count and one time per kind")
         return cls(float(doc["seconds"]), tuple(ops), tuple(ns))
+
+
+def timed(reads: dict, seconds: float, sleep) -> dict[str, list[Window]]:
+    """The baseline of each disk of ``reads`` (key -> a call that reads its ``Counters``
+    now): its guest's I/O over ``seconds``, in ``BASELINE_WINDOWS`` windows, the disks
+    together; nothing for 0 s."""
+    if seconds <= 0 or not reads:
+        return {}
+    readings = {key: [read()] for key, read in reads.items()}
+    for _ in range(BASELINE_WINDOWS):
+        sleep(seconds / BASELINE_WINDOWS)
+        for key, read in reads.items():
+            readings[key].append(read())
+    return {key: [b.since(a) for a, b in zip(r, r[1:])] for key, r in readings.items()}
 
 
 def pooled(windows: list[Window]) -> Window:

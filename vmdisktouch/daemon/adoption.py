@@ -15,10 +15,16 @@ service stops, it releases what it adopted with the rest (``Service.close``).
 
 Before a candidate is adopted its guest's I/O is timed for ``BASELINE_WINDOWS`` ticks
 of ``WINDOW_S`` (QEMU's accounting, ``core.never_slower``), candidates together. Every
-disk the service serves adopted (by it or by ``vmdisktouch adopt``) is then timed each
-tick and judged against the baseline its record keeps: one that got slower is released
-by itself, with the reason in the journal and in ``status``, and held back from
-``[adopt]`` until the operator adopts it again (``adopted.hold_back``).
+disk the service serves adopted (by it or by ``vmdisktouch adopt``, a libvirt domain's
+or a drive adopted through a QEMU's QMP socket) is then timed each tick and judged
+against the baseline its record keeps, in every mode (``run --libvirt`` or ``run
+PATH``): one that got slower is released by itself, with the reason in the journal and
+in ``status``, and held back from ``[adopt]`` until the operator adopts it again
+(``adopted.hold_back``; a QMP drive's record goes, and nothing adopts one but the
+operator). What differs between the two kinds is a small backend (``LibvirtDisks``,
+``QmpDrives``: its counters, its record, its release), chosen by the disk's key
+(``backend``); the judge, its ticks and the release when the service stops
+(``release_when_stopping``) are the same.
 
 A candidate is tried once while it stays one. "Not now" (the domain paused, a job, a
 migration: exit 75 of adopt) is tried again ``RETRY_S`` later. A refusal (``io``,
@@ -43,6 +49,104 @@ log = logging.getLogger("vmdisktouch")
 
 RETRY_S = 30.0          # a disk whose domain's state said "not now" is tried again after this
 CLOSE_WAIT_S = 10.0     # the most ``close`` waits for an adoption under way
+STOP_WAIT_S = 10.0      # the most a stopping service waits for libvirt or QEMU to release
+
+
+class LibvirtDisks:
+    """Adopted disks of libvirt's domains, by ``DOMAIN/TARGET`` (``adapters.libvirt.adopt``):
+    one connection, made when first needed (``reset`` after a failure)."""
+
+    def __init__(self, uri: str):
+        self.uri, self._conn = uri, None
+
+    def conn(self):
+        if self._conn is None:
+            from vmdisktouch.adapters.libvirt import libvirt_disks
+            self._conn = libvirt_disks.connect(self.uri, readonly=False)
+        return self._conn
+
+    def reset(self) -> None:
+        self._conn = None
+
+    def counters(self, key: str):
+        from vmdisktouch.adapters.libvirt import adopt
+        domain, target = adopt.parse_key(key)
+        return adopt.counters(adopt.lookup(self.conn(), domain), target)
+
+    def record(self, key: str) -> dict:
+        from vmdisktouch.adapters.libvirt import adopt, adopted
+        domain, target = adopt.parse_key(key)
+        uuid = adopt.lookup(self.conn(), domain).UUIDString()
+        return adopted.by_disk().get((uuid, target)) or {}
+
+    def release(self, key: str, why: str | None = None) -> tuple[str, bool]:
+        from vmdisktouch.adapters.libvirt import adopt
+        node, switched = adopt.release(self.conn(), key, why=why)
+        return node.path, switched
+
+    def again(self, key: str) -> str:
+        return f"vmdisktouch adopt {key}"
+
+
+class QmpDrives:
+    """Drives adopted through a QEMU's QMP socket, by ``SOCKET DRIVE``
+    (``adapters.qemu_socket``): a connection per call."""
+
+    def reset(self) -> None:
+        pass
+
+    def counters(self, key: str):
+        from vmdisktouch.adapters import qemu_socket
+        return qemu_socket.counters(*qemu_socket.parse_key(key))
+
+    def record(self, key: str) -> dict:
+        from vmdisktouch.adapters import qemu_socket
+        return qemu_socket.record_of(*qemu_socket.parse_key(key))
+
+    def release(self, key: str, why: str | None = None) -> tuple[str, bool]:
+        from vmdisktouch.adapters import qemu_socket
+        return qemu_socket.release_drive(*qemu_socket.parse_key(key))
+
+    def again(self, key: str) -> str:
+        return "vmdisktouch adopt --qmp " + key
+
+
+def is_qmp(key: str) -> bool:
+    """A drive adopted through a QMP socket (``SOCKET DRIVE``, the socket's real path),
+    not a libvirt disk (``DOMAIN/TARGET``: libvirt refuses a "/" in a domain's name)."""
+    return key.startswith("/")
+
+
+def backend(backends: tuple, key: str):
+    """``(libvirt, qmp)``'s backend of ``key``."""
+    return backends[1] if is_qmp(key) else backends[0]
+
+
+def release_when_stopping(uri: str, keys: list[str], wait: float = STOP_WAIT_S) -> list[str]:
+    """Release ``keys`` as the service stops, its holds gone (no disk stays adopted that
+    nobody serves): one line each, what was done or why not. In a thread waited for at
+    most ``wait`` s, since a libvirt or QEMU call can hang and a stop must not: what is
+    left is said, and ``release --all`` finishes it."""
+    lines: list[str] = []
+
+    def work() -> None:
+        backends = (LibvirtDisks(uri), QmpDrives())
+        for key in keys:
+            try:
+                path, switched = backend(backends, key).release(key)
+            except VmdtError as exc:
+                lines.append(f"{key}: not released: {exc} (vmdisktouch release --all)")
+                continue
+            lines.append(f"{key}: released: {path} with O_DIRECT again (the service "
+                         f"stopped)" if switched else f"{key}: not adopted any more")
+
+    t = threading.Thread(target=work, name="vmdisktouch-release", daemon=True)
+    t.start()
+    t.join(wait)
+    if t.is_alive():
+        lines = [*lines, f"libvirt or QEMU did not answer within {wait:g} s: "
+                         f"vmdisktouch release --all releases what is left"]
+    return list(lines)
 
 
 class Adopter:
@@ -53,6 +157,8 @@ class Adopter:
                  window: float = never_slower.WINDOW_S):
         self.uri, self.clock, self.window = uri, clock, window
         self.advice_path = advice or advice_path()
+        self.libvirt = LibvirtDisks(uri)
+        self.backends = (self.libvirt, QmpDrives())
         self._lock = threading.Lock()
         self._tried: dict[str, tuple[str, float]] = {}   # key -> (pending|later|refused|done, when)
         self._queue: queue.Queue = queue.Queue()
@@ -88,7 +194,8 @@ class Adopter:
             self._start()
 
     def watch(self, keys) -> None:
-        """The disks the service serves adopted now (``DOMAIN/TARGET``): each is judged."""
+        """The disks the service serves adopted now (``DOMAIN/TARGET``, or ``SOCKET DRIVE``
+        for a drive adopted through a QMP socket): each is judged."""
         with self._lock:
             self._watched = set(keys)
             for key in set(self._figures) - self._watched:
@@ -114,8 +221,7 @@ class Adopter:
             self._thread.start()
 
     def _work(self) -> None:
-        from vmdisktouch.adapters.libvirt import libvirt_disks
-        conn, said = None, None
+        said = None
         tick = self.clock() + self.window
         while True:
             try:
@@ -125,16 +231,14 @@ class Adopter:
             if key is None:
                 return
             try:
-                if conn is None:
-                    conn = libvirt_disks.connect(self.uri, readonly=False)
-                said = None
                 if key:
-                    self._candidate(conn, key)
+                    self._candidate(key)
                 if self.clock() >= tick:
                     tick = self.clock() + self.window
-                    self._tick(conn)
+                    self._tick()
+                said = None
             except Exception as exc:  # noqa: BLE001 - the worker must outlive any failure
-                conn = None                            # libvirt unreachable, or a bug
+                self.libvirt.reset()                   # libvirt unreachable, or a bug
                 if key:
                     self._done(key, "later")
                 why = str(exc) if isinstance(exc, VmdtError) else f"{type(exc).__name__}: {exc}"
@@ -164,44 +268,44 @@ class Adopter:
             log.warning("[adopt]: %s (tried again in %.0f s)", exc, RETRY_S)
         return False
 
-    def _candidate(self, conn, key: str) -> None:
+    def _candidate(self, key: str) -> None:
         """A new candidate: checked, then timed from the next tick."""
         from vmdisktouch.adapters.libvirt import adopt
-        if self._refusal(key, lambda: adopt.check(conn, key, advice_path=self.advice_path,
+        if self._refusal(key, lambda: adopt.check(self.libvirt.conn(), key,
+                                                  advice_path=self.advice_path,
                                                   by_config=True)):
             self._timing[key] = []
 
-    def _tick(self, conn) -> None:
-        from vmdisktouch.adapters.libvirt import adopt
+    def _tick(self) -> None:
         with self._lock:
             pending = {k for k, (state, _) in self._tried.items() if state == "pending"}
         for key in set(self._timing) - pending:          # no longer a candidate
             del self._timing[key]
         for key in list(self._timing):
             def read(key=key):
-                domain, target = adopt.parse_key(key)
-                self._timing[key].append(adopt.counters(adopt.lookup(conn, domain), target))
+                self._timing[key].append(self.libvirt.counters(key))
             if not self._refusal(key, read):
                 continue
             readings = self._timing[key]
             if len(readings) > never_slower.BASELINE_WINDOWS:
                 baseline = [b.since(a) for a, b in zip(readings, readings[1:])]
                 self._refusal(key, lambda key=key, baseline=baseline: self._adopt(
-                    conn, key, baseline))
+                    key, baseline))
         with self._lock:
             watched = sorted(self._watched)
         for key in set(self._judges) - set(watched):
             del self._judges[key]
         for key in watched:
             try:
-                self._judge(conn, key)
+                self._judge(key)
             except VmdtError as exc:
+                backend(self.backends, key).reset()
                 log.warning("%s: its I/O could not be timed: %s", key, exc)
 
-    def _adopt(self, conn, key: str, baseline: list) -> None:
+    def _adopt(self, key: str, baseline: list) -> None:
         from vmdisktouch.adapters.libvirt import adopt
-        node, _ = adopt.adopt(conn, key, advice_path=self.advice_path, by_config=True,
-                              baseline=baseline)
+        node, _ = adopt.adopt(self.libvirt.conn(), key, advice_path=self.advice_path,
+                              by_config=True, baseline=baseline)
         self._done(key, "done")
         self.adopted.add(key)
         with self._lock:
@@ -210,14 +314,13 @@ class Adopter:
         log.info("%s: %s: %s through the host page cache (QEMU node %s, libvirt still says "
                  "cache=%s)", key, how, node.path, node.name, node.cache)
 
-    def _judge(self, conn, key: str) -> None:
+    def _judge(self, key: str) -> None:
         """One tick of an adopted disk: its window judged; released when it got slower."""
-        from vmdisktouch.adapters.libvirt import adopt, adopted
-        domain, target = adopt.parse_key(key)
-        dom = adopt.lookup(conn, domain)
-        now = adopt.counters(dom, target)
+        from vmdisktouch.adapters.libvirt import adopted
+        disks = backend(self.backends, key)
+        now = disks.counters(key)
         if key not in self._judges:
-            rec = adopted.by_disk().get((dom.UUIDString(), target)) or {}
+            rec = disks.record(key)
             baseline = adopted.baseline_of(rec)
             judge = Judge(baseline) if baseline else None
             self._judges[key] = (judge, now)
@@ -233,14 +336,14 @@ class Adopter:
             self._figures[key] = (judge.gain, self._figures.get(key, (None, None))[1])
         if verdict is None or not verdict.release:
             return
-        adopt.release(conn, key, why=f"by vmdisktouch, slower: {verdict.reason}")
+        disks.release(key, why=f"by vmdisktouch, slower: {verdict.reason}")
         del self._judges[key]
         with self._lock:
             self.released[key] = verdict.reason
             self._watched.discard(key)
         self.adopted.discard(key)
         log.warning("%s: released by itself: %s: with O_DIRECT again, and not adopted "
-                    "again until vmdisktouch adopt %s", key, verdict.reason, key)
+                    "again until %s", key, verdict.reason, disks.again(key))
 
     def close(self) -> None:
         """Stop the worker (an adoption under way finishes first, ``CLOSE_WAIT_S`` at most)."""

@@ -28,13 +28,17 @@ unreachable: the caller keeps what it serves). Both kinds ask the one
   tried again each cycle (``retry`` True).
 
 Both check at open that libvirt does not open the image with O_DIRECT
-(``check``, refused unless ``--force``).
+(``check``, refused unless ``--force``). A path given whose image is a drive adopted
+through a QEMU's QMP socket (``adopt --qmp``: its record, its QEMU alive) is marked
+adopted (``Member.qmp``): the service judges it and releases it when it stops, as it
+does a libvirt domain's adopted disk (``daemon.adoption``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 
 from vmdisktouch.adapters.libvirt import libvirt_watch
 from vmdisktouch.errors import VmdtError
@@ -56,6 +60,7 @@ class Member:
     activated: bool = True           # QEMU has activated them for certain (running, restored)
     labels: tuple[str, ...] = ()     # its domain's labels (``libvirt_disks.labels_of``)
     adopted: float | None = None     # switched to the page cache by ``vmdisktouch adopt`` since
+    qmp: str | None = None           # adopted through a QEMU's QMP socket: ``SOCKET DRIVE``
 
 
 @dataclass
@@ -119,7 +124,7 @@ class GivenPaths:
         if self._opens is not None:       # held and no domain: one could take it unseen
             for p, m in self._last.items():
                 self._opens.arm(p, m.active is None)
-        return Want(dict(self._last))
+        return Want(adopted_through_qmp(dict(self._last)))
 
     def _member(self, path: str, found) -> Member:
         if not found:
@@ -138,6 +143,21 @@ class GivenPaths:
             self._opens.close()
         if self.watch is not None:
             self.watch.close()
+
+
+def adopted_through_qmp(serve: dict[str, Member]) -> dict[str, Member]:
+    """``serve`` with each image that a record of ``adopt --qmp`` names, its QEMU alive,
+    marked adopted (``qemu_socket.records``; a record whose QEMU exited goes)."""
+    from vmdisktouch.adapters import qemu_socket
+    recs = {os.path.realpath(d["path"]): d for d in qemu_socket.records() if d["path"]}
+    if not recs:
+        return serve
+    for path, m in serve.items():
+        d = recs.get(os.path.realpath(path))
+        if d is not None and m.adopted is None:
+            serve[path] = replace(m, adopted=d["since"],
+                                  qmp=qemu_socket.key_of(d["socket"], d["drive"]))
+    return serve
 
 
 class RunningDomains:

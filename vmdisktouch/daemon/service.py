@@ -48,7 +48,7 @@ import re
 import time
 
 from vmdisktouch.adapters.systemd import journal, sdnotify
-from vmdisktouch.adapters import outputs, runtime_dir
+from vmdisktouch.adapters import outputs, qemu_socket, runtime_dir
 from vmdisktouch.config import file as configfile
 from vmdisktouch.config import overrides, settings
 from vmdisktouch.daemon import adoption, arrival, carry
@@ -157,9 +157,9 @@ class Service:
         self.carrier = None if watch is None else carry.Carrier(watch, config.carry_interval)
         self.started = False
         self.default_status: str | None = None    # ``runtime_dir``: written without --status
-        self.adopted: dict[str, str] = {}     # path -> DOMAIN/TARGET: served, adopted
-        self.adopter = (adoption.Adopter(args.uri) if isinstance(self.members, RunningDomains)
-                        else None)               # [adopt]: the host service's own adoptions
+        self.adopted: dict[str, str] = {}     # path -> DOMAIN/TARGET or SOCKET DRIVE: served,
+        #                                       adopted (``adoption``: judged, released at stop)
+        self.adopter = adoption.Adopter(args.uri)    # and [adopt]'s own adoptions (--libvirt)
 
     def pace(self, seconds: float) -> bool:
         """The holder's sleep between paced loads: the watchdog is fed, a stop ends it."""
@@ -229,13 +229,10 @@ class Service:
             self.host.close()
         finally:
             self.members.close()
-        if self.adopter is not None:
-            self.adopter.close()
-        stopping = set(self.adopted.values()) | (
-            self.adopter.adopted if self.adopter is not None else set())
+        self.adopter.close()
+        stopping = set(self.adopted.values()) | self.adopter.adopted
         if stopping:                # holds gone: the disks go back to O_DIRECT with them
-            from vmdisktouch.adapters.libvirt import adopt
-            for line in adopt.release_when_stopping(self.args.uri, sorted(stopping)):
+            for line in adoption.release_when_stopping(self.args.uri, sorted(stopping)):
                 log.info("%s", line)
         if self.started:
             log.info("released all holds")
@@ -263,7 +260,7 @@ class Service:
                       else overrides.Override())
                 self.host.set_override(path, ov.weight, ov.cap)
         for key, (kind, why) in list(want.skipped.items()):
-            slower = self.adopter.released.get("/".join(key)) if self.adopter else None
+            slower = self.adopter.released.get("/".join(key))
             if slower:
                 want.skipped[key] = ("adopt_slower", why := "released from adoption by "
                                                            f"itself: {slower}")
@@ -271,6 +268,11 @@ class Service:
                 log.info("libvirt: %s %s skipped: %s", key[0], key[1], why,
                          extra=journal.fields(domain=key[0], target=key[1]))
         self.skipped = dict(want.skipped)
+        qmp_adopted = {m.qmp for m in want.serve.values() if m.qmp}
+        for key, slower in dict(self.adopter.released).items():   # a QMP drive, slower
+            if adoption.is_qmp(key) and key not in qmp_adopted:
+                self.skipped[qemu_socket.parse_key(key)] = (
+                    "adopt_slower", f"released from adoption by itself: {slower}")
         served = {w.image.path: w for w in self.host.watchers}
         for path in sorted(set(served) - set(want.serve)):
             self.host.remove(path, left.get(path, (
@@ -283,14 +285,13 @@ class Service:
             if w is not None:
                 self.follower.follow(w, m)
         served = {w.image.path for w in self.host.watchers}
-        self.adopted = {p: f"{m.domain}/{m.target}" for p, m in want.serve.items()
+        self.adopted = {p: m.qmp or f"{m.domain}/{m.target}" for p, m in want.serve.items()
                         if m.adopted and p in served}
         for w in self.host.watchers:
             key = self.adopted.get(w.image.path)
-            w.adopted_gain = (self.adopter.figures(key) if key and self.adopter is not None
-                              else (None, None))
-        if self.adopter is not None:
-            self.adopter.watch(self.adopted.values())
+            w.adopted_gain = self.adopter.figures(key) if key else (None, None)
+        self.adopter.watch(self.adopted.values())
+        if isinstance(self.members, RunningDomains):
             self.adopter.want(
                 sorted(f"{d}/{t}" for (d, t), labels in want.adoptable.items()
                        if (d, t) in want.skipped and (self.rules.adopts(d, t, labels) or (
@@ -360,7 +361,7 @@ class Service:
         c = self.config
         skipped = ([{"domain": d, "target": t, "code": code, "reason": why}
                     for (d, t), (code, why) in sorted(self.skipped.items())]
-                   if self.members.retry else None)
+                   if self.members.retry or self.skipped else None)
         self.last_report = self.host.report(c.interval, c.min_free, skipped)
         if c.status:
             self.out.write("status", c.status, status_bytes(self.last_report.to_json()))
@@ -449,8 +450,7 @@ class Service:
         released = sum(self.host.each(lambda w: w.reconfigure(
             served_mod.disk_config(new, w.image.path))))
         self.rules = rules
-        if self.adopter is not None:
-            self.adopter.forget_refusals()
+        self.adopter.forget_refusals()
         if self.carrier is not None:
             self.carrier.interval = new.carry_interval
         released += self.host.set_budget(new.max_hold)

@@ -56,7 +56,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -307,19 +306,14 @@ def counters(dom, target: str) -> Counters:
 
 def measure(conn, keys: list[str], seconds: float,
             sleep=time.sleep) -> dict[str, list[Window]]:
-    """Time the guests' I/O of ``keys`` together over ``seconds``, in
-    ``never_slower.BASELINE_WINDOWS`` windows: the baseline each adoption is judged
-    against. Nothing for 0 s."""
+    """Time the guests' I/O of ``keys`` together over ``seconds``
+    (``never_slower.timed``): the baseline each adoption is judged against. Nothing for
+    0 s."""
     if seconds <= 0:
         return {}
     doms = {key: (lookup(conn, parse_key(key)[0]), parse_key(key)[1]) for key in keys}
-    step = seconds / never_slower.BASELINE_WINDOWS
-    readings = {key: [counters(dom, t)] for key, (dom, t) in doms.items()}
-    for _ in range(never_slower.BASELINE_WINDOWS):
-        sleep(step)
-        for key, (dom, t) in doms.items():
-            readings[key].append(counters(dom, t))
-    return {key: [b.since(a) for a, b in zip(r, r[1:])] for key, r in readings.items()}
+    return never_slower.timed({key: lambda dom=dom, t=t: counters(dom, t)
+                               for key, (dom, t) in doms.items()}, seconds, sleep)
 
 
 def check(conn, key: str, *, advice_path: str, force: bool = False,
@@ -462,37 +456,3 @@ def recorded_keys(conn) -> list[str]:
             continue
         keys.append(f"{dom.name()}/{doc['target']}")
     return keys
-
-
-STOP_WAIT_S = 10.0      # the most a stopping service waits for libvirt to release its disks
-
-
-def release_when_stopping(uri: str, keys: list[str], wait: float = STOP_WAIT_S) -> list[str]:
-    """Release ``keys`` as the host service stops, its holds gone (no disk stays adopted
-    that nobody serves): one line each, what was done or why not. In a thread waited for
-    at most ``wait`` s, since a libvirt call can hang (``libvirt_watch``) and a stop must
-    not: what is left is said, and ``release --all`` finishes it."""
-    lines: list[str] = []
-
-    def work() -> None:
-        try:
-            conn = libvirt_disks.connect(uri, readonly=False)
-        except VmdtError as exc:
-            lines.append(f"adopted disks not released ({exc}): vmdisktouch release --all")
-            return
-        for key in keys:
-            try:
-                node, switched = release(conn, key)
-            except VmdtError as exc:
-                lines.append(f"{key}: not released: {exc}")
-                continue
-            lines.append(f"{key}: released: {node.path} with O_DIRECT again (the service "
-                         f"stopped)" if switched else f"{key}: not adopted any more")
-
-    t = threading.Thread(target=work, name="vmdisktouch-release", daemon=True)
-    t.start()
-    t.join(wait)
-    if t.is_alive():
-        lines = [*lines, f"libvirt did not answer within {wait:g} s: "
-                         f"vmdisktouch release --all releases what is left"]
-    return list(lines)
