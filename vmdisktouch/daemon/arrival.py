@@ -115,9 +115,11 @@ class Follower:
             if m.arriving in ("starting", "incoming") or (
                     key in self.incoming and not m.activated and m.active is not False):
                 if key not in self.arriving:
-                    log.info("%s: libvirt domain %s is arriving (an incoming migration or "
-                             "restore); releasing the holds, holding nothing until QEMU has "
-                             "activated its disks", path, m.domain)
+                    log.info("%s: libvirt domain %s is arriving (%s); releasing the holds, "
+                             "holding nothing until QEMU has activated its disks", path,
+                             m.domain, "an incoming migration" if m.arriving == "incoming"
+                             else "starting: a start, a restore or an incoming migration "
+                                  "look alike until QEMU runs")
                     self.arriving.add(key)
                 hold = False
             else:
