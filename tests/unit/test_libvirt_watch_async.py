@@ -146,17 +146,24 @@ def domains_of(listing):
     return sorted({d.domain for d in listing})
 
 
-def test_a_listing_that_blocks_returns_the_last_view_within_the_bound(lib, caplog):
+def test_a_listing_that_blocks_returns_the_last_view_within_the_bound(lib, caplog,
+                                                                     monkeypatch):
     caplog.set_level(logging.INFO, logger="vmdisktouch")
     w = libvirt_watch.LibvirtWatch("fake:///", wake=Wake())
     try:
         assert domains_of(w.disks()) == ["a"]
         lib.gate.clear()                                 # libvirtd stops answering
         lib.domains = ["a", "b"]
+        monkeypatch.setattr(libvirt_watch, "STALE_SECONDS", 3600.0)
         for _ in range(libvirt_watch.STALE_CALLS + 2):   # every cycle of a stall
             listed, took = timed(w.disks)
             assert took < BOUND, took
             assert domains_of(listed) == ["a"]           # held, never emptied
+        # calls enough, but a view younger than STALE_SECONDS (a destroy's stall): not said
+        assert not [r for r in caplog.records if "has not answered" in r.message]
+        monkeypatch.setattr(libvirt_watch, "STALE_SECONDS", 0.0)
+        for _ in range(2):
+            assert domains_of(w.disks()) == ["a"]
         stale = [r for r in caplog.records if "has not answered" in r.message]
         assert len(stale) == 1 and stale[0].levelno == logging.WARNING   # said once
         assert "holding with the view of" in stale[0].message

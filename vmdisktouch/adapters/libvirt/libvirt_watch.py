@@ -34,7 +34,8 @@ all while the worker is already stuck; it returns the newest completed
 listing, possibly stale: the view is held, never emptied. A listing that
 has not been renewed for ``STALE_CALLS`` calls in a row is said once at
 WARNING ("has not answered for X s; holding with the view of HH:MM:SS"),
-its return at INFO ("answers again"). A resync that completes after the
+once it is ``STALE_SECONDS`` old (a destroy blocks the listings for about 2 s), its
+return at INFO ("answers again"). A resync that completes after the
 loop stopped waiting for it wakes the loop when the view changed, so a
 change is acted on at once, not a cycle late. ``set_metadata`` hands the
 write to the worker and returns at once. ``close`` never waits for a stuck
@@ -161,7 +162,10 @@ def _ensure_event_loop(libvirt) -> None:
 
 WAIT = 0.2          # the longest the loop waits for libvirt in one call, in seconds
 FIRST_WAIT = 5.0    # ... for the first listing ever, at start-up (the O_DIRECT check needs it)
-STALE_CALLS = 3     # calls in a row without a fresh listing before it is said
+STALE_CALLS = 3     # calls in a row without a fresh listing before it is said ...
+STALE_SECONDS = 5.0  # ... once the view is this old: a domain's destroy blocks libvirt's
+                     # listings for 1.6-1.8 s, which a loop woken at each event counted
+                     # as three calls (a false "has not answered" at almost every destroy)
 CLOSE_WAIT = 0.2    # close(): the worker's connections closed if it is free within this
 
 
@@ -240,7 +244,8 @@ class LibvirtWatch:
         self._behind += 1
         if error is not None or listing is None:
             return None                     # unreachable, or never answered: keep what is known
-        if self._behind >= STALE_CALLS and not self._stale_said:
+        if self._behind >= STALE_CALLS and not self._stale_said and \
+                time.monotonic() - listed_at[0] >= STALE_SECONDS:
             log.warning("libvirt at %s has not answered for %.0f s; holding with the view "
                         "of %s", self.uri, time.monotonic() - listed_at[0],
                         time.strftime("%H:%M:%S", time.localtime(listed_at[1])))
