@@ -385,6 +385,29 @@ def guest_disk(sock: str, work: str):
 
 # -- the phases -------------------------------------------------------------------------
 
+def none_window(dom: "Domain", guest, seconds: float, advise=None) -> tuple:
+    """A none phase's window, the disk on O_DIRECT: ``advise()`` over it (the first
+    phase: its disk report is returned) or ``seconds``; ``(t0, t1, report)``."""
+    assert dom.direct(), "a none phase with the disk not on O_DIRECT"
+    time.sleep(SETTLE)
+    t0 = guest.mark()
+    disk = advise() if advise else time.sleep(seconds)
+    return t0, guest.mark(), disk
+
+
+def first_advice(env: dict, dom: "Domain", case: str, seconds: float, keys: tuple,
+                 state: dict, out: dict) -> dict:
+    """advise over the first none phase: its forecast of adopting the disk (the
+    writethrough one where there is none) into ``state`` and ``out``; its disk report."""
+    save = os.path.join(env["VMDISKTOUCH_RUNTIME_DIR"], f"advise-{case}.json")
+    disk = run_advise(env, dom, seconds, save)
+    ad = disk["advice"].get("adopted")   # adopting it live: the guest's write cache kept
+    state["advice"], state["advice_file"] = ad or disk["advice"], save
+    out["advice"] = {k: state["advice"].get(k) for k in keys}
+    out["advice"]["forecast_of"] = "adopted" if ad else "writethrough"
+    return disk
+
+
 def phase(kind: str, case: str, dom: Domain, dev: str, args, tmp: str, env: dict,
           state: dict) -> dict:
     """One phase: ``none`` (the first one with advise) or ``adopted``."""
@@ -398,25 +421,13 @@ def phase(kind: str, case: str, dom: Domain, dev: str, args, tmp: str, env: dict
     daemon = None
     try:
         if kind == "none":
-            assert dom.direct(), "a none phase with the disk not on O_DIRECT"
-            time.sleep(SETTLE)
-            t0 = guest.mark()
+            keys = ("verdict", "bytes", "hit_ratio", "more_reads_per_second", "advice",
+                    "now", "then")
+            t0, t1, disk = none_window(dom, guest, args.seconds, first and (
+                lambda: first_advice(env, dom, case, advise_s, keys, state, out)))
             if first:
-                save = os.path.join(env["VMDISKTOUCH_RUNTIME_DIR"], f"advise-{case}.json")
-                disk = run_advise(env, dom, advise_s, save)
-                keys = ("verdict", "bytes", "hit_ratio", "more_reads_per_second", "advice",
-                        "now", "then")
-                wt = disk["advice"]
-                ad = wt.get("adopted")       # adopting it live: the guest's write cache kept
-                state["advice"] = ad or wt
-                state["advice_file"] = save
-                out["advice"] = {k: (ad or wt).get(k) for k in keys}
-                out["advice"]["forecast_of"] = "adopted" if ad else "writethrough"
-                out["advice_writethrough"] = {k: wt.get(k) for k in keys}
+                out["advice_writethrough"] = {k: disk["advice"].get(k) for k in keys}
                 out["advise_cache"] = disk.get("cache")
-            else:
-                time.sleep(args.seconds)
-            t1 = guest.mark()
         else:
             adv = state["advice"]
             time.sleep(ADOPT_AFTER)
@@ -510,25 +521,16 @@ def nogain_phase(kind: str, dom: Domain, dev: str, args, tmp: str, env: dict,
     service = None
     try:
         if kind == "none":
-            assert dom.direct(), "a none phase with the disk not on O_DIRECT"
-            time.sleep(SETTLE)
-            t0 = guest.mark()
+            keys = ("verdict", "reason", "bytes", "hit_ratio", "more_reads_per_second",
+                    "advice", "now", "then", "path_extra_us", "write_cost_us")
+            t0, t1, disk = none_window(dom, guest, args.seconds, first and (
+                lambda: first_advice(env, dom, "nogain",
+                                     args.advise_seconds or ADVISE_S["nogain"], keys, state,
+                                     out)))
             if first:
-                save = os.path.join(env["VMDISKTOUCH_RUNTIME_DIR"], "advise-nogain.json")
-                disk = run_advise(env, dom, args.advise_seconds or ADVISE_S["nogain"], save)
-                keys = ("verdict", "reason", "bytes", "hit_ratio", "more_reads_per_second",
-                        "advice", "now", "then", "path_extra_us", "write_cost_us")
-                ad = disk["advice"].get("adopted") or disk["advice"]
-                state["advice"], state["advice_file"] = ad, save
-                out["advice"] = {k: ad.get(k) for k in keys}
-                out["advice"]["forecast_of"] = ("adopted" if disk["advice"].get("adopted")
-                                                else "writethrough")
                 out["advise_disk"] = {k: disk.get(k) for k in (
                     "reads_per_second", "writes_per_second", "miss_latency_us",
                     "hit_latency_us", "path_extra_us", "wants_bytes", "window_curve")}
-            else:
-                time.sleep(args.seconds)
-            t1 = guest.mark()
             out.update(guest.rate(t0, t1))
             out["window_s"] = t1 - t0
         else:
