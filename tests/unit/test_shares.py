@@ -195,28 +195,3 @@ def test_unmeasured_costs_are_not_capped_as_seconds():
     d = comparable([Demand(uniform(GiB), 5000.0, 1e-3, depth=1.0),
                     Demand(uniform(GiB), 5000.0, None, depth=1.0)])
     assert all(x.miss_cost == 1.0 and x.depth == float("inf") for x in d)
-
-
-def test_disks_without_a_curve_keep_their_maps_and_the_others_are_split_with_hysteresis():
-    """A host of busy disks and idle ones (no reads: no ``Demand``): the busy ones are
-    split by their curves, the same caps cycle after cycle while their rates move a
-    little, and the idle ones' maps are left as they are."""
-    from vmdisktouch.core.regions import DiskMap
-    from vmdisktouch.core.shares import Splitter
-    bs, n = MiB, 2048
-    busy = DiskMap(np.ones(n, np.float32), 0.05, candidates=np.ones(n, bool))
-    idle = DiskMap(np.zeros(n, np.float32), 0.05, candidates=np.zeros(n, bool))
-    keys = ["b0", "i0", "b1", "i1", "b2", "b3"]
-    maps = [busy, idle, busy, idle, busy, busy]
-    sp = Splitter()
-    caps = []
-    for rates in ([4000.0] * 4, [4150.0, 3900.0, 4000.0, 4080.0],
-                  [3880.0, 4100.0, 4050.0, 3950.0]):
-        it = iter(rates)
-        d = [Demand(uniform(256 * MiB), next(it)) if k.startswith("b") else None
-             for k in keys]
-        out, cut = sp.caps(keys, maps, d, 512, bs)
-        assert out[1] is idle and out[3] is idle and not cut[1] and not cut[3]
-        caps.append([out[k].cap_blocks for k in (0, 2, 4, 5)])
-        assert all(cut[k] for k in (0, 2, 4, 5)) and sum(caps[-1]) <= 512
-    assert caps[0] == caps[1] == caps[2] and max(caps[0]) - min(caps[0]) <= 512 // SLICES * 2

@@ -196,26 +196,12 @@ class Splitter:
     def caps(self, keys: list, maps: list, demands: list, budget_blocks: int,
              block_size: int) -> tuple[list, list[bool]]:
         """``maps`` (``regions.DiskMap``) with each cap cut to its share plus what no curve
-        gains from, and which of them the cut limits, when several disks have a
-        ``Demand`` and one of them is its own curve (evidence: ``DiskWatcher.demand``);
-        else ``maps`` as they are (the heat alone decides). A disk without one (nothing
-        read yet) keeps its map as it is, beside the split of the others: on a host of
-        a hundred, the idle disks' lack of a curve left the busy ones to their heat
-        alone, and equal busy disks traded whole zones cycle after cycle.
+        gains from, and which of them the cut limits, when there are several disks,
+        every one has a ``Demand`` and one of them is its own curve (evidence:
+        ``DiskWatcher.demand``); else ``maps`` as they are (the heat alone decides).
         ``keys`` name the disks (the hysteresis holds while they and the budget stay)."""
-        some = [k for k, d in enumerate(demands) if d is not None]
-        if len(some) < len(maps):
-            out, cut = list(maps), [False] * len(maps)
-            if len(some) >= 2:
-                sub_out, sub_cut = self.caps([keys[k] for k in some], [maps[k] for k in some],
-                                             [demands[k] for k in some], budget_blocks,
-                                             block_size)
-                for k, m, c in zip(some, sub_out, sub_cut):
-                    out[k], cut[k] = m, c
-            else:
-                self._last = self._fill = None
-            return out, cut
-        if len(maps) < 2 or not any(d.seen for d in demands):
+        if len(maps) < 2 or any(d is None for d in demands) or \
+                not any(d.seen for d in demands):
             self._last = self._fill = None
             return maps, [False] * len(maps)
         demands = comparable(demands)
