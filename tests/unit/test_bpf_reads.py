@@ -1,6 +1,8 @@
 """system.trace.bpf_reads: the counting program's instructions, as the kernel will read
 them (the kernel's verifier loads it in tests/system/test_trace_counted.py)."""
 
+from __future__ import annotations
+
 import struct
 
 import numpy as np
